@@ -1,0 +1,145 @@
+"""What each operator of a decoding step costs: matmul shapes, FLOPs, bytes, intensity.
+
+This is the single definition of every operator's shapes. The cost model counts them and
+the profilers build their benchmark tensors from them, so the two cannot disagree.
+
+Counting convention (paper Appendix G, Table 5; it reproduces the published intensities):
+a matmul (M x K)·(K x N) costs 2·M·N·K FLOPs; bytes = element size x (each input read
+once + the output written once). Attention is a batched matmul over b·n_kv key/value
+heads whose query rows are the group's n/n_kv heads times the query length, so GQA reads
+each K/V head once; K/V length is the context s in every phase (the paper's convention:
+tree candidates attend to the s cached tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.dtypes import element_bytes
+from perfmodel.errors import PerfkitError
+from perfmodel.models import ModelConfig
+
+OPS = ("q", "k", "v", "qkv", "qk", "pv", "o", "up", "gate", "down", "lm_head", "medusa_heads")
+PHASES = ("prefill", "decode", "tree")
+# The paper's figure groups: XW_Q/XW_K/XW_V, QK^T/PV, XW_u/XW_g/XW_d.
+OP_GROUPS = {"qkv": ("q", "k", "v"), "qk/pv": ("qk", "pv"), "up/gate/down": ("up", "gate", "down")}
+ATTENTION_OPS = ("qk", "pv")
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """(batch, m, k) @ (batch, k, n) -> (batch, m, n).
+
+    `weight` marks a linear layer: the right operand is a (k, n) parameter shared by all
+    m token rows, and batch is 1. Dimensions may be numpy integer arrays (one element per
+    grid point) so a whole sweep is costed at once; the shape properties need ints.
+    """
+
+    batch: int
+    m: int
+    k: int
+    n: int
+    weight: bool = False
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.k * self.n
+
+    @property
+    def elements(self) -> int:
+        """Elements moved: both inputs read once, the output written once."""
+        return self.batch * (self.m * self.k + self.k * self.n + self.m * self.n)
+
+    @property
+    def left_shape(self) -> tuple[int, ...]:
+        return (self.m, self.k) if self.weight else (self.batch, self.m, self.k)
+
+    @property
+    def right_shape(self) -> tuple[int, ...]:
+        return (self.k, self.n) if self.weight else (self.batch, self.k, self.n)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (self.m, self.n) if self.weight else (self.batch, self.m, self.n)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    flops: int
+    bytes: int
+    kernels: int
+
+    @property
+    def intensity(self) -> float:
+        """Operational intensity in FLOP/byte (nan for an op that runs no kernel)."""
+        return self.flops / self.bytes if self.bytes else float("nan")
+
+
+def query_len(phase: str, seq_len: int, candidates: int) -> int:
+    """Tokens each sequence feeds through the step: the prompt, one token, or the tree."""
+    return {"prefill": seq_len, "decode": 1, "tree": candidates}[phase]
+
+
+def check_point(op: str, phase: str, batch, seq_len, candidates) -> None:
+    """Validate one grid point, or arrays of them (ints or numpy integer arrays)."""
+    if op not in OPS:
+        raise PerfkitError(f"unknown op {op!r}; choose from: {', '.join(OPS)}")
+    if phase not in PHASES:
+        raise PerfkitError(f"unknown phase {phase!r}; choose from: {', '.join(PHASES)}")
+    for name, value in (("batch", batch), ("seq_len", seq_len), ("candidates", candidates)):
+        array = np.asarray(value)
+        if isinstance(value, bool) or array.dtype.kind not in "iu" or (array < 1).any():
+            bad = value if array.ndim == 0 or array.dtype.kind not in "iu" else array[array < 1][0]
+            raise PerfkitError(f"{name} must be a positive integer, got {bad!r}")
+    if phase != "tree" and (np.asarray(candidates) != 1).any():
+        raise PerfkitError(f"candidates={candidates} applies to the tree phase only; {phase} uses 1")
+
+
+def op_matmuls(op: str, phase: str, model: ModelConfig, batch, seq_len, candidates=1) -> tuple[Matmul, ...]:
+    """The matmuls (one kernel each) that operator `op` runs in `phase`.
+
+    batch, seq_len and candidates are ints, or numpy integer arrays of equal length.
+    """
+    check_point(op, phase, batch, seq_len, candidates)
+    h, d, i, v = model.hidden_size, model.head_dim, model.intermediate_size, model.vocab_size
+    q_width, kv_width = model.num_heads * d, model.num_kv_heads * d
+    tokens = batch * query_len(phase, seq_len, candidates)
+
+    def linear(k: int, n: int) -> Matmul:
+        return Matmul(1, tokens, k, n, weight=True)
+
+    if op in ATTENTION_OPS:
+        rows = model.group_size * query_len(phase, seq_len, candidates)
+        heads = batch * model.num_kv_heads
+        if op == "qk":
+            return (Matmul(heads, rows, d, seq_len),)
+        return (Matmul(heads, rows, seq_len, d),)
+    if op == "medusa_heads":
+        # Each head: a residual block h -> h (W1), then its own vocabulary projection (W2).
+        return tuple(m for _ in range(model.medusa_heads) for m in (linear(h, h), linear(h, v)))
+    shapes = {
+        "q": (h, q_width),
+        "k": (h, kv_width),
+        "v": (h, kv_width),
+        "qkv": (h, q_width + 2 * kv_width),
+        "o": (q_width, h),
+        "up": (h, i),
+        "gate": (h, i),
+        "down": (i, h),
+        "lm_head": (h, v),
+    }
+    return (linear(*shapes[op]),)
+
+
+def cost_of(matmuls: tuple[Matmul, ...], dtype: str) -> OpCost:
+    return OpCost(
+        flops=sum(m.flops for m in matmuls),
+        bytes=element_bytes(dtype) * sum(m.elements for m in matmuls),
+        kernels=len(matmuls),
+    )
+
+
+def op_cost(op: str, phase: str, model: ModelConfig, dtype: str, batch: int, seq_len: int, candidates: int = 1) -> OpCost:
+    return cost_of(op_matmuls(op, phase, model, batch, seq_len, candidates), dtype)

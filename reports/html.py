@@ -1,0 +1,99 @@
+"""A self-contained HTML page: figures embedded as data URIs, every string escaped.
+
+Nothing on the page is fetched from anywhere: no scripts, fonts or stylesheets from the
+network, so the file can be mailed and opened offline.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+import pandas as pd
+
+STYLE = """
+body { font: 15px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1250px; color: #222; padding: 0 1em; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+table { border-collapse: collapse; font-size: 13px; margin: .5em 0 1em; }
+th, td { border: 1px solid #ddd; padding: 2px 8px; text-align: right; }
+th { background: #f3f3f3; } td.text, th.text { text-align: left; }
+figure { margin: 1em 0 2em; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 13px; }
+.tag { display: inline-block; padding: 0 6px; border-radius: 3px; font-size: 12px; color: #fff; }
+.predicted { background: #6c7a89; } .measured { background: #1e7d32; }
+details { margin: .3em 0 1em; } summary { cursor: pointer; color: #0b5394; }
+"""
+
+
+def esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def png_data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+class Page:
+    """Accumulates escaped HTML fragments in order; `render` returns the whole document."""
+
+    def __init__(self, title: str):
+        self.title = title
+        self.parts: list[str] = []
+
+    def heading(self, text: str, level: int = 2) -> Page:
+        self.parts.append(f"<h{level}>{esc(text)}</h{level}>")
+        return self
+
+    def paragraph(self, text: str) -> Page:
+        self.parts.append(f"<p>{esc(text)}</p>")
+        return self
+
+    def tag(self, source: str) -> str:
+        """A coloured 'predicted'/'measured' badge."""
+        return f'<span class="tag {esc(source)}">{esc(source)}</span>'
+
+    def figure(self, png: bytes, caption: str, sources: tuple[str, ...] = ()) -> Page:
+        badges = " ".join(self.tag(s) for s in sources)
+        self.parts.append(
+            f'<figure><img src="{png_data_uri(png)}" alt="{esc(caption)}">'
+            f"<figcaption>{badges} {esc(caption)}</figcaption></figure>"
+        )
+        return self
+
+    def table(self, df: pd.DataFrame, summary: str | None = None, float_digits: int = 4) -> Page:
+        """A table; with `summary` it is folded under a <details> toggle."""
+        classes = [_cls(df[c]) for c in df.columns]
+        head = "".join(f'<th class="{k}">{esc(c)}</th>' for k, c in zip(classes, df.columns))
+        body = []
+        for row in df.itertuples(index=False):
+            cells = "".join(f'<td class="{k}">{esc(_fmt(v, float_digits))}</td>' for k, v in zip(classes, row))
+            body.append(f"<tr>{cells}</tr>")
+        table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        self.parts.append(f"<details><summary>{esc(summary)}</summary>{table}</details>" if summary else table)
+        return self
+
+    def render(self) -> str:
+        return (
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f"<title>{esc(self.title)}</title><style>{STYLE}</style></head><body>"
+            f"<h1>{esc(self.title)}</h1>{''.join(self.parts)}</body></html>\n"
+        )
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.render(), encoding="utf-8")
+        return path
+
+
+def _cls(column: pd.Series) -> str:
+    return "num" if pd.api.types.is_numeric_dtype(column) else "text"
+
+
+def _fmt(value: object, digits: int) -> str:
+    if isinstance(value, float):
+        if value != value:  # nan
+            return ""
+        return f"{value:.{digits}g}"
+    return str(value)
