@@ -2,7 +2,7 @@
 
 Each kernel takes max(FLOPs / (peak x compute_efficiency), bytes / (bandwidth x
 memory_efficiency)) + kernel_overhead_s, and an operator is the sum of its kernels.
-The defaults are public achievable fractions (docs/latency-defaults in README); issue 5
+The defaults are public achievable fractions (README, "Latency model"); the calibrated model
 fits the same three parameters to measured rows, so a device measured on a few shapes is
 predicted on all.
 """

@@ -91,7 +91,7 @@ def check_point(op: str, phase: str, batch, seq_len, candidates) -> None:
     for name, value in (("batch", batch), ("seq_len", seq_len), ("candidates", candidates)):
         array = np.asarray(value)
         if isinstance(value, bool) or array.dtype.kind not in "iu" or (array < 1).any():
-            bad = value if array.ndim == 0 or array.dtype.kind not in "iu" else array[array < 1][0]
+            bad = array[array < 1].flat[0].item() if array.dtype.kind in "iu" else value
             raise PerfkitError(f"{name} must be a positive integer, got {bad!r}")
     if phase != "tree" and (np.asarray(candidates) != 1).any():
         raise PerfkitError(f"candidates={candidates} applies to the tree phase only; {phase} uses 1")

@@ -1,0 +1,140 @@
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+import yaml
+
+from hw_specs import SPEC_DIR
+from perfmodel.cli import run
+from perfmodel.contract import read_table, write_table
+from perfmodel.roofline import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--model", "llama-7b", "--batch", "1", "16", "--seq", "1024", "--candidates", "1", "64", "--jobs", "1"]
+
+
+class SourceCollector(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.urls, self.images = [], 0
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if name in ("src", "href"):
+                self.urls.append(value)
+        self.images += tag == "img"
+
+
+def assert_png_shows_a_plot(path: Path):
+    pixels = matplotlib.image.imread(path)[..., :3]
+    assert pixels.shape[0] > 300 and pixels.shape[1] > 600
+    dark = (pixels.mean(axis=2) < 0.6).mean()
+    assert 0.005 < dark < 0.5, f"{path.name}: {dark:.3%} dark pixels"
+
+
+def cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "perfmodel.roofline", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_default_command_writes_the_papers_figures(tmp_path):
+    result = cli("--gpu", "a100", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs == [
+        "medusa-attention-b16-llama-33b.png",
+        "medusa-attention-s1024-llama-33b.png",
+        "medusa-up-gate-down-llama-33b.png",
+        "roofline-llama-13b.png",
+        "roofline-llama-33b.png",
+        "roofline-llama-7b.png",
+    ]
+    for png in tmp_path.glob("*.png"):
+        assert_png_shows_a_plot(png)
+    table = read_table(tmp_path / "roofline.csv")
+    assert len(table) == 3 * 12 * (49 + 49 + 49 * 8)
+    assert set(table["source"]) == {"predicted"} and set(table["device"]) == {"a100-pcie"}
+    page = (tmp_path / "roofline.html").read_text()
+    links = SourceCollector()
+    links.feed(page)
+    assert links.images == 6
+    assert all(url.startswith("data:image/png;base64,") for url in links.urls)
+    assert "1935" in page and "nvidia-a100-datasheet" in page  # the spec with its sources
+    assert len(page) < 5_000_000
+
+
+def test_custom_spec_and_strings_are_escaped(tmp_path):
+    data = yaml.safe_load((SPEC_DIR / "h100-sxm.yaml").read_text())
+    data["name"] = "<script>alert(1)</script> GPU"
+    spec = tmp_path / "evil.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    assert run(main, ["--spec", str(spec), "--out", str(tmp_path / "out"), *SMALL]) == 0
+    page = (tmp_path / "out" / "roofline.html").read_text()
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; GPU" in page
+
+
+def test_measured_rows_are_overlaid_and_their_error_reported(tmp_path):
+    out = tmp_path / "out"
+    assert run(main, ["--gpu", "h100", "--out", str(out), *SMALL]) == 0
+    predicted = read_table(out / "roofline.csv")
+    measured = predicted[predicted["op"].isin(["up", "qk"])].copy()
+    measured["time_s"] *= 1.25  # the prediction is 20% fast on every row
+    measured["tflops"] = measured["flops"] / measured["time_s"] / 1e12
+    measured["source"], measured["noise"], measured["run_id"] = "measured", 0.01, "test-run"
+    write_table(measured, tmp_path / "measured.csv")
+
+    out2 = tmp_path / "out2"
+    assert run(main, ["--gpu", "h100", "--out", str(out2), "--measurements", str(tmp_path / "measured.csv"), *SMALL]) == 0
+    table = read_table(out2 / "roofline.csv")
+    assert (table["source"] == "measured").sum() == len(measured)
+    page = (out2 / "roofline.html").read_text()
+    assert "Prediction error" in page
+    assert 'class="tag measured"' in page
+    assert "0.2</td>" in page  # median and max |error| are both exactly 20%
+
+
+def test_narrowed_grid_csv_path(tmp_path):
+    csv = tmp_path / "elsewhere" / "grid.csv"
+    assert run(main, ["--gpu", "rtx-4090", "--out", str(tmp_path), "--csv", str(csv), "--dtype", "bf16", *SMALL]) == 0
+    table = read_table(csv)
+    assert set(table["batch"]) == {1, 16} and set(table["seq_len"]) == {1024} and set(table["dtype"]) == {"bf16"}
+    assert set(table.loc[table["phase"] == "tree", "candidates"]) == {1, 64}
+    assert len(table) == 12 * (2 + 2 + 4)
+
+
+@pytest.mark.parametrize(
+    "args, status, message",
+    [
+        (["--gpu", "a10O"], 1, "unknown device 'a10O'"),
+        (["--gpu", "a100", "--model", "llama-8b"], 1, "unknown model 'llama-8b'"),
+        (["--gpu", "a100", "--batch", "-4"], 2, "must be a positive integer, got '-4'"),
+        (["--gpu", "a100", "--dtype", "fp12"], 1, "unknown dtype 'fp12'"),
+        (["--gpu", "a100", "--dtype", "fp8"], 1, "no fp8 peak"),
+        (["--spec", "/nonexistent/my_gpu.yaml"], 1, "cannot read spec file /nonexistent/my_gpu.yaml"),
+        (["--gpu", "a100", "--measurements", "/nonexistent.csv"], 1, "does not exist"),
+        ([], 2, "one of the arguments --gpu --spec is required"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args, status, message):
+    result = cli(*args)
+    assert result.returncode == status
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_measurement_file_must_follow_the_contract(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("op,time\nqk,1\n")
+    result = cli("--gpu", "a100", "--measurements", str(bad))
+    assert result.returncode == 1 and "missing column(s) device" in result.stderr
+
+
+@pytest.mark.parametrize("device", sorted(p.stem for p in SPEC_DIR.glob("*.yaml")))
+def test_every_device_draws(tmp_path, device):
+    assert run(main, ["--gpu", device, "--out", str(tmp_path), *SMALL]) == 0
+    assert len(list(tmp_path.glob("*.png"))) == 4
+    assert np.isfinite(read_table(tmp_path / "roofline.csv")["tflops"]).all()
