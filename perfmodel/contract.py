@@ -23,6 +23,29 @@ POINT_COLUMNS = ["model", "dtype", "op", "phase", "batch", "seq_len", "candidate
 KEY_COLUMNS = ["device", *POINT_COLUMNS]
 
 
+def contract_fields(device: str, model: str, dtype: str, op: str, phase: str, batch, seq_len, candidates, cost, time_s, source: str, noise=None, run_id: str = "") -> dict:
+    """The data-contract fields of a row, or of many rows when the point and cost fields
+    are numpy arrays; `cost` is a perfmodel.operators.OpCost; time_s None means not timed."""
+    return {
+        "device": device,
+        "model": model,
+        "dtype": dtype,
+        "op": op,
+        "phase": phase,
+        "batch": batch,
+        "seq_len": seq_len,
+        "candidates": candidates,
+        "flops": cost.flops,
+        "bytes": cost.bytes,
+        "intensity": cost.flops / cost.bytes,
+        "time_s": time_s,
+        "tflops": None if time_s is None else cost.flops / time_s / 1e12,
+        "source": source,
+        "noise": noise,
+        "run_id": run_id,
+    }
+
+
 def check_table(df: pd.DataFrame, where: str = "table") -> pd.DataFrame:
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:

@@ -16,3 +16,8 @@ def check_dtype(dtype: str) -> str:
     if dtype not in ELEMENT_BYTES:
         raise PerfkitError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     return dtype
+
+
+def default_dtype(device_kind: str) -> str:
+    """GPUs run LLMs in half precision; CPUs in fp32 (fp16 GEMM is a slow path on CPUs)."""
+    return "fp32" if device_kind == "cpu" else "fp16"

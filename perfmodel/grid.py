@@ -8,7 +8,7 @@ import numpy as np
 
 from perfmodel.errors import PerfkitError
 from perfmodel.models import ModelConfig
-from perfmodel.operators import OPS, PHASES
+from perfmodel.operators import ALL_OPS, OPS, PHASES
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,17 @@ PAPER_GRID = Grid(
     candidates=(1, 16, 32, 48, 64, 80, 96, 112),
 )
 
+# A few settings of each axis, chosen so a whole sweep of a 7B model finishes in a few
+# minutes on a small CPU: prefill at most 1024 tokens, decode and tree at the same (b, s).
+QUICK_GRID = Grid(batches=(1, 2), seq_lens=(128, 512), candidates=(1, 16, 64))
+
+
 def iter_blocks(model: ModelConfig, grid: Grid = PAPER_GRID, ops=OPS, phases=PHASES):
     """(op, phase, points) per op and phase; points is an int64 array of (batch, seq_len,
     candidates) rows. Ops the model lacks (medusa_heads with no heads) are left out."""
     for op in ops:
-        if op not in OPS:
-            raise PerfkitError(f"unknown op {op!r}; choose from: {', '.join(OPS)}")
+        if op not in ALL_OPS:
+            raise PerfkitError(f"unknown op {op!r}; choose from: {', '.join(ALL_OPS)}")
         if op == "medusa_heads" and model.medusa_heads == 0:
             continue
         for phase in phases:

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perfmodel.contract import COLUMNS
+from perfmodel.contract import COLUMNS, contract_fields
 from perfmodel.dtypes import element_bytes
 from perfmodel.errors import PerfkitError
 from perfmodel.grid import PAPER_GRID, Grid, iter_blocks
 from perfmodel.hardware import HardwareSpec
 from perfmodel.models import ModelConfig
-from perfmodel.operators import OPS, PHASES, Matmul, cost_of, op_matmuls
+from perfmodel.operators import OPS, PHASES, Kernel, cost_of, op_kernels
 
 
 @dataclass(frozen=True)
@@ -45,15 +45,15 @@ class RooflineParams:
             raise PerfkitError(f"kernel_overhead_s must be >= 0, got {self.kernel_overhead_s!r}")
 
 
-def kernel_time(matmul: Matmul, dtype: str, spec: HardwareSpec, params: RooflineParams):
+def kernel_time(kernel: Kernel, dtype: str, spec: HardwareSpec, params: RooflineParams):
     """Seconds for one kernel (an array of them when the matmul's dimensions are arrays)."""
-    compute = matmul.flops / (spec.peak_flops(dtype) * params.compute_efficiency)
-    memory = matmul.elements * element_bytes(dtype) / (spec.bandwidth * params.memory_efficiency)
+    compute = kernel.flops / (spec.peak_flops(dtype) * params.compute_efficiency)
+    memory = kernel.elements * element_bytes(dtype) / (spec.bandwidth * params.memory_efficiency)
     return np.maximum(compute, memory) + params.kernel_overhead_s
 
 
-def op_time(matmuls: tuple[Matmul, ...], dtype: str, spec: HardwareSpec, params: RooflineParams):
-    return sum(kernel_time(m, dtype, spec, params) for m in matmuls)
+def op_time(kernels: tuple[Kernel, ...], dtype: str, spec: HardwareSpec, params: RooflineParams):
+    return sum(kernel_time(m, dtype, spec, params) for m in kernels)
 
 
 def predict_table(
@@ -70,28 +70,7 @@ def predict_table(
     frames = []
     for op, phase, points in iter_blocks(model, grid, ops, phases):
         b, s, q = (points[:, i] for i in range(3))
-        matmuls = op_matmuls(op, phase, model, b, s, q)
-        cost, t = cost_of(matmuls, dtype), op_time(matmuls, dtype, spec, params)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "device": spec.key,
-                    "model": model.name,
-                    "dtype": dtype,
-                    "op": op,
-                    "phase": phase,
-                    "batch": b,
-                    "seq_len": s,
-                    "candidates": q,
-                    "flops": cost.flops,
-                    "bytes": cost.bytes,
-                    "intensity": cost.flops / cost.bytes,
-                    "time_s": t,
-                    "tflops": cost.flops / t / 1e12,
-                    "source": "predicted",
-                    "noise": np.nan,
-                    "run_id": "",
-                }
-            )
-        )
+        kernels = op_kernels(op, phase, model, b, s, q)
+        cost, t = cost_of(kernels, dtype), op_time(kernels, dtype, spec, params)
+        frames.append(pd.DataFrame(contract_fields(spec.key, model.name, dtype, op, phase, b, s, q, cost, t, "predicted", np.nan)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)

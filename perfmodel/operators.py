@@ -22,6 +22,10 @@ from perfmodel.errors import PerfkitError
 from perfmodel.models import ModelConfig
 
 OPS = ("q", "k", "v", "qkv", "qk", "pv", "o", "up", "gate", "down", "lm_head", "medusa_heads")
+# Attention as one fused kernel (torch scaled_dot_product_attention with the causal or
+# tree mask): measured beside the paper's plain qk/pv matmuls, reported as its own op.
+FUSED_OPS = ("sdpa",)
+ALL_OPS = OPS + FUSED_OPS
 PHASES = ("prefill", "decode", "tree")
 # The paper's figure groups: XW_Q/XW_K/XW_V, QK^T/PV, XW_u/XW_g/XW_d.
 OP_GROUPS = {"qkv": ("q", "k", "v"), "qk/pv": ("qk", "pv"), "up/gate/down": ("up", "gate", "down")}
@@ -66,6 +70,34 @@ class Matmul:
 
 
 @dataclass(frozen=True)
+class FusedAttention:
+    """softmax(Q K^T / sqrt(d) + mask) V in one kernel, for `batch` sequences.
+
+    Q and the output are (batch, heads, q_len, d); K and V are (batch, kv_heads, kv_len, d).
+    The score matrix never reaches memory, so bytes are Q, K, V read and the output
+    written. `causal` (prefill) kernels skip the masked upper triangle, so they count
+    (kv_len + 1) / (2 kv_len) of the dense FLOPs; tree and decode masks are computed densely.
+    """
+
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    causal: bool = False
+
+    @property
+    def flops(self):
+        dense = 4 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
+        return dense * (self.kv_len + 1) // (2 * self.kv_len) if self.causal else dense
+
+    @property
+    def elements(self):
+        return self.batch * self.head_dim * (2 * self.heads * self.q_len + 2 * self.kv_heads * self.kv_len)
+
+
+@dataclass(frozen=True)
 class OpCost:
     flops: int
     bytes: int
@@ -84,8 +116,8 @@ def query_len(phase: str, seq_len: int, candidates: int) -> int:
 
 def check_point(op: str, phase: str, batch, seq_len, candidates) -> None:
     """Validate one grid point, or arrays of them (ints or numpy integer arrays)."""
-    if op not in OPS:
-        raise PerfkitError(f"unknown op {op!r}; choose from: {', '.join(OPS)}")
+    if op not in ALL_OPS:
+        raise PerfkitError(f"unknown op {op!r}; choose from: {', '.join(ALL_OPS)}")
     if phase not in PHASES:
         raise PerfkitError(f"unknown phase {phase!r}; choose from: {', '.join(PHASES)}")
     for name, value in (("batch", batch), ("seq_len", seq_len), ("candidates", candidates)):
@@ -95,10 +127,15 @@ def check_point(op: str, phase: str, batch, seq_len, candidates) -> None:
             raise PerfkitError(f"{name} must be a positive integer, got {bad!r}")
     if phase != "tree" and (np.asarray(candidates) != 1).any():
         raise PerfkitError(f"candidates={candidates} applies to the tree phase only; {phase} uses 1")
+    if op in FUSED_OPS and phase == "tree" and (np.asarray(candidates) > np.asarray(seq_len)).any():
+        raise PerfkitError(f"{op}: the tree's {candidates} candidates are part of the {seq_len} attended tokens, so need candidates <= seq_len")
 
 
-def op_matmuls(op: str, phase: str, model: ModelConfig, batch, seq_len, candidates=1) -> tuple[Matmul, ...]:
-    """The matmuls (one kernel each) that operator `op` runs in `phase`.
+Kernel = Matmul | FusedAttention
+
+
+def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidates=1) -> tuple[Kernel, ...]:
+    """The kernels (matmuls, or one fused attention) that operator `op` runs in `phase`.
 
     batch, seq_len and candidates are ints, or numpy integer arrays of equal length.
     """
@@ -110,6 +147,10 @@ def op_matmuls(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
     def linear(k: int, n: int) -> Matmul:
         return Matmul(1, tokens, k, n, weight=True)
 
+    if op == "sdpa":
+        # K/V length is s, as for qk/pv; in a tree step the last q of the s tokens are the tree.
+        q_len = query_len(phase, seq_len, candidates)
+        return (FusedAttention(batch, model.num_heads, model.num_kv_heads, q_len, seq_len, d, causal=phase == "prefill"),)
     if op in ATTENTION_OPS:
         rows = model.group_size * query_len(phase, seq_len, candidates)
         heads = batch * model.num_kv_heads
@@ -133,13 +174,13 @@ def op_matmuls(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
     return (linear(*shapes[op]),)
 
 
-def cost_of(matmuls: tuple[Matmul, ...], dtype: str) -> OpCost:
+def cost_of(kernels: tuple[Kernel, ...], dtype: str) -> OpCost:
     return OpCost(
-        flops=sum(m.flops for m in matmuls),
-        bytes=element_bytes(dtype) * sum(m.elements for m in matmuls),
-        kernels=len(matmuls),
+        flops=sum(k.flops for k in kernels),
+        bytes=element_bytes(dtype) * sum(k.elements for k in kernels),
+        kernels=len(kernels),
     )
 
 
 def op_cost(op: str, phase: str, model: ModelConfig, dtype: str, batch: int, seq_len: int, candidates: int = 1) -> OpCost:
-    return cost_of(op_matmuls(op, phase, model, batch, seq_len, candidates), dtype)
+    return cost_of(op_kernels(op, phase, model, batch, seq_len, candidates), dtype)

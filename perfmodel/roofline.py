@@ -7,6 +7,7 @@ and one self-contained HTML page, and writes the full grid as a data-contract CS
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -16,14 +17,15 @@ from pathlib import Path
 import pandas as pd
 
 from perfmodel.cli import Parser, positive_int, run
-from perfmodel.contract import COLUMNS, KEY_COLUMNS, POINT_COLUMNS, read_table, write_table
-from perfmodel.dtypes import DTYPES, check_dtype
+from perfmodel.contract import COLUMNS, KEY_COLUMNS, POINT_COLUMNS, write_table
+from perfmodel.dtypes import DTYPES, check_dtype, default_dtype
 from perfmodel.errors import PerfkitError
-from perfmodel.grid import PAPER_GRID, Grid
+from perfmodel.device_view import DeviceView, device_key, is_cpu_name, resolve_view
+from perfmodel.grid import PAPER_GRID, QUICK_GRID, Grid
 from perfmodel.hardware import HardwareSpec, resolve_spec
-from perfmodel.latency import RooflineParams, predict_table
+from perfmodel.latency import predict_table
 from perfmodel.models import ModelConfig, load_model
-from perfmodel.operators import OP_GROUPS
+from perfmodel.operators import ALL_OPS, OP_GROUPS
 
 DEFAULT_MODELS = ("llama-7b", "llama-13b", "llama-33b")
 DEFAULT_OUT = Path("perf-reports") / "roofline"
@@ -32,42 +34,58 @@ VARIATION_SEQ = 1024  # paper Fig 19: attention at s=1024 over (b, q)
 MAIN_PHASES = ("prefill", "decode")
 
 
-def ceilings(spec: HardwareSpec, dtype: str, params: RooflineParams):
+def ceilings(view: DeviceView, dtype: str):
+    """The lines to draw: datasheet (GPUs), measured (when known), the latency model's derating."""
     from reports.roofline_figures import Ceiling
 
-    return [
-        Ceiling(f"datasheet: {spec.peak_tflops[dtype]:g} TFLOP/s, {spec.memory_bandwidth_gb_s:g} GB/s", spec.peak_flops(dtype), spec.bandwidth),
-        Ceiling(
-            f"model: x{params.compute_efficiency:g} compute, x{params.memory_efficiency:g} bandwidth",
-            spec.peak_flops(dtype) * params.compute_efficiency,
-            spec.bandwidth * params.memory_efficiency,
-            style="--",
-            color="#888888",
-        ),
-    ]
+    spec, params, lines = view.spec, view.params, []
+    if not view.is_cpu:
+        lines.append(Ceiling(f"datasheet: {spec.peak_tflops[dtype]:g} TFLOP/s, {spec.memory_bandwidth_gb_s:g} GB/s", spec.peak_flops(dtype), spec.bandwidth))
+    measured = view.ceilings or {}
+    if dtype in measured.get("peak_tflops", {}):
+        peak, bandwidth = measured["peak_tflops"][dtype], max(measured["bandwidth_gb_s"].values())
+        lines.append(Ceiling(f"measured: {peak:.3g} TFLOP/s, {bandwidth:.3g} GB/s", peak * 1e12, bandwidth * 1e9, color="#1e7d32"))
+    if (params.compute_efficiency, params.memory_efficiency) != (1.0, 1.0):
+        lines.append(
+            Ceiling(
+                f"model: x{params.compute_efficiency:g} compute, x{params.memory_efficiency:g} bandwidth",
+                spec.peak_flops(dtype) * params.compute_efficiency,
+                spec.bandwidth * params.memory_efficiency,
+                style="--",
+                color="#888888",
+            )
+        )
+    return lines
+
+
+def closest(values, target: int) -> int:
+    """The grid value nearest `target` on a log scale (the paper's setting when present)."""
+    return min(values, key=lambda v: (abs(math.log(v / target)), v))
 
 
 def variation_studies(grid: Grid) -> list[dict]:
-    """The three Medusa variation studies over the (possibly narrowed) grid."""
+    """The three Medusa variation studies over the (possibly narrowed) grid, each pinned to
+    the paper's batch or sequence length, or the grid's closest value to it."""
+    b, s = closest(grid.batches, VARIATION_BATCH), closest(grid.seq_lens, VARIATION_SEQ)
     return [
         dict(
-            name="medusa-attention-b16",
+            name=f"medusa-attention-b{b}",
             ops=OP_GROUPS["qk/pv"],
-            grid=Grid((VARIATION_BATCH,), grid.seq_lens, grid.candidates),
+            grid=Grid((b,), grid.seq_lens, grid.candidates),
             line_by="seq_len",
-            what=f"attention (QK^T, PV) at batch {VARIATION_BATCH} over sequence length and candidates (paper Fig 18)",
+            what=f"attention (QK^T, PV) at batch {b} over sequence length and candidates (paper Fig 18)",
         ),
         dict(
-            name="medusa-attention-s1024",
+            name=f"medusa-attention-s{s}",
             ops=OP_GROUPS["qk/pv"],
-            grid=Grid(grid.batches, (VARIATION_SEQ,), grid.candidates),
+            grid=Grid(grid.batches, (s,), grid.candidates),
             line_by="batch",
-            what=f"attention (QK^T, PV) at sequence length {VARIATION_SEQ} over batch and candidates (paper Fig 19)",
+            what=f"attention (QK^T, PV) at sequence length {s} over batch and candidates (paper Fig 19)",
         ),
         dict(
             name="medusa-up-gate-down",
             ops=OP_GROUPS["up/gate/down"],
-            grid=Grid(grid.batches, (VARIATION_SEQ,), grid.candidates),
+            grid=Grid(grid.batches, (s,), grid.candidates),
             line_by="batch",
             what="up/gate/down projections over batch and candidates (paper Fig 20)",
         ),
@@ -93,18 +111,19 @@ def prediction_error(predicted: pd.DataFrame, measured: pd.DataFrame) -> pd.Data
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.roofline", description=__doc__.split("\n\n")[0])
     device = p.add_mutually_exclusive_group(required=True)
-    device.add_argument("--gpu", metavar="NAME", help="a device in hw_specs/ by name or alias (e.g. a100, h100)")
+    device.add_argument("--gpu", metavar="NAME", help="a device in hw_specs/ by name or alias (e.g. a100, h100), or cpu for this machine's CPU")
     device.add_argument("--spec", metavar="FILE", help="a device spec YAML file of your own (format: hw_specs/README.md)")
-    p.add_argument("--model", nargs="+", default=list(DEFAULT_MODELS), metavar="NAME|PATH", help="model presets or config.json paths (default: the paper's %(default)s)")
+    p.add_argument("--model", nargs="+", metavar="NAME|PATH", help=f"model presets or config.json paths (default: the paper's {' '.join(DEFAULT_MODELS)}; on a CPU, or with --measure, llama-7b)")
     p.add_argument("--variation-model", metavar="NAME|PATH", help="model for the Medusa variation figures (default: the last --model, llama-33b as in the paper)")
-    p.add_argument("--dtype", default="fp16", help=f"one of {', '.join(DTYPES)} (default %(default)s)")
+    p.add_argument("--dtype", help=f"one of {', '.join(DTYPES)} (default fp16; fp32 on a CPU)")
     p.add_argument("--batch", nargs="+", type=positive_int, metavar="B", help="batch sizes (default 1..64, powers of two)")
     p.add_argument("--seq", nargs="+", type=positive_int, metavar="S", help="sequence lengths (default 128..8192, powers of two)")
     p.add_argument("--candidates", nargs="+", type=positive_int, metavar="Q", help="Medusa candidates (default 1,16,...,112)")
     p.add_argument("--medusa-heads", type=positive_int, metavar="K", help="Medusa heads for the medusa_heads op (default: the model's)")
     p.add_argument("--out", type=Path, metavar="DIR", help=f"output folder (default {DEFAULT_OUT}/<device>)")
     p.add_argument("--csv", type=Path, metavar="FILE", help="where to write the grid table (default DIR/roofline.csv)")
-    p.add_argument("--measurements", type=Path, metavar="FILE", help="measured rows (data-contract CSV/Parquet) to overlay")
+    p.add_argument("--measurements", type=Path, nargs="+", metavar="FILE", help="measured rows (data-contract CSV/Parquet) to overlay (default: the device's shipped sweeps)")
+    p.add_argument("--measure", action="store_true", help="first run a quick sweep on this machine's device (--gpu cpu, or the GPU named), then draw it")
     p.add_argument("--jobs", type=positive_int, metavar="N", help="processes drawing figures (default: one per core)")
     return p
 
@@ -118,16 +137,17 @@ class PlannedFigure:
     points: pd.DataFrame
 
 
-def plan_figures(renderer, spec, models, variation_model, dtype, grid, measured, params):
+def plan_figures(renderer, view: DeviceView, models, variation_model, dtype, grid):
     """Submit every figure for rendering; return them with the tables behind them."""
     from reports.render import FigureJob
     from reports.roofline_figures import roofline_panels, variation_figure
 
-    lines = ceilings(spec, dtype, params)
+    spec, params, measured = view.spec, view.params, view.measured
+    lines = ceilings(view, dtype)
     tables, errors, figures = [], [], []
     main_ops = [op for group in OP_GROUPS.values() for op in group]
     for model in models:
-        predicted = predict_table(spec, model, dtype, grid, params=params)
+        predicted = predict_table(spec, model, dtype, grid, ops=ALL_OPS, params=params)
         mine = matching_measurements(measured, spec, model, dtype)
         tables += [predicted, mine]
         errors.append(prediction_error(predicted, mine))
@@ -149,17 +169,18 @@ def plan_figures(renderer, spec, models, variation_model, dtype, grid, measured,
     return figures, tables, errors
 
 
-def write_page(out: Path, spec, dtype, params, figures, errors) -> Path:
+def write_page(out: Path, view: DeviceView, dtype, figures, errors) -> Path:
     """PNG files plus one self-contained HTML page holding the same figures and their points."""
     from reports.html import Page
 
+    spec = view.spec
     page = Page(f"Roofline: {spec.name}, {dtype}")
     page.paragraph(
         "Points are predicted (hollow markers) from the device's datasheet ceilings and the latency model's "
         "efficiency factors, unless marked measured (filled markers, from a profiler sweep). "
         "Operational intensity counts each matmul input read once and its output written once (paper Table 5)."
     )
-    describe_device(page, spec, dtype, params)
+    describe_device(page, view, dtype)
     section = None
     for figure in figures:
         png = figure.png()
@@ -174,37 +195,58 @@ def write_page(out: Path, spec, dtype, params, figures, errors) -> Path:
     return page.write(out / "roofline.html")
 
 
+def measure_now(view_gpu: str | None, spec_file, models, dtype: str, grid: Grid, out: Path) -> list[Path]:
+    """Quick sweeps of this machine's device, one file per model in `out` (resumable)."""
+    from profilers.device import check_device, cuda_info
+    from profilers.sweep import SweepConfig, default_timer, run_sweep
+
+    device = "cpu" if is_cpu_name(view_gpu) else check_device("cuda")
+    if device == "cuda":
+        wanted, here = resolve_spec(view_gpu, spec_file), cuda_info()[0]
+        if view_gpu is not None and here.spec_key != wanted.key:
+            raise PerfkitError(f"--measure times this machine's GPU, {here.name} ({here.key}), not {wanted.key}; use --gpu {here.key}")
+    files = []
+    for model in models:
+        config = SweepConfig(device, model, dtype, grid, out / f"measured-{model.name}-{dtype}.csv", timer=default_timer(device))
+        files.append(run_sweep(config).out)
+    return files
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = build_parser().parse_args(argv)
-    dtype = check_dtype(args.dtype)
-    spec = resolve_spec(args.gpu, args.spec)
-    spec.peak_flops(dtype)
-    models = [load_model(m) for m in args.model]
+    cpu = is_cpu_name(args.gpu)
+    dtype = check_dtype(args.dtype or default_dtype("cpu" if cpu else "cuda"))
+    models = [load_model(m) for m in args.model or (["llama-7b"] if cpu or args.measure else DEFAULT_MODELS)]
     if args.medusa_heads:
         models = [m.with_medusa_heads(args.medusa_heads) for m in models]
+    grid = (QUICK_GRID if cpu or args.measure else PAPER_GRID).narrowed(args.batch, args.seq, args.candidates)
+    out = args.out or DEFAULT_OUT / device_key(args.gpu, args.spec)
+    files = measure_now(args.gpu, args.spec, models, dtype, grid, out) if args.measure else list(args.measurements or [])
+    view = resolve_view(args.gpu, args.spec, files)
+    view.spec.peak_flops(dtype)
     variation_model = load_model(args.variation_model) if args.variation_model else models[-1]
-    grid = PAPER_GRID.narrowed(args.batch, args.seq, args.candidates)
-    measured = read_table(args.measurements) if args.measurements else None
-    out = args.out or DEFAULT_OUT / spec.key
-    params = RooflineParams()
 
     from reports.render import Renderer
 
     with Renderer(args.jobs) as renderer:
-        figures, tables, errors = plan_figures(renderer, spec, models, variation_model, dtype, grid, measured, params)
+        figures, tables, errors = plan_figures(renderer, view, models, variation_model, dtype, grid)
         out.mkdir(parents=True, exist_ok=True)
         table = pd.concat([t for t in tables if not t.empty], ignore_index=True)
         csv_path = write_table(table, args.csv or out / "roofline.csv")
-        html_path = write_page(out, spec, dtype, params, figures, errors)
-    print(f"{spec.name} ({spec.key}), {dtype}: {len(figures)} figures in {out}/")
+        html_path = write_page(out, view, dtype, figures, errors)
+    measured = sum((t["source"] == "measured").sum() for t in tables)
+    print(f"{view.spec.name} ({view.spec.key}), {dtype}: {len(figures)} figures in {out}/")
+    if view.sources:
+        print(f"  measured: {measured} rows from {', '.join(str(p) for p in view.sources)}")
     print(f"  html: {html_path}")
     print(f"  csv:  {csv_path} ({len(table)} rows)")
     print(f"  done in {time.perf_counter() - started:.1f} s")
     return 0
 
 
-def describe_device(page, spec: HardwareSpec, dtype: str, params: RooflineParams) -> None:
+def describe_device(page, view: DeviceView, dtype: str) -> None:
+    spec, params = view.spec, view.params
     page.heading("Device")
     rows = [("name", spec.name, "", spec.source_of("name"))]
     for field, unit in [
@@ -227,20 +269,31 @@ def describe_device(page, spec: HardwareSpec, dtype: str, params: RooflineParams
     if spec.notes:
         page.paragraph(f"Notes: {spec.notes}")
     page.heading("Ceilings and latency model")
+    lines = ceilings(view, dtype)
     page.table(
         pd.DataFrame(
-            [
-                ("datasheet", spec.peak_tflops[dtype], spec.memory_bandwidth_gb_s, spec.ridge_point(dtype)),
-                ("latency model", spec.peak_tflops[dtype] * params.compute_efficiency, spec.memory_bandwidth_gb_s * params.memory_efficiency, spec.ridge_point(dtype) * params.compute_efficiency / params.memory_efficiency),
-            ],
+            [(c.label.split(":")[0], c.peak_flops / 1e12, c.bandwidth / 1e9, c.ridge) for c in lines],
             columns=["ceiling", f"peak {dtype} TFLOP/s", "bandwidth GB/s", "ridge FLOP/byte"],
         )
     )
-    page.paragraph(
-        f"Predicted kernel time = max(FLOPs / (peak x {params.compute_efficiency:g}), bytes / (bandwidth x {params.memory_efficiency:g})) "
-        f"+ {params.kernel_overhead_s * 1e6:g} us per kernel ({params.label}). The efficiencies are public achievable fractions "
-        "(bf16 GEMM 81-87% of peak on A100, HBM reads about 88% of datasheet); the overhead is a kernel launch's floor."
-    )
+    if view.ceilings:
+        measured = view.ceilings
+        rows = [(f"bandwidth ({name})", value, "GB/s", measured["noise"].get(name)) for name, value in measured["bandwidth_gb_s"].items()]
+        rows += [(f"matmul {d}", value, "TOPS" if d == "int8" else "TFLOP/s", measured["noise"].get(d)) for d, value in measured["peak_tflops"].items()]
+        rows += [(f"matmul {d}", float("nan"), f"not measured: {why}", None) for d, why in measured.get("skipped", {}).items()]
+        page.paragraph(f"Measured ceilings of {measured['device']} ({measured['measured_at']}): STREAM copy and triad and a read-only matrix-vector stream on arrays far beyond the last-level cache, and the best large square matmul per dtype; noise = IQR / median.")
+        page.table(pd.DataFrame(rows, columns=["measurement", "value", "unit", "noise"]))
+    if view.is_cpu:
+        page.paragraph(
+            f"Predicted kernel time = max(FLOPs / measured peak, bytes / measured bandwidth) + {params.kernel_overhead_s * 1e6:g} us "
+            "per kernel: measured ceilings are already achievable, so they are not derated."
+        )
+    else:
+        page.paragraph(
+            f"Predicted kernel time = max(FLOPs / (peak x {params.compute_efficiency:g}), bytes / (bandwidth x {params.memory_efficiency:g})) "
+            f"+ {params.kernel_overhead_s * 1e6:g} us per kernel ({params.label}). The efficiencies are public achievable fractions "
+            "(bf16 GEMM 81-87% of peak on A100, HBM reads about 88% of datasheet); the overhead is a kernel launch's floor."
+        )
 
 
 def describe_errors(page, errors: pd.DataFrame) -> None:

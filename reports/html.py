@@ -92,6 +92,8 @@ def _cls(column: pd.Series) -> str:
 
 
 def _fmt(value: object, digits: int) -> str:
+    if value is None:
+        return ""
     if isinstance(value, float):
         if value != value:  # nan
             return ""

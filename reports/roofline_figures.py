@@ -83,7 +83,8 @@ def _limits(points: pd.DataFrame, ceilings: list[Ceiling]) -> tuple[tuple[float,
     ridge = max(c.ridge for c in ceilings)
     xlim = (10 ** np.floor(np.log10(min(oi.min(), 1.0))), 10 ** np.ceil(np.log10(max(oi.max(), ridge * 4))))
     peak = max(c.peak_flops for c in ceilings) / 1e12
-    ylim = (10 ** np.floor(np.log10(max(min(tf.min(), peak / 1e4), 1e-6))), peak * 2.5)
+    # From the slowest point (or 1/300 of peak, whichever is lower) to above the peak.
+    ylim = (10 ** np.floor(np.log10(max(min(tf.min(), peak / 300), 1e-9))), peak * 2.5)
     return xlim, ylim
 
 

@@ -6,7 +6,7 @@ from perfmodel.grid import PAPER_GRID, Grid
 from perfmodel.hardware import find_spec
 from perfmodel.latency import RooflineParams, op_time, predict_table
 from perfmodel.models import load_model
-from perfmodel.operators import OPS, op_matmuls
+from perfmodel.operators import OPS, op_kernels
 
 A100 = find_spec("a100")
 LLAMA_7B = load_model("llama-7b")
@@ -14,14 +14,14 @@ PARAMS = RooflineParams()
 
 
 def test_memory_bound_decode_projection_hand_computed():
-    mm = op_matmuls("q", "decode", LLAMA_7B, 1, 1024)
+    mm = op_kernels("q", "decode", LLAMA_7B, 1, 1024)
     bytes_ = 2 * (4096 + 4096 * 4096 + 4096)
     expected = bytes_ / (1935e9 * 0.88) + 3e-6
     assert op_time(mm, "fp16", A100, PARAMS) == pytest.approx(expected)
 
 
 def test_compute_bound_prefill_projection_hand_computed():
-    mm = op_matmuls("up", "prefill", LLAMA_7B, 16, 2048)
+    mm = op_kernels("up", "prefill", LLAMA_7B, 16, 2048)
     flops = 2 * 16 * 2048 * 4096 * 11008
     assert op_time(mm, "fp16", A100, PARAMS) == pytest.approx(flops / (312e12 * 0.84) + 3e-6)
 
@@ -29,7 +29,7 @@ def test_compute_bound_prefill_projection_hand_computed():
 def test_each_kernel_pays_its_own_overhead():
     model = LLAMA_7B.with_medusa_heads(4)
     free = RooflineParams(kernel_overhead_s=0.0)
-    mm = op_matmuls("medusa_heads", "decode", model, 1, 128)
+    mm = op_kernels("medusa_heads", "decode", model, 1, 128)
     assert op_time(mm, "fp16", A100, PARAMS) - op_time(mm, "fp16", A100, free) == pytest.approx(8 * 3e-6)
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from perfmodel.errors import PerfkitError
 from perfmodel.models import load_model
-from perfmodel.operators import OPS, PHASES, op_cost, op_matmuls
+from perfmodel.operators import OPS, PHASES, op_cost, op_kernels
 
 LLAMA_7B = load_model("llama-7b")
 LLAMA_33B = load_model("llama-33b")
@@ -62,7 +62,7 @@ def test_gqa_reads_each_kv_head_once():
     qk = op_cost("qk", "tree", LLAMA_70B, "fp16", batch=b, seq_len=s, candidates=q)
     assert qk.flops == 2 * b * 64 * q * s * 128
     assert qk.bytes == 2 * (b * 64 * q * 128 + b * 8 * s * 128 + b * 64 * q * s)
-    (mm,) = op_matmuls("qk", "tree", LLAMA_70B, b, s, q)
+    (mm,) = op_kernels("qk", "tree", LLAMA_70B, b, s, q)
     assert (mm.batch, mm.m, mm.k, mm.n) == (b * 8, 8 * q, 128, s)
 
 
@@ -93,7 +93,7 @@ def test_dtype_changes_bytes_not_flops():
 @pytest.mark.parametrize("phase", PHASES)
 def test_shapes_multiply_to_the_counted_flops(op, phase):
     q = 16 if phase == "tree" else 1
-    for mm in op_matmuls(op, phase, LLAMA_70B, 2, 256, q):
+    for mm in op_kernels(op, phase, LLAMA_70B, 2, 256, q):
         left, right, out = mm.left_shape, mm.right_shape, mm.out_shape
         assert left[-1] == right[-2] and out[-1] == right[-1] and out[-2] == left[-2]
         assert mm.flops == 2 * math.prod(out) * left[-1]
@@ -105,9 +105,9 @@ def test_arrays_of_points_give_the_scalar_answers():
     s = np.array([128, 1024, 8192])
     q = np.array([1, 16, 112])
     for op in OPS:
-        vector = op_matmuls(op, "tree", LLAMA_70B, b, s, q)
+        vector = op_kernels(op, "tree", LLAMA_70B, b, s, q)
         for j in range(3):
-            scalar = op_matmuls(op, "tree", LLAMA_70B, int(b[j]), int(s[j]), int(q[j]))
+            scalar = op_kernels(op, "tree", LLAMA_70B, int(b[j]), int(s[j]), int(q[j]))
             assert [m.flops for m in scalar] == [int(np.broadcast_to(m.flops, 3)[j]) for m in vector]
             assert [m.elements for m in scalar] == [int(np.broadcast_to(m.elements, 3)[j]) for m in vector]
 
@@ -127,4 +127,4 @@ def test_arrays_of_points_give_the_scalar_answers():
 def test_bad_points_are_refused_with_the_value(args, message):
     op, phase, b, s, q = args
     with pytest.raises(PerfkitError, match=message):
-        op_matmuls(op, phase, LLAMA_7B, b, s, q)
+        op_kernels(op, phase, LLAMA_7B, b, s, q)

@@ -1,0 +1,159 @@
+"""Operator microbenchmarks built from perfmodel.operators, never from a copy of the shapes.
+
+Each kernel of an op becomes real torch work on tensors of exactly the counted shapes:
+a linear layer is torch.mm of (m, k) activations by a (k, n) weight, attention the
+batched matmuls torch.bmm the paper times, and `sdpa` one scaled_dot_product_attention
+call with the causal mask (prefill) or the tree mask (tree decoding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from perfmodel.dtypes import element_bytes
+from perfmodel.errors import PerfkitError
+from perfmodel.models import ModelConfig
+from perfmodel.operators import FusedAttention, Kernel, op_kernels
+from perfmodel.trees import Tree
+
+BENCH_DTYPES = ("fp16", "bf16", "fp32")
+
+
+def check_bench_dtype(dtype: str) -> str:
+    if dtype not in BENCH_DTYPES:
+        raise PerfkitError(f"operator benchmarks run in {', '.join(BENCH_DTYPES)}; {dtype!r} is measured as a ceiling only")
+    return dtype
+
+
+def torch_dtype(dtype: str):
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[check_bench_dtype(dtype)]
+
+
+def tree_attention_mask(q_len: int, kv_len: int, device: str):
+    """(q_len, kv_len) bool mask: every query sees the kv_len - q_len cached tokens, and
+    among the last q_len (the tree itself) only its ancestors and itself."""
+    import torch
+
+    mask = torch.ones(q_len, kv_len, dtype=torch.bool)
+    tree = Tree.breadth_first(q_len - 1)
+    mask[:, kv_len - q_len :] = torch.from_numpy(tree.ancestor_mask)
+    return mask.to(device)
+
+
+def workspace_elements(kernel: Kernel) -> int:
+    """Extra elements a kernel allocates while running (SDPA's math path holds the scores
+    and, for GQA, expanded K/V); 0 for matmuls writing into a preallocated output."""
+    if isinstance(kernel, FusedAttention):
+        scores = 2 * kernel.batch * kernel.heads * kernel.q_len * kernel.kv_len
+        expanded_kv = 2 * kernel.batch * (kernel.heads - kernel.kv_heads) * kernel.kv_len * kernel.head_dim
+        return scores + expanded_kv
+    return 0
+
+
+@dataclass(frozen=True)
+class OpBenchmark:
+    model: ModelConfig
+    op: str
+    phase: str
+    batch: int
+    seq_len: int
+    candidates: int
+    dtype: str
+    device: str
+
+    @property
+    def kernels(self) -> tuple[Kernel, ...]:
+        return op_kernels(self.op, self.phase, self.model, self.batch, self.seq_len, self.candidates)
+
+    def operand_bytes(self) -> int:
+        """Bytes of one set of operands (inputs and outputs)."""
+        return element_bytes(self.dtype) * sum(k.elements for k in self.kernels)
+
+    def bytes_needed(self, copies: int = 1) -> int:
+        size = element_bytes(self.dtype)
+        return copies * self.operand_bytes() + size * max(workspace_elements(k) for k in self.kernels)
+
+    def build(self, copies: int = 1, weights: dict | None = None) -> list[OpRun]:
+        """One runnable per operand copy, each running every kernel of the op.
+
+        `weights` caches weight tensors across benchmarks of one op, so a sweep does not
+        re-create a 500 MB weight for every batch size; activations are made per benchmark.
+        """
+        import torch
+
+        dtype, device = torch_dtype(self.dtype), self.device
+        weights = {} if weights is None else weights
+
+        def new(shape: tuple[int, ...], fill: bool = True):
+            t = torch.empty(shape, dtype=dtype, device=device)
+            return fill_random(t) if fill else t
+
+        def weight(shape: tuple[int, ...], index: int, copy: int):
+            """A (k, n) weight stored as nn.Linear stores it, (n, k) row-major, and seen
+            transposed: the layout real models run (it changes CPU GEMM speed 2.5x)."""
+            key = (self.dtype, shape, index, copy)  # per kernel: Medusa heads each read their own
+            if key not in weights:
+                weights[key] = new(shape[::-1])
+            return weights[key].t()
+
+        def kernel_run(kernel: Kernel, index: int, copy: int) -> KernelRun:
+            if isinstance(kernel, FusedAttention):
+                return self._attention_run(kernel, new)
+            a = new(kernel.left_shape)
+            b = weight(kernel.right_shape, index, copy) if kernel.weight else new(kernel.right_shape)
+            out = new(kernel.out_shape, fill=False)
+            mm = torch.mm if kernel.weight else torch.bmm
+            return KernelRun(kernel, {"a": a, "b": b, "out": out}, lambda: mm(a, b, out=out))
+
+        return [OpRun([kernel_run(k, i, copy) for i, k in enumerate(self.kernels)]) for copy in range(copies)]
+
+    def _attention_run(self, k: FusedAttention, new) -> KernelRun:
+        import torch.nn.functional as F
+
+        q = new((k.batch, k.heads, k.q_len, k.head_dim))
+        key, value = (new((k.batch, k.kv_heads, k.kv_len, k.head_dim)) for _ in range(2))
+        operands = {"q": q, "k": key, "v": value}
+        gqa = k.heads != k.kv_heads
+        if self.phase == "prefill":
+            return KernelRun(k, operands, lambda: F.scaled_dot_product_attention(q, key, value, is_causal=True, enable_gqa=gqa))
+        mask = tree_attention_mask(k.q_len, k.kv_len, self.device) if self.phase == "tree" and k.q_len > 1 else None
+        return KernelRun(k, {**operands, "mask": mask}, lambda: F.scaled_dot_product_attention(q, key, value, attn_mask=mask, enable_gqa=gqa))
+
+
+@dataclass(frozen=True)
+class KernelRun:
+    """One kernel's operands (by name) and the call that runs it on them."""
+
+    kernel: Kernel
+    operands: dict
+    run: Callable[[], object]
+
+
+class OpRun:
+    """Every kernel of an op on one copy of its operands; calling it runs them in order."""
+
+    def __init__(self, kernels: list[KernelRun]):
+        self.kernels = kernels
+
+    def __call__(self) -> None:
+        for kernel in self.kernels:
+            kernel.run()
+
+
+def fill_random(t):
+    """Fill with standard-normal values (uninitialised memory may hold NaNs or denormals
+    that slow CPUs). On the CPU a 1M-element random block is tiled: normal_() runs at
+    ~0.5 GB/s there, which would make a sweep spend minutes creating weights."""
+    import torch
+
+    if t.device.type != "cpu" or t.numel() <= 1 << 20:
+        return t.normal_()
+    flat = t.view(-1)
+    block = torch.randn(1 << 20, dtype=t.dtype)
+    for start in range(0, flat.numel(), block.numel()):
+        stop = min(start + block.numel(), flat.numel())
+        flat[start:stop].copy_(block[: stop - start])
+    return t

@@ -1,0 +1,293 @@
+"""python -m profilers.sweep: time every operator of a decoding step over a grid.
+
+One row per (op, phase, batch, seq_len, candidates) in the data-contract format, appended
+to --out as soon as it is measured: a sweep killed at any moment resumes on rerun with
+nothing lost or repeated, and a rerun of a complete sweep does nothing. Configurations
+that do not fit in memory are recorded as skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from perfmodel.cli import Parser, positive_int, run
+from perfmodel.contract import contract_fields
+from perfmodel.dtypes import check_dtype, default_dtype
+from perfmodel.grid import PAPER_GRID, QUICK_GRID, Grid, iter_points
+from perfmodel.models import ModelConfig, load_model
+from perfmodel.operators import ALL_OPS, PHASES, op_cost
+from profilers.benchmarks import BENCH_DTYPES, OpBenchmark, check_bench_dtype
+from profilers.ceilings import measure_ceilings
+from profilers.device import DeviceInfo, available_bytes, check_device, cpu_info, cpu_state, cuda_info
+from profilers.store import Journal, record_run
+from profilers.timer import TimerConfig, cache_flusher, time_cuda_events, time_cuda_graph, time_wall
+
+GRIDS = {"paper": PAPER_GRID, "quick": QUICK_GRID}
+TIMER_MODES = ("auto", "events", "graph")
+# Below this, one kernel is short enough for launch overhead to matter: use a CUDA graph.
+GRAPH_BELOW_S = 50e-6
+MAX_GRAPH_COPIES = 64
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    device: str
+    model: ModelConfig
+    dtype: str
+    grid: Grid
+    out: Path
+    ops: tuple[str, ...] = ALL_OPS
+    phases: tuple[str, ...] = PHASES
+    timer: TimerConfig = field(default_factory=TimerConfig)
+    timer_mode: str = "auto"
+    ceilings: bool = True
+    memory_cap_bytes: int | None = None
+    threads: int | None = None
+    progress: bool = True
+
+
+@dataclass
+class SweepResult:
+    out: Path
+    measured: int
+    skipped: int
+    total_rows: int
+    median_noise: float
+    run_id: str | None
+    ceilings: dict | None
+
+
+def default_timer(device: str, budget_s: float | None = None, target_noise: float = 0.01) -> TimerConfig:
+    """GPUs: 5+ reps within 2 s per configuration. CPUs run a 7B model's ops for
+    milliseconds to seconds each, so 3+ reps within 0.4 s keep a quick sweep to minutes."""
+    if device == "cuda":
+        return TimerConfig(warmup=2, min_reps=5, target_noise=target_noise, budget_s=2.0 if budget_s is None else budget_s)
+    return TimerConfig(warmup=1, min_reps=3, target_noise=target_noise, budget_s=0.4 if budget_s is None else budget_s)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or "out of memory" in text or "can't allocate memory" in text
+
+
+class Sweeper:
+    """Measures grid points on one device; holds the flush buffer and cached weights."""
+
+    def __init__(self, config: SweepConfig, info: DeviceInfo, nvml=None):
+        self.config, self.info, self.nvml = config, info, nvml
+        self.flush = cache_flusher(info.kind, info.cache_bytes) if config.timer.flush_cache else (lambda: None)
+        self.weights: dict = {}
+
+    def state(self) -> dict:
+        if self.nvml is not None:
+            return self.nvml.state()
+        return cpu_state() if self.info.kind == "cpu" else {}
+
+    def free_bytes(self) -> int:
+        free = available_bytes(self.info)
+        cap = self.config.memory_cap_bytes
+        if cap is not None:
+            free = min(free, cap - sum(t.numel() * t.element_size() for t in self.weights.values()))
+        return free
+
+    def time(self, bench: OpBenchmark):
+        """Timing of one benchmark, or a reason it could not run."""
+        cfg = self.config
+        need = bench.bytes_needed()
+        if need > 0.9 * self.free_bytes():
+            return None, f"needs {need / 1e9:.1f} GB of memory, {max(self.free_bytes(), 0) / 1e9:.1f} GB free"
+        try:
+            calls = bench.build(1, self.weights)
+            if self.info.kind == "cpu":
+                return time_wall(calls[0], cfg.timer, self.flush), ""
+            timing = None
+            if cfg.timer_mode in ("auto", "events"):
+                timing = time_cuda_events(calls[0], cfg.timer, self.flush)
+            if cfg.timer_mode == "graph" or (cfg.timer_mode == "auto" and timing.median_s < GRAPH_BELOW_S):
+                # Enough operand copies to overflow L2, so back-to-back replays read cold data.
+                copies = min(MAX_GRAPH_COPIES, max(1, math.ceil(2 * self.info.cache_bytes / bench.operand_bytes())))
+                copies = max(1, min(copies, int(0.5 * self.free_bytes() // max(bench.bytes_needed(), 1))))
+                timing = time_cuda_graph(bench.build(copies, self.weights), cfg.timer)
+            return timing, ""
+        except Exception as exc:  # noqa: BLE001 - only memory exhaustion is a recorded skip
+            if not is_out_of_memory(exc):
+                raise
+            return None, f"out of memory: {str(exc).splitlines()[0][:200]}"
+        finally:
+            calls = None
+            if self.info.kind == "cuda":
+                import torch
+
+                torch.cuda.empty_cache()
+
+    def measure(self, op: str, phase: str, b: int, s: int, q: int, run_id: str) -> dict:
+        cfg = self.config
+        bench = OpBenchmark(cfg.model, op, phase, b, s, q, cfg.dtype, self.info.kind)
+        before = self.state()
+        timing, reason = self.time(bench)
+        after = self.state()
+        cost = op_cost(op, phase, cfg.model, cfg.dtype, b, s, q)
+        median = timing.median_s if timing else None
+        row = contract_fields(self.info.key, cfg.model.name, cfg.dtype, op, phase, b, s, q, cost, median, "measured", timing.noise if timing else None, run_id)
+        row.update(
+            status="ok" if timing else "skipped",
+            reason=reason,
+            mode=timing.mode if timing else "",
+            reps=timing.reps if timing else 0,
+            threads=self.info.threads,
+        )
+        row.update(worst_state(before, after))
+        return row
+
+
+def worst_state(before: dict, after: dict) -> dict:
+    """One value per state field for a configuration: the lower clock, the higher power and
+    temperature, and every clock-event reason seen before or after."""
+    merged = {}
+    for key in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "cpu_mhz"):
+        values = [v for v in (before.get(key), after.get(key)) if v is not None]
+        merged[key] = (min(values) if "clock" in key else max(values)) if values else None
+    reasons = {r for state in (before, after) for r in (state.get("throttle") or "").split("+") if r}
+    merged["throttle"] = "+".join(sorted(reasons))
+    return merged
+
+
+def run_sweep(config: SweepConfig, log=print) -> SweepResult:
+    import torch
+
+    check_bench_dtype(check_dtype(config.dtype))
+    check_device(config.device)
+    if config.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 rows must be fp32, not TF32
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    elif config.device == "cpu":
+        torch.set_num_threads(cpu_info().details["logical_cpus"])  # all threads in use
+    points = list(iter_points(config.model, config.grid, config.ops, config.phases))  # validates ops and phases
+    info, nvml = cuda_info() if config.device == "cuda" else (cpu_info(), None)
+    journal = Journal(config.out)
+    todo = [p for p in points if not journal.has((info.key, config.model.name, config.dtype, *p))]
+    if not todo:
+        log(f"nothing to do: all {len(points)} configurations are in {journal.path}")
+        return summarize_result(config, journal, 0, 0, None, None)
+
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    log(f"{info.name} ({info.key}), {config.model.name} {config.dtype}: {len(todo)} of {len(points)} configurations to measure, run {run_id}")
+    ceilings = None
+    if config.ceilings:
+        log("measuring ceilings")
+        ceilings = measure_ceilings(info, log=log).as_dict()
+    record_run(config.out, run_id, run_metadata(config, info, ceilings, started=time.time()))
+
+    sweeper = Sweeper(config, info, nvml)
+    measured = skipped = 0
+    bar = progress_bar(len(todo), config.progress)
+    current_op = None
+    for op, phase, b, s, q in todo:
+        if op != current_op:
+            sweeper.weights.clear()  # free the previous op's weights
+            current_op = op
+        bar.set_description(f"{op} {phase} b={b} s={s} q={q}")
+        row = sweeper.measure(op, phase, b, s, q, run_id)
+        journal.append(row)
+        measured += row["status"] == "ok"
+        skipped += row["status"] != "ok"
+        bar.update()
+    bar.close()
+    meta = run_metadata(config, info, ceilings, started=None)
+    record_run(config.out, run_id, {**meta, "finished": time.time(), "measured": measured, "skipped": skipped})
+    return summarize_result(config, journal, measured, skipped, run_id, ceilings)
+
+
+def progress_bar(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    # disable=None: shown on a terminal, silent in logs and pipes.
+    return tqdm(total=total, unit="cfg", disable=None if enabled else True, dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
+
+
+def run_metadata(config: SweepConfig, info: DeviceInfo, ceilings: dict | None, started: float | None) -> dict:
+    meta = {
+        "device": info.as_dict(),
+        "model": asdict(config.model),
+        "dtype": config.dtype,
+        "grid": asdict(config.grid),
+        "ops": list(config.ops),
+        "phases": list(config.phases),
+        "timer": asdict(config.timer),
+        "timer_mode": config.timer_mode,
+        "ceilings": ceilings,
+    }
+    if started is not None:
+        meta["started"] = started
+    return meta
+
+
+def summarize_result(config, journal: Journal, measured: int, skipped: int, run_id, ceilings) -> SweepResult:
+    out = journal.finish()
+    rows = journal.rows()
+    ok = rows[rows["status"] == "ok"]
+    noise = float(ok["noise"].median()) if len(ok) else float("nan")
+    return SweepResult(out, measured, skipped, len(rows), noise, run_id, ceilings)
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m profilers.sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), help="where to measure (default: cuda if visible, else cpu)")
+    p.add_argument("--model", default="llama-7b", metavar="NAME|PATH", help="model preset or config.json (default %(default)s)")
+    p.add_argument("--dtype", help=f"one of {', '.join(BENCH_DTYPES)} (default fp16 on cuda, fp32 on cpu)")
+    p.add_argument("--grid", choices=tuple(GRIDS), help="paper: 49 (b, s) settings per op, q in {1,16,...,112}; quick: a few minutes on a CPU (default: paper on cuda, quick on cpu)")
+    p.add_argument("--batch", nargs="+", type=positive_int, metavar="B", help="custom batch sizes (replace the grid's)")
+    p.add_argument("--seq", nargs="+", type=positive_int, metavar="S", help="custom sequence lengths")
+    p.add_argument("--candidates", nargs="+", type=positive_int, metavar="Q", help="custom candidate counts for the tree phase")
+    p.add_argument("--ops", nargs="+", default=list(ALL_OPS), metavar="OP", help=f"ops to time (default all: {' '.join(ALL_OPS)})")
+    p.add_argument("--phases", nargs="+", default=list(PHASES), metavar="PHASE", help=f"phases (default all: {' '.join(PHASES)})")
+    p.add_argument("--out", type=Path, metavar="FILE", help="output .csv or .parquet (default perf-reports/sweeps/<device>-<model>-<dtype>-<grid>.csv)")
+    p.add_argument("--timer", choices=TIMER_MODES, default="auto", help="cuda timing: events per call, a CUDA graph, or graphs below 50 us (default)")
+    p.add_argument("--budget", type=float, metavar="SECONDS", help="time per configuration before giving up on the noise target (default 2 on cuda, 0.4 on cpu)")
+    p.add_argument("--target-noise", type=float, default=0.01, metavar="F", help="stop repeating once IQR/median <= F (default %(default)s)")
+    p.add_argument("--max-memory-gb", type=float, metavar="GB", help="skip configurations needing more than this")
+    p.add_argument("--threads", type=positive_int, metavar="N", help="CPU threads (default: all)")
+    p.add_argument("--no-ceilings", action="store_true", help="do not measure bandwidth and peak FLOP/s first")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def config_from_args(args) -> SweepConfig:
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device)
+    dtype = check_dtype(args.dtype or default_dtype(device))
+    model = load_model(args.model)
+    grid_name = args.grid or ("paper" if device == "cuda" else "quick")
+    grid = GRIDS[grid_name].narrowed(args.batch, args.seq, args.candidates)
+    custom = "custom" if (args.batch or args.seq or args.candidates) else grid_name
+    out = args.out or Path("perf-reports") / "sweeps" / f"{device}-{model.name}-{dtype}-{custom}.csv"
+    timer = default_timer(device, args.budget, args.target_noise)
+    cap = int(args.max_memory_gb * 1e9) if args.max_memory_gb else None
+    return SweepConfig(
+        device, model, dtype, grid, out, tuple(args.ops), tuple(args.phases), timer, args.timer,
+        not args.no_ceilings, cap, args.threads, not args.no_progress,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    config = config_from_args(args)
+    started = time.perf_counter()
+    result = run_sweep(config)
+    print(
+        f"{result.out}: {result.total_rows} rows ({result.measured} measured and {result.skipped} skipped now), "
+        f"median noise {result.median_noise:.1%}, {time.perf_counter() - started:.0f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))

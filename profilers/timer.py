@@ -1,0 +1,154 @@
+"""A careful timer: warm-up, caches flushed between calls, repetitions until the noise is low.
+
+Three ways to take one sample of a call:
+- wall: perf_counter around the call (CPU; torch CPU ops return when done);
+- cuda-events: CUDA events around each call, the L2 flushed by a large memset before it
+  (outside the timed region; it also hides the CPU's launch latency behind GPU work);
+- cuda-graph: the call captured once per operand copy into one CUDA graph, replayed, and
+  each replay's time divided by the copies; for microsecond kernels whose launch overhead
+  would otherwise dominate. Rotating through copies larger than L2 keeps reads cold.
+Samples are taken until IQR/median <= target_noise (after min_reps), or the time budget
+or max_reps is reached; the median is reported.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.errors import PerfkitError
+
+
+@dataclass(frozen=True)
+class TimerConfig:
+    warmup: int = 2
+    min_reps: int = 5
+    max_reps: int = 200
+    target_noise: float = 0.01  # IQR / median
+    budget_s: float = 2.0  # wall time for repetitions (min_reps are always taken)
+    flush_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.min_reps <= self.max_reps):
+            raise PerfkitError(f"need 1 <= min_reps <= max_reps, got {self.min_reps}, {self.max_reps}")
+        if self.warmup < 0 or self.budget_s < 0 or self.target_noise < 0:
+            raise PerfkitError("warmup, budget_s and target_noise must be >= 0")
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_s: float
+    iqr_s: float
+    reps: int
+    mode: str
+
+    @property
+    def noise(self) -> float:
+        """Relative noise: interquartile range over median."""
+        return self.iqr_s / self.median_s if self.median_s > 0 else float("inf")
+
+
+def summarize(samples: Sequence[float], mode: str) -> Timing:
+    q1, median, q3 = np.percentile(np.asarray(samples, dtype=float), [25, 50, 75])
+    return Timing(float(median), float(q3 - q1), len(samples), mode)
+
+
+def repeat_until_stable(take: Callable[[int], list[float]], config: TimerConfig, mode: str) -> Timing:
+    """Call `take(n)` (which returns n new samples) until the statistics settle."""
+    started = time.perf_counter()
+    samples = take(config.min_reps)
+    while len(samples) < config.max_reps:
+        if summarize(samples, mode).noise <= config.target_noise or time.perf_counter() - started >= config.budget_s:
+            break
+        # Grow in steps of ~25% so a slow op does not overshoot its budget by much.
+        samples += take(min(max(1, len(samples) // 4), config.max_reps - len(samples)))
+    return summarize(samples, mode)
+
+
+def warm_up(fn: Callable[[], object], config: TimerConfig) -> None:
+    """Run `fn` config.warmup times, or fewer if that would eat a quarter of the budget."""
+    started = time.perf_counter()
+    for _ in range(config.warmup):
+        fn()
+        if time.perf_counter() - started > config.budget_s / 4:
+            break
+
+
+def time_wall(fn: Callable[[], object], config: TimerConfig, flush: Callable[[], object] = lambda: None) -> Timing:
+    warm_up(fn, config)
+
+    def take(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            flush()
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return out
+
+    return repeat_until_stable(take, config, "wall")
+
+
+def time_cuda_events(fn: Callable[[], object], config: TimerConfig, flush: Callable[[], object] = lambda: None) -> Timing:
+    import torch
+
+    warm_up(fn, config)
+    torch.cuda.synchronize()
+
+    def take(n: int) -> list[float]:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for start, end in zip(starts, ends):
+            flush()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in zip(starts, ends)]
+
+    return repeat_until_stable(take, config, "cuda-events")
+
+
+def time_cuda_graph(calls: Sequence[Callable[[], object]], config: TimerConfig) -> Timing:
+    """Per-call time of `calls` (one per operand copy) run back to back in one CUDA graph."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as graph capture requires
+        for _ in range(max(1, config.warmup)):
+            for call in calls:
+                call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+
+    def take(n: int) -> list[float]:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for start, end in zip(starts, ends):
+            start.record()
+            graph.replay()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 / len(calls) for start, end in zip(starts, ends)]
+
+    return repeat_until_stable(take, config, "cuda-graph")
+
+
+def cache_flusher(device: str, cache_bytes: int) -> Callable[[], object]:
+    """A function that evicts the last-level cache by writing a buffer twice its size.
+
+    For CUDA this is one memset kernel; for the CPU a multi-threaded fill.
+    """
+    import torch
+
+    buffer = torch.empty(max(2 * cache_bytes, 1 << 20) // 4, dtype=torch.int32, device=device)
+    return buffer.zero_

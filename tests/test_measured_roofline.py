@@ -1,0 +1,111 @@
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from perfmodel.cli import run
+from perfmodel.contract import read_table, write_table
+from perfmodel.hardware import find_spec
+from perfmodel.latency import predict_table
+from perfmodel.models import load_model
+from perfmodel.roofline import main
+from profilers import store, sweep
+from profilers.device import cpu_info
+from profilers.store import meta_path, write_meta
+from profilers.timer import TimerConfig
+from tests.test_roofline_cli import assert_png_shows_a_plot
+
+GRID = ["--batch", "1", "2", "--seq", "32", "--candidates", "1", "8", "--jobs", "1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("models") / "tiny"
+    folder.mkdir()
+    config = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1, vocab_size=100)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def measured_cpu(tmp_path_factory, tiny_model):
+    """`--gpu cpu --measure` once: a real sweep of this CPU (tiny shapes) and its ceilings."""
+    out = tmp_path_factory.mktemp("cpu-roofline")
+    with pytest.MonkeyPatch.context() as patch:  # tiny shapes need only a short budget per configuration
+        patch.setattr(sweep, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=20, budget_s=0.05))
+        assert run(main, ["--gpu", "cpu", "--measure", "--model", str(tiny_model), "--out", str(out), *GRID]) == 0
+    return out
+
+
+def test_measure_draws_measured_points_under_measured_ceilings(measured_cpu):
+    table = read_table(measured_cpu / "roofline.csv")
+    measured = table[table["source"] == "measured"]
+    key = cpu_info().key
+    assert len(measured) == 13 * 2 * (1 + 1 + 2) and set(measured["device"]) == {key}
+    assert (measured["time_s"] > 0).all()
+    page = (measured_cpu / "roofline.html").read_text()
+    assert f"Measured ceilings of {key}" in page and "bandwidth (read)" in page and "matmul fp32" in page
+    assert "datasheet" not in page.split("Ceilings and latency model")[1].split("</table>")[0]  # a CPU has none
+    assert page.count('class="tag measured"') == 4  # every figure shows measured data
+    for png in measured_cpu.glob("*.png"):
+        assert_png_shows_a_plot(png)
+    assert "Prediction error" in page
+
+
+def test_ceilings_are_recorded_with_the_run(measured_cpu):
+    (run,) = json.loads(meta_path(next(measured_cpu.glob("measured-*.csv"))).read_text())["runs"].values()
+    ceilings = run["ceilings"]
+    assert set(ceilings["bandwidth_gb_s"]) == {"copy", "triad", "read"}
+    assert all(0.5 < gb_s < 10_000 for gb_s in ceilings["bandwidth_gb_s"].values())
+    assert set(ceilings["peak_tflops"]) == {"fp32", "bf16", "fp16"} and ceilings["peak_tflops"]["fp32"] > 0.001
+    assert all(0 <= n < 5 for n in ceilings["noise"].values())
+    assert run["device"]["key"] == cpu_info().key and run["device"]["caches"]
+
+
+def test_stored_measurements_are_found_by_device(measured_cpu, tiny_model, tmp_path, monkeypatch):
+    key = cpu_info().key
+    stored = tmp_path / "measurements"
+    monkeypatch.setattr(store, "MEASUREMENTS_DIR", stored)
+    out = tmp_path / "out"
+    assert run(main, ["--gpu", "cpu", "--model", str(tiny_model), "--out", str(out), *GRID]) == 1  # nothing stored yet
+
+    (stored / key).mkdir(parents=True)
+    sweep = next(measured_cpu.glob("measured-*.csv"))
+    shutil.copy(sweep, stored / key / sweep.name)
+    shutil.copy(meta_path(sweep), meta_path(stored / key / sweep.name))
+    assert run(main, ["--gpu", "cpu", "--model", str(tiny_model), "--out", str(out), *GRID]) == 0
+    assert (read_table(out / "roofline.csv")["source"] == "measured").sum() == 104
+
+
+def test_no_stored_cpu_data_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(store, "MEASUREMENTS_DIR", tmp_path)
+    assert run(main, ["--gpu", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert f"no measurements of {cpu_info().key} are stored" in err and "--measure" in err
+
+
+def test_a_gpu_shows_its_stored_sweep_and_measured_ceilings(tmp_path, monkeypatch):
+    """The shipped-data path for GPUs, with rows derived from predictions (a test input, not data)."""
+    spec, model = find_spec("h100"), load_model("llama-7b")
+    rows = predict_table(spec, model, "fp16").query("op in ['up', 'qk'] and batch <= 2")
+    rows = rows.assign(time_s=rows["time_s"] * 1.1, source="measured", noise=0.005, run_id="r1")
+    rows["tflops"] = rows["flops"] / rows["time_s"] / 1e12
+    folder = tmp_path / "h100-sxm"
+    write_table(rows, folder / "sweep-llama-7b-fp16.csv")
+    ceilings = {"device": "h100-sxm", "bandwidth_gb_s": {"copy": 2900.0, "read": 3050.0}, "peak_tflops": {"fp16": 720.0}, "noise": {}, "skipped": {}, "measured_at": "test"}
+    write_meta(folder / "sweep-llama-7b-fp16.csv", {"runs": {"r1": {"device": {"key": "h100-sxm", "name": "NVIDIA H100 80GB HBM3"}, "ceilings": ceilings, "started": 1}}})
+    monkeypatch.setattr(store, "MEASUREMENTS_DIR", tmp_path)
+    out = tmp_path / "out"
+    assert run(main, ["--gpu", "h100", "--model", "llama-7b", "--out", str(out), "--jobs", "1"]) == 0
+    page = (out / "roofline.html").read_text()
+    ceilings_table = page.split("Ceilings and latency model")[1].split("</table>")[0]
+    assert '<td class="text">measured</td><td class="num">720</td><td class="num">3050</td>' in ceilings_table
+    assert 'class="tag measured"' in page and "datasheet" in page
+    errors = pd.read_csv(out / "roofline.csv").query("source == 'measured'")
+    assert len(errors) == len(rows)
+
+
+def test_measure_needs_the_gpu_it_names(capsys):
+    assert run(main, ["--gpu", "h100", "--measure"]) == 1
+    assert "no CUDA device is visible" in capsys.readouterr().err

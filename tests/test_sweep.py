@@ -1,0 +1,171 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from perfmodel.contract import check_table
+from perfmodel.errors import PerfkitError
+from perfmodel.grid import Grid
+from perfmodel.models import ModelConfig
+from perfmodel.operators import op_cost
+from profilers import sweep as sweep_module
+from profilers.benchmarks import OpBenchmark
+from profilers.store import ROW_COLUMNS, Journal, read_meta
+from perfmodel.cli import run
+from profilers.sweep import SweepConfig, main, run_sweep
+from profilers.timer import TimerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ModelConfig("tiny", hidden_size=64, intermediate_size=96, num_heads=4, num_kv_heads=2, num_layers=1, vocab_size=50, head_dim=16, medusa_heads=2)
+GRID = Grid(batches=(1, 2), seq_lens=(8,), candidates=(1, 4))
+FAST = TimerConfig(warmup=1, min_reps=3, max_reps=10, budget_s=0.02)
+KEYS = ["device", "model", "dtype", "op", "phase", "batch", "seq_len", "candidates"]
+
+
+def config(tmp_path: Path, **changes) -> SweepConfig:
+    base = SweepConfig("cpu", TINY, "fp32", GRID, tmp_path / "sweep.csv", ops=("up", "qk", "sdpa"), timer=FAST, ceilings=False, progress=False)
+    return SweepConfig(**{**base.__dict__, **changes})
+
+
+def test_rows_follow_the_data_contract(tmp_path):
+    result = run_sweep(config(tmp_path), log=lambda *_: None)
+    rows = pd.read_csv(result.out)
+    assert list(rows.columns) == ROW_COLUMNS
+    check_table(rows)
+    assert len(rows) == result.total_rows == result.measured == 3 * (2 + 2 + 4)
+    assert set(rows["source"]) == {"measured"} and set(rows["status"]) == {"ok"} and set(rows["mode"]) == {"wall"}
+    assert (rows["time_s"] > 0).all() and (rows["noise"] >= 0).all() and (rows["reps"] >= 3).all()
+    for row in rows.itertuples():
+        cost = op_cost(row.op, row.phase, TINY, "fp32", row.batch, row.seq_len, row.candidates)
+        assert (row.flops, row.bytes) == (cost.flops, cost.bytes)
+        assert row.tflops == pytest.approx(cost.flops / row.time_s / 1e12)
+    assert not rows.duplicated(KEYS).any()
+    run = read_meta(result.out)["runs"][result.run_id]
+    assert run["device"]["key"] == rows["device"][0] and run["measured"] == len(rows)
+    assert run["device"]["caches"] and run["device"]["torch"] == __import__("torch").__version__
+
+
+def test_rerun_of_a_complete_sweep_does_nothing(tmp_path):
+    first = run_sweep(config(tmp_path), log=lambda *_: None)
+    before = first.out.read_bytes()
+    messages = []
+    second = run_sweep(config(tmp_path), log=messages.append)
+    assert second.measured == 0 and second.out.read_bytes() == before
+    assert "nothing to do" in messages[0]
+
+
+def test_parquet_output(tmp_path):
+    result = run_sweep(config(tmp_path, out=tmp_path / "s.parquet", ops=("up",)), log=lambda *_: None)
+    assert len(pd.read_parquet(result.out)) == 8
+    assert (tmp_path / "s.parquet.journal.csv").exists()
+
+
+def test_configurations_that_do_not_fit_are_skipped_with_the_reason(tmp_path):
+    result = run_sweep(config(tmp_path, memory_cap_bytes=2000), log=lambda *_: None)
+    rows = pd.read_csv(result.out)
+    assert result.skipped == len(rows) - result.measured > 0
+    skipped = rows[rows["status"] == "skipped"]
+    assert skipped["time_s"].isna().all()
+    assert skipped["reason"].str.contains("needs .* GB of memory", regex=True).all()
+
+
+def test_out_of_memory_while_running_is_a_skip_not_a_crash(tmp_path, monkeypatch):
+    def exhausted(self, copies=1, weights=None):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 999999999999 bytes.")
+
+    monkeypatch.setattr(OpBenchmark, "build", exhausted)
+    result = run_sweep(config(tmp_path, ops=("up",)), log=lambda *_: None)
+    rows = pd.read_csv(result.out)
+    assert result.skipped == 8 and rows["reason"].str.startswith("out of memory").all()
+
+    def broken(self, copies=1, weights=None):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(OpBenchmark, "build", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):  # real bugs are not hidden as skips
+        run_sweep(config(tmp_path, ops=("qk",)), log=lambda *_: None)
+
+
+def test_sigkill_midway_then_rerun_gives_every_row_exactly_once(tmp_path):
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1, vocab_size=50)))
+    out = tmp_path / "killed.csv"
+    command = [sys.executable, "-m", "profilers.sweep", "--device", "cpu", "--model", str(model), "--batch", "1", "2",
+               "--seq", "8", "--candidates", "1", "4", "--budget", "0.02", "--no-ceilings", "--no-progress", "--out", str(out)]  # fmt: skip
+    expected = 13 * 2 * (1 + 1 + 2)
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and (not out.exists() or out.read_text().count("\n") < 12):
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    partial = pd.read_csv(out)
+    assert 10 <= len(partial) < expected, "the sweep must have been killed midway"
+
+    rerun = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    rows = pd.read_csv(out)
+    assert len(rows) == expected
+    assert not rows.duplicated(KEYS).any()
+    assert rows["run_id"].nunique() == 2  # rows of both runs, linked to their metadata
+    assert set(rows["run_id"]) <= set(read_meta(out)["runs"])
+
+
+def test_a_torn_last_line_is_cut_off(tmp_path):
+    result = run_sweep(config(tmp_path, ops=("up",)), log=lambda *_: None)
+    whole = result.out.read_text()
+    with result.out.open("a") as f:
+        f.write("cpu-x,tiny,fp32,up,dec")  # a kill in the middle of a write
+    journal = Journal(result.out)
+    assert result.out.read_text() == whole and len(journal.rows()) == 8
+
+
+def test_a_file_of_another_format_is_not_appended_to(tmp_path):
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    with pytest.raises(PerfkitError, match="other columns"):
+        Journal(other)
+    with pytest.raises(PerfkitError, match="use a .csv or .parquet"):
+        Journal(tmp_path / "rows.txt")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--device", "cuda"], "no CUDA device is visible"),
+        (["--device", "cpu", "--dtype", "int8"], "measured as a ceiling only"),
+        (["--device", "cpu", "--ops", "mlp"], "unknown op 'mlp'"),
+        (["--device", "cpu", "--out", "x.txt"], "use a .csv or .parquet"),
+        (["--device", "cpu", "--model", "llama-8b"], "unknown model"),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    assert run(main, ["--no-ceilings", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_usage_errors_from_the_command_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "profilers.sweep", "--batch", "0"], cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 2
+    assert "argument --batch: must be a positive integer, got '0'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_clock_state_is_merged_pessimistically():
+    merged = sweep_module.worst_state({"sm_clock_mhz": 1980, "temp_c": 60, "throttle": "gpu_idle"}, {"sm_clock_mhz": 1755, "temp_c": 71, "throttle": "sw_power_cap"})
+    assert merged["sm_clock_mhz"] == 1755 and merged["temp_c"] == 71 and merged["throttle"] == "gpu_idle+sw_power_cap"
+
+
+def test_cpu_key_without_torch_matches_the_full_description():
+    from profilers.device import cpu_info, cpu_key, this_cpu_key
+
+    assert this_cpu_key() == cpu_info().key
+    assert cpu_key("Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz", 8) == "cpu-intel-xeon-gold-6338-8c"
