@@ -25,7 +25,12 @@ OPS = ("q", "k", "v", "qkv", "qk", "pv", "o", "up", "gate", "down", "lm_head", "
 # Attention as one fused kernel (torch scaled_dot_product_attention with the causal or
 # tree mask): measured beside the paper's plain qk/pv matmuls, reported as its own op.
 FUSED_OPS = ("sdpa",)
-ALL_OPS = OPS + FUSED_OPS
+# The rest of a decoding step: memory-bound elementwise work around the matmuls, and the
+# Medusa tree's own overhead (candidate top-k, verification, moving accepted KV entries).
+STEP_OPS = ("embed", "norm", "rope", "kv_write", "act", "residual", "mask", "candidates", "verify", "kv_move")
+ALL_OPS = OPS + FUSED_OPS + STEP_OPS
+DEFAULT_OPS = OPS + FUSED_OPS  # what sweeps and rooflines cover unless asked for more
+CANDIDATE_TOPK = 10  # ranks each head offers the tree
 PHASES = ("prefill", "decode", "tree")
 # The paper's figure groups: XW_Q/XW_K/XW_V, QK^T/PV, XW_u/XW_g/XW_d.
 OP_GROUPS = {"qkv": ("q", "k", "v"), "qk/pv": ("qk", "pv"), "up/gate/down": ("up", "gate", "down")}
@@ -98,6 +103,19 @@ class FusedAttention:
 
 
 @dataclass(frozen=True)
+class Elementwise:
+    """A memory-bound kernel reading `reads` and writing `writes` elements, `flops` of math."""
+
+    reads: int
+    writes: int
+    flops: int
+
+    @property
+    def elements(self):
+        return self.reads + self.writes
+
+
+@dataclass(frozen=True)
 class OpCost:
     flops: int
     bytes: int
@@ -127,11 +145,11 @@ def check_point(op: str, phase: str, batch, seq_len, candidates) -> None:
             raise PerfkitError(f"{name} must be a positive integer, got {bad!r}")
     if phase != "tree" and (np.asarray(candidates) != 1).any():
         raise PerfkitError(f"candidates={candidates} applies to the tree phase only; {phase} uses 1")
-    if op in FUSED_OPS and phase == "tree" and (np.asarray(candidates) > np.asarray(seq_len)).any():
+    if op in (*FUSED_OPS, "mask") and phase == "tree" and (np.asarray(candidates) > np.asarray(seq_len)).any():
         raise PerfkitError(f"{op}: the tree's {candidates} candidates are part of the {seq_len} attended tokens, so need candidates <= seq_len")
 
 
-Kernel = Matmul | FusedAttention
+Kernel = Matmul | FusedAttention | Elementwise
 
 
 def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidates=1) -> tuple[Kernel, ...]:
@@ -147,6 +165,8 @@ def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
     def linear(k: int, n: int) -> Matmul:
         return Matmul(1, tokens, k, n, weight=True)
 
+    if op in STEP_OPS:
+        return (step_kernel(op, model, batch, seq_len, query_len(phase, seq_len, candidates)),)
     if op == "sdpa":
         # K/V length is s, as for qk/pv; in a tree step the last q of the s tokens are the tree.
         q_len = query_len(phase, seq_len, candidates)
@@ -172,6 +192,33 @@ def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
         "lm_head": (h, v),
     }
     return (linear(*shapes[op]),)
+
+
+def step_kernel(op: str, model: ModelConfig, batch, seq_len, q_len) -> Elementwise:
+    """Element counts of the non-matmul work of a step over batch x q_len tokens.
+
+    K/V length for `mask` is seq_len (the tree's own tokens included, as for sdpa);
+    `kv_move` counts the worst case of a whole depth-limited path moved in every layer.
+    """
+    h, i, d, v = model.hidden_size, model.intermediate_size, model.head_dim, model.vocab_size
+    tokens = batch * q_len
+    rotated = (model.num_heads + model.num_kv_heads) * d * tokens
+    kv = 2 * model.num_kv_heads * d * tokens
+    heads = max(model.medusa_heads, 1)
+    moved = 2 * model.num_layers * model.num_kv_heads * d * batch * np.minimum(q_len - 1, heads)
+    table = {
+        "embed": (tokens + tokens * h, tokens * h, 0),
+        "norm": (tokens * h + h, tokens * h, 4 * tokens * h),
+        "rope": (rotated + 2 * tokens * d, rotated, 3 * rotated),
+        "kv_write": (kv, kv, 0),
+        "act": (2 * tokens * i, tokens * i, 5 * tokens * i),
+        "residual": (2 * tokens * h, tokens * h, tokens * h),
+        "mask": (0, tokens * seq_len, tokens * seq_len),
+        "candidates": (heads * batch * v, heads * batch * CANDIDATE_TOPK, heads * batch * v),
+        "verify": (tokens * v, tokens, tokens * v),
+        "kv_move": (moved, moved, 0),
+    }
+    return Elementwise(*table[op])
 
 
 def cost_of(kernels: tuple[Kernel, ...], dtype: str) -> OpCost:

@@ -18,14 +18,14 @@ import pandas as pd
 
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.contract import COLUMNS, KEY_COLUMNS, POINT_COLUMNS, write_table
+from perfmodel.device_view import DeviceView, device_key, is_cpu_name, resolve_view
 from perfmodel.dtypes import DTYPES, check_dtype, default_dtype
 from perfmodel.errors import PerfkitError
-from perfmodel.device_view import DeviceView, device_key, is_cpu_name, resolve_view
 from perfmodel.grid import PAPER_GRID, QUICK_GRID, Grid
 from perfmodel.hardware import HardwareSpec, resolve_spec
 from perfmodel.latency import predict_table
 from perfmodel.models import ModelConfig, load_model
-from perfmodel.operators import ALL_OPS, OP_GROUPS
+from perfmodel.operators import DEFAULT_OPS, OP_GROUPS
 
 DEFAULT_MODELS = ("llama-7b", "llama-13b", "llama-33b")
 DEFAULT_OUT = Path("perf-reports") / "roofline"
@@ -147,7 +147,7 @@ def plan_figures(renderer, view: DeviceView, models, variation_model, dtype, gri
     tables, errors, figures = [], [], []
     main_ops = [op for group in OP_GROUPS.values() for op in group]
     for model in models:
-        predicted = predict_table(spec, model, dtype, grid, ops=ALL_OPS, params=params)
+        predicted = predict_table(spec, model, dtype, grid, ops=DEFAULT_OPS, params=params)
         mine = matching_measurements(measured, spec, model, dtype)
         tables += [predicted, mine]
         errors.append(prediction_error(predicted, mine))

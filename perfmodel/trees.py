@@ -89,11 +89,111 @@ class Tree:
         return cls(tuple(paths))
 
 
+def path_value(path: TreePath, accuracy: np.ndarray) -> float:
+    """Probability that every node on `path` is accepted, under the independence model:
+    the product of a_k^(i_k), the accuracy of rank i_k of head k (paper 2.3.3)."""
+    return float(np.prod([accuracy[k, rank] for k, rank in enumerate(path)]))
+
+
+def expected_acceptance(tree: Tree, accuracy: np.ndarray) -> float:
+    """Expected tokens per step of `tree`: the root (always accepted) plus every node's value."""
+    return 1.0 + sum(path_value(p, accuracy) for p in tree.paths)
+
+
+def greedy_tree(accuracy, nodes: int) -> Tree:
+    """The paper's sparse-tree construction: repeatedly add the highest-value node whose
+    parent is already in the tree, until `nodes` nodes.
+
+    accuracy: (heads, topk) array, a_k^(i) = how often rank i of head k is right.
+    """
+    import heapq
+
+    accuracy = np.asarray(accuracy, dtype=float)
+    if accuracy.ndim != 2 or (accuracy < 0).any() or (accuracy > 1).any():
+        raise PerfkitError("accuracy must be a (heads, topk) array of probabilities in [0, 1]")
+    heads, topk = accuracy.shape
+    frontier = [(-accuracy[0, r], (r,)) for r in range(topk)]
+    heapq.heapify(frontier)
+    chosen: list[TreePath] = []
+    while frontier and len(chosen) < nodes:
+        negative, path = heapq.heappop(frontier)
+        chosen.append(path)
+        if len(path) < heads:  # its children become reachable
+            for r in range(topk):
+                heapq.heappush(frontier, (negative * accuracy[len(path), r], path + (r,)))
+    return Tree(tuple(chosen))
+
+
+def optimal_tree(accuracy, nodes: int) -> Tree:
+    """The tree of `nodes` nodes with the highest expected acceptance under the same
+    independence model as greedy_tree, by dynamic programming (as Sequoia does).
+
+    best[d][m] = the most value m nodes can add below a node whose children come from head
+    d, that node's own value being 1: each rank r given c nodes (itself and c - 1 below)
+    adds a[d, r] * (1 + best[d + 1][c - 1]); a knapsack over the ranks picks the budgets.
+    O(heads x topk x nodes^2).
+    """
+    accuracy = np.asarray(accuracy, dtype=float)
+    if accuracy.ndim != 2 or (accuracy < 0).any() or (accuracy > 1).any():
+        raise PerfkitError("accuracy must be a (heads, topk) array of probabilities in [0, 1]")
+    if nodes < 0:
+        raise PerfkitError(f"nodes must be >= 0, got {nodes}")
+    heads, topk = accuracy.shape
+    best = np.zeros((heads + 1, nodes + 1))
+    # split[d][j][m]: nodes given to rank j (0 = none) in the best use of ranks <= j
+    splits = [None] * heads
+    for d in range(heads - 1, -1, -1):
+        value = np.zeros((topk + 1, nodes + 1))
+        split = np.zeros((topk + 1, nodes + 1), dtype=np.int64)
+        for j in range(1, topk + 1):
+            value[j] = value[j - 1]
+            gain = accuracy[d, j - 1] * (1 + best[d + 1][: nodes])  # gain[c - 1] for c nodes
+            for m in range(1, nodes + 1):
+                options = value[j - 1][m - np.arange(1, m + 1)] + gain[:m]
+                c = int(np.argmax(options)) + 1
+                if options[c - 1] > value[j][m] + 1e-15:
+                    value[j][m], split[j][m] = options[c - 1], c
+        best[d] = value[topk]
+        splits[d] = split
+
+    def build(d: int, m: int, prefix: TreePath) -> list[TreePath]:
+        if d >= heads or m == 0:
+            return []
+        out = []
+        for j in range(topk, 0, -1):
+            c = int(splits[d][j][m])
+            if c:
+                child = prefix + (j - 1,)
+                out += [child] + build(d + 1, c - 1, child)
+                m -= c
+        return out
+
+    return Tree(tuple(build(0, min(nodes, max_nodes(heads, topk)), ())))
+
+
+def max_nodes(heads: int, topk: int) -> int:
+    """Nodes of the complete tree: topk + topk^2 + ... + topk^heads."""
+    return sum(topk**d for d in range(1, heads + 1))
+
+
+def export_tree(tree: Tree, engine: str):
+    """The tree in an engine's format: `reference` (Medusa's list of tuples),
+    `tensorrt-llm` (medusa_choices, a list of lists) or `vllm` (speculative_token_tree,
+    a list of tuples), as Python data; json.dumps() or str() it for a config file."""
+    if engine in ("reference", "vllm"):
+        return [tuple(p) for p in tree.paths]
+    if engine == "tensorrt-llm":
+        return [list(p) for p in tree.paths]
+    raise PerfkitError(f"unknown engine {engine!r}; choose one of: reference, tensorrt-llm, vllm")
+
+
 def load_tree(text_or_file: str | Path) -> Tree:
     """A tree from a Python/JSON list of paths, or from a file holding one."""
     text = str(text_or_file)
     source = Path(text)
-    if source.suffix in (".json", ".txt", ".py") or source.exists():
+    if not text.lstrip().startswith(("[", "(")):  # not a literal: a file
+        if not source.is_file():
+            raise PerfkitError(f"{text!r} is neither a tree file nor a list of paths; a tree is a list of paths like [(0,), (0, 0), (1,)]")
         try:
             text = source.read_text()
         except OSError as exc:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from perfmodel.dtypes import element_bytes
 from perfmodel.errors import PerfkitError
 from perfmodel.models import ModelConfig
-from perfmodel.operators import FusedAttention, Kernel, op_kernels
+from perfmodel.operators import CANDIDATE_TOPK, Elementwise, FusedAttention, Kernel, op_kernels, query_len
 from perfmodel.trees import Tree
 
 BENCH_DTYPES = ("fp16", "bf16", "fp32")
@@ -102,6 +102,8 @@ class OpBenchmark:
         def kernel_run(kernel: Kernel, index: int, copy: int) -> KernelRun:
             if isinstance(kernel, FusedAttention):
                 return self._attention_run(kernel, new)
+            if isinstance(kernel, Elementwise):
+                return self._step_run(kernel, new, weight)
             a = new(kernel.left_shape)
             b = weight(kernel.right_shape, index, copy) if kernel.weight else new(kernel.right_shape)
             out = new(kernel.out_shape, fill=False)
@@ -121,6 +123,66 @@ class OpBenchmark:
             return KernelRun(k, operands, lambda: F.scaled_dot_product_attention(q, key, value, is_causal=True, enable_gqa=gqa))
         mask = tree_attention_mask(k.q_len, k.kv_len, self.device) if self.phase == "tree" and k.q_len > 1 else None
         return KernelRun(k, {**operands, "mask": mask}, lambda: F.scaled_dot_product_attention(q, key, value, attn_mask=mask, enable_gqa=gqa))
+
+
+    def _step_run(self, kernel: Elementwise, new, weight) -> KernelRun:
+        """The rest of a decoding step, run by the reference decoder's own code."""
+        import torch
+        import torch.nn.functional as F
+
+        from decoder.acceptance import AcceptanceConfig, greedy
+        from decoder.medusa import tree_attention_mask
+        from decoder.model import KVCache, LlamaConfig, RMSNorm, apply_rope, rope_cos_sin
+        from decoder.tree import tree_buffers
+
+        m, b, s = self.model, self.batch, self.seq_len
+        q = query_len(self.phase, s, self.candidates)
+        h, d, heads = m.hidden_size, m.head_dim, max(m.medusa_heads, 1)
+        op, device = self.op, self.device
+        if op == "embed":
+            ids, table = torch.randint(0, m.vocab_size, (b, q), device=device), weight((m.hidden_size, m.vocab_size), 0, 0).t()
+            return KernelRun(kernel, {"ids": ids, "table": table}, lambda: F.embedding(ids, table))
+        if op == "norm":
+            x, norm = new((b, q, h)), RMSNorm(h, 1e-6).to(device, torch_dtype(self.dtype))
+            return KernelRun(kernel, {"x": x}, lambda: norm(x))
+        if op == "rope":
+            xq, xk = new((b, m.num_heads, q, d)), new((b, m.num_kv_heads, q, d))
+            cos, sin = rope_cos_sin(torch.arange(q, device=device).expand(b, -1), d, 10000.0, xq.dtype)
+            return KernelRun(kernel, {"q": xq, "k": xk}, lambda: (apply_rope(xq, cos, sin), apply_rope(xk, cos, sin)))
+        if op in ("residual", "act"):
+            width = h if op == "residual" else m.intermediate_size
+            x, y = new((b, q, width)), new((b, q, width))
+            return KernelRun(kernel, {"x": x, "y": y}, (lambda: x + y) if op == "residual" else (lambda: F.silu(x) * y))
+        config = LlamaConfig(m.vocab_size, h, m.intermediate_size, 1, m.num_heads, m.num_kv_heads, head_dim=d)
+        if op in ("kv_write", "kv_move"):
+            cache = KVCache(config if op == "kv_write" else LlamaConfig(**{**config.__dict__, "num_hidden_layers": m.num_layers}), b, s + q, device, torch_dtype(self.dtype))
+            if op == "kv_write":
+                slots = (s + torch.arange(q, device=device)).expand(b, -1)
+                k, v = new((b, m.num_kv_heads, q, d)), new((b, m.num_kv_heads, q, d))
+                return KernelRun(kernel, {"k": k, "v": v}, lambda: cache.write(0, slots, k, v))
+            moved = min(q - 1, heads)
+            src = s + torch.arange(q - moved, q, device=device)
+            dst = s + torch.arange(1, moved + 1, device=device)
+            return KernelRun(kernel, {"cache": cache.k}, lambda: [cache.move(row, src, dst) for row in range(b)])
+        buffers = tree_buffers(Tree.breadth_first(q - 1, CANDIDATE_TOPK), heads, CANDIDATE_TOPK, device)
+        if op == "mask":
+            lengths = torch.full((b,), s - q, device=device)
+            tree_mask = buffers.mask.expand(b, -1, -1)
+            positions = lengths[:, None] + buffers.depths
+            return KernelRun(kernel, {"lengths": lengths}, lambda: (tree_attention_mask(lengths, tree_mask, s), rope_cos_sin(positions, d, 10000.0, torch.float32)))
+        if op == "candidates":
+            logits = new((heads, b, m.vocab_size))
+            head, rank = buffers.node_head.clamp(min=0), buffers.node_rank.clamp(min=0)
+
+            def candidates():
+                top = logits.topk(CANDIDATE_TOPK, dim=-1).indices.transpose(0, 1)
+                return top[torch.arange(b, device=device)[:, None], head, rank]
+
+            return KernelRun(kernel, {"logits": logits}, candidates)
+        # verify: greedy acceptance of every row's tree from its logits
+        logits, tokens = new((b, q, m.vocab_size)), torch.randint(0, m.vocab_size, (b, q), device=device)
+        config_ = AcceptanceConfig()
+        return KernelRun(kernel, {"logits": logits}, lambda: [greedy(tokens[r], logits[r], buffers, config_) for r in range(b)])
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from perfmodel.contract import contract_fields
 from perfmodel.dtypes import check_dtype, default_dtype
 from perfmodel.grid import PAPER_GRID, QUICK_GRID, Grid, iter_points
 from perfmodel.models import ModelConfig, load_model
-from perfmodel.operators import ALL_OPS, PHASES, op_cost
+from perfmodel.operators import DEFAULT_OPS, PHASES, STEP_OPS, op_cost
 from profilers.benchmarks import BENCH_DTYPES, OpBenchmark, check_bench_dtype
 from profilers.ceilings import measure_ceilings
 from profilers.device import DeviceInfo, available_bytes, check_device, cpu_info, cpu_state, cuda_info
@@ -41,7 +41,7 @@ class SweepConfig:
     dtype: str
     grid: Grid
     out: Path
-    ops: tuple[str, ...] = ALL_OPS
+    ops: tuple[str, ...] = DEFAULT_OPS
     phases: tuple[str, ...] = PHASES
     timer: TimerConfig = field(default_factory=TimerConfig)
     timer_mode: str = "auto"
@@ -245,7 +245,7 @@ def build_parser() -> Parser:
     p.add_argument("--batch", nargs="+", type=positive_int, metavar="B", help="custom batch sizes (replace the grid's)")
     p.add_argument("--seq", nargs="+", type=positive_int, metavar="S", help="custom sequence lengths")
     p.add_argument("--candidates", nargs="+", type=positive_int, metavar="Q", help="custom candidate counts for the tree phase")
-    p.add_argument("--ops", nargs="+", default=list(ALL_OPS), metavar="OP", help=f"ops to time (default all: {' '.join(ALL_OPS)})")
+    p.add_argument("--ops", nargs="+", default=list(DEFAULT_OPS), metavar="OP", help=f"ops to time (default: {' '.join(DEFAULT_OPS)}; also: {' '.join(STEP_OPS)})")
     p.add_argument("--phases", nargs="+", default=list(PHASES), metavar="PHASE", help=f"phases (default all: {' '.join(PHASES)})")
     p.add_argument("--out", type=Path, metavar="FILE", help="output .csv or .parquet (default perf-reports/sweeps/<device>-<model>-<dtype>-<grid>.csv)")
     p.add_argument("--timer", choices=TIMER_MODES, default="auto", help="cuda timing: events per call, a CUDA graph, or graphs below 50 us (default)")

@@ -6,14 +6,14 @@ import torch
 from perfmodel.dtypes import element_bytes
 from perfmodel.errors import PerfkitError
 from perfmodel.models import ModelConfig
-from perfmodel.operators import ALL_OPS, PHASES, Matmul, op_cost
+from perfmodel.operators import ALL_OPS, DEFAULT_OPS, PHASES, STEP_OPS, Matmul, op_cost
 from profilers.benchmarks import OpBenchmark, tree_attention_mask
 
 # Small shapes with GQA and two Medusa heads: every op builds in milliseconds.
 TINY = ModelConfig("tiny", hidden_size=64, intermediate_size=96, num_heads=4, num_kv_heads=2, num_layers=1, vocab_size=50, head_dim=16, medusa_heads=2)
 
 
-@pytest.mark.parametrize("op", ALL_OPS)
+@pytest.mark.parametrize("op", DEFAULT_OPS)
 @pytest.mark.parametrize("phase", PHASES)
 def test_benchmark_tensors_have_exactly_the_counted_shapes(op, phase):
     q = 4 if phase == "tree" else 1
@@ -86,3 +86,17 @@ def test_sdpa_tree_needs_the_candidates_inside_the_context():
     with pytest.raises(PerfkitError, match="candidates <= seq_len"):
         OpBenchmark(TINY, "sdpa", "tree", 1, 8, 16, "fp32", "cpu").kernels
     assert math.isclose(op_cost("sdpa", "prefill", TINY, "fp32", 1, 8).flops, 4 * 4 * 8 * 8 * 16 * 9 / 16)
+
+
+@pytest.mark.parametrize("op", STEP_OPS)
+@pytest.mark.parametrize("phase", ["decode", "tree"])
+def test_the_rest_of_a_step_runs_on_the_decoders_own_code(op, phase):
+    q = 6 if phase == "tree" else 1
+    bench = OpBenchmark(TINY, op, phase, batch=2, seq_len=16, candidates=q, dtype="fp32", device="cpu")
+    (run,) = bench.build()
+    run()
+    assert op_cost(op, phase, TINY, "fp32", 2, 16, q).bytes >= 0
+
+
+def test_step_op_names_are_known():
+    assert set(STEP_OPS) <= set(ALL_OPS)

@@ -11,7 +11,7 @@ import yaml
 from hw_specs import SPEC_DIR
 from perfmodel.cli import run
 from perfmodel.contract import read_table, write_table
-from perfmodel.operators import ALL_OPS
+from perfmodel.operators import DEFAULT_OPS
 from perfmodel.roofline import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ def test_default_command_writes_the_papers_figures(tmp_path):
     for png in tmp_path.glob("*.png"):
         assert_png_shows_a_plot(png)
     table = read_table(tmp_path / "roofline.csv")
-    assert len(table) == 3 * len(ALL_OPS) * (49 + 49 + 49 * 8)  # every op incl. sdpa, every grid point
+    assert len(table) == 3 * len(DEFAULT_OPS) * (49 + 49 + 49 * 8)  # every op incl. sdpa, every grid point
     assert set(table["source"]) == {"predicted"} and set(table["device"]) == {"a100-pcie"}
     page = (tmp_path / "roofline.html").read_text()
     links = SourceCollector()
@@ -103,7 +103,7 @@ def test_narrowed_grid_csv_path(tmp_path):
     table = read_table(csv)
     assert set(table["batch"]) == {1, 16} and set(table["seq_len"]) == {1024} and set(table["dtype"]) == {"bf16"}
     assert set(table.loc[table["phase"] == "tree", "candidates"]) == {1, 64}
-    assert len(table) == len(ALL_OPS) * (2 + 2 + 4)
+    assert len(table) == len(DEFAULT_OPS) * (2 + 2 + 4)
 
 
 @pytest.mark.parametrize(

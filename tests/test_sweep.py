@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from perfmodel.cli import run
 from perfmodel.contract import check_table
 from perfmodel.errors import PerfkitError
 from perfmodel.grid import Grid
@@ -17,7 +18,6 @@ from perfmodel.operators import op_cost
 from profilers import sweep as sweep_module
 from profilers.benchmarks import OpBenchmark
 from profilers.store import ROW_COLUMNS, Journal, read_meta
-from perfmodel.cli import run
 from profilers.sweep import SweepConfig, main, run_sweep
 from profilers.timer import TimerConfig
 

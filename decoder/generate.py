@@ -1,0 +1,78 @@
+"""python -m decoder.generate --prompt TEXT: try the model, streaming text as it is accepted."""
+
+from __future__ import annotations
+
+import sys
+
+from decoder.acceptance import SCHEMES, AcceptanceConfig
+from decoder.checkpoint import load_checkpoint
+from decoder.medusa import Decoder
+from decoder.tree import TREE_NAMES, resolve_tree
+from perfmodel.cli import Parser, positive_int, run
+from perfmodel.errors import PerfkitError
+
+
+class Streamer:
+    """Prints the text of a growing token list; byte-level BPE can split a character
+    across tokens, so only the settled prefix is printed."""
+
+    def __init__(self, tokenizer, out=None):
+        self.tokenizer, self.out, self.ids, self.shown = tokenizer, out or sys.stdout, [], ""
+
+    def __call__(self, _row: int, tokens: list[int]) -> None:
+        self.ids += tokens
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):  # an unfinished multi-byte character: wait for the rest
+            return
+        self.out.write(text[len(self.shown) :])
+        self.out.flush()
+        self.shown = text
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m decoder.generate", description=__doc__)
+    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--model", default="bundled", metavar="DIR|bundled")
+    p.add_argument("--heads", metavar="DIR", help="Medusa heads folder, when apart from the model")
+    p.add_argument("--max-new-tokens", type=positive_int, default=200)
+    p.add_argument("--tree", default="default", metavar="NAME|FILE", help=TREE_NAMES)
+    p.add_argument("--acceptance", choices=SCHEMES, default="greedy")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-medusa", action="store_true", help="plain decoding, for comparison")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    ckpt = load_checkpoint(args.model, args.heads)
+    if ckpt.tokenizer is None:
+        raise PerfkitError(f"{ckpt.folder} has no tokenizer.json")
+    ids = ckpt.tokenizer.encode(args.prompt).ids
+    if not args.prompt or not ids:
+        raise PerfkitError("empty prompt: give some text to continue")
+    tree = None
+    if not args.no_medusa:
+        if ckpt.heads is None:
+            raise PerfkitError(f"{ckpt.folder} has no Medusa heads; use --no-medusa or --heads DIR")
+        tree = resolve_tree(args.tree, ckpt)
+    sys.stdout.write(args.prompt)
+    result = Decoder(ckpt).generate(
+        [ids],
+        args.max_new_tokens,
+        tree=tree,
+        acceptance=AcceptanceConfig(args.acceptance, temperature=args.temperature, seed=args.seed),
+        eos=ckpt.config.eos_token_id,
+        on_tokens=Streamer(ckpt.tokenizer),
+    )
+    print()
+    print(
+        f"[{result.new_tokens} tokens in {result.steps} steps ({result.new_tokens / result.steps:.2f} per step), "
+        f"{result.tokens_per_s:.0f} tokens/s{'' if tree is None else f', tree of {tree.size} tokens'}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))

@@ -1,0 +1,230 @@
+"""Medusa decoding (and plain decoding) over a batch of sequences.
+
+One Medusa step for every sequence in the batch:
+1. candidates: the heads, run on the hidden state of the last accepted token, give each
+   head's top-k; the tree turns them into T candidate tokens (root = the model's own
+   next token);
+2. forward: one pass over all T tokens at once, written to the KV cache after each
+   sequence's own prefix, with position ids prefix + depth and the tree mask;
+3. verification: the acceptance scheme picks the longest acceptable path;
+4. KV update: the accepted path's cache entries move to the slots right after the
+   prefix; the rest is left to be overwritten.
+Sequences accept different numbers of tokens, so each keeps its own length.
+Plain decoding is the same step with a one-token tree and no heads.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from decoder.acceptance import ACCEPT, AcceptanceConfig, next_token
+from decoder.checkpoint import Checkpoint
+from decoder.model import KVCache
+from decoder.tree import TreeBuffers, tree_buffers
+from perfmodel.errors import PerfkitError
+from perfmodel.trees import Tree
+
+PHASES = ("candidates", "forward", "verification", "kv_update")
+ROOT_ONLY = Tree(())
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[list[int]]  # new tokens of each sequence
+    accepted: list[list[int]]  # tokens accepted at each step, per sequence
+    tree_sizes: list[int]  # tokens processed per step (tree size)
+    times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    cache: KVCache | None = None  # the final cache, slots [0, cache_lengths[b]) valid
+    cache_lengths: list[int] | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def steps(self) -> int:
+        return len(self.tree_sizes)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.decode_s if self.decode_s else float("nan")
+
+
+def dynamic_tree(head_probs: torch.Tensor, nodes: int, topk: int) -> Tree:
+    """Top-`nodes` paths by joint probability of the heads' top-k predictions (2502.05947).
+
+    head_probs: (K, V). A child's score is never above its parent's, so the best paths
+    form a tree; a priority queue finds them in O(K n k log n).
+    """
+    top_p, _ = head_probs.topk(topk, dim=-1)
+    top_p = top_p.tolist()
+    frontier = [(-top_p[0][r], (r,)) for r in range(topk)]
+    heapq.heapify(frontier)
+    chosen = []
+    while frontier and len(chosen) < nodes:
+        score, path = heapq.heappop(frontier)
+        chosen.append(path)
+        if len(path) < len(top_p):
+            for r in range(topk):
+                heapq.heappush(frontier, (score * top_p[len(path)][r], path + (r,)))
+    return Tree(tuple(chosen))
+
+
+def tree_attention_mask(lengths: torch.Tensor, tree_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """(B, 1, T, kv_len) bool: each sequence's tree tokens, written right after its own
+    prefix of `lengths[b]` tokens, see that prefix and their ancestors in the tree."""
+    size = tree_mask.shape[1]
+    j = torch.arange(kv_len, device=lengths.device)[None, None, :]
+    rel = j - lengths[:, None, None]  # key slot relative to each sequence's tree start
+    in_tree = (rel >= 0) & (rel < size)
+    tree_part = torch.gather(tree_mask, 2, rel.clamp(0, size - 1).expand(-1, size, -1))
+    return ((rel < 0) | (in_tree & tree_part))[:, None]
+
+
+class Decoder:
+    def __init__(self, checkpoint: Checkpoint, device: str = "cpu"):
+        self.ckpt, self.device = checkpoint, device
+        self.model = checkpoint.model.to(device)
+        self.heads = checkpoint.heads.to(device) if checkpoint.heads is not None else None
+
+    # -- shared machinery --------------------------------------------------------------
+
+    def _sync(self) -> None:
+        if self.device != "cpu":
+            torch.cuda.synchronize()
+
+    def _prefill(self, prompts: list[list[int]], cache: KVCache):
+        """Run the prompts (right-padded) into the cache; hidden and logits at each last token."""
+        if any(len(p) == 0 for p in prompts):
+            raise PerfkitError("empty prompt: every prompt needs at least one token")
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        width = int(lengths.max())
+        tokens = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
+        for b, p in enumerate(prompts):
+            tokens[b, : len(p)] = torch.tensor(p)
+        slots = torch.arange(width, device=self.device).expand(len(prompts), -1)
+        j = torch.arange(width, device=self.device)
+        mask = (j[None, :, None] >= j[None, None, :]) & (j[None, None, :] < lengths[:, None, None])
+        hidden = self.model.hidden(tokens, slots, cache, slots, mask[:, None], width)
+        last = hidden[torch.arange(len(prompts)), lengths - 1]
+        return lengths, last, self.model.lm_head(last)
+
+    def _tree_forward(self, candidates, buffers: list[TreeBuffers], lengths, cache: KVCache):
+        """Hidden states (B, T, h) and logits of every tree token of every sequence."""
+        size = candidates.shape[1]
+        depths = torch.stack([b.depths for b in buffers])
+        slots = lengths[:, None] + torch.arange(size, device=self.device)
+        kv_len = int(lengths.max()) + size
+        mask = tree_attention_mask(lengths, torch.stack([b.mask for b in buffers]), kv_len)
+        hidden = self.model.hidden(candidates, lengths[:, None] + depths, cache, slots, mask, kv_len)
+        return hidden, self.model.lm_head(hidden)
+
+    def _max_len(self, prompts, max_new_tokens: int, tree_size: int) -> int:
+        # A finished sequence may sit one tree past its budget while the others go on.
+        return max(len(p) for p in prompts) + max_new_tokens + 2 * tree_size + 1
+
+    # -- decoding ------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        tree: Tree | None = None,
+        acceptance: AcceptanceConfig = AcceptanceConfig(),
+        dynamic_nodes: int = 0,
+        topk: int = 10,
+        eos: int | None = None,
+        on_tokens=None,
+    ) -> DecodeResult:
+        """Decode every prompt. `tree=None` is plain decoding; a Tree is Medusa with that
+        tree; `dynamic_nodes > 0` is Medusa with a per-step dynamic tree of that many nodes.
+        `on_tokens(batch_index, tokens)` is called as tokens are accepted (streaming)."""
+        if max_new_tokens < 1:
+            raise PerfkitError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        medusa = tree is not None or dynamic_nodes > 0
+        if medusa and self.heads is None:
+            raise PerfkitError(f"{self.ckpt.folder} has no Medusa heads; pass a heads folder or decode without a tree")
+        if tree is not None:
+            static = tree_buffers(tree, len(self.heads), topk, self.device)
+        elif dynamic_nodes > 0:
+            static = None  # built each step; its depth and ranks fit by construction
+        else:
+            static = tree_buffers(ROOT_ONLY, 0, 1, self.device)
+        size = dynamic_nodes + 1 if dynamic_nodes > 0 else static.size
+        generator = torch.Generator().manual_seed(acceptance.seed)
+        accept = ACCEPT[acceptance.scheme]
+        batch = len(prompts)
+        result = DecodeResult([[] for _ in prompts], [[] for _ in prompts], [])
+        cache = KVCache(self.model.config, batch, self._max_len(prompts, max_new_tokens, size), self.device, next(self.model.parameters()).dtype)
+        done = [False] * batch
+
+        with torch.inference_mode():
+            started = time.perf_counter()
+            lengths, last_hidden, last_logits = self._prefill(prompts, cache)
+            roots = [next_token(last_logits[b], acceptance, generator) for b in range(batch)]
+            self._sync()
+            result.prefill_s = time.perf_counter() - started
+            started = time.perf_counter()
+            while not all(done):
+                t0 = time.perf_counter()
+                buffers, candidates = self._candidates(roots, last_hidden, static, dynamic_nodes, topk)
+                self._sync()
+                t1 = time.perf_counter()
+                hidden, logits = self._tree_forward(candidates, buffers, lengths, cache)
+                self._sync()
+                t2 = time.perf_counter()
+                verdicts = [accept(candidates[b], logits[b], buffers[b], acceptance, generator) for b in range(batch)]
+                t3 = time.perf_counter()
+                for b, (path, next_root) in enumerate(verdicts):
+                    if done[b]:
+                        continue
+                    index = torch.tensor(path, device=self.device)
+                    if len(path) > 1:  # the root is already in place
+                        start = int(lengths[b])
+                        cache.move(b, start + index[1:], start + torch.arange(1, len(path), device=self.device))
+                    lengths[b] += len(path)
+                    last_hidden[b] = hidden[b, path[-1]]
+                    roots[b] = next_root
+                    new = candidates[b, index].tolist()
+                    room = max_new_tokens - len(result.tokens[b])
+                    if eos is not None and eos in new[:room]:
+                        room = new.index(eos) + 1
+                    new = new[:room]
+                    result.tokens[b] += new
+                    result.accepted[b].append(len(new))
+                    if on_tokens is not None:
+                        on_tokens(b, new)
+                    done[b] = len(result.tokens[b]) >= max_new_tokens or (eos is not None and new[-1:] == [eos])
+                self._sync()
+                t4 = time.perf_counter()
+                result.tree_sizes.append(size)
+                for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                    result.times[phase] += seconds
+            result.decode_s = time.perf_counter() - started
+        result.cache, result.cache_lengths = cache, lengths.tolist()
+        return result
+
+    def _candidates(self, roots, last_hidden, static: TreeBuffers | None, dynamic_nodes: int, topk: int):
+        """Per-sequence tree buffers and candidate tokens (B, T), root first."""
+        batch = len(roots)
+        root = torch.tensor(roots, device=self.device)
+        if self.heads is None or (static is not None and static.size == 1):
+            return [static] * batch, root[:, None]
+        head_logits = self.heads(last_hidden)  # (K, B, V)
+        top_tokens = head_logits.topk(topk, dim=-1).indices.transpose(0, 1)  # (B, K, topk)
+        if static is not None:
+            buffers = [static] * batch
+        else:
+            probs = torch.softmax(head_logits.float(), dim=-1).transpose(0, 1)
+            buffers = [tree_buffers(dynamic_tree(probs[b], dynamic_nodes, topk), len(self.heads), topk, self.device) for b in range(batch)]
+        heads = torch.stack([b.node_head for b in buffers]).clamp(min=0)
+        ranks = torch.stack([b.node_rank for b in buffers]).clamp(min=0)
+        candidates = top_tokens[torch.arange(batch, device=self.device)[:, None], heads, ranks]
+        candidates[:, 0] = root
+        return buffers, candidates

@@ -1,0 +1,291 @@
+"""python -m decoder.train: reproduce the bundled model, its tokenizer and its Medusa heads.
+
+Stages (intermediate results kept in --work, so an interrupted run resumes):
+1. tokenizer: byte-level BPE trained on the standard library's source (decoder.corpus);
+2. backbone: a small Llama trained from scratch on the training files;
+3. self-distillation: the backbone continues prompts from the training files (greedy);
+4. Medusa-1 heads: backbone frozen, loss sum_k 0.8^k CE(head k, token t+k+1) on the
+   backbone's own continuations;
+5. head accuracies a_k^(i) on held-out continuations, and the paper's greedy tree built
+   from them as the default tree.
+The result (fp16 weights, ~11 MB) is written in the Hugging Face layout with the heads
+in the reference layout, plus training.json with the costs and figures of each stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from decoder.checkpoint import BUNDLED, Checkpoint, save_checkpoint
+from decoder.corpus import EOS, sample_prompts, split_corpus
+from decoder.heads import MedusaHeads, medusa_loss, topk_accuracy
+from decoder.medusa import Decoder
+from decoder.model import LlamaConfig, Transformer
+from perfmodel.cli import Parser, positive_int, run
+from perfmodel.trees import expected_acceptance, greedy_tree
+
+TOPK = 10
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    intermediate_size: int = 640
+    layers: int = 4
+    attention_heads: int = 8
+    kv_heads: int = 4
+    seq_len: int = 256
+    batch: int = 16
+    steps: int = 2000
+    lr: float = 2e-3
+    warmup: int = 100
+    medusa_heads: int = 4
+    distill_prompts: int = 4096
+    distill_prompt_len: int = 32
+    distill_new: int = 96
+    eval_prompts: int = 256
+    head_epochs: int = 4
+    head_batch: int = 32
+    head_lr: float = 1e-3
+    tree_nodes: int = 48
+    max_files: int | None = None
+
+    def model_config(self, eos: int) -> LlamaConfig:
+        return LlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.attention_heads,
+            num_key_value_heads=self.kv_heads,
+            max_position_embeddings=4096,
+            tie_word_embeddings=True,
+            eos_token_id=eos,
+        )
+
+
+# Minutes, not hours: for the tests and for trying the pipeline end to end.
+QUICK = TrainConfig(
+    vocab_size=384, hidden_size=64, intermediate_size=128, layers=2, attention_heads=4, kv_heads=2, seq_len=64, batch=8,
+    steps=30, warmup=5, distill_prompts=64, distill_prompt_len=16, distill_new=24, eval_prompts=16, head_epochs=2,
+    head_batch=16, tree_nodes=8, max_files=30,
+)  # fmt: skip
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer
+
+
+def encode(tokenizer, texts: list[str]) -> list[list[int]]:
+    return [e.ids for e in tokenizer.encode_batch(texts)]
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    progress = (step - config.warmup) / max(1, config.steps - config.warmup)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train_backbone(config: TrainConfig, stream: np.ndarray, work: Path, log) -> tuple[Transformer, dict]:
+    """Train (or resume training) the backbone on random windows of the token stream."""
+    model_config = config.model_config(eos=config_eos(work))
+    torch.manual_seed(config.seed)
+    model = Transformer(model_config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    rng = np.random.default_rng(config.seed)
+    state_file, step, losses, spent = work / "backbone.pt", 0, [], 0.0
+    if state_file.exists():
+        state = torch.load(state_file, weights_only=False)
+        if state["config"] == dataclasses.asdict(config):
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            rng.bit_generator.state = state["rng"]
+            step, losses, spent = state["step"], state["losses"], state["seconds"]
+            log(f"backbone: resuming at step {step}/{config.steps}")
+    from tqdm import tqdm
+
+    bar = tqdm(total=config.steps, initial=step, unit="step", disable=None, file=sys.stderr)
+    started = time.perf_counter() - spent
+    model.train()
+    while step < config.steps:
+        starts = rng.integers(0, len(stream) - config.seq_len - 1, size=config.batch)
+        batch = torch.from_numpy(np.stack([stream[s : s + config.seq_len + 1] for s in starts]).astype(np.int64))
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(batch[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        step += 1
+        bar.update()
+        bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
+        if step % 100 == 0 or step == config.steps:
+            state = dict(config=dataclasses.asdict(config), model=model.state_dict(), optimizer=optimizer.state_dict(), rng=rng.bit_generator.state, step=step, losses=losses, seconds=time.perf_counter() - started)
+            torch.save(state, state_file.with_suffix(".tmp"))
+            state_file.with_suffix(".tmp").replace(state_file)  # a kill never corrupts the resume point
+    bar.close()
+    model.eval()
+    return model, {"steps": step, "tokens": step * config.batch * config.seq_len, "seconds": round(time.perf_counter() - started, 1), "final_loss": round(float(np.mean(losses[-50:])), 4)}
+
+
+def config_eos(work: Path) -> int:
+    return json.loads((work / "meta.json").read_text())["eos"]
+
+
+def heldout_loss(model: Transformer, documents: list[list[int]], config: TrainConfig) -> float:
+    windows = sample_prompts(documents, 64, config.seq_len + 1, seed=config.seed + 1)
+    batch = torch.tensor(windows)
+    with torch.inference_mode():
+        logits = model(batch[:, :-1])
+    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)))
+
+
+def distill(model: Transformer, prompts: list[list[int]], new_tokens: int, log, what: str) -> torch.Tensor:
+    """The backbone's greedy continuations of `prompts`: (N, prompt + new) tokens."""
+    decoder = Decoder(Checkpoint(Path("."), model.config, model, None, None, None, {}))
+    rows = []
+    from tqdm import tqdm
+
+    for start in tqdm(range(0, len(prompts), 128), desc=what, unit="batch", disable=None, file=sys.stderr):
+        chunk = prompts[start : start + 128]
+        result = decoder.generate(chunk, new_tokens)
+        rows += [p + t for p, t in zip(chunk, result.tokens)]
+    return torch.tensor(rows)
+
+
+def train_heads(model: Transformer, sequences: torch.Tensor, prompt_len: int, config: TrainConfig, log) -> tuple[MedusaHeads, dict]:
+    """Medusa-1: backbone frozen, heads trained on its hidden states and continuations."""
+    torch.manual_seed(config.seed)
+    with torch.inference_mode():
+        hidden = torch.cat([model.hidden(sequences[i : i + 256]) for i in range(0, len(sequences), 256)])
+    heads = MedusaHeads(config.hidden_size, config.vocab_size, config.medusa_heads, lm_head=model.lm_head.weight.data)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=config.head_lr, weight_decay=0.0)
+    target_mask = torch.zeros_like(sequences, dtype=torch.bool)
+    target_mask[:, prompt_len:] = True  # learn the model's own continuations, not the prompt text
+    started, steps = time.perf_counter(), 0
+    total_steps = config.head_epochs * math.ceil(len(sequences) / config.head_batch)
+    generator = torch.Generator().manual_seed(config.seed)
+    for epoch in range(config.head_epochs):
+        order = torch.randperm(len(sequences), generator=generator)
+        for i in range(0, len(order), config.head_batch):
+            idx = order[i : i + config.head_batch]
+            for group in optimizer.param_groups:
+                group["lr"] = config.head_lr * 0.5 * (1 + math.cos(math.pi * steps / total_steps))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = heads(hidden[idx].clone())
+            loss, accuracy = medusa_loss(logits, sequences[idx], target_mask=target_mask[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            steps += 1
+        log(f"heads: epoch {epoch + 1}/{config.head_epochs}, loss {float(loss.detach()):.3f}, top-1 accuracy {[round(float(a), 3) for a in accuracy]}")
+    heads.eval()
+    return heads, {"steps": steps, "sequences": len(sequences), "seconds": round(time.perf_counter() - started, 1), "final_loss": round(float(loss.detach()), 4)}
+
+
+def measure_accuracy(model: Transformer, heads: MedusaHeads, sequences: torch.Tensor, prompt_len: int) -> np.ndarray:
+    """a_k^(i): how often rank i of head k names the model's own token k+1 steps ahead."""
+    with torch.inference_mode():
+        logits = heads(model.hidden(sequences))
+    mask = torch.zeros_like(sequences, dtype=torch.bool)
+    mask[:, prompt_len:] = True
+    return topk_accuracy(logits, sequences, TOPK, mask)
+
+
+def build(config: TrainConfig, out: Path, work: Path, log=print) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    card: dict = {"config": dataclasses.asdict(config), "python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    t0 = time.perf_counter()
+    train_texts, heldout_texts, corpus = split_corpus()
+    if config.max_files:
+        train_texts, heldout_texts = train_texts[: config.max_files], heldout_texts[: max(2, config.max_files // 10)]
+    card["corpus"] = corpus
+
+    tokenizer_file = work / "tokenizer.json"
+    if tokenizer_file.exists() and json.loads((work / "meta.json").read_text()).get("config") == dataclasses.asdict(config):
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    else:
+        tokenizer = train_tokenizer(train_texts, config.vocab_size)
+        tokenizer.save(str(tokenizer_file))
+        (work / "meta.json").write_text(json.dumps({"config": dataclasses.asdict(config), "eos": tokenizer.token_to_id(EOS)}))
+    eos = tokenizer.token_to_id(EOS)
+    train_docs, heldout_docs = encode(tokenizer, train_texts), encode(tokenizer, heldout_texts)
+    stream = np.array([t for doc in train_docs for t in (*doc, eos)], dtype=np.int32)
+    card["tokenizer"] = {"vocab_size": tokenizer.get_vocab_size(), "train_tokens": int(len(stream)), "heldout_tokens": sum(map(len, heldout_docs)), "chars_per_token": round(corpus["train_bytes"] / len(stream), 2) if not config.max_files else None, "seconds": round(time.perf_counter() - t0, 1)}
+    log(f"tokenizer: {card['tokenizer']}")
+
+    model, card["backbone"] = train_backbone(config, stream, work, log)
+    card["backbone"]["parameters"] = sum(p.numel() for p in model.parameters())
+    card["backbone"]["heldout_loss"] = round(heldout_loss(model, heldout_docs, config), 4)
+    log(f"backbone: {card['backbone']}")
+
+    t0 = time.perf_counter()
+    train_prompts = sample_prompts(train_docs, config.distill_prompts, config.distill_prompt_len, seed=config.seed)
+    sequences = distill(model, train_prompts, config.distill_new, log, "self-distillation")
+    heldout_prompts = sample_prompts(heldout_docs, config.eval_prompts, config.distill_prompt_len, seed=config.seed + 2)
+    heldout_sequences = distill(model, heldout_prompts, config.distill_new, log, "held-out continuations")
+    card["distillation"] = {"sequences": len(sequences), "tokens": int(sequences.numel()), "seconds": round(time.perf_counter() - t0, 1)}
+
+    heads, card["heads"] = train_heads(model, sequences, config.distill_prompt_len, config, log)
+    card["heads"]["parameters"] = sum(p.numel() for p in heads.parameters())
+    accuracy = measure_accuracy(model, heads, heldout_sequences, config.distill_prompt_len)
+    tree = greedy_tree(accuracy, config.tree_nodes)
+    card["heldout_head_accuracy"] = np.round(accuracy, 4).tolist()
+    card["default_tree"] = {"nodes": len(tree.paths), "depth": tree.depth, "expected_tokens_per_step": round(expected_acceptance(tree, accuracy), 3)}
+    log(f"heads: held-out top-1 accuracy per head {np.round(accuracy[:, 0], 3).tolist()}; default tree {card['default_tree']}")
+    save_checkpoint(out, model, heads, tokenizer, tree, card)
+    card["assets_bytes"] = sum(f.stat().st_size for f in out.iterdir())
+    (out / "training.json").write_text(json.dumps(card, indent=1))
+    return card
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m decoder.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=BUNDLED, help="checkpoint folder to write (default: the bundled model's, %(default)s)")
+    p.add_argument("--work", type=Path, default=Path("perf-reports") / "train-work", help="intermediate results, for resuming (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=positive_int, help="backbone training steps (default 2000; 16 x 256 tokens each)")
+    p.add_argument("--quick", action="store_true", help="a tiny model on 30 files in about a minute, to try the pipeline")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    config = QUICK if args.quick else TrainConfig()
+    config = dataclasses.replace(config, seed=args.seed, **({"steps": args.steps} if args.steps else {}))
+    started = time.perf_counter()
+    card = build(config, args.out, args.work)
+    print(f"wrote {args.out} ({card['assets_bytes'] / 1e6:.1f} MB) in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))

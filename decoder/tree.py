@@ -1,0 +1,89 @@
+"""Tree buffers: the tensors one Medusa step needs for a tree of candidate paths.
+
+For a Tree (perfmodel.trees) of T tokens (root first, then nodes by depth):
+- mask (T, T): token i attends to token j iff j is i or an ancestor of i;
+- depths (T,): position id offset of each token from the prefix;
+- node_head, node_rank (T,): which head and which of its top-k ranks proposes each node
+  (the node -> candidate gather); -1 for the root, whose token the model itself chose;
+- retrieve (P, D + 1): token indices of each root-to-leaf path, padded with -1;
+- children: each token's children, in rank order (for rejection sampling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from perfmodel.errors import PerfkitError
+from perfmodel.trees import VICUNA_7B_TREE, Tree, greedy_tree, load_tree
+
+TREE_NAMES = "default, vicuna-7b, greedy-N, chain-N, or a file/list of paths"
+
+
+@dataclass(frozen=True)
+class TreeBuffers:
+    tree: Tree
+    mask: torch.Tensor
+    depths: torch.Tensor
+    node_head: torch.Tensor
+    node_rank: torch.Tensor
+    retrieve: torch.Tensor
+    children: tuple[tuple[int, ...], ...]
+
+    @property
+    def size(self) -> int:
+        return self.tree.size
+
+
+def tree_buffers(tree: Tree, heads: int, topk: int, device="cpu") -> TreeBuffers:
+    """Buffers for `tree`, refused with a clear message if it needs more heads or ranks."""
+    tree.check_fits(heads, topk)
+    parents = tree.parents
+    leaves = sorted(set(range(tree.size)) - set(parents[1:].tolist()))
+    paths = []
+    for leaf in leaves:
+        chain = [leaf]
+        while chain[-1] != 0:
+            chain.append(int(parents[chain[-1]]))
+        paths.append(chain[::-1])
+    width = max(len(p) for p in paths)
+    retrieve = np.full((len(paths), width), -1, dtype=np.int64)
+    for row, path in enumerate(paths):
+        retrieve[row, : len(path)] = path
+    children = [[] for _ in range(tree.size)]
+    for child in range(1, tree.size):
+        children[parents[child]].append(child)
+    as_tensor = lambda a: torch.as_tensor(a, device=device)  # noqa: E731
+    return TreeBuffers(
+        tree=tree,
+        mask=as_tensor(tree.ancestor_mask),
+        depths=as_tensor(tree.depths),
+        node_head=as_tensor([-1] + [len(p) - 1 for p in tree.paths]),
+        node_rank=as_tensor([-1] + [p[-1] for p in tree.paths]),
+        retrieve=as_tensor(retrieve),
+        children=tuple(tuple(c) for c in children),
+    )
+
+
+def resolve_tree(name: str, checkpoint, accuracy=None) -> Tree:
+    """A tree by name for a checkpoint: default (its own, else the reference Vicuna-7B tree
+    when it has the heads for it, else greedy-32), vicuna-7b, greedy-N (the paper's
+    construction from head accuracies: the ones given, else those recorded at training),
+    chain-N (top-1 of the first N heads), or a file / literal list of paths."""
+    heads = len(checkpoint.heads)
+    if name == "default":
+        if checkpoint.tree is not None:
+            return checkpoint.tree
+        name = "vicuna-7b" if heads >= VICUNA_7B_TREE.depth else "greedy-32"
+    if name == "vicuna-7b":
+        return VICUNA_7B_TREE
+    if name.startswith("greedy-") and name[7:].isdigit():
+        accuracy = accuracy if accuracy is not None else checkpoint.info.get("heldout_head_accuracy")
+        if accuracy is None:
+            raise PerfkitError(f"{name} needs head accuracies; {checkpoint.folder} records none (decoder.measure measures them)")
+        return greedy_tree(np.asarray(accuracy), int(name[7:]))
+    if name.startswith("chain-") and name[6:].isdigit():
+        return Tree(tuple((0,) * d for d in range(1, int(name[6:]) + 1)))
+    return load_tree(name)

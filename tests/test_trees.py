@@ -1,0 +1,73 @@
+import itertools
+
+import numpy as np
+import pytest
+
+from perfmodel.errors import PerfkitError
+from perfmodel.trees import VICUNA_7B_TREE, Tree, expected_acceptance, export_tree, greedy_tree, load_tree, max_nodes, optimal_tree
+
+
+def all_trees(heads: int, topk: int, nodes: int):
+    """Every prefix-closed tree of exactly `nodes` nodes (brute force, small cases only)."""
+    universe = [p for d in range(1, heads + 1) for p in itertools.product(range(topk), repeat=d)]
+    for subset in itertools.combinations(universe, nodes):
+        chosen = set(subset)
+        if all(len(p) == 1 or p[:-1] in chosen for p in subset):
+            yield Tree(subset)
+
+
+def random_accuracy(rng, heads, topk):
+    a = np.sort(rng.uniform(0, 1, (heads, topk)), axis=1)[:, ::-1]
+    return a / a.sum(axis=1, keepdims=True) * rng.uniform(0.3, 0.95, (heads, 1))  # ranks share one head's hit rate
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_tree_is_the_brute_force_optimum_and_never_worse_than_greedy(seed):
+    rng = np.random.default_rng(seed)
+    heads, topk = 2 + seed % 2, 3
+    accuracy = random_accuracy(rng, heads, topk)
+    if seed % 3 == 0:
+        accuracy = rng.uniform(0, 1, (heads, topk))  # unsorted ranks too
+    for nodes in range(1, 6):
+        brute = max(expected_acceptance(t, accuracy) for t in all_trees(heads, topk, nodes))
+        exact = optimal_tree(accuracy, nodes)
+        greedy = greedy_tree(accuracy, nodes)
+        assert len(exact.paths) == len(greedy.paths) == nodes
+        assert expected_acceptance(exact, accuracy) == pytest.approx(brute)
+        assert expected_acceptance(exact, accuracy) >= expected_acceptance(greedy, accuracy) - 1e-12
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_greedy_is_optimal_under_the_independence_model(seed):
+    # Values only shrink along a path, so the n best nodes always form a tree.
+    accuracy = np.random.default_rng(seed).uniform(0, 1, (4, 10))
+    for nodes in (1, 5, 17, 64, 200):
+        gap = expected_acceptance(optimal_tree(accuracy, nodes), accuracy) - expected_acceptance(greedy_tree(accuracy, nodes), accuracy)
+        assert abs(gap) < 1e-9
+
+
+@pytest.mark.parametrize("nodes", [1, 16, 63, 120])
+def test_large_budgets(nodes):
+    accuracy = random_accuracy(np.random.default_rng(7), 4, 10)
+    exact, greedy = optimal_tree(accuracy, nodes), greedy_tree(accuracy, nodes)
+    assert len(exact.paths) == nodes and exact.depth <= 4 and exact.max_rank < 10
+    assert expected_acceptance(exact, accuracy) >= expected_acceptance(greedy, accuracy) - 1e-12
+
+
+def test_budget_beyond_the_complete_tree():
+    accuracy = np.full((2, 2), 0.5)
+    assert max_nodes(2, 2) == 6 and len(optimal_tree(accuracy, 50).paths) == 6 and len(greedy_tree(accuracy, 50).paths) == 6
+
+
+def test_engine_formats_round_trip():
+    for engine in ("reference", "tensorrt-llm", "vllm"):
+        exported = export_tree(VICUNA_7B_TREE, engine)
+        assert len(exported) == 63 and load_tree(str(exported)) == VICUNA_7B_TREE
+    assert export_tree(VICUNA_7B_TREE, "tensorrt-llm")[1] == [1]
+    with pytest.raises(PerfkitError, match="unknown engine"):
+        export_tree(VICUNA_7B_TREE, "sglang")
+
+
+def test_bad_accuracy():
+    with pytest.raises(PerfkitError, match="probabilities"):
+        optimal_tree([[1.5, 0.1]], 3)
