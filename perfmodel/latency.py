@@ -74,3 +74,20 @@ def predict_table(
         cost, t = cost_of(kernels, dtype), op_time(kernels, dtype, spec, params)
         frames.append(pd.DataFrame(contract_fields(spec.key, model.name, dtype, op, phase, b, s, q, cost, t, "predicted", np.nan)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+
+
+@dataclass(frozen=True)
+class RooflineLatency:
+    """A latency source (perfmodel.step.LatencySource) predicting from a spec's roofline."""
+
+    spec: HardwareSpec
+    model: ModelConfig
+    dtype: str
+    params: RooflineParams = RooflineParams()
+
+    def __post_init__(self) -> None:
+        self.spec.peak_flops(self.dtype)  # fail now, naming the dtypes the device has
+
+    def op_time(self, op: str, phase: str, batch, seq_len, candidates) -> np.ndarray:
+        kernels = op_kernels(op, phase, self.model, np.asarray(batch), np.asarray(seq_len), np.asarray(candidates))
+        return np.asarray(op_time(kernels, self.dtype, self.spec, self.params), dtype=float)

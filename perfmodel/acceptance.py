@@ -1,0 +1,180 @@
+"""How many tokens a speculative step accepts: fits and models of the acceleration rate.
+
+- `LogAcceptance`: acc(n) = a + b ln(n) over the tree size n (tokens per step, root
+  included), fitted with scipy to measured (tree size, tokens per step) pairs, or the
+  paper's preset 0.477 ln(n) (Appendix G.3, no intercept).
+- `HeadAccuracyAcceptance`: the expected acceptance of the best tree of n tokens built
+  from measured head accuracies a_k^(i) (paper 2.3.3), for any n.
+- `draft_model_tokens` / `draft_model_improvement`: speculative decoding with a separate
+  draft model (Leviathan et al.), for comparison.
+
+Every model is a callable n -> tokens per step (arrays welcome), never below 1: the
+root, the model's own next token, is always accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfmodel.errors import PerfkitError
+from perfmodel.trees import expected_acceptance, greedy_tree, optimal_tree
+
+PAPER_LOG_SLOPE = 0.477  # Medusa paper, Appendix G.3: acc_rate = 0.477 log(num_candidates)
+
+
+def check_sizes(n) -> np.ndarray:
+    n = np.asarray(n)
+    if n.dtype.kind not in "iuf" or (n < 1).any():
+        raise PerfkitError(f"tree sizes must be numbers >= 1 (tokens per step, root included), got {n.ravel()[:5].tolist()}")
+    return n
+
+
+@dataclass(frozen=True)
+class FitError:
+    """How far a fit is from the measurements it came from."""
+
+    points: int
+    mean_abs_pct: float  # mean |fit - measured| / measured, in percent
+    max_abs_pct: float
+    r2: float
+
+    def __str__(self) -> str:
+        return f"{self.points} points, mean error {self.mean_abs_pct:.1f}%, max {self.max_abs_pct:.1f}%, R^2 {self.r2:.3f}"
+
+
+def fit_error(predicted, measured) -> FitError:
+    predicted, measured = np.asarray(predicted, float), np.asarray(measured, float)
+    rel = np.abs(predicted - measured) / measured * 100
+    spread = ((measured - measured.mean()) ** 2).sum()
+    r2 = 1 - ((predicted - measured) ** 2).sum() / spread if spread > 0 else float("nan")
+    return FitError(len(measured), float(rel.mean()), float(rel.max()), float(r2))
+
+
+@dataclass(frozen=True)
+class LogAcceptance:
+    """acc(n) = a + b ln(n), at least 1."""
+
+    a: float
+    b: float
+    label: str = ""
+    error: FitError | None = None  # against the measurements it was fitted to
+
+    def __call__(self, n) -> np.ndarray:
+        return np.maximum(1.0, self.a + self.b * np.log(check_sizes(n)))
+
+    def describe(self) -> str:
+        text = f"acc(n) = {self.a:.3f} + {self.b:.3f} ln(n)" if self.a else f"acc(n) = {self.b:.3f} ln(n)"
+        return f"{text} ({self.label}; {self.error})" if self.error else f"{text} ({self.label})"
+
+
+PAPER_ACCEPTANCE = LogAcceptance(0.0, PAPER_LOG_SLOPE, "Medusa paper Appendix G.3 preset")
+
+
+def fit_log_acceptance(sizes, tokens_per_step, intercept: bool = True, label: str = "fitted") -> LogAcceptance:
+    """Least-squares fit of a + b ln(n) (b ln(n) with intercept=False) to measured pairs."""
+    from scipy.optimize import curve_fit
+
+    n = check_sizes(np.asarray(sizes, dtype=float))
+    acc = np.asarray(tokens_per_step, dtype=float)
+    if n.shape != acc.shape or n.ndim != 1:
+        raise PerfkitError(f"need one tokens-per-step value per tree size, got {n.size} sizes and {acc.size} values")
+    if (acc < 1).any():
+        raise PerfkitError(f"tokens per step are >= 1 (the root is always accepted), got {acc.min()}")
+    needed = 2 if intercept else 1
+    if len(set(n.tolist())) < needed:
+        raise PerfkitError(f"fitting a + b ln(n) needs at least {needed} distinct tree sizes, got {sorted(set(n.tolist()))}")
+    if intercept:
+        (a, b), _ = curve_fit(lambda x, a, b: a + b * np.log(x), n, acc, p0=(1.0, 0.5))
+    else:
+        (b,), _ = curve_fit(lambda x, b: b * np.log(x), n, acc, p0=(0.5,))
+        a = 0.0
+    model = LogAcceptance(float(a), float(b), label)
+    return LogAcceptance(model.a, model.b, label, fit_error(model(n), acc))
+
+
+@dataclass(frozen=True)
+class HeadAccuracyAcceptance:
+    """Tokens per step of the best n-token tree built from head accuracies a_k^(i).
+
+    `exact` picks the dynamic-programming optimum, else the paper's greedy tree (the two
+    agree under the independence model; perfmodel.trees has both)."""
+
+    accuracy: np.ndarray = field(repr=False)
+    exact: bool = False
+    label: str = "head-accuracy model"
+    error: FitError | None = None
+
+    def __post_init__(self) -> None:
+        acc = np.asarray(self.accuracy, dtype=float)
+        if acc.ndim != 2 or (acc < 0).any() or (acc > 1).any():
+            raise PerfkitError("head accuracies must be a (heads, topk) array of probabilities in [0, 1]")
+        object.__setattr__(self, "accuracy", acc)
+
+    def tree(self, n: int):
+        build = optimal_tree if self.exact else greedy_tree
+        return build(self.accuracy, int(n) - 1)
+
+    def __call__(self, n) -> np.ndarray:
+        n = check_sizes(n)
+        flat = [expected_acceptance(self.tree(int(x)), self.accuracy) for x in np.ravel(n)]
+        return np.asarray(flat, dtype=float).reshape(np.shape(n))
+
+    def checked_against(self, sizes, tokens_per_step) -> HeadAccuracyAcceptance:
+        """This model with its error against measured (tree size, tokens per step) pairs."""
+        return HeadAccuracyAcceptance(self.accuracy, self.exact, self.label, fit_error(self(np.asarray(sizes)), tokens_per_step))
+
+    def describe(self) -> str:
+        heads, topk = self.accuracy.shape
+        text = f"best tree from measured accuracies of {heads} heads x top-{topk}"
+        return f"{text} ({self.error})" if self.error else text
+
+
+def draft_model_tokens(alpha, gamma) -> np.ndarray:
+    """Expected tokens per step with a draft model: (1 - alpha^(gamma+1)) / (1 - alpha)."""
+    alpha, gamma = np.asarray(alpha, dtype=float), np.asarray(gamma)
+    if ((alpha < 0) | (alpha > 1)).any():
+        raise PerfkitError(f"acceptance rate alpha must be in [0, 1], got {alpha.ravel()[:3].tolist()}")
+    if (gamma < 0).any():
+        raise PerfkitError(f"drafted tokens gamma must be >= 0, got {np.ravel(gamma)[:3].tolist()}")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return np.where(alpha >= 1, gamma + 1.0, tokens)
+
+
+def draft_model_improvement(alpha, gamma, cost_ratio) -> np.ndarray:
+    """Walltime improvement E / (c gamma + 1), c = draft step cost / target step cost."""
+    c = np.asarray(cost_ratio, dtype=float)
+    if (c < 0).any():
+        raise PerfkitError(f"draft cost ratio c must be >= 0, got {c.ravel()[:3].tolist()}")
+    return draft_model_tokens(alpha, gamma) / (c * np.asarray(gamma) + 1)
+
+
+def load_acceptance_record(path) -> dict:
+    """A decoder.measure JSON record: needs per_tree_size and head_topk_accuracy."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except OSError as exc:
+        raise PerfkitError(f"cannot read acceptance record {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise PerfkitError(f"{path}: not valid JSON ({exc.msg})") from None
+    for key in ("per_tree_size", "head_topk_accuracy"):
+        if key not in record:
+            raise PerfkitError(f"{path}: missing {key!r}; write it with python -m decoder.measure")
+    return record
+
+
+def models_from_record(record: dict) -> tuple[LogAcceptance, HeadAccuracyAcceptance]:
+    """The log fit and the head-accuracy model of a decoder.measure record, each with its
+    error against the record's measured tokens per step per tree size."""
+    rows = record["per_tree_size"]
+    sizes = [r["tree_size"] for r in rows]
+    measured = [r["mean_accepted_tokens"] for r in rows]
+    log = fit_log_acceptance(sizes, measured, label="fitted to decoder.measure")
+    heads = HeadAccuracyAcceptance(np.asarray(record["head_topk_accuracy"])).checked_against(sizes, measured)
+    return log, heads
