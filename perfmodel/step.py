@@ -92,15 +92,16 @@ class StepModel:
         if self.flavor not in FLAVORS:
             raise PerfkitError(f"unknown step flavor {self.flavor!r}; choose from: {', '.join(FLAVORS)}")
 
-    def op_times(self, batch, seq_len, candidates=1) -> dict[str, np.ndarray]:
-        """Seconds per step spent in each op (summed over its count), broadcast over the
-        arrays given. candidates == 1 is a plain decoding step; > 1 a Medusa tree step of
-        that many tokens (root included) over a context of seq_len cached tokens."""
+    def calls(self, batch, seq_len, candidates=1):
+        """(step op, phase, batch, seq_len, candidates, where) for every op call of the
+        steps at the points given (broadcast arrays): the points each op runs at, and a
+        mask of the step points they belong to. candidates == 1 is a plain decoding step;
+        > 1 a Medusa tree step of that many tokens (root included) over a context of
+        seq_len cached tokens."""
         b, s, q = (np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(batch, seq_len, candidates))
         if (b < 1).any() or (s < 1).any() or (q < 1).any():
             raise PerfkitError("batch, seq_len and candidates must all be >= 1")
         medusa = q > 1
-        out: dict[str, np.ndarray] = {}
         for kind, where in ((False, ~medusa), (True, medusa)):
             if not where.any():
                 continue
@@ -108,12 +109,18 @@ class StepModel:
             phase = "tree" if kind else "decode"
             for item in step_inventory(self.model, self.flavor, kind):
                 if item.tokens == "last":
-                    t = self.latency.op_time(item.op, "decode", bb, ss, np.ones_like(qq))
+                    yield item, "decode", bb, ss, np.ones_like(qq), where
                 else:
-                    kv = ss + qq if item.kv and kind else ss
-                    t = self.latency.op_time(item.op, phase, bb, kv, qq if kind else np.ones_like(qq))
-                full = out.setdefault(item.name, np.zeros(b.shape))
-                full[where] += item.count * np.asarray(t, dtype=float)
+                    yield item, phase, bb, ss + qq if item.kv and kind else ss, qq if kind else np.ones_like(qq), where
+
+    def op_times(self, batch, seq_len, candidates=1) -> dict[str, np.ndarray]:
+        """Seconds per step spent in each op (summed over its count), broadcast over the
+        arrays given (see `calls`)."""
+        shape = np.broadcast(batch, seq_len, candidates).shape
+        out: dict[str, np.ndarray] = {}
+        for item, phase, b, s, q, where in self.calls(batch, seq_len, candidates):
+            full = out.setdefault(item.name, np.zeros(shape))
+            full[where] += item.count * np.asarray(self.latency.op_time(item.op, phase, b, s, q), dtype=float)
         return out
 
     def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:

@@ -80,7 +80,7 @@ class Sweeper:
 
     def __init__(self, config: SweepConfig, info: DeviceInfo, nvml=None):
         self.config, self.info, self.nvml = config, info, nvml
-        self.flush = cache_flusher(info.kind, info.cache_bytes) if config.timer.flush_cache else (lambda: None)
+        self.flush = cache_flusher(info.kind, info.cache_bytes, config.timer.flush_bytes) if config.timer.flush_cache else (lambda: None)
         self.weights: dict = {}
 
     def state(self) -> dict:

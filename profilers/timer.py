@@ -30,6 +30,9 @@ class TimerConfig:
     target_noise: float = 0.01  # IQR / median
     budget_s: float = 2.0  # wall time for repetitions (min_reps are always taken)
     flush_cache: bool = True
+    # Bytes the flush writes; None: twice the last-level cache (evict everything). A
+    # smaller value evicts only what the rest of a real step would (see cache_flusher).
+    flush_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not (1 <= self.min_reps <= self.max_reps):
@@ -143,12 +146,16 @@ def time_cuda_graph(calls: Sequence[Callable[[], object]], config: TimerConfig) 
     return repeat_until_stable(take, config, "cuda-graph")
 
 
-def cache_flusher(device: str, cache_bytes: int) -> Callable[[], object]:
-    """A function that evicts the last-level cache by writing a buffer twice its size.
+def cache_flusher(device: str, cache_bytes: int, flush_bytes: int | None = None) -> Callable[[], object]:
+    """A function that evicts the last-level cache by writing a buffer twice its size, or
+    `flush_bytes` when given: a model whose weights fit in the last-level cache (a small
+    model on a CPU) finds them there at each op in a real step, evicted from the smaller
+    caches only by the rest of the step, so the flush writes about the model's size.
 
     For CUDA this is one memset kernel; for the CPU a multi-threaded fill.
     """
     import torch
 
-    buffer = torch.empty(max(2 * cache_bytes, 1 << 20) // 4, dtype=torch.int32, device=device)
+    size = 2 * cache_bytes if flush_bytes is None else flush_bytes
+    buffer = torch.empty(max(size, 1 << 20) // 4, dtype=torch.int32, device=device)
     return buffer.zero_
