@@ -138,7 +138,7 @@ def test_cli_writes_figures_csv_and_a_summary(tmp_path, capsys):
 
 def test_cli_with_a_measured_record_writes_the_best_trees(tmp_path):
     csv = tmp_path / "all.csv"
-    argv = ["--gpu", "a100", "h100", "--step", "full", "--acceptance", str(ROOT / "acc.json"), "--out", str(tmp_path), "--csv", str(csv)]
+    argv = ["--gpu", "a100", "h100", "--step", "full", "--acceptance", str(ROOT / "decoder" / "assets" / "bundled" / "acceptance-greedy.json"), "--out", str(tmp_path), "--csv", str(csv)]
     assert main(argv) == 0
     table = pd.read_csv(csv)
     assert set(table["device"]) == {"a100-pcie", "h100-sxm"} and set(table["step"]) == {"full"}
