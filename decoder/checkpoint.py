@@ -17,6 +17,7 @@ import torch
 from decoder.heads import MedusaHeads
 from decoder.model import LlamaConfig, Transformer
 from perfmodel.errors import PerfkitError
+from perfmodel.jsonfile import read_json
 from perfmodel.trees import Tree, load_tree
 
 HEADS_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -35,13 +36,11 @@ class Checkpoint:
     info: dict  # anything else the folder records (training card)
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PerfkitError(f"missing checkpoint file {path}") from None
-    except json.JSONDecodeError as exc:
-        raise PerfkitError(f"{path}: not valid JSON ({exc.msg})") from None
+def _read_config(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise PerfkitError(f"missing checkpoint file {path}")
+    return read_json(path, "checkpoint config")
 
 
 def _load_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
@@ -66,7 +65,7 @@ def resolve_folder(model: str | Path) -> Path:
 
 def load_checkpoint(model: str | Path = "bundled", heads: str | Path | None = None, dtype=torch.float32) -> Checkpoint:
     folder = resolve_folder(model)
-    raw = _read_json(folder / "config.json")
+    raw = _read_config(folder)
     config = LlamaConfig.from_hf(raw)
     weights = sorted(p for p in folder.glob("*.safetensors") if p.name not in HEADS_FILES)
     if not weights:
@@ -82,7 +81,7 @@ def load_checkpoint(model: str | Path = "bundled", heads: str | Path | None = No
     net = net.to(dtype).eval()
 
     heads_folder = resolve_folder(heads) if heads is not None else folder
-    heads_config = _read_json(heads_folder / "config.json") if heads is not None else raw
+    heads_config = _read_config(heads_folder) if heads is not None else raw
     medusa, tree = None, None
     if heads_config.get("medusa_num_heads"):
         files = [heads_folder / f for f in HEADS_FILES if (heads_folder / f).exists()]

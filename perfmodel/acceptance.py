@@ -153,16 +153,11 @@ def draft_model_improvement(alpha, gamma, cost_ratio) -> np.ndarray:
 
 def load_acceptance_record(path) -> dict:
     """A decoder.measure JSON record: needs per_tree_size and head_topk_accuracy."""
-    import json
-    from pathlib import Path
+    from perfmodel.jsonfile import read_json
 
-    path = Path(path)
-    try:
-        record = json.loads(path.read_text())
-    except OSError as exc:
-        raise PerfkitError(f"cannot read acceptance record {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise PerfkitError(f"{path}: not valid JSON ({exc.msg})") from None
+    record = read_json(path, "acceptance record")
+    if not isinstance(record, dict):
+        raise PerfkitError(f"{path}: expected a JSON object written by python -m decoder.measure")
     for key in ("per_tree_size", "head_topk_accuracy"):
         if key not in record:
             raise PerfkitError(f"{path}: missing {key!r}; write it with python -m decoder.measure")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from perfmodel.errors import PerfkitError
+from perfmodel.jsonfile import read_json
 
 DEFAULT_MEDUSA_HEADS = 4  # the reference Vicuna trees are 4 deep; a checkpoint's config overrides it
 
@@ -76,12 +76,7 @@ def from_hf_config(path: str | Path) -> ModelConfig:
     """Shapes from a Hugging Face `config.json` (a file, or a folder holding one)."""
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
-    try:
-        cfg = json.loads(file.read_text())
-    except OSError as exc:
-        raise PerfkitError(f"cannot read model config {file}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise PerfkitError(f"{file}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    cfg = read_json(file, "model config")
     if not isinstance(cfg, dict):
         raise PerfkitError(f"{file}: expected a JSON object")
 
