@@ -87,6 +87,32 @@ def tree_attention_mask(lengths: torch.Tensor, tree_mask: torch.Tensor, kv_len: 
     return ((rel < 0) | (in_tree & tree_part))[:, None]
 
 
+def build_candidates(roots: list[int], head_logits: torch.Tensor, buffers: list[TreeBuffers], topk: int) -> torch.Tensor:
+    """Candidate tokens (B, T) of every sequence's tree, root first: node i is rank
+    node_rank[i] of head node_head[i]'s top-k. head_logits: (K, B, V)."""
+    batch, device = len(roots), head_logits.device
+    top_tokens = head_logits.topk(topk, dim=-1).indices.transpose(0, 1)  # (B, K, topk)
+    heads = torch.stack([b.node_head for b in buffers]).clamp(min=0)
+    ranks = torch.stack([b.node_rank for b in buffers]).clamp(min=0)
+    candidates = top_tokens[torch.arange(batch, device=device)[:, None], heads, ranks]
+    candidates[:, 0] = torch.tensor(roots, device=device)
+    return candidates
+
+
+def commit_path(cache: KVCache, lengths: list[int], row: int, path: list[int], hidden, last_hidden, candidates) -> list[int]:
+    """Keep sequence `row`'s accepted tree tokens `path` (indices, root first): move their
+    KV entries to the slots right after its prefix (the root's is there already), advance
+    its length, keep the last accepted token's hidden state for the heads; returns the
+    accepted tokens."""
+    index = torch.tensor(path, device=hidden.device)
+    start = lengths[row]
+    if len(path) > 1:
+        cache.move(row, start + index[1:], torch.arange(start + 1, start + len(path), device=hidden.device))
+    lengths[row] = start + len(path)
+    last_hidden[row] = hidden[row, path[-1]]
+    return candidates[row, index].tolist()
+
+
 class Decoder:
     def __init__(self, checkpoint: Checkpoint, device: str = "cpu"):
         self.ckpt, self.device = checkpoint, device
@@ -103,26 +129,28 @@ class Decoder:
         """Run the prompts (right-padded) into the cache; hidden and logits at each last token."""
         if any(len(p) == 0 for p in prompts):
             raise PerfkitError("empty prompt: every prompt needs at least one token")
-        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
-        width = int(lengths.max())
+        lengths = [len(p) for p in prompts]
+        width = max(lengths)
         tokens = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
         for b, p in enumerate(prompts):
             tokens[b, : len(p)] = torch.tensor(p)
         slots = torch.arange(width, device=self.device).expand(len(prompts), -1)
         j = torch.arange(width, device=self.device)
-        mask = (j[None, :, None] >= j[None, None, :]) & (j[None, None, :] < lengths[:, None, None])
+        ends = torch.tensor(lengths, device=self.device)
+        mask = (j[None, :, None] >= j[None, None, :]) & (j[None, None, :] < ends[:, None, None])
         hidden = self.model.hidden(tokens, slots, cache, slots, mask[:, None], width)
-        last = hidden[torch.arange(len(prompts)), lengths - 1]
+        last = hidden[torch.arange(len(prompts)), ends - 1]
         return lengths, last, self.model.lm_head(last)
 
-    def _tree_forward(self, candidates, buffers: list[TreeBuffers], lengths, cache: KVCache):
+    def _tree_forward(self, candidates, buffers: list[TreeBuffers], lengths: list[int], cache: KVCache):
         """Hidden states (B, T, h) and logits of every tree token of every sequence."""
         size = candidates.shape[1]
+        starts = torch.tensor(lengths, device=self.device)
         depths = torch.stack([b.depths for b in buffers])
-        slots = lengths[:, None] + torch.arange(size, device=self.device)
-        kv_len = int(lengths.max()) + size
-        mask = tree_attention_mask(lengths, torch.stack([b.mask for b in buffers]), kv_len)
-        hidden = self.model.hidden(candidates, lengths[:, None] + depths, cache, slots, mask, kv_len)
+        slots = starts[:, None] + torch.arange(size, device=self.device)
+        kv_len = max(lengths) + size
+        mask = tree_attention_mask(starts, torch.stack([b.mask for b in buffers]), kv_len)
+        hidden = self.model.hidden(candidates, starts[:, None] + depths, cache, slots, mask, kv_len)
         return hidden, self.model.lm_head(hidden)
 
     def _max_len(self, prompts, max_new_tokens: int, tree_size: int) -> int:
@@ -184,14 +212,8 @@ class Decoder:
                 for b, (path, next_root) in enumerate(verdicts):
                     if done[b]:
                         continue
-                    index = torch.tensor(path, device=self.device)
-                    if len(path) > 1:  # the root is already in place
-                        start = int(lengths[b])
-                        cache.move(b, start + index[1:], start + torch.arange(1, len(path), device=self.device))
-                    lengths[b] += len(path)
-                    last_hidden[b] = hidden[b, path[-1]]
+                    new = commit_path(cache, lengths, b, path, hidden, last_hidden, candidates)
                     roots[b] = next_root
-                    new = candidates[b, index].tolist()
                     room = max_new_tokens - len(result.tokens[b])
                     if eos is not None and eos in new[:room]:
                         room = new.index(eos) + 1
@@ -207,24 +229,18 @@ class Decoder:
                 for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                     result.times[phase] += seconds
             result.decode_s = time.perf_counter() - started
-        result.cache, result.cache_lengths = cache, lengths.tolist()
+        result.cache, result.cache_lengths = cache, lengths
         return result
 
     def _candidates(self, roots, last_hidden, static: TreeBuffers | None, dynamic_nodes: int, topk: int):
         """Per-sequence tree buffers and candidate tokens (B, T), root first."""
         batch = len(roots)
-        root = torch.tensor(roots, device=self.device)
         if self.heads is None or (static is not None and static.size == 1):
-            return [static] * batch, root[:, None]
+            return [static] * batch, torch.tensor(roots, device=self.device)[:, None]
         head_logits = self.heads(last_hidden)  # (K, B, V)
-        top_tokens = head_logits.topk(topk, dim=-1).indices.transpose(0, 1)  # (B, K, topk)
         if static is not None:
             buffers = [static] * batch
         else:
             probs = torch.softmax(head_logits.float(), dim=-1).transpose(0, 1)
             buffers = [tree_buffers(dynamic_tree(probs[b], dynamic_nodes, topk), len(self.heads), topk, self.device) for b in range(batch)]
-        heads = torch.stack([b.node_head for b in buffers]).clamp(min=0)
-        ranks = torch.stack([b.node_rank for b in buffers]).clamp(min=0)
-        candidates = top_tokens[torch.arange(batch, device=self.device)[:, None], heads, ranks]
-        candidates[:, 0] = root
-        return buffers, candidates
+        return buffers, build_candidates(roots, head_logits, buffers, topk)

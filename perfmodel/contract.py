@@ -37,7 +37,7 @@ def contract_fields(device: str, model: str, dtype: str, op: str, phase: str, ba
         "candidates": candidates,
         "flops": cost.flops,
         "bytes": cost.bytes,
-        "intensity": cost.flops / cost.bytes,
+        "intensity": cost.intensity,
         "time_s": time_s,
         "tflops": None if time_s is None else cost.flops / time_s / 1e12,
         "source": source,

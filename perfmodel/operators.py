@@ -122,9 +122,12 @@ class OpCost:
     kernels: int
 
     @property
-    def intensity(self) -> float:
-        """Operational intensity in FLOP/byte (nan for an op that runs no kernel)."""
-        return self.flops / self.bytes if self.bytes else float("nan")
+    def intensity(self):
+        """Operational intensity in FLOP/byte (nan for an op that moves no bytes); an
+        array when the cost is of many grid points."""
+        flops, moved = np.asarray(self.flops, dtype=float), np.asarray(self.bytes, dtype=float)
+        out = np.divide(flops, moved, out=np.full(np.broadcast(flops, moved).shape, np.nan), where=moved > 0)
+        return float(out) if out.ndim == 0 else out
 
 
 def query_len(phase: str, seq_len: int, candidates: int) -> int:

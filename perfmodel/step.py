@@ -11,7 +11,7 @@ in a phase. Three inventories:
   head over every token; and for Medusa the heads (on one token per sequence), building
   the candidates, verifying them, building the tree mask and moving the accepted KV entries.
 - `reference`: `full` as this toolkit's reference decoder runs it: it also builds the
-  attention mask in plain decoding steps.
+  attention mask and commits the accepted (one-token) path in plain decoding steps.
 
 Latency comes from a `LatencySource`: anything with `op_time(op, phase, batch, seq_len,
 candidates) -> seconds` (numpy arrays in, an array out). perfmodel.latency.RooflineLatency
@@ -75,9 +75,14 @@ def step_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[StepO
         *(StepOp(op, layers) for op in ("gate", "up", "act", "down")),
     )
     once = (StepOp("embed"), StepOp("norm", label="final_norm"), StepOp("lm_head"), StepOp("verify"))
-    mask = (StepOp("mask", kv=True),) if medusa or flavor == "reference" else ()
-    tree = (StepOp("medusa_heads", tokens="last"), StepOp("candidates"), StepOp("kv_move")) if medusa and model.medusa_heads else ()
-    return per_layer + once + mask + tree
+    # The reference decoder builds the mask and commits the accepted path (a one-token
+    # path in plain decoding) in every step; an engine does so in Medusa steps only.
+    every_step = flavor == "reference"
+    mask = (StepOp("mask", kv=True),) if medusa or every_step else ()
+    heads = medusa and model.medusa_heads > 0
+    tree = (StepOp("medusa_heads", tokens="last"), StepOp("candidates")) if heads else ()
+    commit = (StepOp("kv_move"),) if heads or every_step else ()
+    return per_layer + once + mask + tree + commit
 
 
 @dataclass(frozen=True)

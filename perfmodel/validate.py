@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,11 @@ from perfmodel.step import StepModel
 
 DEFAULT_SIZES = (2, 4, 8, 16, 32, 64)
 TARGET_ERROR = 0.10
+# Which operators of the reference step run in which phase of the decoder's step; the
+# rest (embedding, layers, LM head, mask) is its forward pass.
+DECODER_PHASE_OPS = {"candidates": ("medusa_heads", "candidates"), "forward": (), "verification": ("verify",), "kv_update": ("kv_move",)}
+# The plain step is timed as generate(PROBE_LEAD + PROBE_STEPS) - generate(PROBE_LEAD).
+PROBE_LEAD, PROBE_STEPS = 8, 32
 # none: ops timed back to back, warm (a small model stays in a CPU's cache through a step);
 # model: the cache flushed by the model's weight bytes between calls; all: evict everything
 # (the paper's method for a 7B model on a GPU, whose weights never fit in L2).
@@ -48,7 +54,9 @@ class ValidateConfig:
     prompt_len: int = 64
     new_tokens: int = 96
     budget_s: float = 0.3  # timer budget per operator point
+    rounds: int = 2  # interleaved passes over the prompts, every setting in each
     flush: str = "none"  # cache state of the operator timings: none (warm), model, all
+    threads: int = 1  # CPU threads for the decoder and the operator timings alike
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -56,6 +64,8 @@ class ValidateConfig:
             raise PerfkitError(f"flush must be one of {', '.join(FLUSH_MODES)}, got {self.flush!r}")
         if self.device not in ("cpu", "cuda"):
             raise PerfkitError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.threads < 1:
+            raise PerfkitError(f"threads must be >= 1, got {self.threads}")
         bad = [s for s in self.sizes if s < 2]
         if bad or not self.sizes:
             raise PerfkitError(f"tree sizes are tokens per step with the root, so >= 2; got {list(self.sizes)}")
@@ -66,10 +76,19 @@ class ValidateConfig:
         return self.prompt_len + self.new_tokens // 2
 
 
-def measure_ops(step: StepModel, config: ValidateConfig, dtype: str, log) -> pd.DataFrame:
-    """Measured data-contract rows for every op call of the plain and tree steps."""
-    import dataclasses
+def measure_ops(step: StepModel, config: ValidateConfig, dtype: str, decoder, probe_prompts, log) -> tuple[pd.DataFrame, float]:
+    """Measured data-contract rows for every op call of the plain and tree steps, and the
+    plain step of the decoder itself, all timed in the same interleaved rounds.
 
+    The plain step is measured as the difference of two plain generations (PROBE_LEAD and
+    PROBE_LEAD + PROBE_STEPS tokens from prompts of about the run's mean context), which
+    cancels the prefill and setup. Timed beside the operators, it sees the machine in the
+    same state as they do, so the host overhead (step minus its operators) carries no
+    drift between the two measurements."""
+    import dataclasses
+    import functools
+
+    from decoder.measure import TOPK
     from profilers.device import cpu_info, cuda_info
     from profilers.sweep import SweepConfig, Sweeper, default_timer
     from perfmodel.grid import QUICK_GRID
@@ -79,109 +98,144 @@ def measure_ops(step: StepModel, config: ValidateConfig, dtype: str, log) -> pd.
     if config.flush == "none":
         timer = dataclasses.replace(timer, flush_cache=False)
     elif config.flush == "model":
-        timer = dataclasses.replace(timer, flush_bytes=sum(p.numel() * p.element_size() for p in _weights_of(config.model)))
+        timer = dataclasses.replace(timer, flush_bytes=sum(p.numel() * p.element_size() for p in decoder.model.parameters()))
     sweeper = Sweeper(SweepConfig(config.device, step.model, dtype, QUICK_GRID, Path("unused.csv"), timer=timer), info, nvml)
     points = {}
     sizes = np.array((1, *config.sizes))
     for item, phase, b, s, q, _ in step.calls(config.batch, config.context, sizes):
         for point in zip(b.tolist(), s.tolist(), q.tolist()):
             points.setdefault((item.op, phase, *point), None)
-    log(f"timing {len(points)} operator points of the {step.model.name} step on {info.name} ...")
-    rows = []
-    for op, phase, b, s, q in points:
-        row = sweeper.measure(op, phase, b, s, q, run_id="validate")
+    probes = [functools.partial(decoder.generate, probe_prompts, tokens, topk=TOPK) for tokens in (PROBE_LEAD, PROBE_LEAD + PROBE_STEPS)]
+    log(f"timing {len(points)} operator points of the {step.model.name} step and the decoder's plain step on {info.name}, interleaved ...")
+    rows, (short, long) = sweeper.measure_interleaved(list(points), "validate", extra_calls=probes)
+    for row in rows:
         if row["status"] != "ok":
-            raise PerfkitError(f"could not time {op}/{phase} at batch {b}, seq {s}, candidates {q}: {row['reason']}")
-        rows.append(row)
-    return pd.DataFrame(rows)
+            raise PerfkitError(f"could not time {row['op']}/{row['phase']} at batch {row['batch']}, seq {row['seq_len']}, candidates {row['candidates']}: {row['reason']}")
+    return pd.DataFrame(rows), (long.median_s - short.median_s) / PROBE_STEPS
 
 
-def _weights_of(model: str):
-    from decoder.checkpoint import load_checkpoint
+def run_decoder(decoder, prompts, config: ValidateConfig, log):
+    """Head accuracies, then measured Medusa runs per tree size against plain decoding.
 
-    ckpt = load_checkpoint(model)
-    return list(ckpt.model.parameters())
-
-
-def run_decoder(config: ValidateConfig, log):
-    """Baseline and Medusa runs: measured step times, tokens per step, head accuracies."""
-    import torch
-
-    from decoder.checkpoint import load_checkpoint
-    from decoder.measure import TOPK, decode_batches, head_accuracy, heldout_prompts, mean_accepted
-    from decoder.medusa import Decoder
+    A first plain pass measures the heads' accuracies (which choose the trees and predict
+    their acceptance); then plain decoding and every tree are timed interleaved, batch by
+    batch (decoder.measure.decode_interleaved), so machine drift cancels in the speedups."""
+    from decoder.measure import TOPK, decode_batches, decode_interleaved, head_accuracy, mean_accepted
     from perfmodel.trees import greedy_tree
 
-    ckpt = load_checkpoint(config.model)
-    if ckpt.heads is None:
-        raise PerfkitError(f"{ckpt.folder} has no Medusa heads to validate")
-    torch.manual_seed(config.seed)
-    decoder = Decoder(ckpt, config.device)
-    prompts = heldout_prompts(ckpt, config.prompts, config.prompt_len, config.seed)
-    kwargs = dict(topk=TOPK)
-    decoder.generate(prompts[: config.batch], 8, **kwargs)  # warm-up, untimed
-    log(f"plain decoding of {len(prompts)} held-out prompts ...")
-    baseline = decode_batches(decoder, prompts, config.batch, config.new_tokens, **kwargs)
-    accuracy = head_accuracy(decoder, prompts, baseline.tokens)
-    runs = []
-    for size in config.sizes:
-        tree = greedy_tree(accuracy, size - 1)
-        decoder.generate(prompts[: config.batch], 8, tree=tree, **kwargs)
-        log(f"Medusa decoding with the greedy {size}-token tree ...")
-        result = decode_batches(decoder, prompts, config.batch, config.new_tokens, tree=tree, **kwargs)
-        runs.append(
-            {
-                "tree_size": size,
-                "tree": tree,
-                "measured_acceptance": mean_accepted(result),
-                "measured_step_s": result.decode_s / result.steps,
-                "measured_speedup": result.tokens_per_s / baseline.tokens_per_s,
-                "lossless": result.tokens == baseline.tokens,
-            }
-        )
-    return baseline.decode_s / baseline.steps, accuracy, runs
+    log(f"plain decoding of {len(prompts)} held-out prompts for the heads' accuracies ...")
+    first = decode_batches(decoder, prompts, config.batch, config.new_tokens, topk=TOPK)
+    accuracy = head_accuracy(decoder, prompts, first.tokens)
+    trees = {size: greedy_tree(accuracy, size - 1) for size in config.sizes}
+    settings = {1: {}} | {size: {"tree": tree} for size, tree in trees.items()}
+    for setting in settings.values():  # warm-up of every shape, untimed
+        decoder.generate(prompts[: config.batch], 8, topk=TOPK, **setting)
+    log(f"timing plain decoding and {len(trees)} trees ({', '.join(map(str, trees))} tokens) interleaved, {config.rounds} round(s) ...")
+    results = decode_interleaved(decoder, prompts, config.batch, config.new_tokens, settings, config.rounds, topk=TOPK)
+    baseline = results[1]
+    runs = [
+        {
+            "tree_size": size,
+            "tree": trees.get(size),
+            "measured_acceptance": mean_accepted(result),
+            "measured_step_s": result.decode_s / result.steps,
+            "measured_speedup": result.tokens_per_s / baseline.tokens_per_s,
+            "lossless": result.tokens == baseline.tokens,
+            **{f"measured_{phase}_s": seconds / result.steps for phase, seconds in result.times.items()},
+        }
+        for size, result in results.items()
+    ]
+    return accuracy, runs
+
+
+def predicted_phases(step: StepModel, batch: int, context: int, sizes, host_s: float) -> dict[str, np.ndarray]:
+    """Predicted seconds per step in each of the decoder's phases (decoder.medusa.PHASES):
+    its operators grouped by the phase that runs them, the host overhead in the forward."""
+    phases = {f"predicted_{phase}_s": np.zeros(len(sizes)) for phase in DECODER_PHASE_OPS}
+    for op, seconds in step.op_times(batch, context, np.asarray(sizes)).items():
+        phase = next((p for p, ops in DECODER_PHASE_OPS.items() if op in ops), "forward")
+        phases[f"predicted_{phase}_s"] += seconds
+    phases["predicted_forward_s"] += host_s
+    return phases
 
 
 def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(per-tree comparison, measured op rows, summary)."""
+    import torch
+
+    from decoder.checkpoint import load_checkpoint
+    from decoder.measure import heldout_prompts
+    from decoder.medusa import Decoder
     from perfmodel.models import load_model
     from perfmodel.trees import expected_acceptance
-    from decoder.checkpoint import resolve_folder
 
-    if config.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise PerfkitError("--device cuda: no CUDA device is visible to torch on this machine; use --device cpu")
-    model = load_model(resolve_folder(config.model))
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise PerfkitError("--device cuda: no CUDA device is visible to torch on this machine; use --device cpu")
+    ckpt = load_checkpoint(config.model)
+    if ckpt.heads is None:
+        raise PerfkitError(f"{ckpt.folder} has no Medusa heads to validate")
+    model = load_model(ckpt.folder)
     dtype = "fp32"  # the reference decoder runs checkpoints in fp32
-    plain_step_s, accuracy, runs = run_decoder(config, log)
-    rows = measure_ops(StepModel(model, _Nothing(), "reference"), config, dtype, log)
+    torch.manual_seed(config.seed)
+    decoder = Decoder(ckpt, config.device)
+    prompts = heldout_prompts(ckpt, config.prompts, config.prompt_len, config.seed)
+    probe_prompts = heldout_prompts(ckpt, config.batch, max(1, config.context - PROBE_LEAD - PROBE_STEPS // 2), config.seed + 1)
+    with torch_threads(config.threads):
+        accuracy, runs = run_decoder(decoder, prompts, config, log)
+        rows, plain_step_s = measure_ops(StepModel(model, _Nothing(), "reference"), config, dtype, decoder, probe_prompts, log)
     step = StepModel(model, MeasuredLatency(rows, model.name, dtype), "reference")
     sizes = np.array([r["tree_size"] for r in runs])
     ops_plain = float(step.step_time(config.batch, config.context, 1))
     ops_tree = step.step_time(config.batch, config.context, sizes)
     host = plain_step_s - ops_plain
     table = pd.DataFrame(runs).drop(columns="tree")
-    table["predicted_acceptance"] = [expected_acceptance(r["tree"], accuracy) for r in runs]
+    decoded_plain_step_s = float(table["measured_step_s"].iloc[0])
+    table["predicted_acceptance"] = [expected_acceptance(r["tree"], accuracy) if r["tree"] else 1.0 for r in runs]
+    table = table.assign(**predicted_phases(step, config.batch, config.context, sizes, host))
     table["ops_step_s"] = ops_tree
     table["predicted_step_s"] = ops_tree + host
     table["predicted_speedup"] = table["predicted_acceptance"] / (table["predicted_step_s"] / plain_step_s)
     table["ops_only_speedup"] = table["predicted_acceptance"] / (ops_tree / ops_plain)
     table["error"] = (table["predicted_speedup"] - table["measured_speedup"]) / table["measured_speedup"]
     table["batch"], table["context"] = config.batch, config.context
+    phases = table[[c for c in table.columns if c.endswith("_s") and c.split("_", 1)[1][:-2] in DECODER_PHASE_OPS]]
+    table = table[table["tree_size"] > 1].reset_index(drop=True)
     summary = {
+        "threads": config.threads,
         "plain_step_s": plain_step_s,
+        "decoded_plain_step_s": decoded_plain_step_s,
         "ops_plain_step_s": ops_plain,
         "host_overhead_s": host,
         "max_abs_error": float(table["error"].abs().max()),
         "within_target": bool((table["error"].abs() <= TARGET_ERROR).all()),
+        "phases": phases.assign(tree_size=sizes),
     }
     columns = [
         "tree_size", "batch", "context", "predicted_acceptance", "measured_acceptance", "predicted_step_s", "measured_step_s",
-        "ops_step_s", "predicted_speedup", "measured_speedup", "error", "ops_only_speedup", "lossless",
+        "ops_step_s", "predicted_speedup", "measured_speedup", "error", "ops_only_speedup", "lossless", *phases.columns,
     ]  # fmt: skip
     return table[columns], rows, summary
+
+
+def phase_table(phases: pd.DataFrame) -> pd.DataFrame:
+    """One 'measured / predicted' ms column per decoder phase, one row per tree size."""
+    out = pd.DataFrame({"tree_size": phases["tree_size"]})
+    for phase in DECODER_PHASE_OPS:
+        out[phase] = [f"{m * 1e3:.2f} / {p * 1e3:.2f}" for m, p in zip(phases[f"measured_{phase}_s"], phases[f"predicted_{phase}_s"])]
+    return out
+
+
+@contextmanager
+def torch_threads(count: int):
+    """torch's intra-op thread count set for a block, and restored after it."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class _Nothing:
@@ -200,6 +254,8 @@ def build_parser() -> Parser:
     p.add_argument("--prompts", type=positive_int, default=16, help="held-out prompts (default %(default)s)")
     p.add_argument("--prompt-len", type=positive_int, default=64)
     p.add_argument("--new-tokens", type=positive_int, default=96)
+    p.add_argument("--threads", type=positive_int, default=1, help="CPU threads for decoding and operator timing (default %(default)s: see README)")
+    p.add_argument("--rounds", type=positive_int, default=2, help="interleaved timing passes over the prompts (default %(default)s)")
     p.add_argument("--budget", type=float, default=0.3, metavar="SECONDS", help="timer budget per operator point (default %(default)s)")
     p.add_argument("--flush", choices=FLUSH_MODES, default="none", help="cache state of the operator timings: none = warm (default), model = flush the model's size, all = evict the last-level cache")
     p.add_argument("--csv", type=Path, metavar="FILE", help="write the per-tree comparison here")
@@ -209,7 +265,10 @@ def build_parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    config = ValidateConfig(args.device, args.model, tuple(args.sizes), args.batch, args.prompts, args.prompt_len, args.new_tokens, args.budget, args.flush)
+    config = ValidateConfig(
+        device=args.device, model=args.model, sizes=tuple(args.sizes), batch=args.batch, prompts=args.prompts, prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens, budget_s=args.budget, rounds=args.rounds, flush=args.flush, threads=args.threads,
+    )  # fmt: skip
     started = time.perf_counter()
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     table, rows, summary = validate(config, log)
@@ -224,8 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         predicted_step_ms=table["predicted_step_s"] * 1e3, measured_step_ms=table["measured_step_s"] * 1e3, error_pct=table["error"] * 100
     )[["tree_size", "predicted_acceptance", "measured_acceptance", "predicted_step_ms", "measured_step_ms", "predicted_speedup", "measured_speedup", "error_pct", "lossless"]]
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print("\nwhere a step's time goes, ms per step (measured in the decoding runs / predicted from the operators; tree size 1 is plain decoding):")
+    print(phase_table(summary["phases"]).to_string(index=False))
     print(
-        f"plain step: measured {summary['plain_step_s'] * 1e3:.2f} ms, its operators {summary['ops_plain_step_s'] * 1e3:.2f} ms, "
+        f"{summary['threads']} CPU thread(s); plain step: {summary['plain_step_s'] * 1e3:.2f} ms timed with the operators "
+        f"({summary['decoded_plain_step_s'] * 1e3:.2f} ms in the decoding runs), its operators {summary['ops_plain_step_s'] * 1e3:.2f} ms, "
         f"host overhead {summary['host_overhead_s'] * 1e3:.2f} ms per step (calibrated on plain decoding only)"
     )
     if summary["host_overhead_s"] < 0:

@@ -8,6 +8,8 @@ call with the causal mask (prefill) or the tree mask (tree decoding).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -110,7 +112,32 @@ class OpBenchmark:
             mm = torch.mm if kernel.weight else torch.bmm
             return KernelRun(kernel, {"a": a, "b": b, "out": out}, lambda: mm(a, b, out=out))
 
-        return [OpRun([kernel_run(k, i, copy) for i, k in enumerate(self.kernels)]) for copy in range(copies)]
+        runs = [OpRun([kernel_run(k, i, copy) for i, k in enumerate(self.kernels)]) for copy in range(copies)]
+        if self.op == "medusa_heads":
+            for run in runs:
+                run.call = self._heads_module(run.kernels, new)
+        return runs
+
+    def _heads_module(self, kernels: list[KernelRun], new) -> Callable[[], object]:
+        """The Medusa heads as the reference implementation runs them (decoder.heads: per
+        head a ResBlock with bias, SiLU and residual, then the vocabulary projection, the
+        logits stacked), on the very operands of the counted matmuls: the same FLOPs and
+        bytes, plus the per-head module and elementwise work a real step pays."""
+        import torch
+
+        from decoder.heads import MedusaHeads
+
+        m = self.model
+        with torch.device("meta"):
+            heads = MedusaHeads(m.hidden_size, m.vocab_size, m.medusa_heads)
+        state = {}
+        for k in range(m.medusa_heads):
+            w1, w2 = kernels[2 * k].operands["b"], kernels[2 * k + 1].operands["b"]
+            state[f"{k}.0.linear.weight"] = w1.t()  # back to nn.Linear's (out, in) storage
+            state[f"{k}.0.linear.bias"] = new((m.hidden_size,))
+            state[f"{k}.1.weight"] = w2.t()
+        heads.load_state_dict(state, assign=True)
+        return functools.partial(heads, kernels[0].operands["a"])
 
     def _attention_run(self, k: FusedAttention, new) -> KernelRun:
         import torch.nn.functional as F
@@ -131,7 +158,7 @@ class OpBenchmark:
         import torch.nn.functional as F
 
         from decoder.acceptance import AcceptanceConfig, greedy
-        from decoder.medusa import tree_attention_mask
+        from decoder.medusa import build_candidates, commit_path, tree_attention_mask
         from decoder.model import KVCache, LlamaConfig, RMSNorm, apply_rope, rope_cos_sin
         from decoder.tree import tree_buffers
 
@@ -154,31 +181,34 @@ class OpBenchmark:
             x, y = new((b, q, width)), new((b, q, width))
             return KernelRun(kernel, {"x": x, "y": y}, (lambda: x + y) if op == "residual" else (lambda: F.silu(x) * y))
         config = LlamaConfig(m.vocab_size, h, m.intermediate_size, 1, m.num_heads, m.num_kv_heads, head_dim=d)
-        if op in ("kv_write", "kv_move"):
-            cache = KVCache(config if op == "kv_write" else LlamaConfig(**{**config.__dict__, "num_hidden_layers": m.num_layers}), b, s + q, device, torch_dtype(self.dtype))
-            if op == "kv_write":
-                slots = (s + torch.arange(q, device=device)).expand(b, -1)
-                k, v = new((b, m.num_kv_heads, q, d)), new((b, m.num_kv_heads, q, d))
-                return KernelRun(kernel, {"k": k, "v": v}, lambda: cache.write(0, slots, k, v))
-            moved = min(q - 1, heads)
-            src = s + torch.arange(q - moved, q, device=device)
-            dst = s + torch.arange(1, moved + 1, device=device)
-            return KernelRun(kernel, {"cache": cache.k}, lambda: [cache.move(row, src, dst) for row in range(b)])
         buffers = tree_buffers(Tree.breadth_first(q - 1, CANDIDATE_TOPK), heads, CANDIDATE_TOPK, device)
+        if op == "kv_write":
+            cache = KVCache(config, b, s + q, device, torch_dtype(self.dtype))
+            slots = (s + torch.arange(q, device=device)).expand(b, -1)
+            k, v = new((b, m.num_kv_heads, q, d)), new((b, m.num_kv_heads, q, d))
+            return KernelRun(kernel, {"k": k, "v": v}, lambda: cache.write(0, slots, k, v))
+        if op == "kv_move":
+            # Every sequence keeps the tree's longest path (at most one token per head past
+            # the root): its KV entries move in every layer, as the decoder commits a step.
+            cache = KVCache(dataclasses.replace(config, num_hidden_layers=m.num_layers), b, s + q, device, torch_dtype(self.dtype))
+            path = max(([i for i in row if i >= 0] for row in buffers.retrieve.tolist()), key=len)
+            hidden, last_hidden = new((b, q, h)), new((b, h))
+            tokens = torch.randint(0, m.vocab_size, (b, q), device=device)
+
+            def commit():
+                lengths = [s] * b
+                for row in range(b):
+                    commit_path(cache, lengths, row, path, hidden, last_hidden, tokens)
+
+            return KernelRun(kernel, {"cache": cache.k}, commit)
         if op == "mask":
             lengths = torch.full((b,), s - q, device=device)
             tree_mask = buffers.mask.expand(b, -1, -1)
             positions = lengths[:, None] + buffers.depths
             return KernelRun(kernel, {"lengths": lengths}, lambda: (tree_attention_mask(lengths, tree_mask, s), rope_cos_sin(positions, d, 10000.0, torch.float32)))
         if op == "candidates":
-            logits = new((heads, b, m.vocab_size))
-            head, rank = buffers.node_head.clamp(min=0), buffers.node_rank.clamp(min=0)
-
-            def candidates():
-                top = logits.topk(CANDIDATE_TOPK, dim=-1).indices.transpose(0, 1)
-                return top[torch.arange(b, device=device)[:, None], head, rank]
-
-            return KernelRun(kernel, {"logits": logits}, candidates)
+            logits, roots = new((heads, b, m.vocab_size)), [0] * b
+            return KernelRun(kernel, {"logits": logits}, lambda: build_candidates(roots, logits, [buffers] * b, CANDIDATE_TOPK))
         # verify: greedy acceptance of every row's tree from its logits
         logits, tokens = new((b, q, m.vocab_size)), torch.randint(0, m.vocab_size, (b, q), device=device)
         config_ = AcceptanceConfig()
@@ -195,12 +225,17 @@ class KernelRun:
 
 
 class OpRun:
-    """Every kernel of an op on one copy of its operands; calling it runs them in order."""
+    """Every kernel of an op on one copy of its operands; calling it runs them in order,
+    or runs `call` where the op runs its kernels through a model's own module."""
 
-    def __init__(self, kernels: list[KernelRun]):
+    def __init__(self, kernels: list[KernelRun], call: Callable[[], object] | None = None):
         self.kernels = kernels
+        self.call = call
 
     def __call__(self) -> None:
+        if self.call is not None:
+            self.call()
+            return
         for kernel in self.kernels:
             kernel.run()
 

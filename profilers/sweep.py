@@ -18,6 +18,7 @@ from pathlib import Path
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.contract import contract_fields
 from perfmodel.dtypes import check_dtype, default_dtype
+from perfmodel.errors import PerfkitError
 from perfmodel.grid import PAPER_GRID, QUICK_GRID, Grid, iter_points
 from perfmodel.models import ModelConfig, load_model
 from perfmodel.operators import DEFAULT_OPS, PHASES, STEP_OPS, op_cost
@@ -25,7 +26,7 @@ from profilers.benchmarks import BENCH_DTYPES, OpBenchmark, check_bench_dtype
 from profilers.ceilings import measure_ceilings
 from profilers.device import DeviceInfo, available_bytes, check_device, cpu_info, cpu_state, cuda_info
 from profilers.store import Journal, record_run
-from profilers.timer import TimerConfig, cache_flusher, time_cuda_events, time_cuda_graph, time_wall
+from profilers.timer import TimerConfig, cache_flusher, time_cuda_events, time_cuda_graph, time_interleaved, time_wall
 
 GRIDS = {"paper": PAPER_GRID, "quick": QUICK_GRID}
 TIMER_MODES = ("auto", "events", "graph")
@@ -126,14 +127,43 @@ class Sweeper:
                 torch.cuda.empty_cache()
 
     def measure(self, op: str, phase: str, b: int, s: int, q: int, run_id: str) -> dict:
-        cfg = self.config
-        bench = OpBenchmark(cfg.model, op, phase, b, s, q, cfg.dtype, self.info.kind)
+        bench = self.benchmark(op, phase, b, s, q)
         before = self.state()
         timing, reason = self.time(bench)
-        after = self.state()
-        cost = op_cost(op, phase, cfg.model, cfg.dtype, b, s, q)
+        return self.row(bench, timing, reason, run_id, worst_state(before, self.state()))
+
+    def measure_interleaved(self, points: list[tuple[str, str, int, int, int]], run_id: str, extra_calls=()) -> tuple[list[dict], list]:
+        """Rows for many (op, phase, b, s, q) points, and wall-clock Timings of
+        `extra_calls` (whole decoding steps, say) taken in the same rounds. On a CPU every
+        sample is taken in turn (timer.time_interleaved), so a machine drifting in speed
+        over the run slows every point alike; GPUs, steady under a fixed clock, time each
+        point apart with their own timers, and the extra calls after them."""
+        extra_calls = list(extra_calls)
+        if self.info.kind != "cpu":
+            rows = [self.measure(*point, run_id) for point in points]
+            return rows, time_interleaved(extra_calls, self.config.timer) if extra_calls else []
+        benches = [self.benchmark(*point) for point in points]
+        need = sum(bench.bytes_needed() for bench in benches)
+        if need > 0.9 * self.free_bytes():
+            raise PerfkitError(f"timing {len(points)} points together needs {need / 1e9:.1f} GB of memory, {self.free_bytes() / 1e9:.1f} GB free")
+        calls = [bench.build(1, self.weights)[0] for bench in benches]
+        before = self.state()
+        timings = time_interleaved(calls + extra_calls, self.config.timer, self.flush)
+        state = worst_state(before, self.state())
+        rows = [self.row(bench, timing, "", run_id, state) for bench, timing in zip(benches, timings)]
+        return rows, timings[len(benches) :]
+
+    def benchmark(self, op: str, phase: str, b: int, s: int, q: int) -> OpBenchmark:
+        cfg = self.config
+        return OpBenchmark(cfg.model, op, phase, b, s, q, cfg.dtype, self.info.kind)
+
+    def row(self, bench: OpBenchmark, timing, reason: str, run_id: str, state: dict) -> dict:
+        """The data-contract row of one measured (or skipped) benchmark."""
+        cfg = self.config
+        point = (bench.op, bench.phase, bench.batch, bench.seq_len, bench.candidates)
+        cost = op_cost(*point[:2], cfg.model, cfg.dtype, *point[2:])
         median = timing.median_s if timing else None
-        row = contract_fields(self.info.key, cfg.model.name, cfg.dtype, op, phase, b, s, q, cost, median, "measured", timing.noise if timing else None, run_id)
+        row = contract_fields(self.info.key, cfg.model.name, cfg.dtype, *point, cost, median, "measured", timing.noise if timing else None, run_id)
         row.update(
             status="ok" if timing else "skipped",
             reason=reason,
@@ -141,7 +171,7 @@ class Sweeper:
             reps=timing.reps if timing else 0,
             threads=self.info.threads,
         )
-        row.update(worst_state(before, after))
+        row.update(state)
         return row
 
 

@@ -1,7 +1,8 @@
 """A careful timer: warm-up, caches flushed between calls, repetitions until the noise is low.
 
 Three ways to take one sample of a call:
-- wall: perf_counter around the call (CPU; torch CPU ops return when done);
+- wall: perf_counter around the call (CPU; torch CPU ops return when done); several
+  calls can be sampled in turn (time_interleaved) so a drifting machine slows all alike;
 - cuda-events: CUDA events around each call, the L2 flushed by a large memset before it
   (outside the timed region; it also hides the CPU's launch latency behind GPU work);
 - cuda-graph: the call captured once per operand copy into one CUDA graph, replayed, and
@@ -93,6 +94,34 @@ def time_wall(fn: Callable[[], object], config: TimerConfig, flush: Callable[[],
         return out
 
     return repeat_until_stable(take, config, "wall")
+
+
+def time_interleaved(calls: Sequence[Callable[[], object]], config: TimerConfig, flush: Callable[[], object] = lambda: None, seed: int = 0) -> list[Timing]:
+    """Wall-clock timings of several calls sampled in turn: each round times every call
+    once, in a fresh random order.
+
+    A machine whose speed drifts over seconds (a virtual machine's neighbours, a laptop's
+    clock) would give calls timed one after another each its own phase of the drift, off
+    by 10-30% against each other. In turn, every call sees the same machine, so their
+    ratios hold. Rounds go on until every call meets the noise target (after min_reps), or
+    max_reps, or the budget (budget_s per call, as time_wall spends it) is spent."""
+    rng = np.random.default_rng(seed)
+    for fn in calls:
+        warm_up(fn, config)
+    samples: list[list[float]] = [[] for _ in calls]
+    started = time.perf_counter()
+    for round_ in range(config.max_reps):
+        for i in rng.permutation(len(calls)):
+            flush()
+            t0 = time.perf_counter()
+            calls[i]()
+            samples[i].append(time.perf_counter() - t0)
+        if round_ + 1 < config.min_reps:
+            continue
+        settled = all(summarize(s, "wall").noise <= config.target_noise for s in samples)
+        if settled or time.perf_counter() - started >= config.budget_s * len(calls):
+            break
+    return [summarize(s, "wall-interleaved") for s in samples]
 
 
 def time_cuda_events(fn: Callable[[], object], config: TimerConfig, flush: Callable[[], object] = lambda: None) -> Timing:

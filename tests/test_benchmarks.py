@@ -100,3 +100,18 @@ def test_the_rest_of_a_step_runs_on_the_decoders_own_code(op, phase):
 
 def test_step_op_names_are_known():
     assert set(STEP_OPS) <= set(ALL_OPS)
+
+
+def test_medusa_heads_run_as_the_reference_modules_on_the_counted_weights():
+    from decoder.heads import MedusaHeads
+
+    (run,) = OpBenchmark(TINY, "medusa_heads", "decode", 3, 8, 1, "fp32", "cpu").build()
+    heads, (hidden,) = run.call.func, run.call.args
+    assert isinstance(heads, MedusaHeads) and hidden is run.kernels[0].operands["a"]
+    # each head's residual block and projection are the counted matmuls' weight operands
+    for k, head in enumerate(heads):
+        assert head[0].linear.weight.data_ptr() == run.kernels[2 * k].operands["b"].data_ptr()
+        assert head[1].weight.data_ptr() == run.kernels[2 * k + 1].operands["b"].data_ptr()
+    logits = run.call()
+    assert logits.shape == (TINY.medusa_heads, 3, TINY.vocab_size)
+    torch.testing.assert_close(logits[1], heads[1](hidden))

@@ -197,3 +197,18 @@ def test_bad_input(decoder, tmp_path):
     (tmp_path / "config.json").unlink()
     with pytest.raises(PerfkitError, match="missing checkpoint file .*config.json"):
         load_checkpoint(tmp_path)
+
+
+def test_interleaved_decoding_gives_every_setting_every_prompt_in_every_round(decoder):
+    from decoder.measure import decode_batches, decode_interleaved
+
+    tree = greedy_tree(np.full((4, 10), 0.3), 6)
+    settings = {"plain": {}, "tree": {"tree": tree}}
+    results = decode_interleaved(decoder, PROMPTS, 2, 10, settings, rounds=2)
+    plain = decode_batches(decoder, PROMPTS, 2, 10)
+    assert set(results) == {"plain", "tree"}
+    assert results["plain"].tokens == plain.tokens * 2  # both rounds, prompts in order
+    assert results["tree"].tokens == plain.tokens * 2  # greedy Medusa stays lossless
+    assert results["tree"].steps < results["plain"].steps and results["plain"].decode_s > 0
+    with pytest.raises(PerfkitError, match="rounds must be >= 1"):
+        decode_interleaved(decoder, PROMPTS, 2, 10, settings, rounds=0)

@@ -3,7 +3,7 @@ import time
 import pytest
 
 from perfmodel.errors import PerfkitError
-from profilers.timer import TimerConfig, repeat_until_stable, summarize, time_wall
+from profilers.timer import TimerConfig, repeat_until_stable, summarize, time_interleaved, time_wall
 
 
 def busy_wait(seconds: float) -> None:
@@ -59,3 +59,36 @@ def test_flush_runs_outside_the_timed_region():
 def test_bad_config():
     with pytest.raises(PerfkitError, match="min_reps <= max_reps"):
         TimerConfig(min_reps=10, max_reps=5)
+
+
+class DriftingMachine:
+    """Every call on it takes `base` seconds times a slowdown that grows with each call
+    made so far: a machine drifting in speed over the run."""
+
+    def __init__(self, drift_per_call: float):
+        self.calls, self.drift = 0, drift_per_call
+
+    def op(self, base: float):
+        def run():
+            self.calls += 1
+            busy_wait(base * (1 + self.drift * self.calls))
+
+        return run
+
+
+def test_interleaved_timing_lets_identical_calls_see_the_same_drift():
+    config = TimerConfig(warmup=0, min_reps=20, max_reps=20, budget_s=5)
+    machine = DriftingMachine(drift_per_call=0.05)
+    apart = [time_wall(machine.op(0.0005), config) for _ in range(2)]
+    assert apart[1].median_s / apart[0].median_s > 1.5  # one after the other: off by the drift
+    machine = DriftingMachine(drift_per_call=0.05)
+    together = time_interleaved([machine.op(0.0005), machine.op(0.0005)], config)
+    assert together[1].median_s / together[0].median_s == pytest.approx(1, abs=0.15)
+    assert [t.reps for t in together] == [20, 20] and together[0].mode == "wall-interleaved"
+
+
+def test_interleaved_timing_keeps_each_calls_own_duration():
+    timings = time_interleaved([lambda: busy_wait(0.002), lambda: busy_wait(0.0005)], TimerConfig(warmup=1, min_reps=5, budget_s=0.5))
+    assert timings[0].median_s == pytest.approx(0.002, rel=0.1)
+    assert timings[1].median_s == pytest.approx(0.0005, rel=0.2)
+    assert all(5 <= t.reps <= 200 for t in timings)
