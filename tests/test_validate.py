@@ -21,8 +21,22 @@ def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsy
     ops = pd.read_csv(tmp_path / "ops.csv")
     assert {"sdpa", "lm_head", "medusa_heads", "candidates", "verify", "kv_move"} <= set(ops["op"])
     assert (ops["source"] == "measured").all()
+    # where the time goes, per decoder phase, measured and predicted
+    for phase in ("candidates", "forward", "verification", "kv_update"):
+        assert (df[f"measured_{phase}_s"] > 0).all() and (df[f"predicted_{phase}_s"] >= 0).all()
     printed = capsys.readouterr().out
-    assert "host overhead" in printed and "max |predicted - measured|" in printed
+    assert "host overhead" in printed and "max |predicted - measured|" in printed and "where a step's time goes" in printed
+
+
+def test_validate_sets_its_thread_count_only_while_it_runs():
+    import torch
+
+    from perfmodel.validate import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
 
 
 def test_validate_refuses_bad_settings():
@@ -30,3 +44,5 @@ def test_validate_refuses_bad_settings():
         ValidateConfig(sizes=(1, 4))
     with pytest.raises(PerfkitError, match="cpu or cuda"):
         ValidateConfig(device="tpu")
+    with pytest.raises(PerfkitError, match="threads must be >= 1"):
+        ValidateConfig(threads=0)
