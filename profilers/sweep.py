@@ -159,11 +159,12 @@ class Sweeper:
 
     def row(self, bench: OpBenchmark, timing, reason: str, run_id: str, state: dict) -> dict:
         """The data-contract row of one measured (or skipped) benchmark."""
-        cfg = self.config
-        point = (bench.op, bench.phase, bench.batch, bench.seq_len, bench.candidates)
-        cost = op_cost(*point[:2], cfg.model, cfg.dtype, *point[2:])
+        cfg, b = self.config, bench
+        cost = op_cost(b.op, b.phase, cfg.model, cfg.dtype, b.batch, b.seq_len, b.candidates)
         median = timing.median_s if timing else None
-        row = contract_fields(self.info.key, cfg.model.name, cfg.dtype, *point, cost, median, "measured", timing.noise if timing else None, run_id)
+        row = contract_fields(
+            self.info.key, cfg.model.name, cfg.dtype, b.op, b.phase, b.batch, b.seq_len, b.candidates, cost, median, "measured", timing.noise if timing else None, run_id
+        )
         row.update(
             status="ok" if timing else "skipped",
             reason=reason,
