@@ -207,14 +207,22 @@ def load_tree(text_or_file: str | Path) -> Tree:
     return Tree(tuple(tuple(p) if isinstance(p, (list, tuple)) else (p,) for p in paths))
 
 
-# The reference implementation's Vicuna-7B tree (63 nodes + root), from DESIGN section 5.
-VICUNA_7B_TREE = Tree(
-    (
-        (0,), (0, 0), (1,), (0, 1), (0, 0, 0), (1, 0), (2,), (0, 2), (0, 0, 1), (0, 3), (3,), (0, 1, 0), (2, 0),
-        (4,), (0, 0, 2), (0, 4), (1, 1), (1, 0, 0), (0, 0, 0, 0), (5,), (0, 0, 3), (0, 5), (0, 2, 0), (3, 0),
-        (0, 1, 1), (0, 6), (6,), (0, 7), (0, 0, 4), (4, 0), (1, 2), (0, 8), (7,), (0, 3, 0), (0, 0, 0, 1),
-        (0, 0, 5), (2, 1), (0, 0, 6), (1, 0, 1), (0, 0, 1, 0), (2, 0, 0), (5, 0), (0, 9), (0, 1, 2), (8,),
-        (0, 4, 0), (0, 2, 1), (1, 3), (0, 0, 7), (0, 0, 0, 2), (0, 0, 8), (1, 1, 0), (0, 1, 0, 0), (6, 0),
-        (9,), (0, 1, 3), (0, 0, 0, 3), (1, 0, 2), (0, 5, 0), (3, 1), (0, 0, 2, 0), (7, 0), (1, 4),
-    )  # fmt: skip
-)
+# The reference implementation's Vicuna-7B stage-2 tree (63 nodes + root, DESIGN section 5), in its order:
+# the greedy construction's, most valuable node first, so every prefix is itself a tree.
+VICUNA_7B_ORDER: tuple[TreePath, ...] = (
+    (0,), (0, 0), (1,), (0, 1), (0, 0, 0), (1, 0), (2,), (0, 2), (0, 0, 1), (0, 3), (3,), (0, 1, 0), (2, 0),
+    (4,), (0, 0, 2), (0, 4), (1, 1), (1, 0, 0), (0, 0, 0, 0), (5,), (0, 0, 3), (0, 5), (0, 2, 0), (3, 0),
+    (0, 1, 1), (0, 6), (6,), (0, 7), (0, 0, 4), (4, 0), (1, 2), (0, 8), (7,), (0, 3, 0), (0, 0, 0, 1),
+    (0, 0, 5), (2, 1), (0, 0, 6), (1, 0, 1), (0, 0, 1, 0), (2, 0, 0), (5, 0), (0, 9), (0, 1, 2), (8,),
+    (0, 4, 0), (0, 2, 1), (1, 3), (0, 0, 7), (0, 0, 0, 2), (0, 0, 8), (1, 1, 0), (0, 1, 0, 0), (6, 0),
+    (9,), (0, 1, 3), (0, 0, 0, 3), (1, 0, 2), (0, 5, 0), (3, 1), (0, 0, 2, 0), (7, 0), (1, 4),
+)  # fmt: skip
+VICUNA_7B_TREE = Tree(VICUNA_7B_ORDER)
+
+
+def vicuna_7b_prefix(nodes: int) -> Tree:
+    """The first `nodes` nodes of the Vicuna-7B tree: the reference's own best tree of
+    that size (at most 63 nodes)."""
+    if not 0 < nodes <= len(VICUNA_7B_ORDER):
+        raise PerfkitError(f"the Vicuna-7B tree has 1..{len(VICUNA_7B_ORDER)} nodes, asked for {nodes}")
+    return Tree(VICUNA_7B_ORDER[:nodes])

@@ -197,6 +197,8 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
     table["ops_only_speedup"] = table["predicted_acceptance"] / (ops_tree / ops_plain)
     table["error"] = (table["predicted_speedup"] - table["measured_speedup"]) / table["measured_speedup"]
     table["batch"], table["context"] = config.batch, config.context
+    # Which device and model the comparison describes, so reports can match it to theirs.
+    table["device"], table["model"], table["dtype"] = rows["device"].iloc[0], model.name, dtype
     phases = table[[c for c in table.columns if c.endswith("_s") and c.split("_", 1)[1][:-2] in DECODER_PHASE_OPS]]
     table = table[table["tree_size"] > 1].reset_index(drop=True)
     summary = {
@@ -210,7 +212,7 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
         "phases": phases.assign(tree_size=sizes),
     }
     columns = [
-        "tree_size", "batch", "context", "predicted_acceptance", "measured_acceptance", "predicted_step_s", "measured_step_s",
+        "device", "model", "dtype", "tree_size", "batch", "context", "predicted_acceptance", "measured_acceptance", "predicted_step_s", "measured_step_s",
         "ops_step_s", "predicted_speedup", "measured_speedup", "error", "ops_only_speedup", "lossless", *phases.columns,
     ]  # fmt: skip
     return table[columns], rows, summary

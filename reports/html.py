@@ -23,6 +23,9 @@ figcaption { color: #555; font-size: 13px; }
 .tag { display: inline-block; padding: 0 6px; border-radius: 3px; font-size: 12px; color: #fff; }
 .predicted { background: #6c7a89; } .measured { background: #1e7d32; }
 details { margin: .3em 0 1em; } summary { cursor: pointer; color: #0b5394; }
+nav { background: #f7f7f7; border: 1px solid #e3e3e3; padding: .4em 1em; font-size: 14px; }
+nav ol { margin: .3em 0; } pre { background: #f7f7f7; padding: .5em; white-space: pre-wrap; font-size: 12px; }
+.note { color: #555; font-size: 14px; }
 """
 
 
@@ -37,16 +40,31 @@ def png_data_uri(png: bytes) -> str:
 class Page:
     """Accumulates escaped HTML fragments in order; `render` returns the whole document."""
 
-    def __init__(self, title: str):
+    def __init__(self, title: str, contents: bool = False):
         self.title = title
         self.parts: list[str] = []
+        self.sections: list[tuple[str, str]] = []  # (anchor, text) of each level-2 heading
+        self.contents = contents
 
     def heading(self, text: str, level: int = 2) -> Page:
-        self.parts.append(f"<h{level}>{esc(text)}</h{level}>")
+        anchor = f"s{len(self.sections) + 1}"
+        if level == 2:
+            self.sections.append((anchor, text))
+        id_attr = f' id="{anchor}"' if level == 2 else ""
+        self.parts.append(f"<h{level}{id_attr}>{esc(text)}</h{level}>")
         return self
 
-    def paragraph(self, text: str) -> Page:
-        self.parts.append(f"<p>{esc(text)}</p>")
+    def paragraph(self, text: str, note: bool = False) -> Page:
+        self.parts.append(f'<p class="note">{esc(text)}</p>' if note else f"<p>{esc(text)}</p>")
+        return self
+
+    def bullets(self, items: list[str]) -> Page:
+        self.parts.append("<ul>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>")
+        return self
+
+    def preformatted(self, text: str, summary: str | None = None) -> Page:
+        block = f"<pre>{esc(text)}</pre>"
+        self.parts.append(f"<details><summary>{esc(summary)}</summary>{block}</details>" if summary else block)
         return self
 
     def tag(self, source: str) -> str:
@@ -74,10 +92,14 @@ class Page:
         return self
 
     def render(self) -> str:
+        nav = ""
+        if self.contents and self.sections:
+            items = "".join(f'<li><a href="#{a}">{esc(t)}</a></li>' for a, t in self.sections)
+            nav = f"<nav><strong>Contents</strong><ol>{items}</ol></nav>"
         return (
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f"<title>{esc(self.title)}</title><style>{STYLE}</style></head><body>"
-            f"<h1>{esc(self.title)}</h1>{''.join(self.parts)}</body></html>\n"
+            f"<h1>{esc(self.title)}</h1>{nav}{''.join(self.parts)}</body></html>\n"
         )
 
     def write(self, path: str | Path) -> Path:

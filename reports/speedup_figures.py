@@ -50,7 +50,7 @@ def _star(ax, x, y, color) -> None:
     ax.plot([x], [y], marker="*", ms=15, color=color, mec="black", mew=0.7, ls="", zorder=5)
 
 
-def _header(fig: Figure, title: str, subtitle: str) -> float:
+def header(fig: Figure, title: str, subtitle: str) -> float:
     """Title and a wrapped subtitle above the panels; returns the panels' top (figure fraction)."""
     width, height = fig.get_size_inches()
     lines = textwrap.wrap(subtitle, int(width * 15))  # about 15 characters per inch at 8.5 pt
@@ -96,7 +96,7 @@ def candidates_figure(table: pd.DataFrame, title: str, subtitle: str) -> Figure:
     right.set_title("acceptance grows as ln n; overhead turns up once compute-bound", fontsize=11, y=1.01)
     right.grid(True, alpha=0.3)
     right.legend(loc="upper left", fontsize=9)
-    fig.subplots_adjust(left=0.06, right=0.985, top=_header(fig, title, subtitle), bottom=0.1, wspace=0.2)
+    fig.subplots_adjust(left=0.06, right=0.985, top=header(fig, title, subtitle), bottom=0.1, wspace=0.2)
     return fig
 
 
@@ -139,7 +139,7 @@ def sweep_figure(table: pd.DataFrame, line_by: str, title: str, subtitle: str) -
     _speedup_axes(summary, f"best speedup per {short} (label: best tree size n)")
     summary.set_ylim(0, max(best["speedup"].max(), 1.0) * 1.18)
     summary.legend(handles=summary.get_legend_handles_labels()[0] + _marker_handles()[-1:], loc="lower left", fontsize=9)
-    fig.subplots_adjust(left=0.045, right=0.99, top=_header(fig, title, subtitle), bottom=0.1, wspace=0.2)
+    fig.subplots_adjust(left=0.045, right=0.99, top=header(fig, title, subtitle), bottom=0.1, wspace=0.2)
     return fig
 
 
@@ -161,5 +161,30 @@ def draft_figure(draft: pd.DataFrame, medusa: dict[str, float], title: str, subt
     ax.set_ylim(0, max(draft["improvement"].max(), *medusa.values(), 1.0) * 1.15)
     handles = ax.get_legend_handles_labels()[0] + _marker_handles()
     ax.legend(handles=handles, loc="lower right", fontsize=8.5, ncol=2)
-    fig.subplots_adjust(left=0.07, right=0.98, top=_header(fig, title, subtitle), bottom=0.1)
+    fig.subplots_adjust(left=0.07, right=0.98, top=header(fig, title, subtitle), bottom=0.1)
+    return fig
+
+
+def closed_loop_figure(table: pd.DataFrame, title: str, subtitle: str) -> Figure:
+    """perfmodel.validate's comparison: measured and predicted speedup per tree size (error
+    labelled), and the acceptance behind them."""
+    table = table.sort_values("tree_size")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 5.4))
+    left.plot(table["tree_size"], table["predicted_speedup"], "-", color=STEP_COLORS["paper"], lw=2, label="predicted (measured operators + host overhead)")
+    left.plot(table["tree_size"], table["measured_speedup"], "o", color="black", ms=7, label="measured (reference decoder, tokens/s ratio)")
+    for row in table.itertuples():
+        left.annotate(f"{row.error:+.1%}", (row.tree_size, max(row.predicted_speedup, row.measured_speedup)), xytext=(0, 8), textcoords="offset points", ha="center", fontsize=8)
+    right.plot(table["tree_size"], table["predicted_acceptance"], "-", color="#2a8c3c", lw=2, label="predicted (from head accuracies)")
+    right.plot(table["tree_size"], table["measured_acceptance"], "o", color="black", ms=7, label="measured")
+    for ax in (left, right):
+        _log2_axis(ax, table["tree_size"], SIZE_LABEL)
+        ax.grid(True, alpha=0.3)
+    _speedup_axes(left, "speedup (label: error of the prediction)", "speedup (x plain decoding)")
+    left.set_ylim(0, max(table["predicted_speedup"].max(), table["measured_speedup"].max(), 1.0) * 1.2)
+    left.legend(handles=left.get_legend_handles_labels()[0] + _marker_handles()[-1:], loc="lower left", fontsize=8.5)
+    right.set_ylim(0, table[["predicted_acceptance", "measured_acceptance"]].max().max() * 1.15)
+    right.set_ylabel("accepted tokens per step")
+    right.set_title("acceptance per step", fontsize=11, y=1.01)
+    right.legend(loc="lower right", fontsize=8.5)
+    fig.subplots_adjust(left=0.06, right=0.985, top=header(fig, title, subtitle), bottom=0.1, wspace=0.2)
     return fig

@@ -1,0 +1,110 @@
+"""What a report reads besides the device and model: the acceptance behind its speedups
+and the closed-loop comparisons (perfmodel.validate) of its device and model.
+
+Acceptance, in order: `--acceptance FILE` (a decoder.measure record), else the record a
+checkpoint folder carries (acceptance-*.json beside its weights), else the Medusa paper's
+acc(n) = 0.477 ln n for Vicuna-7B. Closed-loop files, in order: `--validation FILE`, else
+those shipped in profilers/measurements/<device>/closed-loop/ for the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.acceptance import PAPER_ACCEPTANCE, HeadAccuracyAcceptance, load_acceptance_record
+from perfmodel.errors import PerfkitError
+from perfmodel.speedup import AcceptanceChoice, choose_acceptance
+from perfmodel.trees import VICUNA_7B_ORDER, Tree, vicuna_7b_prefix
+
+VALIDATION_COLUMNS = ("device", "model", "tree_size", "batch", "context", "predicted_acceptance", "measured_acceptance", "predicted_speedup", "measured_speedup", "error")
+
+
+@dataclass(frozen=True)
+class ReportAcceptance:
+    choice: AcceptanceChoice  # what the speedups use
+    record: dict | None  # the measured record behind it, if any
+    record_path: Path | None
+
+    @property
+    def measured(self) -> bool:
+        return self.record is not None
+
+
+def checkpoint_record(model: str) -> Path | None:
+    """A checkpoint folder's own acceptance record (greedy preferred: it is lossless)."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return None
+    records = sorted(folder.glob("acceptance-*.json"), key=lambda p: (p.name != "acceptance-greedy.json", p.name))
+    return records[0] if records else None
+
+
+def report_acceptance(acceptance: str | None, model: str) -> ReportAcceptance:
+    if acceptance == "paper":
+        path = None
+    elif acceptance:
+        path = Path(acceptance)
+    else:
+        path = checkpoint_record(model)
+    if path is None:
+        return ReportAcceptance(AcceptanceChoice(PAPER_ACCEPTANCE, PAPER_ACCEPTANCE.describe()), None, None)
+    return ReportAcceptance(choose_acceptance(str(path)), load_acceptance_record(path), path)
+
+
+@dataclass(frozen=True)
+class RecommendedTree:
+    tree: Tree
+    accuracy: np.ndarray | None  # head accuracies that shaped it (None: the reference's own order)
+    wanted: int  # the tree size the speedup model asked for
+    note: str
+
+
+def recommended_tree(size: int, acceptance: ReportAcceptance) -> RecommendedTree | None:
+    """The tree of `size` tokens: from measured head accuracies when there are some, else
+    the reference Vicuna-7B tree's own order (its first n-1 nodes), at most its 64 tokens."""
+    if size <= 1:
+        return None
+    heads = acceptance.choice.trees
+    if isinstance(heads, HeadAccuracyAcceptance):
+        tree = heads.tree(size)
+        note = f"The greedy tree of {size} tokens built from the record's measured head accuracies (paper section 2.3.3); colour = each node's predicted acceptance probability."
+        return RecommendedTree(tree, heads.accuracy, size, note)
+    nodes = min(size - 1, len(VICUNA_7B_ORDER))
+    note = (
+        f"No measured head accuracies: the first {nodes} nodes of the reference implementation's Vicuna-7B tree, "
+        "which lists its nodes most valuable first."
+    )
+    if size - 1 > nodes:
+        note += (
+            f" The speedup model's optimum is {size} tokens, beyond the 64 tokens of that tree: its log acceptance curve keeps "
+            "growing with n, real heads saturate. Measure head accuracies (python -m decoder.measure) and pass --acceptance FILE to shape a larger tree."
+        )
+    return RecommendedTree(vicuna_7b_prefix(nodes), None, size, note)
+
+
+def shipped_validations(device_key: str) -> list[Path]:
+    from profilers.store import MEASUREMENTS_DIR
+
+    return sorted((MEASUREMENTS_DIR / device_key / "closed-loop").glob("*.csv"))
+
+
+def load_validation(paths: list[Path], device_key: str, model_name: str) -> pd.DataFrame:
+    """The closed-loop rows of `paths` that describe this device and model."""
+    frames = []
+    for path in paths:
+        try:
+            table = pd.read_csv(path)
+        except (OSError, ValueError) as exc:
+            raise PerfkitError(f"{path}: cannot read a perfmodel.validate CSV ({exc})") from None
+        missing = [c for c in VALIDATION_COLUMNS if c not in table.columns]
+        if missing:
+            raise PerfkitError(f"{path}: not a perfmodel.validate --csv file (missing {', '.join(missing)})")
+        frames.append(table.assign(file=path.name))
+    if not frames:
+        return pd.DataFrame(columns=[*VALIDATION_COLUMNS, "file"])
+    table = pd.concat(frames, ignore_index=True)
+    return table[(table["device"] == device_key) & (table["model"] == model_name)].reset_index(drop=True)
