@@ -4,13 +4,19 @@ device serves, with plain decoding and with the best Medusa tree (perfmodel.plan
 from __future__ import annotations
 
 # roofline_figures selects the file-only backend before pyplot is imported.
-from reports.roofline_figures import PLAIN, _level_colors
+from reports.roofline_figures import PLAIN
 from reports.speedup_figures import _log2_axis, header
 
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullLocator
+
+
+def device_colors(devices) -> dict:
+    """Devices are categories, not levels: a qualitative palette keeps every line visible."""
+    palette = plt.get_cmap("tab10").colors
+    return {d: palette[i % len(palette)] for i, d in enumerate(dict.fromkeys(devices))}
 
 
 def plain_per_token_ms(bands: pd.DataFrame) -> pd.Series:
@@ -22,7 +28,7 @@ def capacity_figure(bands: pd.DataFrame, title: str, subtitle: str, latency_targ
     """Per-token latency and aggregate tokens/s against batch, one colour per device; solid
     with the best tree (its size labelled), dotted plain decoding."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 5.6))
-    colors = _level_colors(bands["device"]) if bands["device"].nunique() > 1 else {bands["device"].iloc[0]: "#1f5fa8"}
+    colors = device_colors(bands["device"])
     for device, rows in bands.groupby("device", sort=False):
         rows = rows.sort_values("batch")
         color = colors[device]

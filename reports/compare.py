@@ -178,7 +178,7 @@ def compare(config: CompareConfig, log=print) -> Comparison:
         page.table(best_per_batch(sims))
         figure("compare-speedup", "predicted: speedup vs tree size at batch 1, and the best speedup per batch.")
         page.heading("Capacity planning")
-        page.preformatted("\n\n".join([*(p.summary() for p in plans), *unplanned]))
+        page.preformatted(capacity_summary(plans, unplanned))
         columns = ["device", "max_batch", "batch", "tree", "per_token_ms", "user_tokens_s", "total_tokens_s", "meets_latency", "devices_needed"]
         page.table(planned_devices[columns])
         figure("compare-capacity", "predicted: per-token latency and throughput per batch for every device.")
@@ -194,3 +194,14 @@ def compare(config: CompareConfig, log=print) -> Comparison:
         result.lines.append(f"{key}: plain step {plain_ms:.2f} ms at b=1, s={CONTEXT}; {tree}; {stop} (predicted)")
     log(f"  {len(result.figures)} figures, compare.html in {config.out}/ ({time.perf_counter() - started:.1f} s)")
     return result
+
+
+def capacity_summary(plans, unplanned: list[str]) -> str:
+    """The workload once, then a paragraph per device (each planned with its own latency
+    parameters), the devices that cannot hold the model, and the overall answer."""
+    from perfmodel.plan import device_paragraph, overall
+
+    header = plans[0].summary().split("\n\n")[0]
+    paragraphs = [device_paragraph(row, p.bands[p.bands["device"] == row.device], p.workload) for p in plans for row in p.devices.itertuples()]
+    devices = pd.concat([p.devices for p in plans], ignore_index=True)
+    return "\n\n".join([header, *paragraphs, *unplanned, overall(devices, plans[0].workload)])

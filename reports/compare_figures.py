@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 # roofline_figures selects the file-only backend before pyplot is imported.
-from reports.roofline_figures import PLAIN, Ceiling, _level_colors
+from reports.roofline_figures import PLAIN, Ceiling
+from reports.capacity_figures import device_colors
 from reports.speedup_figures import SIZE_LABEL, _log2_axis, _marker_handles, _speedup_axes, _star, header
 
 import matplotlib.pyplot as plt
@@ -11,10 +12,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
-
-
-def device_colors(devices) -> dict:
-    return _level_colors(list(dict.fromkeys(devices))) if len(set(devices)) > 1 else {d: "#1f5fa8" for d in devices}
 
 
 def ceilings_figure(ceilings: dict[str, list[Ceiling]], title: str, subtitle: str) -> Figure:
