@@ -72,7 +72,7 @@ def acceptance_curve(ax, measured: list[tuple[int, float]], curves: dict[str, tu
     ax.set_ylim(bottom=0)
     ax.set_title("acceptance vs tree size", fontsize=11, y=1.01)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8.5, loc="upper left")
+    ax.legend(fontsize=8, loc="lower right")  # the curves rise to the right: that corner stays empty
 
 
 def acceptance_figure(record: dict | None, curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str) -> Figure:
@@ -130,7 +130,7 @@ def tree_figure(tree: Tree, accuracy: np.ndarray | None, title: str, subtitle: s
     if accuracy is not None:
         values = np.array([1.0] + [path_value(p, accuracy) for p in tree.paths])
         nodes = ax.scatter(x, y, c=values * 100, cmap="viridis", vmin=0, vmax=100, s=150, edgecolors="black", linewidths=0.5, zorder=2)
-        fig.colorbar(nodes, ax=ax, fraction=0.03, pad=0.01, label="P(node accepted), predicted (%)")
+        fig.colorbar(nodes, ax=ax, fraction=0.03, pad=0.01, label="P(accepted), predicted (%)")
     else:
         ax.scatter(x, y, color="#9ecae1", s=150, edgecolors="black", linewidths=0.5, zorder=2)
     dark = values < 0.5 if accuracy is not None else np.zeros(len(x), dtype=bool)
