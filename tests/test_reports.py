@@ -167,3 +167,17 @@ def test_report_renders_in_a_real_browser(a100, bundled_cpu, tmp_path):
         shot = np.asarray(Image.open(screenshot(page, tmp_path / f"{folder.name}.png")).convert("L"), dtype=float)
         # the top of the page: title, contents, device table, text; not a blank window
         assert (shot < 128).mean() > 0.02 and shot.std() > 20
+
+
+def test_recommended_tree_comes_from_head_accuracies_when_measured():
+    from perfmodel.trees import greedy_tree, vicuna_7b_prefix
+    from reports.sources import recommended_tree, report_acceptance
+
+    measured = report_acceptance(None, str(BUNDLED))  # the checkpoint's own record
+    tree = recommended_tree(11, measured)
+    assert tree.tree == greedy_tree(measured.record["head_topk_accuracy"], 10) and tree.accuracy is not None
+    paper = report_acceptance("paper", str(BUNDLED))
+    assert recommended_tree(16, paper).tree == vicuna_7b_prefix(15)
+    capped = recommended_tree(160, paper)
+    assert capped.tree.size == 64 and "optimum is 160 tokens" in capped.note
+    assert recommended_tree(1, paper) is None

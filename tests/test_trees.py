@@ -71,3 +71,13 @@ def test_engine_formats_round_trip():
 def test_bad_accuracy():
     with pytest.raises(PerfkitError, match="probabilities"):
         optimal_tree([[1.5, 0.1]], 3)
+
+
+def test_every_prefix_of_the_vicuna_tree_is_a_tree():
+    from perfmodel.trees import VICUNA_7B_ORDER, VICUNA_7B_TREE, vicuna_7b_prefix
+
+    sizes = [vicuna_7b_prefix(n).size for n in range(1, len(VICUNA_7B_ORDER) + 1)]
+    assert sizes == list(range(2, 65))
+    assert vicuna_7b_prefix(63) == VICUNA_7B_TREE
+    with pytest.raises(PerfkitError, match="1..63 nodes, asked for 64"):
+        vicuna_7b_prefix(64)

@@ -16,6 +16,10 @@ def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsy
     for column in ("predicted_speedup", "measured_speedup", "predicted_acceptance", "measured_acceptance", "error"):
         assert df[column].notna().all()
     assert (df["measured_speedup"] > 0).all() and df["lossless"].all()
+    # reports match a closed-loop file to their device and model by these columns
+    from profilers.device import this_cpu_key
+
+    assert set(df["device"]) == {this_cpu_key()} and set(df["model"]) == {"bundled"} and set(df["dtype"]) == {"fp32"}
     # Acceptance predicted from head accuracies measured on the plain run, never from Medusa runs.
     assert (df["predicted_acceptance"] > 1).all()
     ops = pd.read_csv(tmp_path / "ops.csv")
