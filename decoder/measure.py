@@ -114,17 +114,23 @@ def measure(args) -> dict:
     # Warm-up: the first calls of every kernel are slow; none of this is timed.
     decoder.generate(prompts[: args.batch], 8, **run_kwargs)
     decoder.generate(prompts[: args.batch], 8, tree=greedy_tree(np.full((len(ckpt.heads), TOPK), 0.5), 8), **run_kwargs)
-    baseline = decode_batches(decoder, prompts, args.batch, args.new_tokens, **run_kwargs)
-    accuracy = head_accuracy(decoder, prompts, baseline.tokens)
+    # The head accuracies choose the trees, so a first plain pass (not timed) comes before the runs compared.
+    accuracy = head_accuracy(decoder, prompts, decode_batches(decoder, prompts, args.batch, args.new_tokens, **run_kwargs).tokens)
     tree = resolve_tree(args.tree, ckpt, accuracy)
     nodes = args.dynamic if args.dynamic else 0
-    medusa = decode_batches(decoder, prompts, args.batch, args.new_tokens, tree=None if nodes else tree, dynamic_nodes=nodes, **run_kwargs)
+    wanted = sorted(set(args.sizes) | ({tree.size} if not nodes and tree == greedy_tree(accuracy, tree.size - 1) else set()))
+    sized_trees = {size: greedy_tree(accuracy, size - 1) for size in wanted}
+    # Every run timed in turn, prompt batch by prompt batch, so their tokens/s ratios see the same machine.
+    settings = {"plain": {}, "medusa": {"tree": None if nodes else tree, "dynamic_nodes": nodes}}
+    for size, sized in sized_trees.items():
+        if size > 1 and (nodes or sized != tree):
+            settings[f"size-{size}"] = {"tree": sized}
+    runs = decode_interleaved(decoder, prompts, args.batch, args.new_tokens, settings, args.rounds, **run_kwargs)
+    baseline, medusa = runs["plain"], runs["medusa"]
 
     sizes = []
-    wanted = sorted(set(args.sizes) | ({tree.size} if not nodes and tree == greedy_tree(accuracy, tree.size - 1) else set()))
-    for size in wanted:
-        sized = greedy_tree(accuracy, size - 1)
-        result = medusa if (not nodes and sized == tree) else decode_batches(decoder, prompts, args.batch, args.new_tokens, tree=sized, **run_kwargs)
+    for size, sized in sized_trees.items():
+        result = baseline if size == 1 else medusa if (not nodes and sized == tree) else runs[f"size-{size}"]
         sizes.append(
             {
                 "tree_size": size,
@@ -160,6 +166,8 @@ def measure(args) -> dict:
         "step_time_split_fraction": {p: round(medusa.times[p] / step_time, 4) for p in PHASES},
         "lossless": (medusa.tokens == baseline.tokens) if acceptance.scheme == "greedy" else None,
         "eos_token_id": eos,
+        "rounds": args.rounds,
+        "timing": "interleaved: plain and every tree in turn on each batch of prompts",
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
@@ -179,6 +187,7 @@ def build_parser() -> Parser:
     p.add_argument("--prompt-len", type=positive_int, default=64, help="tokens per prompt (default %(default)s)")
     p.add_argument("--new-tokens", type=positive_int, default=96, help="tokens to generate per prompt (default %(default)s)")
     p.add_argument("--sizes", type=positive_int, nargs="+", default=list(DEFAULT_SIZES), metavar="Q", help="tree sizes (root + nodes) for the acceptance curve (default 1 4 16 64)")
+    p.add_argument("--rounds", type=positive_int, default=1, help="times every run goes over the prompts, interleaved (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True, metavar="FILE.json")
     return p
