@@ -18,11 +18,12 @@ from decoder.heads import MedusaHeads
 from decoder.model import LlamaConfig, Transformer
 from perfmodel.errors import PerfkitError
 from perfmodel.jsonfile import read_json
+from perfmodel.models import BUNDLED_MODEL, resolve_model_path
 from perfmodel.trees import Tree, load_tree
 
 HEADS_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 TREE_FILE = "medusa_tree.json"
-BUNDLED = Path(__file__).parent / "assets" / "bundled"
+BUNDLED = BUNDLED_MODEL
 
 
 @dataclass
@@ -56,7 +57,7 @@ def _load_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def resolve_folder(model: str | Path) -> Path:
-    folder = BUNDLED if str(model) == "bundled" else Path(model)
+    folder = resolve_model_path(model) or Path(model)
     if not folder.is_dir():
         hint = " (the bundled model is made by `python -m decoder.train`)" if str(model) == "bundled" else ""
         raise PerfkitError(f"model folder {folder} does not exist{hint}")

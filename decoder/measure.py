@@ -179,17 +179,17 @@ def build_parser() -> Parser:
     p.add_argument("--model", default="bundled", metavar="DIR|bundled", help="checkpoint folder (default: the bundled model)")
     p.add_argument("--heads", metavar="DIR", help="Medusa heads folder, when apart from the model")
     p.add_argument("--tree", default="default", metavar="NAME|FILE", help=TREE_NAMES)
-    p.add_argument("--acceptance", choices=SCHEMES, default="greedy")
+    p.add_argument("--acceptance", choices=SCHEMES, default="greedy", help="acceptance scheme: greedy (lossless), typical or rejection (default %(default)s)")
     p.add_argument("--temperature", type=float, default=0.7, help="for typical and rejection (default %(default)s)")
     p.add_argument("--dynamic", type=positive_int, nargs="?", const=48, metavar="N", help="dynamic tree of N nodes per step (default N 48)")
-    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--batch", type=positive_int, default=1, metavar="B", help="prompts decoded together, each accepting its own tokens per step (default %(default)s)")
     p.add_argument("--prompts", type=positive_int, default=16, help="held-out prompts (default %(default)s)")
     p.add_argument("--prompt-len", type=positive_int, default=64, help="tokens per prompt (default %(default)s)")
     p.add_argument("--new-tokens", type=positive_int, default=96, help="tokens to generate per prompt (default %(default)s)")
     p.add_argument("--sizes", type=positive_int, nargs="+", default=list(DEFAULT_SIZES), metavar="Q", help="tree sizes (root + nodes) for the acceptance curve (default 1 4 16 64)")
     p.add_argument("--rounds", type=positive_int, default=1, help="times every run goes over the prompts, interleaved (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True, metavar="FILE.json")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed for prompt choice and sampling (default %(default)s)")
+    p.add_argument("--out", type=Path, required=True, metavar="FILE.json", help="where to write the acceptance record (JSON)")
     return p
 
 

@@ -267,11 +267,16 @@ def build(config: TrainConfig, out: Path, work: Path, log=print) -> dict:
     return card
 
 
+DEFAULT_OUT = Path("perf-reports") / "trained"
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=BUNDLED, help="checkpoint folder to write (default: the bundled model's, %(default)s)")
-    p.add_argument("--work", type=Path, default=Path("perf-reports") / "train-work", help="intermediate results, for resuming (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR", help="checkpoint folder to write (default %(default)s)")
+    target.add_argument("--install", action="store_true", help=f"replace the bundled model ({BUNDLED}) with the one trained")
+    p.add_argument("--work", type=Path, default=Path("perf-reports") / "train-work", metavar="DIR", help="intermediate results, for resuming (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed of data order and initial weights (default %(default)s)")
     p.add_argument("--steps", type=positive_int, help="backbone training steps (default 2000; 16 x 256 tokens each)")
     p.add_argument("--quick", action="store_true", help="a tiny model on 30 files in about a minute, to try the pipeline")
     return p
@@ -281,9 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = QUICK if args.quick else TrainConfig()
     config = dataclasses.replace(config, seed=args.seed, **({"steps": args.steps} if args.steps else {}))
+    out = BUNDLED if args.install else args.out
     started = time.perf_counter()
-    card = build(config, args.out, args.work)
-    print(f"wrote {args.out} ({card['assets_bytes'] / 1e6:.1f} MB) in {time.perf_counter() - started:.0f} s")
+    card = build(config, out, args.work)
+    print(f"wrote {out} ({card['assets_bytes'] / 1e6:.1f} MB) in {time.perf_counter() - started:.0f} s")
+    if not args.install:
+        print(f"use it with --model {out}; --install puts it in place of the bundled model")
     return 0
 
 

@@ -64,6 +64,10 @@ class LogAcceptance:
     def __call__(self, n) -> np.ndarray:
         return np.maximum(1.0, self.a + self.b * np.log(check_sizes(n)))
 
+    def clamped_below(self) -> float:
+        """The tree size under which a + b ln(n) < 1, where the curve is held at 1 (1 if never)."""
+        return float(np.exp((1.0 - self.a) / self.b)) if self.b > 0 and self.a < 1 else 1.0
+
     def describe(self) -> str:
         text = f"acc(n) = {self.a:.3f} + {self.b:.3f} ln(n)" if self.a else f"acc(n) = {self.b:.3f} ln(n)"
         return f"{text} ({self.label}; {self.error})" if self.error else f"{text} ({self.label})"
@@ -105,6 +109,8 @@ class HeadAccuracyAcceptance:
     exact: bool = False
     label: str = "head-accuracy model"
     error: FitError | None = None
+    # tokens per step by tree size: each size builds a tree, too slow to redo per configuration
+    _known: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         acc = np.asarray(self.accuracy, dtype=float)
@@ -118,7 +124,9 @@ class HeadAccuracyAcceptance:
 
     def __call__(self, n) -> np.ndarray:
         n = check_sizes(n)
-        flat = [expected_acceptance(self.tree(int(x)), self.accuracy) for x in np.ravel(n)]
+        for size in {int(x) for x in np.ravel(n)} - self._known.keys():
+            self._known[size] = expected_acceptance(self.tree(size), self.accuracy)
+        flat = [self._known[int(x)] for x in np.ravel(n)]
         return np.asarray(flat, dtype=float).reshape(np.shape(n))
 
     def checked_against(self, sizes, tokens_per_step) -> HeadAccuracyAcceptance:
@@ -162,6 +170,12 @@ def load_acceptance_record(path) -> dict:
         if key not in record:
             raise PerfkitError(f"{path}: missing {key!r}; write it with python -m decoder.measure")
     return record
+
+
+def closer_to_record(log: LogAcceptance, heads: HeadAccuracyAcceptance):
+    """Of a record's two models, the one with the smaller mean error against its measured
+    tokens per step: the one every prediction from that record uses."""
+    return heads if heads.error.mean_abs_pct < log.error.mean_abs_pct else log
 
 
 def models_from_record(record: dict) -> tuple[LogAcceptance, HeadAccuracyAcceptance]:

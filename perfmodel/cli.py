@@ -36,3 +36,12 @@ def run(main: Callable[[list[str] | None], int | None], argv: list[str] | None =
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def flops_text(flops_per_s: float, unit: str = "FLOP/s") -> str:
+    """A rate with three significant digits in the unit that keeps them: a CPU's 0.0017
+    TFLOP/s reads 1.70 GFLOP/s, not 0.00 TFLOP/s."""
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if flops_per_s >= scale:
+            return f"{flops_per_s / scale:.3g} {prefix}{unit}"
+    return f"{flops_per_s / 1e3:.3g} k{unit}"

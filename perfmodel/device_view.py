@@ -26,9 +26,17 @@ class DeviceView:
     ceilings: dict | None = None  # the newest measured ceilings (profilers.ceilings.Ceilings as dict)
     sources: tuple[Path, ...] = field(default_factory=tuple)  # measurement files behind them
     is_cpu: bool = False
+    stand_in_for: str | None = None  # this machine's CPU key, when another CPU's stored data stands in for it
 
     def models(self) -> list[str]:
         return sorted(set(self.measured["model"])) if self.measured is not None and len(self.measured) else []
+
+
+def gemv_bandwidth_gb_s(ceilings: dict) -> float:
+    """What decode-time linears (matrix-vector products) stream at: the measured read
+    stream where there is one, else the best measured bandwidth."""
+    measured = ceilings["bandwidth_gb_s"]
+    return measured.get("read") or max(measured.values())
 
 
 def is_cpu_name(name: str | None) -> bool:
@@ -47,22 +55,58 @@ def load_sources(paths: list[Path], device: str | None = None) -> tuple[pd.DataF
     return rows, newest
 
 
-def cpu_view(name: str, paths: list[Path]) -> DeviceView:
+MEASURE_COMMAND = "python -m perfmodel.roofline --gpu cpu --measure"
+
+
+def stand_in_key(key: str, stored: list[str]) -> str | None:
+    """The stored CPU closest to `key`: the same core count first, then the same vendor."""
+    cpus = [k for k in stored if is_cpu_name(k) and k != key]
+    if not cpus:
+        return None
+    cores, vendor = key.rsplit("-", 1)[-1], key.split("-")[1] if key.count("-") > 1 else ""
+    return min(cpus, key=lambda k: (k.rsplit("-", 1)[-1] != cores, k.split("-")[1] != vendor, k))
+
+
+def cpu_view(name: str, paths: list[Path], log=print) -> DeviceView:
+    """This machine's CPU (`cpu`) or a named stored one (`cpu-...`), from its measured ceilings.
+
+    `cpu` with nothing stored for this machine falls back to the closest stored CPU, says
+    so on `log`, and marks the view `stand_in_for` this machine."""
     from profilers.ceilings import Ceilings, ceilings_spec
-    from profilers.store import stored_sweeps
+    from profilers.store import stored_devices, stored_sweeps
 
     key = device_key(name, None)
-    paths = paths or stored_sweeps(key)
+    stand_in = None
     if not paths:
-        raise PerfkitError(f"no measurements of {key} are stored; run with --measure (a few minutes) or pass --measurements FILE")
+        paths = stored_sweeps(key)
+    if not paths:
+        stored = stored_devices()
+        other = stand_in_key(key, stored) if normalize_name(name) == "cpu" else None
+        if other is None:
+            cpus = [k for k in stored if is_cpu_name(k)]
+            have = f"stored CPUs: {', '.join(cpus)} (use --gpu NAME)" if cpus else "no CPU measurements are stored"
+            raise PerfkitError(
+                f"no measurements of {key} are stored; {have}. Measure this machine (a few minutes): {MEASURE_COMMAND}, "
+                "or --measure on python -m reports build; or pass --measurements FILE"
+            )
+        log(f"note: this machine's CPU ({key}) has no stored measurements: showing {other}'s, measured on another machine. "
+            f"To measure this one (a few minutes): {MEASURE_COMMAND}")  # fmt: skip
+        key, stand_in, paths = other, key, stored_sweeps(other)
     rows, run = load_sources(paths, key)
     if run is None:
         raise PerfkitError(f"the measurements of {key} carry no ceilings; rerun the sweep without --no-ceilings")
     ceilings = Ceilings.from_dict(run["ceilings"])
     spec = ceilings_spec(ceilings, run["device"]["name"], run["device"]["memory_bytes"])
-    # Measured ceilings are already achievable: no derating on top of them.
-    params = RooflineParams(compute_efficiency=1.0, memory_efficiency=1.0, label="measured ceilings, no derating")
-    return DeviceView(spec, params, rows, run["ceilings"], tuple(paths), is_cpu=True)
+    return DeviceView(spec, cpu_params(ceilings), rows, run["ceilings"], tuple(paths), is_cpu=True, stand_in_for=stand_in)
+
+
+def cpu_params(ceilings) -> RooflineParams:
+    """Measured ceilings are already achievable: no derating on top of them. The per-kernel
+    overhead is the machine's measured floor where the ceilings carry one."""
+    if ceilings.kernel_overhead_us is None:
+        return RooflineParams(1.0, 1.0, label="measured ceilings, no derating; kernel overhead not measured with them (the default)")
+    overhead = ceilings.kernel_overhead_us * 1e-6
+    return RooflineParams(1.0, 1.0, overhead, label="measured ceilings and kernel overhead, no derating")
 
 
 def gpu_view(gpu: str | None, spec_file: str | Path | None, paths: list[Path]) -> DeviceView:
@@ -83,7 +127,7 @@ def device_key(gpu: str | None, spec_file: str | Path | None) -> str:
     return resolve_spec(gpu, spec_file).key
 
 
-def resolve_view(gpu: str | None, spec_file: str | Path | None, measurement_files: list[Path]) -> DeviceView:
+def resolve_view(gpu: str | None, spec_file: str | Path | None, measurement_files: list[Path], log=print) -> DeviceView:
     if is_cpu_name(gpu):
-        return cpu_view(gpu, measurement_files)
+        return cpu_view(gpu, measurement_files, log)
     return gpu_view(gpu, spec_file, measurement_files)

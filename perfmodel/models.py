@@ -11,6 +11,21 @@ from perfmodel.errors import PerfkitError
 from perfmodel.jsonfile import read_json
 
 DEFAULT_MEDUSA_HEADS = 4  # the reference Vicuna trees are 4 deep; a checkpoint's config overrides it
+TOOLKIT_ROOT = Path(__file__).resolve().parents[1]
+BUNDLED_MODEL = TOOLKIT_ROOT / "decoder" / "assets" / "bundled"  # trained by python -m decoder.train
+
+
+def resolve_model_path(text: str | Path) -> Path | None:
+    """The file or folder a model argument names, or None: `bundled`, a path from the
+    working folder, else the same path inside the toolkit's folder (so the README's
+    `decoder/assets/bundled` works from anywhere)."""
+    if str(text) == "bundled":
+        return BUNDLED_MODEL
+    path = Path(text).expanduser()
+    if path.exists():
+        return path
+    inside = TOOLKIT_ROOT / path
+    return inside if not path.is_absolute() and inside.exists() else None
 
 
 @dataclass(frozen=True)
@@ -110,9 +125,10 @@ def load_model(name_or_path: str | Path) -> ModelConfig:
     key = ALIASES.get(key, key)
     if key in PRESETS:
         return PRESETS[key]
-    if Path(text).exists():
-        return from_hf_config(text)
-    names = [*PRESETS, *ALIASES]
+    path = resolve_model_path(text)
+    if path is not None:
+        return from_hf_config(path)
+    names = [*PRESETS, *ALIASES, "bundled"]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
     hint = f"; closest match: {close[0]}" if close else ""
     raise PerfkitError(f"unknown model {text!r}; known models: {', '.join(names)}{hint} (or a path to a config.json)")

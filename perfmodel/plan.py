@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfmodel.acceptance import PAPER_ACCEPTANCE, load_acceptance_record, models_from_record
+from perfmodel.acceptance import PAPER_ACCEPTANCE, closer_to_record, load_acceptance_record, models_from_record
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.dtypes import DTYPES, check_dtype, element_bytes
 from perfmodel.errors import PerfkitError
@@ -161,8 +161,7 @@ def resolve_acceptance(acceptance):
     """A callable tree size -> tokens/step, or a decoder.measure JSON path (the better of
     its log fit and head-accuracy model against the record's measured tokens/step)."""
     if isinstance(acceptance, (str, Path)):
-        log, heads = models_from_record(load_acceptance_record(acceptance))
-        return min((log, heads), key=lambda m: m.error.mean_abs_pct)
+        return closer_to_record(*models_from_record(load_acceptance_record(acceptance)))
     if not callable(acceptance):
         raise PerfkitError(f"acceptance must be an acceptance model or a decoder.measure JSON path, got {acceptance!r}")
     return acceptance

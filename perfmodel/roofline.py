@@ -18,7 +18,7 @@ import pandas as pd
 
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.contract import COLUMNS, KEY_COLUMNS, POINT_COLUMNS, write_table
-from perfmodel.device_view import DeviceView, device_key, is_cpu_name, resolve_view
+from perfmodel.device_view import DeviceView, device_key, gemv_bandwidth_gb_s, is_cpu_name, resolve_view
 from perfmodel.dtypes import DTYPES, check_dtype, default_dtype
 from perfmodel.errors import PerfkitError
 from perfmodel.grid import PAPER_GRID, QUICK_GRID, Grid
@@ -43,7 +43,7 @@ def ceilings(view: DeviceView, dtype: str):
         lines.append(Ceiling(f"datasheet: {spec.peak_tflops[dtype]:g} TFLOP/s, {spec.memory_bandwidth_gb_s:g} GB/s", spec.peak_flops(dtype), spec.bandwidth))
     measured = view.ceilings or {}
     if dtype in measured.get("peak_tflops", {}):
-        peak, bandwidth = measured["peak_tflops"][dtype], max(measured["bandwidth_gb_s"].values())
+        peak, bandwidth = measured["peak_tflops"][dtype], gemv_bandwidth_gb_s(measured)
         lines.append(Ceiling(f"measured: {peak:.3g} TFLOP/s, {bandwidth:.3g} GB/s", peak * 1e12, bandwidth * 1e9, color="#1e7d32"))
     if (params.compute_efficiency, params.memory_efficiency) != (1.0, 1.0):
         lines.append(
@@ -180,6 +180,8 @@ def write_page(out: Path, view: DeviceView, dtype, figures, errors) -> Path:
         "efficiency factors, unless marked measured (filled markers, from a profiler sweep). "
         "Operational intensity counts each matmul input read once and its output written once (paper Table 5)."
     )
+    if view.stand_in_for:
+        page.paragraph(stand_in_note(view), note=True)
     describe_device(page, view, dtype)
     section = None
     for figure in figures:
@@ -195,23 +197,6 @@ def write_page(out: Path, view: DeviceView, dtype, figures, errors) -> Path:
     return page.write(out / "roofline.html")
 
 
-def measure_now(view_gpu: str | None, spec_file, models, dtype: str, grid: Grid, out: Path) -> list[Path]:
-    """Quick sweeps of this machine's device, one file per model in `out` (resumable)."""
-    from profilers.device import check_device, cuda_info
-    from profilers.sweep import SweepConfig, default_timer, run_sweep
-
-    device = "cpu" if is_cpu_name(view_gpu) else check_device("cuda")
-    if device == "cuda":
-        wanted, here = resolve_spec(view_gpu, spec_file), cuda_info()[0]
-        if view_gpu is not None and here.spec_key != wanted.key:
-            raise PerfkitError(f"--measure times this machine's GPU, {here.name} ({here.key}), not {wanted.key}; use --gpu {here.key}")
-    files = []
-    for model in models:
-        config = SweepConfig(device, model, dtype, grid, out / f"measured-{model.name}-{dtype}.csv", timer=default_timer(device))
-        files.append(run_sweep(config).out)
-    return files
-
-
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = build_parser().parse_args(argv)
@@ -221,9 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.medusa_heads:
         models = [m.with_medusa_heads(args.medusa_heads) for m in models]
     grid = (QUICK_GRID if cpu or args.measure else PAPER_GRID).narrowed(args.batch, args.seq, args.candidates)
-    out = args.out or DEFAULT_OUT / device_key(args.gpu, args.spec)
-    files = measure_now(args.gpu, args.spec, models, dtype, grid, out) if args.measure else list(args.measurements or [])
+    if args.measure:
+        from profilers.sweep import measure_now
+
+        files = measure_now(args.gpu, args.spec, models, dtype, grid)
+    else:
+        files = list(args.measurements or [])
     view = resolve_view(args.gpu, args.spec, files)
+    out = args.out or DEFAULT_OUT / view.spec.key
     view.spec.peak_flops(dtype)
     variation_model = load_model(args.variation_model) if args.variation_model else models[-1]
 
@@ -284,9 +274,15 @@ def describe_device(page, view: DeviceView, dtype: str) -> None:
         page.paragraph(f"Measured ceilings of {measured['device']} ({measured['measured_at']}): STREAM copy and triad and a read-only matrix-vector stream on arrays far beyond the last-level cache, and the best large square matmul per dtype; noise = IQR / median.")
         page.table(pd.DataFrame(rows, columns=["measurement", "value", "unit", "noise"]))
     if view.is_cpu:
+        overhead = (
+            "the per-kernel overhead measured with the ceilings (one tiny linear layer, dispatch to result)"
+            if measured_overhead(view)
+            else "an assumed per-kernel overhead: these ceilings were measured before the toolkit timed one; re-measure to replace it"
+        )
         page.paragraph(
-            f"Predicted kernel time = max(FLOPs / measured peak, bytes / measured bandwidth) + {params.kernel_overhead_s * 1e6:g} us "
-            "per kernel: measured ceilings are already achievable, so they are not derated."
+            f"Predicted kernel time = max(FLOPs / measured peak, bytes / measured read bandwidth) + {params.kernel_overhead_s * 1e6:.3g} us "
+            f"per kernel, {overhead}. Measured ceilings are already achievable, so they are not derated; decode-time linears "
+            "read each weight once, so the read-only stream is their bandwidth."
         )
     else:
         page.paragraph(
@@ -294,6 +290,18 @@ def describe_device(page, view: DeviceView, dtype: str) -> None:
             f"+ {params.kernel_overhead_s * 1e6:g} us per kernel ({params.label}). The efficiencies are public achievable fractions "
             "(bf16 GEMM 81-87% of peak on A100, HBM reads about 88% of datasheet); the overhead is a kernel launch's floor."
         )
+
+
+def measured_overhead(view: DeviceView) -> bool:
+    return bool(view.ceilings and view.ceilings.get("kernel_overhead_us"))
+
+
+def stand_in_note(view: DeviceView) -> str:
+    return (
+        f"Stand-in: this machine's CPU ({view.stand_in_for}) has no stored measurements, so this page shows {view.spec.key}, "
+        f"measured on another machine. Its numbers are that machine's, not this one's. To measure this machine: "
+        f"python -m perfmodel.roofline --gpu cpu --measure (a few minutes), or python -m reports build --gpu cpu --measure --model MODEL."
+    )
 
 
 def describe_errors(page, errors: pd.DataFrame) -> None:

@@ -186,21 +186,29 @@ CSV_COLUMNS = [
 
 @dataclass(frozen=True)
 class AcceptanceChoice:
-    """The acceptance model the speedups use, and what builds the tree of a size (a
-    HeadAccuracyAcceptance from a measured record; None for the paper's preset)."""
+    """The acceptance model the speedups use, what builds the tree of a size (a
+    HeadAccuracyAcceptance from a measured record; None for the paper's preset), and the
+    log curve a + b ln n (the paper's preset, or the record's fit)."""
 
     model: object
     label: str
     trees: object | None = None
+    log: object | None = None
+
+    @property
+    def curve(self):
+        """The log curve, whether or not the speedups use it."""
+        return self.log if self.log is not None else self.model
 
 
 def choose_acceptance(text: str) -> AcceptanceChoice:
-    """`paper` (0.477 ln n) or a decoder.measure record: its log fit a + b ln n sizes the
-    tree, its head accuracies shape it."""
-    from perfmodel.acceptance import PAPER_ACCEPTANCE, load_acceptance_record, models_from_record
+    """`paper` (0.477 ln n) or a decoder.measure record: of its log fit a + b ln n and its
+    head-accuracy model, the one closer to the record's measurements sizes the tree; the
+    head accuracies shape it."""
+    from perfmodel.acceptance import PAPER_ACCEPTANCE, closer_to_record, load_acceptance_record, models_from_record
 
     if text == "paper":
-        return AcceptanceChoice(PAPER_ACCEPTANCE, PAPER_ACCEPTANCE.describe())
+        return AcceptanceChoice(PAPER_ACCEPTANCE, PAPER_ACCEPTANCE.describe(), log=PAPER_ACCEPTANCE)
     record = load_acceptance_record(text)
     try:
         log, heads = models_from_record(record)
@@ -208,7 +216,11 @@ def choose_acceptance(text: str) -> AcceptanceChoice:
         raise PerfkitError(f"{text}: {exc}") from None
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
         raise PerfkitError(f"{text}: not a usable decoder.measure record ({type(exc).__name__}: {exc})") from None
-    return AcceptanceChoice(log, f"{log.describe()} from {Path(text).name}", heads)
+    used = closer_to_record(log, heads)
+    other = heads if used is log else log
+    other_name = "head-accuracy model" if other is heads else f"log fit {log.a:.3f} + {log.b:.3f} ln(n)"
+    label = f"{used.describe()} from {Path(text).name}; closer to the record than its {other_name} ({other.error.mean_abs_pct:.1f}% mean error)"
+    return AcceptanceChoice(used, label, heads, log)
 
 
 @dataclass(frozen=True)

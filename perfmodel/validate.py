@@ -248,13 +248,13 @@ class _Nothing:
 
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.validate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the decoder and the operators run (default %(default)s)")
     p.add_argument("--model", default="bundled", metavar="DIR|bundled", help="checkpoint with Medusa heads (default: the bundled model)")
     p.add_argument("--sizes", type=positive_int, nargs="+", default=list(DEFAULT_SIZES), metavar="N", help="tree sizes, root included (default 2 4 8 16 32 64)")
-    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--batch", type=positive_int, default=1, metavar="B", help="prompts decoded together (default %(default)s)")
     p.add_argument("--prompts", type=positive_int, default=16, help="held-out prompts (default %(default)s)")
-    p.add_argument("--prompt-len", type=positive_int, default=64)
-    p.add_argument("--new-tokens", type=positive_int, default=96)
+    p.add_argument("--prompt-len", type=positive_int, default=64, metavar="L", help="prompt tokens per held-out prompt (default %(default)s)")
+    p.add_argument("--new-tokens", type=positive_int, default=96, metavar="T", help="tokens generated per prompt (default %(default)s)")
     p.add_argument("--threads", type=positive_int, default=1, help="CPU threads for decoding and operator timing (default %(default)s: see README)")
     p.add_argument("--rounds", type=positive_int, default=2, help="interleaved timing passes over the prompts (default %(default)s)")
     p.add_argument("--budget", type=float, default=0.3, metavar="SECONDS", help="timer budget per operator point (default %(default)s)")

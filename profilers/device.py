@@ -120,11 +120,24 @@ def cpu_available_bytes() -> int:
     return _meminfo("MemAvailable")
 
 
+# Names this machine's CPU instead of /proc/cpuinfo: for a VM that hides or renames its
+# processor, and for tests that play another machine.
+CPU_NAME_VARIABLE = "MEDUSA_PERFKIT_CPU"
+
+
+def cpu_model_name(info: dict[str, str] | None = None) -> str:
+    override = os.environ.get(CPU_NAME_VARIABLE, "").strip()
+    if override:
+        return override
+    info = _cpuinfo() if info is None else info
+    return info.get("model name") or platform.processor() or "unknown CPU"
+
+
 def cpu_info() -> DeviceInfo:
     import torch
 
     info = _cpuinfo()
-    name = info.get("model name") or platform.processor() or "unknown CPU"
+    name = cpu_model_name(info)
     cores = os.cpu_count() or 1
     caches = _cpu_caches()
     last_level = max(caches, key=lambda c: (c["level"], c["bytes"]))["bytes"] if caches else 64 << 20
@@ -142,7 +155,7 @@ def cpu_info() -> DeviceInfo:
 
 def this_cpu_key() -> str:
     """This machine's CPU key, without importing torch (the roofline needs only the key)."""
-    return cpu_key(_cpuinfo().get("model name") or platform.processor() or "unknown CPU", os.cpu_count() or 1)
+    return cpu_key(cpu_model_name(), os.cpu_count() or 1)
 
 
 def cpu_key(model_name: str, cores: int) -> str:

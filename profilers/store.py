@@ -26,7 +26,10 @@ EXTRA_COLUMNS = [
     "sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "throttle", "cpu_mhz",
 ]  # fmt: skip
 ROW_COLUMNS = COLUMNS + EXTRA_COLUMNS
-MEASUREMENTS_DIR = Path(__file__).parent / "measurements"
+MEASUREMENTS_DIR = Path(__file__).parent / "measurements"  # shipped with the toolkit
+# Sweeps a user measures (--measure) are kept per machine under this folder, so later
+# commands find them as this machine's stored measurements.
+HOME_VARIABLE = "MEDUSA_PERFKIT_HOME"
 
 
 def journal_path(out: Path) -> Path:
@@ -128,6 +131,32 @@ def latest_run_with_ceilings(path: str | Path, device: str | None = None) -> dic
     return found[-1] if found else None
 
 
-def stored_sweeps(device_key: str, root: Path | None = None) -> list[Path]:
-    """Shipped sweep files for a device (profilers/measurements/<device>/*.csv)."""
-    return sorted(((root or MEASUREMENTS_DIR) / device_key).glob("*.csv"))
+def user_measurements_dir() -> Path:
+    """Where --measure keeps this machine's sweeps: $MEDUSA_PERFKIT_HOME/measurements, else
+    $XDG_CACHE_HOME/medusa-perfkit/measurements (~/.cache/... by default)."""
+    home = os.environ.get(HOME_VARIABLE)
+    if home:
+        return Path(home).expanduser() / "measurements"
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "medusa-perfkit" / "measurements"
+
+
+def measurement_roots() -> list[Path]:
+    """The folders holding <device>/ sweeps: this user's measurements first, then the shipped ones."""
+    return [user_measurements_dir(), MEASUREMENTS_DIR]
+
+
+def stored_sweeps(device_key: str, roots: list[Path] | None = None) -> list[Path]:
+    """Stored sweep files of a device (<root>/<device>/*.csv), the user's and the shipped."""
+    return [path for root in roots or measurement_roots() for path in sorted((root / device_key).glob("*.csv"))]
+
+
+def stored_devices(roots: list[Path] | None = None) -> list[str]:
+    """Every device key with at least one stored sweep."""
+    found = {folder.name for root in roots or measurement_roots() if root.is_dir() for folder in root.iterdir() if any(folder.glob("*.csv"))}
+    return sorted(found)
+
+
+def stored_closed_loops(device_key: str, roots: list[Path] | None = None) -> list[Path]:
+    """Stored perfmodel.validate CSVs of a device (<root>/<device>/closed-loop/*.csv)."""
+    return [path for root in roots or measurement_roots() for path in sorted((root / device_key / "closed-loop").glob("*.csv"))]

@@ -25,7 +25,7 @@ from perfmodel.operators import DEFAULT_OPS, PHASES, STEP_OPS, op_cost
 from profilers.benchmarks import BENCH_DTYPES, OpBenchmark, check_bench_dtype
 from profilers.ceilings import measure_ceilings
 from profilers.device import DeviceInfo, available_bytes, check_device, cpu_info, cpu_state, cuda_info
-from profilers.store import Journal, record_run
+from profilers.store import Journal, record_run, user_measurements_dir
 from profilers.timer import TimerConfig, cache_flusher, time_cuda_events, time_cuda_graph, time_interleaved, time_wall
 
 GRIDS = {"paper": PAPER_GRID, "quick": QUICK_GRID}
@@ -233,6 +233,35 @@ def run_sweep(config: SweepConfig, log=print) -> SweepResult:
     meta = run_metadata(config, info, ceilings, started=None)
     record_run(config.out, run_id, {**meta, "finished": time.time(), "measured": measured, "skipped": skipped})
     return summarize_result(config, journal, measured, skipped, run_id, ceilings)
+
+
+def measure_now(gpu: str | None, spec_file, models: list[ModelConfig], dtype: str, grid: Grid, log=print) -> list[Path]:
+    """--measure: quick sweeps of the device a command names (`cpu`: this machine's CPU;
+    a GPU name: the GPU here, which must be that one), stored for later commands."""
+    from perfmodel.device_view import is_cpu_name
+    from perfmodel.hardware import resolve_spec
+
+    if is_cpu_name(gpu):
+        return measure_and_store("cpu", models, dtype, grid, log=log)
+    return measure_and_store(check_device("cuda"), models, dtype, grid, resolve_spec(gpu, spec_file).key, log)
+
+
+def measure_and_store(device: str, models: list[ModelConfig], dtype: str, grid: Grid, wanted_key: str | None = None, log=print) -> list[Path]:
+    """Sweeps of this machine's device, one per model, kept in the user's measurements
+    folder (<folder>/<device key>/<model>-<dtype>.csv), where every later command finds
+    them as this device's stored measurements. Resumable: a rerun measures only what is
+    missing. `wanted_key`: the GPU the caller asked for, which must be the one here."""
+    check_device(device)
+    info = cuda_info()[0] if device == "cuda" else cpu_info()
+    if wanted_key is not None and device == "cuda" and info.spec_key != wanted_key:
+        raise PerfkitError(f"--measure times this machine's GPU, {info.name} ({info.key}), not {wanted_key}; use --gpu {info.key}")
+    folder = user_measurements_dir() / info.key
+    files = []
+    for model in models:
+        config = SweepConfig(device, model, dtype, grid, folder / f"{model.name}-{dtype}.csv", timer=default_timer(device))
+        log(f"measuring {model.name} {dtype} on {info.name} into {config.out} (resumable: rerun to continue)")
+        files.append(run_sweep(config, log).out)
+    return files
 
 
 def progress_bar(total: int, enabled: bool):

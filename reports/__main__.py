@@ -32,14 +32,17 @@ def build_parser() -> Parser:
     device.add_argument("--spec", type=Path, metavar="FILE", help="a device spec YAML of your own (format: hw_specs/README.md)")
     b.add_argument("--model", required=True, metavar="NAME|PATH", help="model preset (llama-7b, ...) or a config.json / checkpoint folder")
     b.add_argument("--dtype", help=f"one of {', '.join(DTYPES)} (default fp16; fp32 on a CPU)")
-    b.add_argument("--measurements", type=Path, nargs="+", default=(), metavar="FILE", help="measured operator rows (profilers.sweep CSV/Parquet; default: the device's shipped sweeps)")
+    b.add_argument("--measurements", type=Path, nargs="+", default=(), metavar="FILE", help="measured operator rows (profilers.sweep CSV/Parquet; default: the device's stored sweeps)")
+    b.add_argument("--measure", action="store_true",
+                   help="first sweep this machine's device (--gpu cpu, or the GPU named) for the model on the quick grid, with its ceilings; "
+                        "kept with this machine's stored measurements for later commands (a few minutes; rerun to resume)")  # fmt: skip
     b.add_argument("--acceptance", metavar="FILE|paper",
                    help="a python -m decoder.measure record (default: the checkpoint folder's own record, else paper = 0.477 ln n)")  # fmt: skip
     b.add_argument("--validation", type=Path, nargs="+", default=(), metavar="FILE", help="python -m perfmodel.validate --csv files (default: the device's shipped closed-loop runs)")
     b.add_argument("--prompt-len", type=positive_int, default=512, metavar="TOKENS", help="mean prompt length for the capacity plan (default %(default)s)")
     b.add_argument("--response-len", type=positive_int, default=256, metavar="TOKENS", help="mean response length for the capacity plan (default %(default)s)")
     b.add_argument("--latency-ms", type=positive_number, metavar="MS", help="per-token latency target for the capacity plan")
-    b.add_argument("--out", type=Path, metavar="DIR", help=f"output folder (default {DEFAULT_OUT}/report/<device>-<model>[-<dtype>])")
+    b.add_argument("--out", type=Path, metavar="DIR", help=f"output folder (default {DEFAULT_OUT}/report/<device>-<model>[-<dtype>], the device that was shown)")
     b.add_argument("--jobs", type=positive_int, metavar="N", help="processes drawing figures (default: one per core)")
 
     c = commands.add_parser("compare", help="one model on several devices, side by side")
@@ -56,7 +59,9 @@ def build_parser() -> Parser:
 
 
 def model_name(model: str) -> str:
-    return Path(model).name if Path(model).exists() else model
+    from perfmodel.models import load_model
+
+    return load_model(model).name
 
 
 def shared(args) -> dict:
@@ -68,15 +73,18 @@ def shared(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "build":
-        from perfmodel.device_view import device_key
         from perfmodel.dtypes import check_dtype
         from reports.build import BuildConfig, build
 
         if args.dtype:
             check_dtype(args.dtype)
-        out = args.out or DEFAULT_OUT / "report" / f"{device_key(args.gpu, args.spec)}-{model_name(args.model)}{'-' + args.dtype if args.dtype else ''}"
+
+        def default_out(device_key: str) -> Path:
+            return DEFAULT_OUT / "report" / f"{device_key}-{model_name(args.model)}{'-' + args.dtype if args.dtype else ''}"
+
         config = BuildConfig(
-            out=out, gpu=args.gpu, spec=args.spec, measurements=tuple(args.measurements), validation=tuple(args.validation), **shared(args)
+            out=args.out or default_out, gpu=args.gpu, spec=args.spec, measurements=tuple(args.measurements), validation=tuple(args.validation),
+            measure=args.measure, **shared(args),
         )  # fmt: skip
         report = build(config)
         print(f"html: {report.html}")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ import pandas as pd
 
 from perfmodel import roofline, speedup
 from perfmodel.acceptance import PAPER_ACCEPTANCE, HeadAccuracyAcceptance, fit_error
-from perfmodel.device_view import DeviceView, resolve_view
+from perfmodel.device_view import DeviceView, is_cpu_name, resolve_view
 from perfmodel.dtypes import check_dtype, default_dtype
 from perfmodel.grid import PAPER_GRID, QUICK_GRID
 from perfmodel.latency import RooflineLatency
@@ -40,7 +41,7 @@ ENGINES = ("reference", "tensorrt-llm", "vllm")
 @dataclass(frozen=True)
 class BuildConfig:
     model: str
-    out: Path
+    out: Path | Callable[[str], Path]  # a folder, or one made from the key of the device shown
     gpu: str | None = None
     spec: Path | None = None
     dtype: str | None = None
@@ -51,6 +52,7 @@ class BuildConfig:
     response_len: int = 256
     latency_ms: float | None = None
     jobs: int | None = None
+    measure: bool = False  # first sweep this machine's device for the model (stored for later runs)
 
 
 @dataclass
@@ -66,9 +68,15 @@ class Report:
     facts: list[str] = field(default_factory=list)  # the "at a glance" sentences
 
 
-def load_inputs(config: BuildConfig) -> tuple[DeviceView, ModelConfig, str, ReportAcceptance, pd.DataFrame]:
-    view = resolve_view(config.gpu, config.spec, list(config.measurements))
+def load_inputs(config: BuildConfig, log=print) -> tuple[DeviceView, ModelConfig, str, ReportAcceptance, pd.DataFrame]:
     model = load_model(config.model)
+    files = list(config.measurements)
+    if config.measure:
+        from profilers.sweep import measure_now
+
+        dtype = check_dtype(config.dtype or default_dtype("cpu" if is_cpu_name(config.gpu) else "cuda"))
+        files = [*files, *measure_now(config.gpu, config.spec, [model], dtype, QUICK_GRID, log)]
+    view = resolve_view(config.gpu, config.spec, files, log)
     dtype = check_dtype(config.dtype or default_dtype("cpu" if view.is_cpu else "cuda"))
     view.spec.peak_flops(dtype)  # one clear line when the device has no such peak
     acceptance = report_acceptance(config.acceptance, config.model)
@@ -78,7 +86,9 @@ def load_inputs(config: BuildConfig) -> tuple[DeviceView, ModelConfig, str, Repo
 
 def build(config: BuildConfig, log=print) -> Report:
     started = time.perf_counter()
-    view, model, dtype, acceptance, validation = load_inputs(config)
+    view, model, dtype, acceptance, validation = load_inputs(config, log)
+    if callable(config.out):
+        config = replace(config, out=config.out(view.spec.key))
     report = Report(view, model, dtype, acceptance)
     spec = view.spec
     device = speedup.Device(spec, view.params, view.is_cpu)
@@ -144,14 +154,19 @@ def acceptance_curves(acceptance: ReportAcceptance) -> dict[str, tuple[np.ndarra
     """The acceptance models to draw against tree size (the one the speedups use first)."""
     sizes = np.unique(np.geomspace(1, 256, 40).round().astype(int))
     choice = acceptance.choice
-    model = choice.model
-    formula = f"{model.a:.3f} + {model.b:.3f} ln n" if model.a else f"{model.b:.3f} ln n"
-    used = "paper's fit" if model is PAPER_ACCEPTANCE else "log fit"
-    curves = {f"{used} {formula} (used for speedups)": (sizes, model(sizes))}
+    log = choice.curve
+    formula = f"{log.a:.3f} + {log.b:.3f} ln n" if log.a else f"{log.b:.3f} ln n"
+    log_name = f"{'paper' if log is PAPER_ACCEPTANCE else 'log'} fit {formula}"
+    heads_name = "best tree from head accuracies"
+    curves = {}
     if isinstance(choice.trees, HeadAccuracyAcceptance):
         few = sizes[sizes <= 128]
-        curves["best tree from head accuracies"] = (few, choice.trees(few))
-    if model is not PAPER_ACCEPTANCE:
+        used = choice.model is choice.trees
+        curves[f"{heads_name}{' (used for speedups)' if used else ''}"] = (few, choice.trees(few))
+        curves[f"{log_name}{'' if used else ' (used for speedups)'}"] = (sizes, log(sizes))
+    else:
+        curves[f"{log_name} (used for speedups)"] = (sizes, log(sizes))
+    if log is not PAPER_ACCEPTANCE:
         curves[f"paper's fit {PAPER_ACCEPTANCE.b:.3f} ln n (Vicuna-7B)"] = (sizes, PAPER_ACCEPTANCE(sizes))
     return curves
 
@@ -199,6 +214,8 @@ def intro(page: Page, report: Report, config: BuildConfig, validation: pd.DataFr
         "No measured data for this device and model: every number here is predicted. "
         "Run python -m profilers.sweep on the device (--measurements FILE) and python -m decoder.measure (--acceptance FILE) to add measurements."
     )  # fmt: skip
+    if report.view.stand_in_for:
+        page.paragraph(roofline.stand_in_note(report.view), note=True)
     page.paragraph(
         f"Written {datetime.date.today().isoformat()} by medusa-perfkit (python -m reports build). Every figure and table says whether it shows "
         "predicted numbers (from the device's datasheet or measured ceilings through the latency model) or measured ones, and where both "
@@ -363,12 +380,13 @@ def error_section(page: Page, op_errors, report: Report, validation: pd.DataFram
         sizes = np.array([r["tree_size"] for r in rows])
         measured = np.array([r["mean_accepted_tokens"] for r in rows])
         table = pd.DataFrame({"tree_size": sizes, "measured_tokens_per_step": measured})
-        for label, model in [("log_fit", acceptance.choice.model), ("head_accuracy", acceptance.choice.trees)]:
+        for label, model in [("log_fit", acceptance.choice.curve), ("head_accuracy", acceptance.choice.trees)]:
             if model is not None:
                 table[f"{label}_predicted"] = model(sizes)
                 table[f"{label}_error"] = (table[f"{label}_predicted"] - measured) / measured
         page.paragraph(
-            f"Acceptance: tokens per step per tree size, measured vs predicted. Log fit: {fit_error(acceptance.choice.model(sizes), measured)}."
+            f"Acceptance: tokens per step per tree size, measured vs predicted. Log fit: {fit_error(acceptance.choice.curve(sizes), measured)}. "
+            f"The speedups use {acceptance.choice.label}."
         )
         page.table(percent(table))
         said = True

@@ -75,7 +75,7 @@ class Page:
         badges = " ".join(self.tag(s) for s in sources)
         self.parts.append(
             f'<figure><img src="{png_data_uri(png)}" alt="{esc(caption)}">'
-            f"<figcaption>{badges} {esc(caption)}</figcaption></figure>"
+            f"<figcaption>{badges} {esc(after_badges(caption, sources))}</figcaption></figure>"
         )
         return self
 
@@ -121,3 +121,11 @@ def _fmt(value: object, digits: int) -> str:
             return ""
         return f"{value:.{digits}g}"
     return str(value)
+
+
+def after_badges(caption: str, sources: tuple[str, ...]) -> str:
+    """The caption without a leading "predicted: " / "measured and predicted: ", which the
+    badges in front of it already say."""
+    head, sep, rest = caption.partition(": ")
+    words = set(head.replace(",", " ").split()) - {"and"}
+    return rest if sep and sources and words and words <= set(sources) else caption

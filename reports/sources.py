@@ -17,6 +17,7 @@ import pandas as pd
 
 from perfmodel.acceptance import PAPER_ACCEPTANCE, HeadAccuracyAcceptance, load_acceptance_record
 from perfmodel.errors import PerfkitError
+from perfmodel.models import resolve_model_path
 from perfmodel.speedup import AcceptanceChoice, choose_acceptance
 from perfmodel.trees import VICUNA_7B_ORDER, Tree, vicuna_7b_prefix
 
@@ -36,8 +37,8 @@ class ReportAcceptance:
 
 def checkpoint_record(model: str) -> Path | None:
     """A checkpoint folder's own acceptance record (greedy preferred: it is lossless)."""
-    folder = Path(model)
-    if not folder.is_dir():
+    folder = resolve_model_path(model)
+    if folder is None or not folder.is_dir():
         return None
     records = sorted(folder.glob("acceptance-*.json"), key=lambda p: (p.name != "acceptance-greedy.json", p.name))
     return records[0] if records else None
@@ -87,9 +88,9 @@ def recommended_tree(size: int, acceptance: ReportAcceptance) -> RecommendedTree
 
 
 def shipped_validations(device_key: str) -> list[Path]:
-    from profilers.store import MEASUREMENTS_DIR
+    from profilers.store import stored_closed_loops
 
-    return sorted((MEASUREMENTS_DIR / device_key / "closed-loop").glob("*.csv"))
+    return stored_closed_loops(device_key)
 
 
 def load_validation(paths: list[Path], device_key: str, model_name: str) -> pd.DataFrame:

@@ -12,7 +12,7 @@ from perfmodel.models import load_model
 from perfmodel.roofline import main
 from profilers import store, sweep
 from profilers.device import cpu_info
-from profilers.store import meta_path, write_meta
+from profilers.store import HOME_VARIABLE, meta_path, user_measurements_dir, write_meta
 from profilers.timer import TimerConfig
 from tests.test_roofline_cli import assert_png_shows_a_plot
 
@@ -54,24 +54,32 @@ def test_measure_draws_measured_points_under_measured_ceilings(measured_cpu):
 
 
 def test_ceilings_are_recorded_with_the_run(measured_cpu):
-    (run,) = json.loads(meta_path(next(measured_cpu.glob("measured-*.csv"))).read_text())["runs"].values()
+    (run,) = json.loads(meta_path(stored_tiny_sweep()).read_text())["runs"].values()
     ceilings = run["ceilings"]
     assert set(ceilings["bandwidth_gb_s"]) == {"copy", "triad", "read"}
     assert all(0.5 < gb_s < 10_000 for gb_s in ceilings["bandwidth_gb_s"].values())
     assert set(ceilings["peak_tflops"]) == {"fp32", "bf16", "fp16"} and ceilings["peak_tflops"]["fp32"] > 0.001
     assert all(0 <= n < 5 for n in ceilings["noise"].values())
+    assert 0.05 < ceilings["kernel_overhead_us"] < 10_000  # one tiny op call: microseconds, never zero
     assert run["device"]["key"] == cpu_info().key and run["device"]["caches"]
+
+
+def stored_tiny_sweep():
+    """Where --measure kept the tiny model's sweep: this machine's stored measurements."""
+    (path,) = (user_measurements_dir() / cpu_info().key).glob("tiny-*.csv")
+    return path
 
 
 def test_stored_measurements_are_found_by_device(measured_cpu, tiny_model, tmp_path, monkeypatch):
     key = cpu_info().key
     stored = tmp_path / "measurements"
     monkeypatch.setattr(store, "MEASUREMENTS_DIR", stored)
+    sweep = stored_tiny_sweep()
+    monkeypatch.setenv(HOME_VARIABLE, str(tmp_path / "home"))
     out = tmp_path / "out"
     assert run(main, ["--gpu", "cpu", "--model", str(tiny_model), "--out", str(out), *GRID]) == 1  # nothing stored yet
 
     (stored / key).mkdir(parents=True)
-    sweep = next(measured_cpu.glob("measured-*.csv"))
     shutil.copy(sweep, stored / key / sweep.name)
     shutil.copy(meta_path(sweep), meta_path(stored / key / sweep.name))
     assert run(main, ["--gpu", "cpu", "--model", str(tiny_model), "--out", str(out), *GRID]) == 0
@@ -79,10 +87,12 @@ def test_stored_measurements_are_found_by_device(measured_cpu, tiny_model, tmp_p
 
 
 def test_no_stored_cpu_data_is_a_clear_error(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(store, "MEASUREMENTS_DIR", tmp_path)
+    monkeypatch.setattr(store, "MEASUREMENTS_DIR", tmp_path / "shipped")
+    monkeypatch.setenv(HOME_VARIABLE, str(tmp_path / "home"))
     assert run(main, ["--gpu", "cpu"]) == 1
     err = capsys.readouterr().err
-    assert f"no measurements of {cpu_info().key} are stored" in err and "--measure" in err
+    assert f"no measurements of {cpu_info().key} are stored" in err and "no CPU measurements are stored" in err
+    assert "python -m perfmodel.roofline --gpu cpu --measure" in err
 
 
 def test_a_gpu_shows_its_stored_sweep_and_measured_ceilings(tmp_path, monkeypatch):

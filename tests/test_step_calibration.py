@@ -91,6 +91,13 @@ def test_paper_preset_and_floor_at_one_token():
     assert LogAcceptance(1.0, 0.5)(np.e) == pytest.approx(1.5)
 
 
+def test_the_clamp_of_a_log_curve_is_known():
+    # 0.477 ln n < 1 below n = e^(1/0.477) = 8.14: the paper's curve is held at 1 there
+    assert PAPER_ACCEPTANCE.clamped_below() == pytest.approx(np.exp(1 / 0.477))
+    assert PAPER_ACCEPTANCE(8) == 1.0 and PAPER_ACCEPTANCE(9) > 1.0
+    assert LogAcceptance(1.135, 0.404).clamped_below() == 1.0  # an intercept above 1 never clamps
+
+
 def test_acceptance_inputs_are_checked():
     with pytest.raises(PerfkitError, match="distinct tree sizes"):
         fit_log_acceptance([4, 4], [2.0, 2.1])
