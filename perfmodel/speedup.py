@@ -69,12 +69,18 @@ def best_sizes(table: pd.DataFrame) -> pd.DataFrame:
     return best
 
 
+def size_text(row) -> str:
+    """A best tree size, as '>= n' where it is the largest size searched (the curve may still
+    rise beyond it, so it is a bound, not an optimum)."""
+    return f">= {row['tree_size']}" if row.get("at_edge", False) else str(row["tree_size"])
+
+
 def verdict(row) -> str:
-    """A sentence a person can act on, for one row of best_sizes."""
+    """A sentence a person can act on, for one row of best_sizes or optima."""
     if not row["speculate"]:
         return f"batch {row['batch']}, context {row['seq_len']}: do not speculate (no tree beats plain decoding)"
     return (
-        f"batch {row['batch']}, context {row['seq_len']}: tree of {row['tree_size']} tokens, "
+        f"batch {row['batch']}, context {row['seq_len']}: tree of {size_text(row)} tokens, "
         f"{row['acceptance']:.2f} tokens/step at {row['overhead']:.2f}x step time -> {row['speedup']:.2f}x"
     )
 
@@ -140,9 +146,11 @@ def simulate(steps: dict[str, StepModel], acceptance, simulations=SIMULATIONS, s
 
 
 def optima(table: pd.DataFrame) -> pd.DataFrame:
-    """The best rows of a simulate() table, with `speculate` as in best_sizes."""
+    """The best rows of a simulate() table, with `speculate` as in best_sizes and `at_edge`
+    where the best size is the largest one searched (a bound: a larger tree may do better)."""
     best = table[table["best"]].reset_index(drop=True)
-    return best.assign(speculate=(best["tree_size"] > 1) & (best["speedup"] > 1.0))
+    speculate = (best["tree_size"] > 1) & (best["speedup"] > 1.0)
+    return best.assign(speculate=speculate, at_edge=speculate & (best["tree_size"] == table["tree_size"].max()))
 
 
 def draft_model_table(alphas=DRAFT_ALPHAS, gammas=DRAFT_GAMMAS, cost_ratio: float = DEFAULT_DRAFT_COST) -> pd.DataFrame:
@@ -306,27 +314,27 @@ def summary_lines(device: Device, dtype: str, table: pd.DataFrame, draft: pd.Dat
     width = max(len(f"{s} step:") for s in steps)
     lines = [f"  ridge of the latency model's roofline: {ridge(device, dtype):.0f} FLOP/B (linear layers turn compute-bound near batch x tree size = ridge)"]
     lines.append("  (a) b=1, s=1024:")
-    largest = table["tree_size"].max()
     for step in steps:
         row = best[(best["simulation"] == "a") & (best["step"] == step)].iloc[0]
-        edge = " (the largest size searched: a larger tree may do better)" if row["tree_size"] == largest else ""
+        edge = " (the largest size searched: a larger tree may do better)" if row["at_edge"] else ""
         lines.append(f"      {f'{step} step:':<{width}} {verdict(row).split(': ', 1)[1]}{edge}")
     lines.append("  (b) s=1024, best tree per batch:")
     for step in steps:
         rows = best[(best["simulation"] == "b") & (best["step"] == step)].sort_values("batch")
         lost = loses_from(rows, "batch")
-        cells = [f"b={r.batch} n={r.tree_size} {r.speedup:.2f}x" if r.speculate else f"b={r.batch} do not speculate" for r in rows.itertuples() if not lost or r.batch < lost]
+        cells = [f"b={r.batch} n{'>=' if r.at_edge else '='}{r.tree_size} {r.speedup:.2f}x" if r.speculate else f"b={r.batch} do not speculate" for r in rows.itertuples() if not lost or r.batch < lost]
         end = f"do not speculate from batch {lost} on" if lost else f"speculation still pays at batch {rows['batch'].max()}"
         lines.append(f"      {f'{step} step:':<{width}} {', '.join(cells)}; {end}")
     lines.append("  (c) b=4, best tree per context length:")
     for step in steps:
         rows = best[(best["simulation"] == "c") & (best["step"] == step)].sort_values("seq_len")
-        cells = [f"s={r.seq_len} n={r.tree_size} {r.speedup:.2f}x" if r.speculate else f"s={r.seq_len} do not speculate" for r in rows.itertuples()]
+        cells = [f"s={r.seq_len} n{'>=' if r.at_edge else '='}{r.tree_size} {r.speedup:.2f}x" if r.speculate else f"s={r.seq_len} do not speculate" for r in rows.itertuples()]
         sizes = rows.loc[rows["speculate"], "tree_size"]
         spread = "do not speculate at any length" if not len(sizes) else f"optimum {sizes.min()}" + (f"..{sizes.max()} tokens" if sizes.max() > sizes.min() else " tokens at every length")
         lines.append(f"      {f'{step} step:':<{width}} {', '.join(cells)}; {spread}")
     tops = draft.loc[draft.groupby("alpha")["improvement"].idxmax()]
-    cells = [f"alpha {r.alpha:g} {r.improvement:.2f}x (gamma {r.gamma})" for r in tops.itertuples()]
+    longest = draft["gamma"].max()  # best at the longest draft searched: a bound, longer may do better
+    cells = [f"alpha {r.alpha:g} {r.improvement:.2f}x (gamma {'>= ' if r.gamma == longest else ''}{r.gamma})" for r in tops.itertuples()]
     medusa = best[best["simulation"] == "a"]
     versus = ", ".join(f"{r.step} step {r.speedup:.2f}x" for r in medusa.itertuples())
     lines.append(f"  draft model (c={draft['cost_ratio'].iloc[0]:g}), best per alpha: {', '.join(cells)}; Medusa at b=1, s=1024: {versus}")

@@ -107,7 +107,7 @@ def latency_rows(pairs, model) -> pd.DataFrame:
 def best_per_batch(sims: pd.DataFrame) -> pd.DataFrame:
     """Rows batch, columns device: 'n=40, 1.49x' or 'plain' (whole-model step, s=1024)."""
     best = speedup.optima(sims[(sims["simulation"] == "b") & (sims["step"] == "full")])
-    best = best.assign(cell=[f"n={r.tree_size}, {r.speedup:.2f}x" if r.speculate else "plain (1.00x)" for r in best.itertuples()])
+    best = best.assign(cell=[f"n{'>=' if r.at_edge else '='}{r.tree_size}, {r.speedup:.2f}x" if r.speculate else "plain (1.00x)" for r in best.itertuples()])
     table = best.pivot_table(index="batch", columns="device", values="cell", aggfunc="first")
     return table[list(dict.fromkeys(best["device"]))].reset_index()
 
@@ -189,7 +189,7 @@ def compare(config: CompareConfig, log=print) -> Comparison:
         row = best[best["device"] == key].iloc[0]
         lost = speedup.loses_from(speedup.optima(sims[(sims["simulation"] == "b") & (sims["device"] == key)]), "batch")
         plain_ms = latency[(latency["device"] == key) & (latency["batch"] == 1)]["plain_step_ms"].iloc[0]
-        tree = f"best tree {row['tree_size']} ({row['speedup']:.2f}x) at b=1" if row["speculate"] else "no tree pays at b=1"
+        tree = f"best tree {speedup.size_text(row)} ({row['speedup']:.2f}x) at b=1" if row["speculate"] else "no tree pays at b=1"
         stop = f"plain decoding from batch {lost}" if lost else "speculation pays at every batch"
         result.lines.append(f"{key}: plain step {plain_ms:.2f} ms at b=1, s={CONTEXT}; {tree}; {stop} (predicted)")
     log(f"  {len(result.figures)} figures, compare.html in {config.out}/ ({time.perf_counter() - started:.1f} s)")

@@ -22,6 +22,8 @@ from perfmodel.speedup import (
     draft_model_table,
     loses_from,
     main,
+    optima,
+    simulate,
     speedup_table,
     verdict,
 )
@@ -66,6 +68,17 @@ def test_paper_a_optimum_at_b1_s1024(flavor):
     curve = table.set_index("tree_size")["speedup"]
     assert curve[256] < best["speedup"] - 0.3  # falls once the step is compute-bound
     assert curve[32] < best["speedup"]
+
+
+def test_an_optimum_at_the_edge_of_the_search_is_a_bound():
+    """On an H100 the (a) curve still rises at 256 tokens: its best is '>= 256', not an optimum;
+    the A100's peak (160) is interior."""
+    for gpu, edge in (("h100", True), ("a100", False)):
+        spec = resolve_spec(gpu)
+        sims = simulate({"full": StepModel(LLAMA, RooflineLatency(spec, LLAMA, "fp16"), "full")}, PAPER_ACCEPTANCE)
+        row = optima(sims).query("simulation == 'a'").iloc[0]
+        assert bool(row["at_edge"]) is edge and bool(row["tree_size"] == max(SIMULATION_SIZES)) is edge
+        assert ("tree of >= 256 tokens" in verdict(row)) is edge
 
 
 @pytest.mark.parametrize("flavor", ["paper", "full"])
