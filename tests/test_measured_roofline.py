@@ -1,5 +1,6 @@
 import json
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -33,6 +34,7 @@ def measured_cpu(tmp_path_factory, tiny_model):
     """`--gpu cpu --measure` once: a real sweep of this CPU (tiny shapes) and its ceilings."""
     out = tmp_path_factory.mktemp("cpu-roofline")
     with pytest.MonkeyPatch.context() as patch:  # tiny shapes need only a short budget per configuration
+        patch.setenv(HOME_VARIABLE, str(out / "home"))
         patch.setattr(sweep, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=20, budget_s=0.05))
         assert run(main, ["--gpu", "cpu", "--measure", "--model", str(tiny_model), "--out", str(out), *GRID]) == 0
     return out
@@ -54,7 +56,7 @@ def test_measure_draws_measured_points_under_measured_ceilings(measured_cpu):
 
 
 def test_ceilings_are_recorded_with_the_run(measured_cpu):
-    (run,) = json.loads(meta_path(stored_tiny_sweep()).read_text())["runs"].values()
+    (run,) = json.loads(meta_path(stored_tiny_sweep(measured_cpu)).read_text())["runs"].values()
     ceilings = run["ceilings"]
     assert set(ceilings["bandwidth_gb_s"]) == {"copy", "triad", "read"}
     assert all(0.5 < gb_s < 10_000 for gb_s in ceilings["bandwidth_gb_s"].values())
@@ -64,9 +66,11 @@ def test_ceilings_are_recorded_with_the_run(measured_cpu):
     assert run["device"]["key"] == cpu_info().key and run["device"]["caches"]
 
 
-def stored_tiny_sweep():
+def stored_tiny_sweep(measured: Path) -> Path:
     """Where --measure kept the tiny model's sweep: this machine's stored measurements."""
-    (path,) = (user_measurements_dir() / cpu_info().key).glob("tiny-*.csv")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(HOME_VARIABLE, str(measured / "home"))
+        (path,) = (user_measurements_dir() / cpu_info().key).glob("tiny-*.csv")
     return path
 
 
@@ -74,7 +78,7 @@ def test_stored_measurements_are_found_by_device(measured_cpu, tiny_model, tmp_p
     key = cpu_info().key
     stored = tmp_path / "measurements"
     monkeypatch.setattr(store, "MEASUREMENTS_DIR", stored)
-    sweep = stored_tiny_sweep()
+    sweep = stored_tiny_sweep(measured_cpu)
     monkeypatch.setenv(HOME_VARIABLE, str(tmp_path / "home"))
     out = tmp_path / "out"
     assert run(main, ["--gpu", "cpu", "--model", str(tiny_model), "--out", str(out), *GRID]) == 1  # nothing stored yet
