@@ -62,7 +62,11 @@ class LogAcceptance:
     error: FitError | None = None  # against the measurements it was fitted to
 
     def __call__(self, n) -> np.ndarray:
-        return np.maximum(1.0, self.a + self.b * np.log(check_sizes(n)))
+        return np.maximum(1.0, self.unclamped(n))
+
+    def unclamped(self, n) -> np.ndarray:
+        """a + b ln(n) without the floor: below 1 token per step where n is small."""
+        return self.a + self.b * np.log(check_sizes(n))
 
     def clamped_below(self) -> float:
         """The tree size under which a + b ln(n) < 1, where the curve is held at 1 (1 if never)."""

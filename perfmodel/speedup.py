@@ -356,8 +356,8 @@ def plan_figures(renderer, device: Device, model, dtype: str, table: pd.DataFram
             jobs[f"speedup-{sim.key}-{sim.name}"] = FigureJob(sweep_figure, dict(table=rows, line_by=sim.line_by, title=title, subtitle=subtitle))
         else:
             jobs[f"speedup-{sim.key}-{sim.name}"] = FigureJob(candidates_figure, dict(table=rows, title=title, subtitle=subtitle))
-    best_a = table[(table["simulation"] == "a") & table["best"]]
-    medusa = dict(zip(best_a["step"], best_a["speedup"]))
+    best_a = optima(table[table["simulation"] == "a"])
+    medusa = {row["step"]: (row["speedup"], size_text(row)) for _, row in best_a.iterrows()}
     title = f"Predicted: draft-model speculative decoding vs Medusa's best at b=1, s=1024, {where}"
     draft_sub = f"Draft model (Leviathan et al.): E = (1 - alpha^(gamma+1)) / (1 - alpha) tokens per step, improvement E / (c gamma + 1). Medusa: {subtitle}"
     jobs["draft-model-vs-medusa"] = FigureJob(draft_figure, dict(draft=draft, medusa=medusa, title=title, subtitle=draft_sub))

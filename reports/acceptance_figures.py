@@ -10,12 +10,15 @@ from __future__ import annotations
 # roofline_figures selects the file-only backend before pyplot is imported.
 from reports.roofline_figures import PLAIN
 
+from dataclasses import dataclass
+
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from perfmodel.trees import Tree, path_value
-from reports.speedup_figures import header
+from reports.figure_layout import fit_bottom, header, legend_below, suptitle
 
 
 def accuracy_heatmap(ax, accuracy: np.ndarray) -> None:
@@ -36,8 +39,9 @@ def accuracy_heatmap(ax, accuracy: np.ndarray) -> None:
     ax.figure.colorbar(image, ax=ax, fraction=0.05, pad=0.02, label="accuracy (%)")
 
 
-def length_histogram(ax, histogram: dict[str, int]) -> None:
-    """Share of Medusa steps accepting 1, 2, ... tokens (the root, always accepted, included)."""
+def length_histogram(ax, histogram: dict[str, int]) -> list:
+    """Share of Medusa steps accepting 1, 2, ... tokens (the root, always accepted, included);
+    returns the legend handles."""
     lengths = np.array(sorted(int(k) for k in histogram))
     counts = np.array([histogram[str(k)] for k in lengths], dtype=float)
     share = counts / counts.sum() * 100
@@ -47,23 +51,44 @@ def length_histogram(ax, histogram: dict[str, int]) -> None:
     for x, y in zip(lengths, share):
         ax.annotate(f"{y:.0f}%", (x, y), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8)
     ax.set_xticks(lengths)
-    ax.set_ylim(0, share.max() * 1.4)  # room for the legend above the bars
+    ax.set_ylim(0, share.max() * 1.15)  # room for the share labels above the bars
     ax.set_xlabel("tokens accepted in a step (root included)")
     ax.set_ylabel("share of steps (%)")
     ax.set_title("measured: accepted length per step", fontsize=11, y=1.01)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8.5, loc="upper right")
+    return ax.get_legend_handles_labels()[0]
 
 
-def acceptance_curve(ax, measured: list[tuple[int, float]], curves: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
-    """Tokens per step against tree size: measured points and the models' curves."""
+@dataclass(frozen=True)
+class Curve:
+    """An acceptance model drawn against tree size. A model floored at one token per step
+    (a log fit below 1) names where: `clamped_below` is the n under which its formula is
+    replaced by 1, and `formula` gives the unclamped values so the figure can show them."""
+
+    x: np.ndarray
+    y: np.ndarray
+    clamped_below: float = 1.0
+    formula: object = None  # n -> the model's values before the floor
+
+
+def acceptance_curve(ax, measured: list[tuple[int, float]], curves: dict[str, Curve]) -> list:
+    """Tokens per step against tree size: measured points and the models' curves, each
+    clamp drawn (the formula dotted where it falls below 1) and named in the legend.
+    Returns the legend handles."""
     styles = ["-", "--", ":", "-."]
     colors = ["#1f5fa8", "#c4391d", "#6c7a89", "#8e44ad"]
-    for i, (label, (x, y)) in enumerate(curves.items()):
-        ax.plot(x, y, styles[i % 4], color=colors[i % 4], lw=1.8, label=f"predicted: {label}")
+    handles = []
+    for i, (label, curve) in enumerate(curves.items()):
+        color = colors[i % 4]
+        handles += ax.plot(curve.x, curve.y, styles[i % 4], color=color, lw=1.8, label=f"predicted: {label}")
+        if curve.clamped_below > 1 and curve.formula is not None:
+            below = np.geomspace(1, curve.clamped_below, 30)
+            ax.plot(below, curve.formula(below), ":", color=color, lw=1.2)
+            handles.append(Line2D([], [], ls=":", color=color, lw=1.2,
+                                  label=f"its formula below 1 token/step, n < {curve.clamped_below:.1f}: clamped to 1 (the root)"))  # fmt: skip
     if measured:
         x, y = zip(*measured)
-        ax.plot(x, y, "o", color="black", ms=7, label="measured (decoder.measure)")
+        handles += ax.plot(x, y, "o", color="black", ms=7, label="measured (decoder.measure)")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(PLAIN)
     ax.xaxis.set_minor_locator(plt.NullLocator())
@@ -72,30 +97,32 @@ def acceptance_curve(ax, measured: list[tuple[int, float]], curves: dict[str, tu
     ax.set_ylim(bottom=0)
     ax.set_title("acceptance vs tree size", fontsize=11, y=1.01)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")  # the curves rise to the right: that corner stays empty
+    return handles
 
 
-def acceptance_figure(record: dict | None, curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str) -> Figure:
+def acceptance_figure(record: dict | None, curves: dict[str, Curve], title: str) -> Figure:
     """With a record: its heat map, histogram and acceptance curve; without one, the curve alone."""
     if record is None:
-        fig, ax = plt.subplots(figsize=(8, 5))
-        acceptance_curve(ax, [], curves)
-        fig.suptitle(title, fontsize=12)
-        fig.subplots_adjust(left=0.09, right=0.97, top=0.86, bottom=0.12)
+        fig, ax = plt.subplots(figsize=(8, 6))
+        handles = acceptance_curve(ax, [], curves)
+        fig.subplots_adjust(left=0.09, right=0.97, top=suptitle(fig, title))
+        fit_bottom(fig, [legend_below(fig, ax, handles, ncol=1, fontsize=8)])
         return fig
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5.2), gridspec_kw={"width_ratios": [1.35, 1, 1.1]})
+    fig, axes = plt.subplots(1, 3, figsize=(16, 6.2), gridspec_kw={"width_ratios": [1.35, 1, 1.1]})
     accuracy_heatmap(axes[0], np.asarray(record["head_topk_accuracy"], dtype=float))
-    length_histogram(axes[1], record["accepted_length_histogram"])
+    histogram_handles = length_histogram(axes[1], record["accepted_length_histogram"])
     measured = [(r["tree_size"], r["mean_accepted_tokens"]) for r in record["per_tree_size"]]
-    acceptance_curve(axes[2], measured, curves)
-    fig.suptitle(title, fontsize=12)
-    fig.subplots_adjust(left=0.07, right=0.985, top=0.86, bottom=0.12, wspace=0.3)
+    handles = acceptance_curve(axes[2], measured, curves)
+    fig.subplots_adjust(left=0.07, right=0.985, top=suptitle(fig, title), wspace=0.3)
+    legends = [legend_below(fig, axes[1], histogram_handles, ncol=1, fontsize=8), legend_below(fig, axes[2], handles, ncol=1, fontsize=8)]
+    fit_bottom(fig, legends)
     return fig
 
 
 def tree_layout(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y) of every token, root first in the tree's token order: x = depth, leaves one
-    row apart in path order, a parent centred on its children."""
+    """(x, y) of every token, root first in the tree's token order: x = depth, one row per
+    leaf in path order, and a parent on the row of its first child, so that every node is
+    level only with its own descendants (the elbows run down to the later children)."""
     children: dict[tuple, list[tuple]] = {(): []}
     for path in tree.paths:
         children.setdefault(path, [])
@@ -109,7 +136,7 @@ def tree_layout(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
             y[path] = next_row[0]
             next_row[0] += 1
         else:
-            y[path] = float(np.mean([place(k) for k in kids]))
+            y[path] = [place(k) for k in kids][0]
         return y[path]
 
     place(())
@@ -122,7 +149,7 @@ def tree_figure(tree: Tree, accuracy: np.ndarray | None, title: str, subtitle: s
     top-k; colour is the node's predicted acceptance probability when accuracies are known."""
     x, y = tree_layout(tree)
     leaves = int(y.max()) + 1
-    fig, ax = plt.subplots(figsize=(11, min(max(3.2, 0.2 * leaves + 1.6), 22)))
+    fig, ax = plt.subplots(figsize=(11, min(max(3.6, 0.2 * leaves + 2.1), 22)))
     parents = tree.parents
     for i, p in enumerate(parents):
         if p >= 0:
@@ -135,7 +162,8 @@ def tree_figure(tree: Tree, accuracy: np.ndarray | None, title: str, subtitle: s
         ax.scatter(x, y, color="#9ecae1", s=150, edgecolors="black", linewidths=0.5, zorder=2)
     dark = values < 0.5 if accuracy is not None else np.zeros(len(x), dtype=bool)
     for xi, yi, path, white in zip(x[1:], y[1:], tree.paths, dark[1:]):
-        ax.text(xi, yi, str(path[-1]), ha="center", va="center", fontsize=7, zorder=3, color="white" if white else "black")
+        # gid: a label drawn on its own node by design (the figure tests tell it from a stray label)
+        ax.text(xi, yi, str(path[-1]), ha="center", va="center", fontsize=7, zorder=3, color="white" if white else "black", gid="on-marker")
     ax.annotate("root", (0, y[0]), xytext=(-12, 0), textcoords="offset points", ha="right", va="center", fontsize=9)
     ax.set_xticks(range(tree.depth + 1), ["root"] + [f"head {k}" for k in range(1, tree.depth + 1)])
     ax.set_xlim(-0.6, tree.depth + 0.4)

@@ -30,6 +30,7 @@ from perfmodel.models import ModelConfig, load_model
 from perfmodel.plan import PlanResult, plan
 from perfmodel.step import StepModel
 from perfmodel.trees import export_tree
+from reports.acceptance_figures import Curve
 from reports.html import Page
 from reports.render import FigureJob, Renderer
 from reports.sources import ReportAcceptance, load_validation, recommended_tree, report_acceptance, shipped_validations
@@ -103,7 +104,7 @@ def build(config: BuildConfig, log=print) -> Report:
         speed_pngs = speedup.plan_figures(renderer, device, model, dtype, sims, draft, acceptance.choice)
         best = speedup.optima(sims)
         head = best[(best["simulation"] == "a") & (best["step"] == "full")].iloc[0]
-        tree = recommended_tree(int(head["tree_size"]), acceptance) if head["speculate"] else None
+        tree = recommended_tree(int(head["tree_size"]), acceptance, bool(head["at_edge"])) if head["speculate"] else None
         planned = capacity_plan(model, view, dtype, acceptance, config)
         jobs = extra_jobs(where, report, sims, planned, tree, validation, config)
         extra_pngs = {name: renderer.submit(job) for name, job in jobs.items()}
@@ -150,24 +151,29 @@ def capacity_plan(model, view: DeviceView, dtype: str, acceptance: ReportAccepta
 # --------------------------------------------------------------------------- figures
 
 
-def acceptance_curves(acceptance: ReportAcceptance) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The acceptance models to draw against tree size (the one the speedups use first)."""
+def acceptance_curves(acceptance: ReportAcceptance) -> dict[str, Curve]:
+    """The acceptance models to draw against tree size (the one the speedups use first),
+    each log curve with where it is clamped at one token per step."""
     sizes = np.unique(np.geomspace(1, 256, 40).round().astype(int))
     choice = acceptance.choice
     log = choice.curve
     formula = f"{log.a:.3f} + {log.b:.3f} ln n" if log.a else f"{log.b:.3f} ln n"
     log_name = f"{'paper' if log is PAPER_ACCEPTANCE else 'log'} fit {formula}"
     heads_name = "best tree from head accuracies"
+
+    def log_curve(model) -> Curve:
+        return Curve(sizes, model(sizes), model.clamped_below(), model.unclamped)
+
     curves = {}
     if isinstance(choice.trees, HeadAccuracyAcceptance):
         few = sizes[sizes <= 128]
         used = choice.model is choice.trees
-        curves[f"{heads_name}{' (used for speedups)' if used else ''}"] = (few, choice.trees(few))
-        curves[f"{log_name}{'' if used else ' (used for speedups)'}"] = (sizes, log(sizes))
+        curves[f"{heads_name}{' (used for speedups)' if used else ''}"] = Curve(few, choice.trees(few))
+        curves[f"{log_name}{'' if used else ' (used for speedups)'}"] = log_curve(log)
     else:
-        curves[f"{log_name} (used for speedups)"] = (sizes, log(sizes))
+        curves[f"{log_name} (used for speedups)"] = log_curve(log)
     if log is not PAPER_ACCEPTANCE:
-        curves[f"paper's fit {PAPER_ACCEPTANCE.b:.3f} ln n (Vicuna-7B)"] = (sizes, PAPER_ACCEPTANCE(sizes))
+        curves[f"paper's fit {PAPER_ACCEPTANCE.b:.3f} ln n (Vicuna-7B)"] = log_curve(PAPER_ACCEPTANCE)
     return curves
 
 
@@ -184,7 +190,7 @@ def extra_jobs(where, report: Report, sims, planned, tree, validation, config) -
     jobs["acceptance"] = FigureJob(acceptance_figure, dict(record=acceptance.record, curves=acceptance_curves(acceptance), title=title))
     if tree is not None:
         drawn = "" if tree.tree.size == tree.wanted else f"; drawn: the {tree.tree.size}-token reference tree"
-        title = f"Predicted best tree size at b=1, s=1024 (whole-model step): {tree.wanted} tokens{drawn}. {where}"
+        title = f"Predicted best tree size at b=1, s=1024 (whole-model step): {tree.wanted_text} tokens{drawn}. {where}"
         subtitle = f"{tree.tree.size} tokens drawn, {tree.tree.depth} heads deep. {tree.note}"
         jobs["recommended-tree"] = FigureJob(tree_figure, dict(tree=tree.tree, accuracy=tree.accuracy, title=title, subtitle=subtitle))
     if isinstance(planned, PlanResult):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 # roofline_figures selects the file-only backend before pyplot is imported.
 from reports.roofline_figures import PLAIN
-from reports.speedup_figures import _log2_axis, header
+from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
+from reports.speedup_figures import _log2_axis
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -27,8 +28,9 @@ def plain_per_token_ms(bands: pd.DataFrame) -> pd.Series:
 def capacity_figure(bands: pd.DataFrame, title: str, subtitle: str, latency_target_ms: float | None = None) -> Figure:
     """Per-token latency and aggregate tokens/s against batch, one colour per device; solid
     with the best tree (its size labelled), dotted plain decoding."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 5.6))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 6.4))
     colors = device_colors(bands["device"])
+    labels = []
     for device, rows in bands.groupby("device", sort=False):
         rows = rows.sort_values("batch")
         color = colors[device]
@@ -37,9 +39,10 @@ def capacity_figure(bands: pd.DataFrame, title: str, subtitle: str, latency_targ
         left.plot(rows["batch"], plain_ms, ":", color=color, lw=1.5, label=f"{device}: plain decoding")
         right.plot(rows["batch"], rows["total_tokens_s"], "-o", ms=4, color=color, lw=2, label=f"{device}: best tree")
         right.plot(rows["batch"], rows["batch"] * 1e3 / plain_ms, ":", color=color, lw=1.5, label=f"{device}: plain decoding")
-        for row in rows.itertuples():
-            text = str(row.tree_size) if row.speculate else "none"
-            left.annotate(text, (row.batch, row.per_token_ms), xytext=(0, -13), textcoords="offset points", ha="center", fontsize=7.5, color=color)
+        # one label per run of equal choices: a row of identical labels says nothing new
+        choice = rows["tree_size"].where(rows["speculate"], 0)
+        shown = rows[choice.ne(choice.shift())]
+        labels += [Label(r.batch, r.per_token_ms, str(r.tree_size) if r.speculate else "none", color, "below") for r in shown.itertuples()]
     if latency_target_ms is not None:
         left.axhline(latency_target_ms, color="#c4391d", ls="--", lw=1.2, label=f"target {latency_target_ms:g} ms/token")
     for ax in (left, right):
@@ -51,10 +54,12 @@ def capacity_figure(bands: pd.DataFrame, title: str, subtitle: str, latency_targ
         ax.yaxis.set_minor_locator(NullLocator())
         ax.grid(True, which="major", alpha=0.3)
     left.set_ylabel("per-token latency per user (ms)")
-    left.set_title("latency a user sees (label: best tree size, none = plain)", fontsize=11, y=1.01)
-    left.legend(fontsize=8, loc="upper left")
+    left.set_title("latency a user sees (label: best tree size where it changes, none = plain)", fontsize=11, y=1.01)
     right.set_ylabel("output tokens/s of the device (all users)")
     right.set_title("throughput the device serves", fontsize=11, y=1.01)
-    right.legend(fontsize=8, loc="upper left")
-    fig.subplots_adjust(left=0.07, right=0.985, top=header(fig, title, subtitle), bottom=0.1, wspace=0.22)
+    fig.subplots_adjust(left=0.07, right=0.985, top=header(fig, title, subtitle), wspace=0.22)
+    # one legend for both panels: the same devices, the same line styles
+    ncol = 2 if bands["device"].nunique() > 1 else 3
+    fit_bottom(fig, [legend_below(fig, [left, right], left.get_legend_handles_labels()[0], ncol=ncol * 2, fontsize=8)])
+    place_labels(left, labels, fontsize=7.5)
     return fig

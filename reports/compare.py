@@ -140,8 +140,10 @@ def compare(config: CompareConfig, log=print) -> Comparison:
 
     what = f"{model.name}, {', '.join(f'{v.spec.key} ({d})' for v, d in pairs)}"
     predicted = f"Predicted, not measured (measured ceilings dotted where shipped). Latency: roofline model. Acceptance: {acceptance.choice.label}."
+    ceilings = {v.spec.key: roofline.ceilings(v, d) for v, d in pairs}
+    kinds = "Datasheet, predicted and measured" if any(c.label.startswith("measured") for lines in ceilings.values() for c in lines) else "Datasheet and predicted"
     jobs = {
-        "compare-ceilings": FigureJob(ceilings_figure, dict(ceilings={v.spec.key: roofline.ceilings(v, d) for v, d in pairs}, title=f"Rooflines side by side: {what}", subtitle=predicted)),
+        "compare-ceilings": FigureJob(ceilings_figure, dict(ceilings=ceilings, title=f"{kinds} rooflines side by side: {what}", subtitle=predicted)),
         "compare-latency": FigureJob(latency_figure, dict(steps=latency, title=f"Predicted decode latency: {what}", subtitle=predicted)),
         "compare-speedup": FigureJob(speedup_comparison_figure, dict(sims=sims, title=f"Predicted Medusa speedup, whole-model step: {what}", subtitle=predicted)),
         "compare-capacity": FigureJob(capacity_figure, dict(bands=bands, title=f"Predicted capacity: {what}", subtitle=f"{predicted} {plans[0].summary().splitlines()[0]}", latency_target_ms=config.latency_ms)),

@@ -19,6 +19,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullLocator  # noqa: E402
 
+from reports.figure_layout import fit_bottom, legend_below, suptitle  # noqa: E402
+
 MARKERS = {
     "q": "o", "k": "s", "v": "^", "qkv": "D", "qk": "o", "pv": "s", "o": "v",
     "up": "o", "gate": "s", "down": "^", "lm_head": "P", "medusa_heads": "X",
@@ -63,18 +65,28 @@ def _level_colors(values) -> dict:
 
 
 def draw_ceilings(ax, ceilings: list[Ceiling], xlim: tuple[float, float]) -> None:
+    """Each roofline and its ridge, a thin vertical line in the roofline's own style; the
+    legend (`_ceiling_handles`) says whose ridge each is and where."""
     x = np.logspace(np.log10(xlim[0]), np.log10(xlim[1]), 200)
     for c in ceilings:
         ax.plot(x, np.minimum(c.peak_flops, c.bandwidth * x) / 1e12, c.style, color=c.color, lw=1.4, label=c.label)
-    main = ceilings[0]
-    ax.axvline(main.ridge, color=main.color, ls=":", lw=1)
-    ax.annotate(
-        f"ridge {main.ridge:.0f} FLOP/B",
-        xy=(main.ridge, main.peak_flops / 1e12),
-        xytext=(4, -14),
-        textcoords="offset points",
-        fontsize=8,
-    )
+        ax.axvline(c.ridge, color=c.color, ls=c.style, lw=0.7, alpha=0.6)
+
+
+def sources_title(title: str, sources) -> str:
+    """What a figure shows, first: predicted, measured, or both."""
+    sources = set(sources)
+    words = "Predicted and measured" if {"predicted", "measured"} <= sources else "Measured" if "measured" in sources else "Predicted"
+    return f"{words}: {title}"
+
+
+ANY_SEQ_AREA = 30.0
+
+
+def seq_sizes(values) -> dict:
+    """Marker area per sequence length: longer sequences, larger markers."""
+    values = sorted(set(values))
+    return {v: 14 + 46 * (i / max(len(values) - 1, 1)) for i, v in enumerate(values)}
 
 
 def _limits(points: pd.DataFrame, ceilings: list[Ceiling]) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -88,18 +100,37 @@ def _limits(points: pd.DataFrame, ceilings: list[Ceiling]) -> tuple[tuple[float,
     return xlim, ylim
 
 
-def scatter(ax, points: pd.DataFrame, color_by: str, colors: dict) -> None:
-    for (op, source), group in points.groupby(["op", "source"], sort=False):
+ANY_SEQ = -1  # a point standing for every sequence length: the op's cost does not depend on s
+
+
+def collapse_sequence_lengths(points: pd.DataFrame) -> pd.DataFrame:
+    """One point where an op's point is the same at every sequence length (the linear ops):
+    seven equal rings on one spot read as a filled marker."""
+    keys = ["op", "phase", "source", "batch", "candidates"]
+    rounded = points.assign(_i=points["intensity"].round(9), _t=points["tflops"].round(9))
+    same = rounded.groupby(keys)[["_i", "_t"]].transform("nunique").max(axis=1).eq(1)
+    several = rounded.groupby(keys)["seq_len"].transform("nunique").gt(1)
+    collapse = same & several
+    kept = points[~collapse]
+    merged = points[collapse].drop_duplicates(keys).assign(seq_len=ANY_SEQ)
+    return pd.concat([kept, merged], ignore_index=True)
+
+
+def scatter(ax, points: pd.DataFrame, color_by: str, colors: dict, sizes: dict) -> None:
+    """Colour by `color_by`, area by sequence length; predicted hollow and thin-edged so
+    that overlapping rings stay rings, measured filled on top."""
+    for (op, source), group in collapse_sequence_lengths(points).groupby(["op", "source"], sort=False):
         measured = source == "measured"
         level_colors = [colors[v] for v in group[color_by]]
         ax.scatter(
             group["intensity"],
             group["tflops"],
             marker=MARKERS.get(op, "o"),
-            s=34 if measured else 28,
+            s=[sizes.get(v, ANY_SEQ_AREA) * (1.2 if measured else 1.0) for v in group["seq_len"]],
             facecolors=level_colors if measured else "none",
             edgecolors="black" if measured else level_colors,
-            linewidths=0.6 if measured else 1.1,
+            linewidths=0.5 if measured else 0.8,
+            alpha=1.0 if measured else 0.8,
             zorder=3 if measured else 2,
         )
 
@@ -122,11 +153,24 @@ def _style_axes(ax, xlim, ylim, title: str) -> None:
 
 
 def _ceiling_handles(ceilings: list[Ceiling]) -> list:
-    return [Line2D([], [], ls=c.style, color=c.color, label=c.label) for c in ceilings]
+    return [Line2D([], [], ls=c.style, color=c.color, label=f"{c.label}\n  its ridge (thin vertical line): {c.ridge:.0f} FLOP/B") for c in ceilings]
 
 
 def _op_handles(ops) -> list:
-    return [Line2D([], [], ls="", marker=MARKERS.get(op, "o"), mfc="none", mec="gray", label=OP_LABELS.get(op, op)) for op in dict.fromkeys(ops)]
+    """One entry per marker shape, naming every op drawn with it (one shape per op in a panel)."""
+    by_marker: dict[str, list[str]] = {}
+    for op in dict.fromkeys(ops):
+        by_marker.setdefault(MARKERS.get(op, "o"), []).append(OP_LABELS.get(op, op))
+    return [Line2D([], [], ls="", marker=m, mfc="none", mec="gray", label=" / ".join(names)) for m, names in by_marker.items()]
+
+
+def _size_handles(sizes: dict, points: pd.DataFrame) -> list:
+    if len(sizes) < 2:
+        return []
+    handles = [Line2D([], [], ls="", marker="o", mfc="none", mec="gray", ms=np.sqrt(area), label=f"s={v}") for v, area in sizes.items()]
+    if not (collapse_sequence_lengths(points)["seq_len"] == ANY_SEQ).any():
+        return handles
+    return handles + [Line2D([], [], ls="", marker="o", mfc="none", mec="gray", ms=np.sqrt(ANY_SEQ_AREA), label="any s (an op that s does not change)")]
 
 
 def _level_handles(color_by: str, colors: dict) -> list:
@@ -153,22 +197,22 @@ def roofline_panels(
     """One row per op group, one column per phase: the paper's Figs 9-17 layout."""
     xlim, ylim = _limits(points, ceilings)
     colors = _level_colors(points[color_by])
+    sizes = seq_sizes(points["seq_len"])
     fig, axes = plt.subplots(
-        len(groups), len(phases), figsize=(6.2 * len(phases), 4.6 * len(groups)), squeeze=False, sharex=True, sharey=True
+        len(groups), len(phases), figsize=(6.2 * len(phases), 4.6 * len(groups) + 1.0), squeeze=False, sharex=True, sharey=True
     )
     for r, (group, ops) in enumerate(groups.items()):
         for c, phase in enumerate(phases):
             ax = axes[r][c]
             draw_ceilings(ax, ceilings, xlim)
-            scatter(ax, points[points["op"].isin(ops) & (points["phase"] == phase)], color_by, colors)
+            scatter(ax, points[points["op"].isin(ops) & (points["phase"] == phase)], color_by, colors, sizes)
             _style_axes(ax, xlim, ylim, f"{group} - {PHASE_LABELS[phase]}")
             ax.label_outer()  # shared axes: tick labels and axis titles on the outer panels only
-        axes[r][-1].legend(handles=_op_handles(ops), loc="lower right", fontsize=8)
-    handles = _ceiling_handles(ceilings) + _level_handles(color_by, colors) + _source_handles(points["source"])
-    fig.legend(handles=handles, loc="lower center", ncol=(len(handles) + 1) // 2, fontsize=9, bbox_to_anchor=(0.5, 0.0))
-    fig.suptitle(title, fontsize=13)
+    ops = [op for group in groups.values() for op in group if op in set(points["op"])]
+    handles = _ceiling_handles(ceilings) + _op_handles(ops) + _level_handles(color_by, colors) + _size_handles(sizes, points) + _source_handles(points["source"])
     # Fixed margins: tight_layout measures every tick label and takes seconds.
-    fig.subplots_adjust(left=0.07, right=0.98, top=1 - 0.75 / fig.get_figheight(), bottom=1.15 / fig.get_figheight(), hspace=0.3, wspace=0.18)
+    fig.subplots_adjust(left=0.07, right=0.98, top=suptitle(fig, sources_title(title, points["source"]), 13), hspace=0.3, wspace=0.18)
+    fit_bottom(fig, [legend_below(fig, list(axes.flat), handles, ncol=4, fontsize=9)])
     return fig
 
 
@@ -178,38 +222,43 @@ def variation_figure(
     title: str,
     line_by: str,
 ) -> Figure:
-    """Medusa variation study (paper Figs 18-20): the roofline coloured by candidates, and
-    attained TFLOP/s against candidates with one line per `line_by` value."""
+    """Medusa variation study (paper Figs 18-20): the roofline coloured by candidates (area:
+    sequence length), and attained TFLOP/s against candidates with one line per `line_by`
+    value (marker shape: the op, so ops with equal rates still show)."""
     xlim, ylim = _limits(points, ceilings)
     q_colors = _level_colors(points["candidates"])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 5.2))
+    sizes = seq_sizes(points["seq_len"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 6.6))
     draw_ceilings(left, ceilings, xlim)
-    scatter(left, points, "candidates", q_colors)
-    _style_axes(left, xlim, ylim, "roofline, coloured by candidates q")
-    left_handles = _ceiling_handles(ceilings) + _op_handles(points["op"]) + _level_handles("candidates", q_colors) + _source_handles(points["source"])
-    left.legend(handles=left_handles, fontsize=7, loc="lower right", ncol=2)
+    scatter(left, points, "candidates", q_colors, sizes)
+    _style_axes(left, xlim, ylim, "roofline, coloured by candidates q" + (", area by sequence length s" if len(sizes) > 1 else ""))
+    left_handles = _ceiling_handles(ceilings) + _op_handles(points["op"]) + _level_handles("candidates", q_colors) + _size_handles(sizes, points) + _source_handles(points["source"])
 
     line_colors = _level_colors(points[line_by])
     styles = ["-", "--", ":", "-."]
-    for i, op in enumerate(dict.fromkeys(points["op"])):
+    ops = list(dict.fromkeys(points["op"]))
+    for i, op in enumerate(ops):
         for source, sub in points[points["op"] == op].groupby("source"):
             for level, line in sub.groupby(line_by):
                 line = line.sort_values("candidates")
+                measured = source == "measured"
                 right.plot(
                     line["candidates"],
                     line["tflops"],
                     styles[i % len(styles)],
-                    marker="o" if source == "measured" else None,
-                    ms=4,
+                    marker=MARKERS.get(op, "o"),
+                    markevery=1 if measured else (i, len(ops)),  # predicted ops take turns: equal lines still show each
+                    mfc=line_colors[level] if measured else "none",
+                    ms=4.5,
                     color=line_colors[level],
-                    lw=1.2 if source == "predicted" else 0.8,
+                    lw=1.2 if not measured else 0.8,
                 )
     handles = [Line2D([], [], color=c, label=f"{SHORT[line_by]}={v}") for v, c in line_colors.items()]
-    handles += [Line2D([], [], ls=styles[i % len(styles)], color="gray", label=OP_LABELS.get(op, op)) for i, op in enumerate(dict.fromkeys(points["op"]))]
+    handles += [Line2D([], [], ls=styles[i % len(styles)], marker=MARKERS.get(op, "o"), mfc="none", color="gray", label=OP_LABELS.get(op, op)) for i, op in enumerate(ops)]
     if "measured" in set(points["source"]):
         handles += [
-            Line2D([], [], color="gray", label="predicted (line)"),
-            Line2D([], [], color="gray", marker="o", ms=4, lw=0.8, label="measured (markers)"),
+            Line2D([], [], color="gray", marker="o", mfc="none", label="predicted (hollow markers)"),
+            Line2D([], [], color="gray", marker="o", ms=4, lw=0.8, label="measured (filled markers)"),
         ]
     right.set_yscale("log")
     right.yaxis.set_major_formatter(PLAIN)
@@ -217,7 +266,7 @@ def variation_figure(
     right.set_ylabel("attained performance (TFLOP/s)")
     right.set_title(f"TFLOP/s vs candidates, one line per {AXIS_LABELS[line_by]}", fontsize=11, y=1.01)
     right.grid(True, alpha=0.3)
-    right.legend(handles=handles, fontsize=8, ncol=2)
-    fig.suptitle(title, fontsize=12)
-    fig.subplots_adjust(left=0.06, right=0.98, top=0.88, bottom=0.1, wspace=0.2)
+    fig.subplots_adjust(left=0.06, right=0.98, top=suptitle(fig, sources_title(title, points["source"])), wspace=0.2)
+    legends = [legend_below(fig, left, left_handles, ncol=3, fontsize=7.5), legend_below(fig, right, handles, ncol=4, fontsize=8)]
+    fit_bottom(fig, legends)
     return fig

@@ -62,18 +62,24 @@ class RecommendedTree:
     accuracy: np.ndarray | None  # head accuracies that shaped it (None: the reference's own order)
     wanted: int  # the tree size the speedup model asked for
     note: str
+    at_edge: bool = False  # wanted is the largest size searched: a bound, a larger tree may do better
+
+    @property
+    def wanted_text(self) -> str:
+        return f">= {self.wanted}" if self.at_edge else str(self.wanted)
 
 
-def recommended_tree(size: int, acceptance: ReportAcceptance) -> RecommendedTree | None:
+def recommended_tree(size: int, acceptance: ReportAcceptance, at_edge: bool = False) -> RecommendedTree | None:
     """The tree of `size` tokens: from measured head accuracies when there are some, else
-    the reference Vicuna-7B tree's own order (its first n-1 nodes), at most its 64 tokens."""
+    the reference Vicuna-7B tree's own order (its first n-1 nodes), at most its 64 tokens.
+    `at_edge`: size is the largest the speedup model searched, so only a lower bound."""
     if size <= 1:
         return None
     heads = acceptance.choice.trees
     if isinstance(heads, HeadAccuracyAcceptance):
         tree = heads.tree(size)
         note = f"The greedy tree of {size} tokens built from the record's measured head accuracies (paper section 2.3.3); colour = each node's predicted acceptance probability."
-        return RecommendedTree(tree, heads.accuracy, size, note)
+        return RecommendedTree(tree, heads.accuracy, size, note, at_edge)
     nodes = min(size - 1, len(VICUNA_7B_ORDER))
     note = (
         f"No measured head accuracies: the first {nodes} nodes of the reference implementation's Vicuna-7B tree, "
@@ -81,10 +87,10 @@ def recommended_tree(size: int, acceptance: ReportAcceptance) -> RecommendedTree
     )
     if size - 1 > nodes:
         note += (
-            f" The speedup model's optimum is {size} tokens, beyond the 64 tokens of that tree: its log acceptance curve keeps "
+            f" The speedup model's optimum is {'at least ' if at_edge else ''}{size} tokens{' (the largest size it searched)' if at_edge else ''}, beyond the 64 tokens of that tree: its log acceptance curve keeps "
             "growing with n, real heads saturate. Measure head accuracies (python -m decoder.measure) and pass --acceptance FILE to shape a larger tree."
         )
-    return RecommendedTree(vicuna_7b_prefix(nodes), None, size, note)
+    return RecommendedTree(vicuna_7b_prefix(nodes), None, size, note, at_edge)
 
 
 def shipped_validations(device_key: str) -> list[Path]:

@@ -8,10 +8,9 @@ whole-model step dashed, the optimum of each curve as a star, and plain decoding
 
 from __future__ import annotations
 
-import textwrap
-
 # roofline_figures selects the file-only backend before pyplot is imported.
 from reports.roofline_figures import PLAIN, _level_colors
+from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -25,6 +24,7 @@ STEP_LINES = {"paper": "-", "full": "--"}
 STEP_COLORS = {"paper": "#1f5fa8", "full": "#c4391d"}
 SETTING_LABELS = {"batch": ("batch size b", "b"), "seq_len": ("sequence length s (tokens)", "s")}
 SIZE_LABEL = "tree size n (tokens per step, root included)"
+AT_LEAST = "\u2265"  # an optimum at the edge of the search is a lower bound
 
 
 def _log2_axis(ax, values, label: str) -> None:
@@ -50,53 +50,70 @@ def _star(ax, x, y, color) -> None:
     ax.plot([x], [y], marker="*", ms=15, color=color, mec="black", mew=0.7, ls="", zorder=5)
 
 
-def header(fig: Figure, title: str, subtitle: str) -> float:
-    """Title and a wrapped subtitle above the panels; returns the panels' top (figure fraction)."""
-    width, height = fig.get_size_inches()
-    lines = textwrap.wrap(subtitle, int(width * 15))  # about 15 characters per inch at 8.5 pt
-    fig.suptitle(title, fontsize=13, y=1 - 0.12 / height, va="top")
-    fig.text(0.5, 1 - 0.45 / height, "\n".join(lines), ha="center", va="top", fontsize=8.5, color="#333333", linespacing=1.3)
-    return 1 - (0.45 + 0.17 * len(lines) + 0.4) / height
+def _edge(ax, x, y, color) -> None:
+    """A best value at the largest size searched is a bound: it points on, past the edge."""
+    ax.plot([x], [y], marker=">", ms=11, color=color, mec="black", mew=0.7, ls="", zorder=5)
 
 
-def _optimum_text(best: pd.Series) -> str:
+def mark_optimum(ax, rows: pd.DataFrame, x: str, y: str, color) -> tuple[pd.Series, bool]:
+    """Star the best row of one curve, or mark it as a bound when it is the curve's last
+    point; returns the row and whether it sits at the edge."""
+    best = rows.loc[rows[y].idxmax()] if "best" not in rows else rows[rows["best"]].iloc[0]
+    at_edge = bool(best[x] == rows[x].max() and best[x] > rows[x].min())
+    (_edge if at_edge else _star)(ax, best[x], best[y], color)
+    return best, at_edge
+
+
+def _optimum_text(best: pd.Series, at_edge: bool) -> str:
     if best["tree_size"] == 1:
         return "do not speculate"
-    return f"best n={best['tree_size']}: {best['speedup']:.2f}x"
+    return f"best n{'≥' if at_edge else '='}{best['tree_size']}: {best['speedup']:.2f}x"
 
 
-def _marker_handles() -> list:
-    """Legend entries for the optimum star and the plain-decoding line."""
-    return [
-        Line2D([], [], color="gray", marker="*", ms=12, mec="black", ls="", label="optimum of a curve"),
-        Line2D([], [], color="black", ls=":", label="plain decoding (1x)"),
-    ]
+def size_label(tree_size: int, at_edge: bool) -> str:
+    if tree_size <= 1:
+        return "plain"
+    return f"≥{tree_size}" if at_edge else str(tree_size)
+
+
+def _marker_handles(edge: bool = True) -> list:
+    """Legend entries for the optimum star (and the edge marker) and the plain-decoding line."""
+    handles = [Line2D([], [], color="gray", marker="*", ms=12, mec="black", ls="", label="optimum of a curve")]
+    if edge:
+        handles.append(Line2D([], [], color="gray", marker=">", ms=9, mec="black", ls="", label="best at the largest size searched (≥: a bound)"))
+    return handles + [Line2D([], [], color="black", ls=":", label="plain decoding (1x)")]
 
 
 def candidates_figure(table: pd.DataFrame, title: str, subtitle: str) -> Figure:
     """Simulation (a): speedup against tree size per step model, and what makes it:
     acceptance (tokens per step) and overhead (Medusa step time / plain step time)."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 5.6))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 6.2))
+    any_edge = False
     for step, rows in table.groupby("step", sort=False):
         rows = rows.sort_values("tree_size")
         color = STEP_COLORS[step]
-        best = rows[rows["best"]].iloc[0]
-        left.plot(rows["tree_size"], rows["speedup"], ls=STEP_LINES[step], color=color, lw=2, label=f"{STEP_LABELS[step]}: {_optimum_text(best)}")
-        _star(left, best["tree_size"], best["speedup"], color)
+        line = left.plot(rows["tree_size"], rows["speedup"], ls=STEP_LINES[step], color=color, lw=2)[0]
+        best, at_edge = mark_optimum(left, rows, "tree_size", "speedup", color)
+        line.set_label(f"{STEP_LABELS[step]}: {_optimum_text(best, at_edge)}")
+        any_edge |= at_edge
         right.plot(rows["tree_size"], rows["overhead"], ls=STEP_LINES[step], color=color, lw=2, label=f"overhead, {STEP_LABELS[step]}")
     acc = table.drop_duplicates("tree_size").sort_values("tree_size")
     right.plot(acc["tree_size"], acc["acceptance"], color="#2a8c3c", lw=2, label="acceptance (tokens per step)")
     for ax in (left, right):
         _log2_axis(ax, table["tree_size"], SIZE_LABEL)
     _speedup_axes(left, "speedup = acceptance / overhead")
-    left.legend(handles=left.get_legend_handles_labels()[0] + _marker_handles(), loc="upper left", fontsize=9)
+    left.set_ylim(0, max(table["speedup"].max(), 1.0) * 1.1)
     right.axhline(1.0, color="black", ls=":", lw=1.2)
     right.set_ylim(0, max(acc["acceptance"].max(), table["overhead"].max(), 1.5) * 1.1)
     right.set_ylabel("tokens per step  /  step time ratio T(n)/T(1)")
     right.set_title("acceptance grows as ln n; overhead turns up once compute-bound", fontsize=11, y=1.01)
     right.grid(True, alpha=0.3)
-    right.legend(loc="upper left", fontsize=9)
-    fig.subplots_adjust(left=0.06, right=0.985, top=header(fig, title, subtitle), bottom=0.1, wspace=0.2)
+    fig.subplots_adjust(left=0.06, right=0.985, top=header(fig, title, subtitle), wspace=0.2)
+    legends = [
+        legend_below(fig, left, left.get_legend_handles_labels()[0] + _marker_handles(any_edge), ncol=2),
+        legend_below(fig, right, right.get_legend_handles_labels()[0], ncol=2),
+    ]
+    fit_bottom(fig, legends)
     return fig
 
 
@@ -106,62 +123,68 @@ def sweep_figure(table: pd.DataFrame, line_by: str, title: str, subtitle: str) -
     steps = list(table["step"].unique())
     label, short = SETTING_LABELS[line_by]
     colors = _level_colors(table[line_by])
-    fig, axes = plt.subplots(1, len(steps) + 1, figsize=(6.0 * (len(steps) + 1), 5.8), squeeze=False)
-    axes = axes[0]
+    fig, axes = plt.subplots(1, len(steps) + 1, figsize=(6.0 * (len(steps) + 1), 6.6), squeeze=False)
+    axes = list(axes[0])
+    edges: dict[tuple, bool] = {}
     for ax, step in zip(axes, steps):
         for level, rows in table[table["step"] == step].groupby(line_by):
             rows = rows.sort_values("tree_size")
             ax.plot(rows["tree_size"], rows["speedup"], ls=STEP_LINES[step], color=colors[level], lw=1.6)
-            best = rows[rows["best"]].iloc[0]
-            _star(ax, best["tree_size"], best["speedup"], colors[level])
+            _, edges[(step, level)] = mark_optimum(ax, rows, "tree_size", "speedup", colors[level])
         _log2_axis(ax, table["tree_size"], SIZE_LABEL)
         _speedup_axes(ax, f"{STEP_LABELS[step]}: one line per {short}")
         top = table.loc[table["step"] == step, "speedup"].max()
         ax.set_ylim(0, max(top, 1.0) * 1.12)
-    handles = [Line2D([], [], color=c, lw=2, label=f"{short}={v}") for v, c in colors.items()]
-    axes[0].legend(handles=handles + _marker_handles(), loc="upper left", fontsize=8, ncol=2)
 
     summary = axes[-1]
     best = table[table["best"]]
-    # per setting, the step with the higher speedup labels its point above, the other below
-    leader = best.sort_values("speedup", ascending=False, kind="stable").drop_duplicates(line_by).set_index(line_by)["step"]
     for step in steps:
         rows = best[best["step"] == step].sort_values(line_by)
-        color = STEP_COLORS[step]
-        summary.plot(rows[line_by], rows["speedup"], ls=STEP_LINES[step], color=color, lw=2, marker="o", ms=5, label=STEP_LABELS[step])
-        for _, row in rows.iterrows():
-            above = leader[row[line_by]] == step
-            text = str(row["tree_size"]) if row["tree_size"] > 1 else "plain"
-            summary.annotate(text, (row[line_by], row["speedup"]), xytext=(0, 7 if above else -13),
-                             textcoords="offset points", ha="center", fontsize=8, color=color)  # fmt: skip
+        summary.plot(rows[line_by], rows["speedup"], ls=STEP_LINES[step], color=STEP_COLORS[step], lw=2, marker="o", ms=5, label=STEP_LABELS[step])
     _log2_axis(summary, table[line_by], label)
     summary.set_xlim(summary.get_xlim()[0] / 1.15, summary.get_xlim()[1] * 1.15)  # room for the labels at the ends
     _speedup_axes(summary, f"best speedup per {short} (label: best tree size n)")
-    summary.set_ylim(0, max(best["speedup"].max(), 1.0) * 1.18)
-    summary.legend(handles=summary.get_legend_handles_labels()[0] + _marker_handles()[-1:], loc="lower left", fontsize=9)
-    fig.subplots_adjust(left=0.045, right=0.99, top=header(fig, title, subtitle), bottom=0.1, wspace=0.2)
+    summary.set_ylim(0, max(best["speedup"].max(), 1.0) * 1.25)
+    fig.subplots_adjust(left=0.045, right=0.99, top=header(fig, title, subtitle), wspace=0.2)
+    handles = [Line2D([], [], color=c, lw=2, label=f"{short}={v}") for v, c in colors.items()]
+    legends = [
+        legend_below(fig, axes[:-1], handles + _marker_handles(any(edges.values())), ncol=min(len(handles), 6) + 1),
+        legend_below(fig, summary, summary.get_legend_handles_labels()[0] + _marker_handles(False)[-1:], ncol=1),
+    ]
+    fit_bottom(fig, legends)
+    # per setting, the step with the higher speedup labels its point above, the other below
+    leader = best.sort_values("speedup", ascending=False, kind="stable").drop_duplicates(line_by).set_index(line_by)["step"]
+    labels = [
+        Label(row[line_by], row["speedup"], size_label(row["tree_size"], edges[(row["step"], row[line_by])]), STEP_COLORS[row["step"]],
+              "above" if leader[row[line_by]] == row["step"] else "below")
+        for _, row in best.iterrows()
+    ]  # fmt: skip
+    place_labels(summary, labels)
     return fig
 
 
-def draft_figure(draft: pd.DataFrame, medusa: dict[str, float], title: str, subtitle: str) -> Figure:
+def draft_figure(draft: pd.DataFrame, medusa: dict[str, tuple[float, str]], title: str, subtitle: str) -> Figure:
     """Draft-model speculative decoding: walltime improvement E / (c gamma + 1) against the
-    drafted tokens gamma, one line per acceptance rate alpha, beside Medusa's best speedup."""
-    fig, ax = plt.subplots(figsize=(12, 6.2))
+    drafted tokens gamma, one line per acceptance rate alpha, beside Medusa's best speedup
+    (step -> (speedup, its tree size as text, ">= 256" at the edge of the search))."""
+    fig, ax = plt.subplots(figsize=(12, 7.0))
     colors = _level_colors(draft["alpha"])
+    any_edge = False
     for alpha, rows in draft.groupby("alpha"):
         rows = rows.sort_values("gamma")
-        ax.plot(rows["gamma"], rows["improvement"], color=colors[alpha], lw=1.8, marker="o", ms=4, label=f"draft model, alpha={alpha:g}")
-        top = rows.loc[rows["improvement"].idxmax()]
-        _star(ax, top["gamma"], top["improvement"], colors[alpha])
-    for step, speedup in medusa.items():
-        ax.axhline(speedup, color=STEP_COLORS[step], ls=STEP_LINES[step], lw=2, label=f"Medusa best, {STEP_LABELS[step]}: {speedup:.2f}x")
+        line = ax.plot(rows["gamma"], rows["improvement"], color=colors[alpha], lw=1.8, marker="o", ms=4)[0]
+        top, at_edge = mark_optimum(ax, rows, "gamma", "improvement", colors[alpha])
+        line.set_label(f"draft model, alpha={alpha:g}: best gamma{AT_LEAST if at_edge else '='}{top['gamma']:g}")
+        any_edge |= at_edge
+    for step, (speedup, size) in medusa.items():
+        ax.axhline(speedup, color=STEP_COLORS[step], ls=STEP_LINES[step], lw=2, label=f"Medusa best, {STEP_LABELS[step]}: {speedup:.2f}x (n {size})")
     ax.set_xticks(sorted(draft["gamma"].unique()))
     ax.set_xlabel("drafted tokens per step gamma")
     _speedup_axes(ax, f"draft step / target step c = {draft['cost_ratio'].iloc[0]:g}", "predicted walltime improvement (x plain decoding)")
-    ax.set_ylim(0, max(draft["improvement"].max(), *medusa.values(), 1.0) * 1.15)
-    handles = ax.get_legend_handles_labels()[0] + _marker_handles()
-    ax.legend(handles=handles, loc="lower right", fontsize=8.5, ncol=2)
-    fig.subplots_adjust(left=0.07, right=0.98, top=header(fig, title, subtitle), bottom=0.1)
+    ax.set_ylim(0, max(draft["improvement"].max(), *(speedup for speedup, _ in medusa.values()), 1.0) * 1.15)
+    fig.subplots_adjust(left=0.07, right=0.98, top=header(fig, title, subtitle))
+    handles = ax.get_legend_handles_labels()[0] + _marker_handles(any_edge)
+    fit_bottom(fig, [legend_below(fig, ax, handles, ncol=3)])
     return fig
 
 
@@ -169,22 +192,25 @@ def closed_loop_figure(table: pd.DataFrame, title: str, subtitle: str) -> Figure
     """perfmodel.validate's comparison: measured and predicted speedup per tree size (error
     labelled), and the acceptance behind them."""
     table = table.sort_values("tree_size")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 5.4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 6.0))
     left.plot(table["tree_size"], table["predicted_speedup"], "-", color=STEP_COLORS["paper"], lw=2, label="predicted (measured operators + host overhead)")
     left.plot(table["tree_size"], table["measured_speedup"], "o", color="black", ms=7, label="measured (reference decoder, tokens/s ratio)")
-    for row in table.itertuples():
-        left.annotate(f"{row.error:+.1%}", (row.tree_size, max(row.predicted_speedup, row.measured_speedup)), xytext=(0, 8), textcoords="offset points", ha="center", fontsize=8)
     right.plot(table["tree_size"], table["predicted_acceptance"], "-", color="#2a8c3c", lw=2, label="predicted (from head accuracies)")
     right.plot(table["tree_size"], table["measured_acceptance"], "o", color="black", ms=7, label="measured")
     for ax in (left, right):
         _log2_axis(ax, table["tree_size"], SIZE_LABEL)
         ax.grid(True, alpha=0.3)
     _speedup_axes(left, "speedup (label: error of the prediction)", "speedup (x plain decoding)")
-    left.set_ylim(0, max(table["predicted_speedup"].max(), table["measured_speedup"].max(), 1.0) * 1.2)
-    left.legend(handles=left.get_legend_handles_labels()[0] + _marker_handles()[-1:], loc="lower left", fontsize=8.5)
+    left.set_ylim(0, max(table["predicted_speedup"].max(), table["measured_speedup"].max(), 1.0) * 1.25)
     right.set_ylim(0, table[["predicted_acceptance", "measured_acceptance"]].max().max() * 1.15)
     right.set_ylabel("accepted tokens per step")
     right.set_title("acceptance per step", fontsize=11, y=1.01)
-    right.legend(loc="lower right", fontsize=8.5)
-    fig.subplots_adjust(left=0.06, right=0.985, top=header(fig, title, subtitle), bottom=0.1, wspace=0.2)
+    fig.subplots_adjust(left=0.06, right=0.985, top=header(fig, title, subtitle), wspace=0.2)
+    legends = [
+        legend_below(fig, left, left.get_legend_handles_labels()[0] + _marker_handles(False)[-1:], ncol=1),
+        legend_below(fig, right, right.get_legend_handles_labels()[0], ncol=1),
+    ]
+    fit_bottom(fig, legends)
+    labels = [Label(r.tree_size, r.measured_speedup, f"{r.error:+.1%}") for r in table.itertuples()]
+    place_labels(left, labels)
     return fig
