@@ -8,7 +8,7 @@ of the following step, always accepted there.
 - greedy: a candidate is kept iff it is the argmax at its parent; the output is then
   exactly greedy decoding's (lossless).
 - typical: a candidate x is kept iff p(x) > min(eps, delta * exp(-H(p))) at its parent,
-  with p at `temperature`; the next root is the argmax (DESIGN section 5).
+  with p at `temperature`; the next root is the argmax (paper section 2.3.1).
 - rejection: exact sampling from the model at `temperature`. The tree's children of a
   node are deterministic drafts, so each is accepted with its probability under the
   residual distribution, which drops it and renormalises when it is rejected; when all

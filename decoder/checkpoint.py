@@ -17,8 +17,7 @@ import torch
 from decoder.heads import MedusaHeads
 from decoder.model import LlamaConfig, Transformer
 from perfmodel.errors import PerfkitError
-from perfmodel.jsonfile import read_json
-from perfmodel.models import BUNDLED_MODEL, resolve_model_path
+from perfmodel.models import BUNDLED_MODEL, parse_hf_config, parse_medusa_config, read_config_json, resolve_model_path
 from perfmodel.trees import Tree, load_tree
 
 HEADS_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -37,11 +36,11 @@ class Checkpoint:
     info: dict  # anything else the folder records (training card)
 
 
-def _read_config(folder: Path) -> dict:
+def _config_file(folder: Path) -> Path:
     path = folder / "config.json"
     if not path.is_file():
         raise PerfkitError(f"missing checkpoint file {path}")
-    return read_json(path, "checkpoint config")
+    return path
 
 
 def _load_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
@@ -66,8 +65,9 @@ def resolve_folder(model: str | Path) -> Path:
 
 def load_checkpoint(model: str | Path = "bundled", heads: str | Path | None = None, dtype=torch.float32) -> Checkpoint:
     folder = resolve_folder(model)
-    raw = _read_config(folder)
-    config = LlamaConfig.from_hf(raw)
+    config_file = _config_file(folder)
+    parsed = parse_hf_config(read_config_json(config_file), config_file)
+    config = LlamaConfig.from_hf(parsed)
     weights = sorted(p for p in folder.glob("*.safetensors") if p.name not in HEADS_FILES)
     if not weights:
         raise PerfkitError(f"missing checkpoint file: no *.safetensors weights in {folder}")
@@ -82,17 +82,24 @@ def load_checkpoint(model: str | Path = "bundled", heads: str | Path | None = No
     net = net.to(dtype).eval()
 
     heads_folder = resolve_folder(heads) if heads is not None else folder
-    heads_config = _read_config(heads_folder) if heads is not None else raw
+    heads_config = (
+        parse_medusa_config(read_config_json(_config_file(heads_folder))) if heads is not None else parsed.medusa
+    )
     medusa, tree = None, None
-    if heads_config.get("medusa_num_heads"):
+    if heads_config.num_heads:
         files = [heads_folder / f for f in HEADS_FILES if (heads_folder / f).exists()]
         if not files:
-            raise PerfkitError(f"missing checkpoint file: {heads_folder} declares medusa_num_heads but has none of {', '.join(HEADS_FILES)}")
-        medusa = MedusaHeads(config.hidden_size, config.vocab_size, heads_config["medusa_num_heads"], heads_config.get("medusa_num_layers", 1))
+            raise PerfkitError(
+                f"missing checkpoint file: {heads_folder} declares medusa_num_heads but has none of "
+                f"{', '.join(HEADS_FILES)}"
+            )
+        medusa = MedusaHeads(config.hidden_size, config.vocab_size, heads_config.num_heads, heads_config.num_layers)
         try:
             medusa.load_state_dict(_load_tensors(files[:1]))
         except RuntimeError as exc:
-            raise PerfkitError(f"{files[0]}: does not match medusa_num_heads/medusa_num_layers ({str(exc).splitlines()[0]})") from None
+            raise PerfkitError(
+                f"{files[0]}: does not match medusa_num_heads/medusa_num_layers ({str(exc).splitlines()[0]})"
+            ) from None
         medusa = medusa.to(dtype).eval()
         if (heads_folder / TREE_FILE).exists():
             tree = load_tree(heads_folder / TREE_FILE)
@@ -108,7 +115,15 @@ def load_checkpoint(model: str | Path = "bundled", heads: str | Path | None = No
     return Checkpoint(folder, config, net, medusa, tokenizer, tree, info)
 
 
-def save_checkpoint(folder: Path, model: Transformer, heads: MedusaHeads | None, tokenizer=None, tree: Tree | None = None, info: dict | None = None, dtype=torch.float16) -> None:
+def save_checkpoint(
+    folder: Path,
+    model: Transformer,
+    heads: MedusaHeads | None,
+    tokenizer=None,
+    tree: Tree | None = None,
+    info: dict | None = None,
+    dtype=torch.float16,
+) -> None:
     """Write the HF layout (weights in `dtype` to keep the files small)."""
     from safetensors.torch import save_file
 
@@ -122,7 +137,9 @@ def save_checkpoint(folder: Path, model: Transformer, heads: MedusaHeads | None,
         state.pop("lm_head.weight")
     save_file(state, str(folder / "model.safetensors"))
     if heads is not None:
-        save_file({k: v.detach().to(dtype).contiguous() for k, v in heads.state_dict().items()}, str(folder / HEADS_FILES[0]))
+        save_file(
+            {k: v.detach().to(dtype).contiguous() for k, v in heads.state_dict().items()}, str(folder / HEADS_FILES[0])
+        )
     if tokenizer is not None:
         tokenizer.save(str(folder / "tokenizer.json"))
     if tree is not None:

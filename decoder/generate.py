@@ -32,13 +32,35 @@ class Streamer:
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.generate", description=__doc__)
     p.add_argument("--prompt", required=True, help="text to continue")
-    p.add_argument("--model", default="bundled", metavar="DIR|bundled", help="checkpoint folder in the Hugging Face Llama layout (default: the bundled model)")
+    p.add_argument(
+        "--model",
+        default="bundled",
+        metavar="DIR|bundled",
+        help="checkpoint folder in the Hugging Face Llama layout (default: the bundled model)",
+    )
     p.add_argument("--heads", metavar="DIR", help="Medusa heads folder, when apart from the model")
-    p.add_argument("--max-new-tokens", type=positive_int, default=200, metavar="N", help="tokens to generate after the prompt (default %(default)s)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=200,
+        metavar="N",
+        help="tokens to generate after the prompt (default %(default)s)",
+    )
     p.add_argument("--tree", default="default", metavar="NAME|FILE", help=TREE_NAMES)
-    p.add_argument("--acceptance", choices=SCHEMES, default="greedy",
-                   help="greedy: lossless, greedy decoding's output; typical: the Medusa paper's typical acceptance; rejection: exact sampling (default %(default)s)")  # fmt: skip
-    p.add_argument("--temperature", type=float, default=0.7, metavar="T", help="sampling temperature for typical and rejection acceptance (default %(default)s)")
+    p.add_argument(
+        "--acceptance",
+        choices=SCHEMES,
+        default="greedy",
+        help="greedy: lossless, greedy decoding's output; typical: the Medusa paper's typical acceptance; rejection: "
+        "exact sampling (default %(default)s)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.7,
+        metavar="T",
+        help="sampling temperature for typical and rejection acceptance (default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed for sampling (default %(default)s)")
     p.add_argument("--no-medusa", action="store_true", help="plain decoding, for comparison")
     return p

@@ -22,9 +22,18 @@ class ResBlock(nn.Module):
 
 
 class MedusaHeads(nn.ModuleList):
-    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1, lm_head: torch.Tensor | None = None):
+    def __init__(
+        self,
+        hidden_size: int,
+        vocab_size: int,
+        num_heads: int,
+        num_layers: int = 1,
+        lm_head: torch.Tensor | None = None,
+    ):
         super().__init__(
-            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)], nn.Linear(hidden_size, vocab_size, bias=False))
+            nn.Sequential(
+                *[ResBlock(hidden_size) for _ in range(num_layers)], nn.Linear(hidden_size, vocab_size, bias=False)
+            )
             for _ in range(num_heads)
         )
         if lm_head is not None:  # W2 starts from the LM head (Medusa-1 recipe)
@@ -42,7 +51,9 @@ def head_weights(num_heads: int, decay: float = 0.8) -> torch.Tensor:
     return decay ** torch.arange(1, num_heads + 1, dtype=torch.float32)
 
 
-def medusa_loss(logits: torch.Tensor, tokens: torch.Tensor, decay: float = 0.8, target_mask: torch.Tensor | None = None):
+def medusa_loss(
+    logits: torch.Tensor, tokens: torch.Tensor, decay: float = 0.8, target_mask: torch.Tensor | None = None
+):
     """Sum_k lambda_k CE(head k at t, token t+k+1), and each head's top-1 accuracy.
 
     logits: (K, B, T, V) from hidden states of tokens[:, :T]; tokens: (B, T_total);
@@ -54,7 +65,11 @@ def medusa_loss(logits: torch.Tensor, tokens: torch.Tensor, decay: float = 0.8, 
         shift = k + 2  # head k (0-based) at position t predicts token t + k + 2
         pred = logits[k, :, : tokens.shape[1] - shift]
         target = tokens[:, shift : shift + pred.shape[1]]
-        keep = torch.ones_like(target, dtype=torch.bool) if target_mask is None else target_mask[:, shift : shift + pred.shape[1]]
+        keep = (
+            torch.ones_like(target, dtype=torch.bool)
+            if target_mask is None
+            else target_mask[:, shift : shift + pred.shape[1]]
+        )
         pred, target = pred[keep].float(), target[keep]
         total = total + weights[k] * F.cross_entropy(pred, target)
         accuracy.append((pred.argmax(-1) == target).float().mean())
@@ -69,7 +84,11 @@ def topk_accuracy(logits: torch.Tensor, tokens: torch.Tensor, topk: int, target_
         shift = k + 2
         ranked = logits[k, :, : tokens.shape[1] - shift].topk(topk, dim=-1).indices
         target = tokens[:, shift : shift + ranked.shape[1]]
-        keep = torch.ones_like(target, dtype=torch.bool) if target_mask is None else target_mask[:, shift : shift + ranked.shape[1]]
+        keep = (
+            torch.ones_like(target, dtype=torch.bool)
+            if target_mask is None
+            else target_mask[:, shift : shift + ranked.shape[1]]
+        )
         hits = (ranked == target[..., None])[keep].float()
         rows.append(hits.mean(0))
     return torch.stack(rows).numpy()

@@ -26,9 +26,8 @@ from decoder.medusa import PHASES, Decoder, DecodeResult
 from decoder.tree import TREE_NAMES, resolve_tree
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.errors import PerfkitError
-from perfmodel.trees import expected_acceptance, greedy_tree
+from perfmodel.trees import HEAD_TOP_K, expected_acceptance, greedy_tree
 
-TOPK = 10
 DEFAULT_SIZES = (1, 4, 16, 64)  # plus the measured tree's own size
 
 
@@ -48,7 +47,9 @@ def decode_batches(decoder: Decoder, prompts, batch: int, max_new: int, **kwargs
     return total
 
 
-def decode_interleaved(decoder: Decoder, prompts, batch: int, max_new: int, settings: dict, rounds: int = 1, **kwargs) -> dict:
+def decode_interleaved(
+    decoder: Decoder, prompts, batch: int, max_new: int, settings: dict, rounds: int = 1, **kwargs
+) -> dict:
     """Decode the prompts with every setting (name -> generate() keyword arguments), one
     batch of prompts at a time through all settings in turn, `rounds` times over.
 
@@ -97,7 +98,7 @@ def head_accuracy(decoder: Decoder, prompts, outputs) -> np.ndarray:
     mask[:, len(prompts[0]) :] = True
     with torch.inference_mode():
         logits = decoder.heads(decoder.model.hidden(tokens))
-    return topk_accuracy(logits, tokens, TOPK, mask)
+    return topk_accuracy(logits, tokens, HEAD_TOP_K, mask)
 
 
 def measure(args) -> dict:
@@ -109,16 +110,22 @@ def measure(args) -> dict:
     acceptance = AcceptanceConfig(args.acceptance, temperature=args.temperature, seed=args.seed)
     prompts = heldout_prompts(ckpt, args.prompts, args.prompt_len, args.seed)
     eos = ckpt.config.eos_token_id
-    run_kwargs = dict(acceptance=acceptance, topk=TOPK)
+    run_kwargs = dict(acceptance=acceptance, topk=HEAD_TOP_K)
 
     # Warm-up: the first calls of every kernel are slow; none of this is timed.
     decoder.generate(prompts[: args.batch], 8, **run_kwargs)
-    decoder.generate(prompts[: args.batch], 8, tree=greedy_tree(np.full((len(ckpt.heads), TOPK), 0.5), 8), **run_kwargs)
+    decoder.generate(
+        prompts[: args.batch], 8, tree=greedy_tree(np.full((len(ckpt.heads), HEAD_TOP_K), 0.5), 8), **run_kwargs
+    )
     # The head accuracies choose the trees, so a first plain pass (not timed) comes before the runs compared.
-    accuracy = head_accuracy(decoder, prompts, decode_batches(decoder, prompts, args.batch, args.new_tokens, **run_kwargs).tokens)
+    accuracy = head_accuracy(
+        decoder, prompts, decode_batches(decoder, prompts, args.batch, args.new_tokens, **run_kwargs).tokens
+    )
     tree = resolve_tree(args.tree, ckpt, accuracy)
     nodes = args.dynamic if args.dynamic else 0
-    wanted = sorted(set(args.sizes) | ({tree.size} if not nodes and tree == greedy_tree(accuracy, tree.size - 1) else set()))
+    wanted = sorted(
+        set(args.sizes) | ({tree.size} if not nodes and tree == greedy_tree(accuracy, tree.size - 1) else set())
+    )
     sized_trees = {size: greedy_tree(accuracy, size - 1) for size in wanted}
     # Every run timed in turn, prompt batch by prompt batch, so their tokens/s ratios see the same machine.
     settings = {"plain": {}, "medusa": {"tree": None if nodes else tree, "dynamic_nodes": nodes}}
@@ -139,7 +146,9 @@ def measure(args) -> dict:
                 "predicted_from_accuracy": round(expected_acceptance(sized, accuracy), 4),
                 "tokens_per_s": round(result.tokens_per_s, 1),
                 "steps": result.steps,
-                "lossless": result.tokens == baseline.tokens if not acceptance.samples and acceptance.scheme == "greedy" else None,
+                "lossless": result.tokens == baseline.tokens
+                if not acceptance.samples and acceptance.scheme == "greedy"
+                else None,
             }
         )
     histogram = Counter(a for row in medusa.accepted for a in row)
@@ -147,7 +156,11 @@ def measure(args) -> dict:
     report = {
         "model": str(ckpt.folder),
         "acceptance": acceptance.__dict__,
-        "tree": {"name": f"dynamic-{nodes}" if nodes else args.tree, "size": nodes + 1 if nodes else tree.size, "paths": None if nodes else [list(p) for p in tree.paths]},
+        "tree": {
+            "name": f"dynamic-{nodes}" if nodes else args.tree,
+            "size": nodes + 1 if nodes else tree.size,
+            "paths": None if nodes else [list(p) for p in tree.paths],
+        },
         "dynamic": bool(nodes),
         "batch": args.batch,
         "prompts": len(prompts),
@@ -176,20 +189,62 @@ def measure(args) -> dict:
 
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.measure", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="bundled", metavar="DIR|bundled", help="checkpoint folder (default: the bundled model)")
+    p.add_argument(
+        "--model", default="bundled", metavar="DIR|bundled", help="checkpoint folder (default: the bundled model)"
+    )
     p.add_argument("--heads", metavar="DIR", help="Medusa heads folder, when apart from the model")
     p.add_argument("--tree", default="default", metavar="NAME|FILE", help=TREE_NAMES)
-    p.add_argument("--acceptance", choices=SCHEMES, default="greedy", help="acceptance scheme: greedy (lossless), typical or rejection (default %(default)s)")
+    p.add_argument(
+        "--acceptance",
+        choices=SCHEMES,
+        default="greedy",
+        help="acceptance scheme: greedy (lossless), typical or rejection (default %(default)s)",
+    )
     p.add_argument("--temperature", type=float, default=0.7, help="for typical and rejection (default %(default)s)")
-    p.add_argument("--dynamic", type=positive_int, nargs="?", const=48, metavar="N", help="dynamic tree of N nodes per step (default N 48)")
-    p.add_argument("--batch", type=positive_int, default=1, metavar="B", help="prompts decoded together, each accepting its own tokens per step (default %(default)s)")
+    p.add_argument(
+        "--dynamic",
+        type=positive_int,
+        nargs="?",
+        const=48,
+        metavar="N",
+        help="dynamic tree of N nodes per step (default N 48)",
+    )
+    p.add_argument(
+        "--batch",
+        type=positive_int,
+        default=1,
+        metavar="B",
+        help="prompts decoded together, each accepting its own tokens per step (default %(default)s)",
+    )
     p.add_argument("--prompts", type=positive_int, default=16, help="held-out prompts (default %(default)s)")
     p.add_argument("--prompt-len", type=positive_int, default=64, help="tokens per prompt (default %(default)s)")
-    p.add_argument("--new-tokens", type=positive_int, default=96, help="tokens to generate per prompt (default %(default)s)")
-    p.add_argument("--sizes", type=positive_int, nargs="+", default=list(DEFAULT_SIZES), metavar="Q", help="tree sizes (root + nodes) for the acceptance curve (default 1 4 16 64)")
-    p.add_argument("--rounds", type=positive_int, default=1, help="times every run goes over the prompts, interleaved (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed for prompt choice and sampling (default %(default)s)")
-    p.add_argument("--out", type=Path, required=True, metavar="FILE.json", help="where to write the acceptance record (JSON)")
+    p.add_argument(
+        "--new-tokens", type=positive_int, default=96, help="tokens to generate per prompt (default %(default)s)"
+    )
+    p.add_argument(
+        "--sizes",
+        type=positive_int,
+        nargs="+",
+        default=list(DEFAULT_SIZES),
+        metavar="Q",
+        help="tree sizes (root + nodes) for the acceptance curve (default 1 4 16 64)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        help="times every run goes over the prompts, interleaved (default %(default)s)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="random seed for prompt choice and sampling (default %(default)s)",
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, metavar="FILE.json", help="where to write the acceptance record (JSON)"
+    )
     return p
 
 
@@ -202,11 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=1))
     print(
         f"{args.out}: {report['mean_accepted_tokens']:.2f} tokens/step with tree {report['tree']['name']} "
-        f"({report['tree']['size']} tokens), {report['tokens_per_s_medusa']:.0f} vs {report['tokens_per_s_baseline']:.0f} tokens/s "
+        f"({report['tree']['size']} tokens), {report['tokens_per_s_medusa']:.0f} vs "
+        f"{report['tokens_per_s_baseline']:.0f} tokens/s "
         f"(x{report['wall_speedup']:.2f}), lossless: {report['lossless']}, {report['wall_s']:.0f} s"
     )
     for row in report["per_tree_size"]:
-        print(f"  tree size {row['tree_size']:>3}: {row['mean_accepted_tokens']:.2f} tokens/step (predicted from accuracies {row['predicted_from_accuracy']:.2f}), {row['tokens_per_s']:.0f} tokens/s")
+        print(
+            f"  tree size {row['tree_size']:>3}: {row['mean_accepted_tokens']:.2f} tokens/step (predicted from "
+            f"accuracies {row['predicted_from_accuracy']:.2f}), {row['tokens_per_s']:.0f} tokens/s"
+        )
     return 0
 
 

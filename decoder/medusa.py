@@ -15,7 +15,6 @@ Plain decoding is the same step with a one-token tree and no heads.
 
 from __future__ import annotations
 
-import heapq
 import time
 from dataclasses import dataclass, field
 
@@ -26,7 +25,7 @@ from decoder.checkpoint import Checkpoint
 from decoder.model import KVCache
 from decoder.tree import TreeBuffers, tree_buffers
 from perfmodel.errors import PerfkitError
-from perfmodel.trees import Tree
+from perfmodel.trees import HEAD_TOP_K, Tree, greedy_tree
 
 PHASES = ("candidates", "forward", "verification", "kv_update")
 ROOT_ONLY = Tree(())
@@ -60,20 +59,10 @@ def dynamic_tree(head_probs: torch.Tensor, nodes: int, topk: int) -> Tree:
     """Top-`nodes` paths by joint probability of the heads' top-k predictions (2502.05947).
 
     head_probs: (K, V). A child's score is never above its parent's, so the best paths
-    form a tree; a priority queue finds them in O(K n k log n).
+    form a tree: the paper's greedy construction, fed this step's probabilities in place
+    of the heads' mean accuracies.
     """
-    top_p, _ = head_probs.topk(topk, dim=-1)
-    top_p = top_p.tolist()
-    frontier = [(-top_p[0][r], (r,)) for r in range(topk)]
-    heapq.heapify(frontier)
-    chosen = []
-    while frontier and len(chosen) < nodes:
-        score, path = heapq.heappop(frontier)
-        chosen.append(path)
-        if len(path) < len(top_p):
-            for r in range(topk):
-                heapq.heappush(frontier, (score * top_p[len(path)][r], path + (r,)))
-    return Tree(tuple(chosen))
+    return greedy_tree(head_probs.topk(topk, dim=-1).values.tolist(), nodes)
 
 
 def tree_attention_mask(lengths: torch.Tensor, tree_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -87,7 +76,9 @@ def tree_attention_mask(lengths: torch.Tensor, tree_mask: torch.Tensor, kv_len: 
     return ((rel < 0) | (in_tree & tree_part))[:, None]
 
 
-def build_candidates(roots: list[int], head_logits: torch.Tensor, buffers: list[TreeBuffers], topk: int) -> torch.Tensor:
+def build_candidates(
+    roots: list[int], head_logits: torch.Tensor, buffers: list[TreeBuffers], topk: int
+) -> torch.Tensor:
     """Candidate tokens (B, T) of every sequence's tree, root first: node i is rank
     node_rank[i] of head node_head[i]'s top-k. head_logits: (K, B, V)."""
     batch, device = len(roots), head_logits.device
@@ -99,7 +90,9 @@ def build_candidates(roots: list[int], head_logits: torch.Tensor, buffers: list[
     return candidates
 
 
-def commit_path(cache: KVCache, lengths: list[int], row: int, path: list[int], hidden, last_hidden, candidates) -> list[int]:
+def commit_path(
+    cache: KVCache, lengths: list[int], row: int, path: list[int], hidden, last_hidden, candidates
+) -> list[int]:
     """Keep sequence `row`'s accepted tree tokens `path` (indices, root first): move their
     KV entries to the slots right after its prefix (the root's is there already), advance
     its length, keep the last accepted token's hidden state for the heads; returns the
@@ -166,7 +159,7 @@ class Decoder:
         tree: Tree | None = None,
         acceptance: AcceptanceConfig = AcceptanceConfig(),
         dynamic_nodes: int = 0,
-        topk: int = 10,
+        topk: int = HEAD_TOP_K,
         eos: int | None = None,
         on_tokens=None,
     ) -> DecodeResult:
@@ -189,7 +182,13 @@ class Decoder:
         accept = ACCEPT[acceptance.scheme]
         batch = len(prompts)
         result = DecodeResult([[] for _ in prompts], [[] for _ in prompts], [])
-        cache = KVCache(self.model.config, batch, self._max_len(prompts, max_new_tokens, size), self.device, next(self.model.parameters()).dtype)
+        cache = KVCache(
+            self.model.config,
+            batch,
+            self._max_len(prompts, max_new_tokens, size),
+            self.device,
+            next(self.model.parameters()).dtype,
+        )
         done = [False] * batch
 
         with torch.inference_mode():
@@ -242,5 +241,8 @@ class Decoder:
             buffers = [static] * batch
         else:
             probs = torch.softmax(head_logits.float(), dim=-1).transpose(0, 1)
-            buffers = [tree_buffers(dynamic_tree(probs[b], dynamic_nodes, topk), len(self.heads), topk, self.device) for b in range(batch)]
+            buffers = [
+                tree_buffers(dynamic_tree(probs[b], dynamic_nodes, topk), len(self.heads), topk, self.device)
+                for b in range(batch)
+            ]
         return buffers, build_candidates(roots, head_logits, buffers, topk)

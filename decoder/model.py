@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perfmodel.errors import PerfkitError
+from perfmodel.models import HFConfig, parse_hf_config
 
 
 @dataclass(frozen=True)
@@ -40,31 +41,46 @@ class LlamaConfig:
         if self.head_dim is None:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.num_attention_heads % self.num_key_value_heads:
-            raise PerfkitError(f"num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads {self.num_key_value_heads}")
+            raise PerfkitError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads "
+                f"{self.num_key_value_heads}"
+            )
 
     @classmethod
-    def from_hf(cls, cfg: dict) -> LlamaConfig:
-        """From a Hugging Face config.json dict (unknown keys are ignored)."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in cfg.items() if k in fields}
-        # transformers >= 5 nests RoPE settings in rope_parameters; older files use rope_scaling.
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        if rope.get("rope_theta") is not None:
-            values["rope_theta"] = rope["rope_theta"]
-        kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind not in ("default", None):
-            raise PerfkitError(f"config.json uses RoPE scaling {kind!r}; only plain RoPE is implemented")
-        values.setdefault("num_key_value_heads", cfg.get("num_attention_heads"))
-        if isinstance(values.get("eos_token_id"), list):
-            values["eos_token_id"] = values["eos_token_id"][0]
-        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads") if values.get(k) is None]
-        if missing:
-            raise PerfkitError(f"config.json lacks {', '.join(missing)}")
-        return cls(**values)
+    def from_hf(cls, cfg: HFConfig | dict) -> LlamaConfig:
+        """From a config.json parsed by perfmodel.models (or its dict, parsed here the same
+        way), so the decoder runs exactly the shapes the cost model counts."""
+        if isinstance(cfg, dict):
+            cfg = parse_hf_config(cfg)
+        if cfg.rope_type != "default":
+            raise PerfkitError(f"config.json uses RoPE scaling {cfg.rope_type!r}; only plain RoPE is implemented")
+        return cls(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_hidden_layers,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            rope_theta=cfg.rope_theta,
+            rms_norm_eps=cfg.rms_norm_eps,
+            max_position_embeddings=cfg.max_position_embeddings,
+            tie_word_embeddings=cfg.tie_word_embeddings,
+            bos_token_id=cfg.bos_token_id,
+            eos_token_id=cfg.eos_token_id,
+            medusa_num_heads=cfg.medusa.num_heads or 0,
+            medusa_num_layers=cfg.medusa.num_layers,
+        )
 
     def to_hf(self) -> dict:
         cfg = dataclasses.asdict(self)
-        cfg.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu", attention_bias=False, mlp_bias=False)
+        cfg.update(
+            architectures=["LlamaForCausalLM"],
+            model_type="llama",
+            hidden_act="silu",
+            attention_bias=False,
+            mlp_bias=False,
+        )
         return cfg
 
 
@@ -188,7 +204,9 @@ class Transformer(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def hidden(self, tokens, positions=None, cache: KVCache | None = None, slots=None, mask=None, kv_len: int = 0) -> torch.Tensor:
+    def hidden(
+        self, tokens, positions=None, cache: KVCache | None = None, slots=None, mask=None, kv_len: int = 0
+    ) -> torch.Tensor:
         """Final-norm hidden states (B, T, h).
 
         Without a cache: causal attention over `tokens` (training, full recompute).

@@ -33,9 +33,7 @@ from decoder.heads import MedusaHeads, medusa_loss, topk_accuracy
 from decoder.medusa import Decoder
 from decoder.model import LlamaConfig, Transformer
 from perfmodel.cli import Parser, positive_int, run
-from perfmodel.trees import expected_acceptance, greedy_tree
-
-TOPK = 10
+from perfmodel.trees import HEAD_TOP_K, expected_acceptance, greedy_tree
 
 
 @dataclass(frozen=True)
@@ -79,10 +77,25 @@ class TrainConfig:
 
 # Minutes, not hours: for the tests and for trying the pipeline end to end.
 QUICK = TrainConfig(
-    vocab_size=384, hidden_size=64, intermediate_size=128, layers=2, attention_heads=4, kv_heads=2, seq_len=64, batch=8,
-    steps=30, warmup=5, distill_prompts=64, distill_prompt_len=16, distill_new=24, eval_prompts=16, head_epochs=2,
-    head_batch=16, tree_nodes=8, max_files=30,
-)  # fmt: skip
+    vocab_size=384,
+    hidden_size=64,
+    intermediate_size=128,
+    layers=2,
+    attention_heads=4,
+    kv_heads=2,
+    seq_len=64,
+    batch=8,
+    steps=30,
+    warmup=5,
+    distill_prompts=64,
+    distill_prompt_len=16,
+    distill_new=24,
+    eval_prompts=16,
+    head_epochs=2,
+    head_batch=16,
+    tree_nodes=8,
+    max_files=30,
+)
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -91,7 +104,12 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(texts, trainer)
     return tokenizer
 
@@ -146,12 +164,25 @@ def train_backbone(config: TrainConfig, stream: np.ndarray, work: Path, log) -> 
         bar.update()
         bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
         if step % 100 == 0 or step == config.steps:
-            state = dict(config=dataclasses.asdict(config), model=model.state_dict(), optimizer=optimizer.state_dict(), rng=rng.bit_generator.state, step=step, losses=losses, seconds=time.perf_counter() - started)
+            state = dict(
+                config=dataclasses.asdict(config),
+                model=model.state_dict(),
+                optimizer=optimizer.state_dict(),
+                rng=rng.bit_generator.state,
+                step=step,
+                losses=losses,
+                seconds=time.perf_counter() - started,
+            )
             torch.save(state, state_file.with_suffix(".tmp"))
             state_file.with_suffix(".tmp").replace(state_file)  # a kill never corrupts the resume point
     bar.close()
     model.eval()
-    return model, {"steps": step, "tokens": step * config.batch * config.seq_len, "seconds": round(time.perf_counter() - started, 1), "final_loss": round(float(np.mean(losses[-50:])), 4)}
+    return model, {
+        "steps": step,
+        "tokens": step * config.batch * config.seq_len,
+        "seconds": round(time.perf_counter() - started, 1),
+        "final_loss": round(float(np.mean(losses[-50:])), 4),
+    }
 
 
 def config_eos(work: Path) -> int:
@@ -179,7 +210,9 @@ def distill(model: Transformer, prompts: list[list[int]], new_tokens: int, log, 
     return torch.tensor(rows)
 
 
-def train_heads(model: Transformer, sequences: torch.Tensor, prompt_len: int, config: TrainConfig, log) -> tuple[MedusaHeads, dict]:
+def train_heads(
+    model: Transformer, sequences: torch.Tensor, prompt_len: int, config: TrainConfig, log
+) -> tuple[MedusaHeads, dict]:
     """Medusa-1: backbone frozen, heads trained on its hidden states and continuations."""
     torch.manual_seed(config.seed)
     with torch.inference_mode():
@@ -204,9 +237,17 @@ def train_heads(model: Transformer, sequences: torch.Tensor, prompt_len: int, co
             loss.backward()
             optimizer.step()
             steps += 1
-        log(f"heads: epoch {epoch + 1}/{config.head_epochs}, loss {float(loss.detach()):.3f}, top-1 accuracy {[round(float(a), 3) for a in accuracy]}")
+        log(
+            f"heads: epoch {epoch + 1}/{config.head_epochs}, loss {float(loss.detach()):.3f}, top-1 accuracy "
+            f"{[round(float(a), 3) for a in accuracy]}"
+        )
     heads.eval()
-    return heads, {"steps": steps, "sequences": len(sequences), "seconds": round(time.perf_counter() - started, 1), "final_loss": round(float(loss.detach()), 4)}
+    return heads, {
+        "steps": steps,
+        "sequences": len(sequences),
+        "seconds": round(time.perf_counter() - started, 1),
+        "final_loss": round(float(loss.detach()), 4),
+    }
 
 
 def measure_accuracy(model: Transformer, heads: MedusaHeads, sequences: torch.Tensor, prompt_len: int) -> np.ndarray:
@@ -215,12 +256,17 @@ def measure_accuracy(model: Transformer, heads: MedusaHeads, sequences: torch.Te
         logits = heads(model.hidden(sequences))
     mask = torch.zeros_like(sequences, dtype=torch.bool)
     mask[:, prompt_len:] = True
-    return topk_accuracy(logits, sequences, TOPK, mask)
+    return topk_accuracy(logits, sequences, HEAD_TOP_K, mask)
 
 
 def build(config: TrainConfig, out: Path, work: Path, log=print) -> dict:
     work.mkdir(parents=True, exist_ok=True)
-    card: dict = {"config": dataclasses.asdict(config), "python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    card: dict = {
+        "config": dataclasses.asdict(config),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
     t0 = time.perf_counter()
     train_texts, heldout_texts, corpus = split_corpus()
     if config.max_files:
@@ -228,18 +274,28 @@ def build(config: TrainConfig, out: Path, work: Path, log=print) -> dict:
     card["corpus"] = corpus
 
     tokenizer_file = work / "tokenizer.json"
-    if tokenizer_file.exists() and json.loads((work / "meta.json").read_text()).get("config") == dataclasses.asdict(config):
+    if tokenizer_file.exists() and json.loads((work / "meta.json").read_text()).get("config") == dataclasses.asdict(
+        config
+    ):
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
     else:
         tokenizer = train_tokenizer(train_texts, config.vocab_size)
         tokenizer.save(str(tokenizer_file))
-        (work / "meta.json").write_text(json.dumps({"config": dataclasses.asdict(config), "eos": tokenizer.token_to_id(EOS)}))
+        (work / "meta.json").write_text(
+            json.dumps({"config": dataclasses.asdict(config), "eos": tokenizer.token_to_id(EOS)})
+        )
     eos = tokenizer.token_to_id(EOS)
     train_docs, heldout_docs = encode(tokenizer, train_texts), encode(tokenizer, heldout_texts)
     stream = np.array([t for doc in train_docs for t in (*doc, eos)], dtype=np.int32)
-    card["tokenizer"] = {"vocab_size": tokenizer.get_vocab_size(), "train_tokens": int(len(stream)), "heldout_tokens": sum(map(len, heldout_docs)), "chars_per_token": round(corpus["train_bytes"] / len(stream), 2) if not config.max_files else None, "seconds": round(time.perf_counter() - t0, 1)}
+    card["tokenizer"] = {
+        "vocab_size": tokenizer.get_vocab_size(),
+        "train_tokens": int(len(stream)),
+        "heldout_tokens": sum(map(len, heldout_docs)),
+        "chars_per_token": round(corpus["train_bytes"] / len(stream), 2) if not config.max_files else None,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     log(f"tokenizer: {card['tokenizer']}")
 
     model, card["backbone"] = train_backbone(config, stream, work, log)
@@ -252,15 +308,26 @@ def build(config: TrainConfig, out: Path, work: Path, log=print) -> dict:
     sequences = distill(model, train_prompts, config.distill_new, log, "self-distillation")
     heldout_prompts = sample_prompts(heldout_docs, config.eval_prompts, config.distill_prompt_len, seed=config.seed + 2)
     heldout_sequences = distill(model, heldout_prompts, config.distill_new, log, "held-out continuations")
-    card["distillation"] = {"sequences": len(sequences), "tokens": int(sequences.numel()), "seconds": round(time.perf_counter() - t0, 1)}
+    card["distillation"] = {
+        "sequences": len(sequences),
+        "tokens": int(sequences.numel()),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
     heads, card["heads"] = train_heads(model, sequences, config.distill_prompt_len, config, log)
     card["heads"]["parameters"] = sum(p.numel() for p in heads.parameters())
     accuracy = measure_accuracy(model, heads, heldout_sequences, config.distill_prompt_len)
     tree = greedy_tree(accuracy, config.tree_nodes)
     card["heldout_head_accuracy"] = np.round(accuracy, 4).tolist()
-    card["default_tree"] = {"nodes": len(tree.paths), "depth": tree.depth, "expected_tokens_per_step": round(expected_acceptance(tree, accuracy), 3)}
-    log(f"heads: held-out top-1 accuracy per head {np.round(accuracy[:, 0], 3).tolist()}; default tree {card['default_tree']}")
+    card["default_tree"] = {
+        "nodes": len(tree.paths),
+        "depth": tree.depth,
+        "expected_tokens_per_step": round(expected_acceptance(tree, accuracy), 3),
+    }
+    log(
+        f"heads: held-out top-1 accuracy per head {np.round(accuracy[:, 0], 3).tolist()}; default tree "
+        f"{card['default_tree']}"
+    )
     save_checkpoint(out, model, heads, tokenizer, tree, card)
     card["assets_bytes"] = sum(f.stat().st_size for f in out.iterdir())
     (out / "training.json").write_text(json.dumps(card, indent=1))
@@ -273,12 +340,30 @@ DEFAULT_OUT = Path("perf-reports") / "trained"
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.train", description=__doc__.split("\n\n")[0])
     target = p.add_mutually_exclusive_group()
-    target.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR", help="checkpoint folder to write (default %(default)s)")
-    target.add_argument("--install", action="store_true", help=f"replace the bundled model ({BUNDLED}) with the one trained")
-    p.add_argument("--work", type=Path, default=Path("perf-reports") / "train-work", metavar="DIR", help="intermediate results, for resuming (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed of data order and initial weights (default %(default)s)")
+    target.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, metavar="DIR", help="checkpoint folder to write (default %(default)s)"
+    )
+    target.add_argument(
+        "--install", action="store_true", help=f"replace the bundled model ({BUNDLED}) with the one trained"
+    )
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=Path("perf-reports") / "train-work",
+        metavar="DIR",
+        help="intermediate results, for resuming (default %(default)s)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="random seed of data order and initial weights (default %(default)s)",
+    )
     p.add_argument("--steps", type=positive_int, help="backbone training steps (default 2000; 16 x 256 tokens each)")
-    p.add_argument("--quick", action="store_true", help="a tiny model on 30 files in about a minute, to try the pipeline")
+    p.add_argument(
+        "--quick", action="store_true", help="a tiny model on 30 files in about a minute, to try the pipeline"
+    )
     return p
 
 

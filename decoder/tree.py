@@ -82,7 +82,9 @@ def resolve_tree(name: str, checkpoint, accuracy=None) -> Tree:
     if name.startswith("greedy-") and name[7:].isdigit():
         accuracy = accuracy if accuracy is not None else checkpoint.info.get("heldout_head_accuracy")
         if accuracy is None:
-            raise PerfkitError(f"{name} needs head accuracies; {checkpoint.folder} records none (decoder.measure measures them)")
+            raise PerfkitError(
+                f"{name} needs head accuracies; {checkpoint.folder} records none (decoder.measure measures them)"
+            )
         return greedy_tree(np.asarray(accuracy), int(name[7:]))
     if name.startswith("chain-") and name[6:].isdigit():
         return Tree(tuple((0,) * d for d in range(1, int(name[6:]) + 1)))

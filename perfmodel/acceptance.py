@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfmodel.errors import PerfkitError
+from perfmodel.jsonfile import read_json
 from perfmodel.trees import expected_acceptance, greedy_tree, optimal_tree
 
 PAPER_LOG_SLOPE = 0.477  # Medusa paper, Appendix G.3: acc_rate = 0.477 log(num_candidates)
@@ -27,7 +28,9 @@ PAPER_LOG_SLOPE = 0.477  # Medusa paper, Appendix G.3: acc_rate = 0.477 log(num_
 def check_sizes(n) -> np.ndarray:
     n = np.asarray(n)
     if n.dtype.kind not in "iuf" or (n < 1).any():
-        raise PerfkitError(f"tree sizes must be numbers >= 1 (tokens per step, root included), got {n.ravel()[:5].tolist()}")
+        raise PerfkitError(
+            f"tree sizes must be numbers >= 1 (tokens per step, root included), got {n.ravel()[:5].tolist()}"
+        )
     return n
 
 
@@ -41,7 +44,9 @@ class FitError:
     r2: float
 
     def __str__(self) -> str:
-        return f"{self.points} points, mean error {self.mean_abs_pct:.1f}%, max {self.max_abs_pct:.1f}%, R^2 {self.r2:.3f}"
+        return (
+            f"{self.points} points, mean error {self.mean_abs_pct:.1f}%, max {self.max_abs_pct:.1f}%, R^2 {self.r2:.3f}"
+        )
 
 
 def fit_error(predicted, measured) -> FitError:
@@ -92,7 +97,9 @@ def fit_log_acceptance(sizes, tokens_per_step, intercept: bool = True, label: st
         raise PerfkitError(f"tokens per step are >= 1 (the root is always accepted), got {acc.min()}")
     needed = 2 if intercept else 1
     if len(set(n.tolist())) < needed:
-        raise PerfkitError(f"fitting a + b ln(n) needs at least {needed} distinct tree sizes, got {sorted(set(n.tolist()))}")
+        raise PerfkitError(
+            f"fitting a + b ln(n) needs at least {needed} distinct tree sizes, got {sorted(set(n.tolist()))}"
+        )
     if intercept:
         (a, b), _ = curve_fit(lambda x, a, b: a + b * np.log(x), n, acc, p0=(1.0, 0.5))
     else:
@@ -135,7 +142,9 @@ class HeadAccuracyAcceptance:
 
     def checked_against(self, sizes, tokens_per_step) -> HeadAccuracyAcceptance:
         """This model with its error against measured (tree size, tokens per step) pairs."""
-        return HeadAccuracyAcceptance(self.accuracy, self.exact, self.label, fit_error(self(np.asarray(sizes)), tokens_per_step))
+        return HeadAccuracyAcceptance(
+            self.accuracy, self.exact, self.label, fit_error(self(np.asarray(sizes)), tokens_per_step)
+        )
 
     def describe(self) -> str:
         heads, topk = self.accuracy.shape
@@ -165,7 +174,6 @@ def draft_model_improvement(alpha, gamma, cost_ratio) -> np.ndarray:
 
 def load_acceptance_record(path) -> dict:
     """A decoder.measure JSON record: needs per_tree_size and head_topk_accuracy."""
-    from perfmodel.jsonfile import read_json
 
     record = read_json(path, "acceptance record")
     if not isinstance(record, dict):

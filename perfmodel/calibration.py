@@ -99,13 +99,15 @@ class MeasuredLatency:
             have = sorted({f"{o}/{p}" for o, p in self.tables})
             raise PerfkitError(f"the measurements have no {op}/{phase} rows; measured: {', '.join(have)}")
         b, s, q = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v)) for v in (batch, seq_len, candidates)))
-        return np.exp(self.tables[(op, phase)]({"batch": b.ravel(), "seq_len": s.ravel(), "candidates": q.ravel()})).reshape(b.shape)
+        return np.exp(
+            self.tables[(op, phase)]({"batch": b.ravel(), "seq_len": s.ravel(), "candidates": q.ravel()})
+        ).reshape(b.shape)
 
     def outside(self, op: str, phase: str, batch, seq_len, candidates) -> np.ndarray:
         """True where a point lies outside the measured grid (an extrapolation)."""
         table = self.tables[(op, phase)]
         out = np.zeros(np.broadcast(batch, seq_len, candidates).shape, dtype=bool)
-        for name, values, axis in zip(AXES, np.broadcast_arrays(batch, seq_len, candidates), table.axes):
+        for _name, values, axis in zip(AXES, np.broadcast_arrays(batch, seq_len, candidates), table.axes):
             lv = np.log2(np.asarray(values, dtype=float))
             out |= (lv < axis.min() - 1e-9) | (lv > axis.max() + 1e-9)
         return out
@@ -147,9 +149,11 @@ class FitReport:
     def __str__(self) -> str:
         p = self.params
         return (
-            f"fitted roofline: compute efficiency {p.compute_efficiency:.3f}, memory efficiency {p.memory_efficiency:.3f}, "
+            f"fitted roofline: compute efficiency {p.compute_efficiency:.3f}, memory efficiency "
+            f"{p.memory_efficiency:.3f}, "
             f"overhead {p.kernel_overhead_s * 1e6:.1f} us per kernel; on {self.heldout_rows} held-out rows "
-            f"(fit on {self.train_rows}): median error {self.heldout_median_abs_pct:.1f}%, mean {self.heldout_mean_abs_pct:.1f}%, "
+            f"(fit on {self.train_rows}): median error {self.heldout_median_abs_pct:.1f}%, mean "
+            f"{self.heldout_mean_abs_pct:.1f}%, "
             f"p90 {self.heldout_p90_abs_pct:.1f}%"
         )
 
@@ -159,7 +163,9 @@ def predict_rows(rows: pd.DataFrame, latency) -> np.ndarray:
     out = np.empty(len(rows))
     for (op, phase), group in rows.groupby(["op", "phase"]):
         idx = rows.index.get_indexer(group.index)
-        out[idx] = latency.op_time(op, phase, group["batch"].to_numpy(), group["seq_len"].to_numpy(), group["candidates"].to_numpy())
+        out[idx] = latency.op_time(
+            op, phase, group["batch"].to_numpy(), group["seq_len"].to_numpy(), group["candidates"].to_numpy()
+        )
     return out
 
 
@@ -181,7 +187,9 @@ def fit_roofline(
     measured = np.log(train["time_s"].to_numpy())
 
     def latency(x) -> RooflineLatency:
-        return RooflineLatency(spec, model, dtype, RooflineParams(x[0], x[1], x[2] * 1e-6, label="fitted to measurements"))
+        return RooflineLatency(
+            spec, model, dtype, RooflineParams(x[0], x[1], x[2] * 1e-6, label="fitted to measurements")
+        )
 
     def residuals(x):
         return np.log(predict_rows(train.reset_index(drop=True), latency(x))) - measured
@@ -190,5 +198,7 @@ def fit_roofline(
     fitted = latency(fit.x)
     check = held if len(held) else train
     err = np.abs(predict_rows(check.reset_index(drop=True), fitted) / check["time_s"].to_numpy() - 1) * 100
-    report = FitReport(fitted.params, len(train), len(held), float(np.median(err)), float(err.mean()), float(np.percentile(err, 90)))
+    report = FitReport(
+        fitted.params, len(train), len(held), float(np.median(err)), float(err.mean()), float(np.percentile(err, 90))
+    )
     return fitted, report

@@ -14,16 +14,44 @@ import pandas as pd
 from perfmodel.errors import PerfkitError
 
 COLUMNS = [
-    "device", "model", "dtype", "op", "phase", "batch", "seq_len", "candidates",
-    "flops", "bytes", "intensity", "time_s", "tflops", "source", "noise", "run_id",
-]  # fmt: skip
+    "device",
+    "model",
+    "dtype",
+    "op",
+    "phase",
+    "batch",
+    "seq_len",
+    "candidates",
+    "flops",
+    "bytes",
+    "intensity",
+    "time_s",
+    "tflops",
+    "source",
+    "noise",
+    "run_id",
+]
 SOURCES = ("predicted", "measured")
 # A grid point, and a row's identity (the same point on another device is another row).
 POINT_COLUMNS = ["model", "dtype", "op", "phase", "batch", "seq_len", "candidates"]
 KEY_COLUMNS = ["device", *POINT_COLUMNS]
 
 
-def contract_fields(device: str, model: str, dtype: str, op: str, phase: str, batch, seq_len, candidates, cost, time_s, source: str, noise=None, run_id: str = "") -> dict:
+def contract_fields(
+    device: str,
+    model: str,
+    dtype: str,
+    op: str,
+    phase: str,
+    batch,
+    seq_len,
+    candidates,
+    cost,
+    time_s,
+    source: str,
+    noise=None,
+    run_id: str = "",
+) -> dict:
     """The data-contract fields of a row, or of many rows when the point and cost fields
     are numpy arrays; `cost` is a perfmodel.operators.OpCost; time_s None means not timed."""
     return {
@@ -49,7 +77,9 @@ def contract_fields(device: str, model: str, dtype: str, op: str, phase: str, ba
 def check_table(df: pd.DataFrame, where: str = "table") -> pd.DataFrame:
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
-        raise PerfkitError(f"{where}: missing column(s) {', '.join(missing)}; expected the data-contract columns {', '.join(COLUMNS)}")
+        raise PerfkitError(
+            f"{where}: missing column(s) {', '.join(missing)}; expected the data-contract columns {', '.join(COLUMNS)}"
+        )
     bad = sorted(set(df["source"].dropna()) - set(SOURCES))
     if bad:
         raise PerfkitError(f"{where}: column 'source' has {bad[0]!r}; allowed: {', '.join(SOURCES)}")

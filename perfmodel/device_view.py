@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfmodel.cpu_identity import this_cpu_key
 from perfmodel.errors import PerfkitError
 from perfmodel.hardware import HardwareSpec, normalize_name, resolve_spec
 from perfmodel.latency import RooflineParams
+from perfmodel.measured_ceilings import Ceilings, ceilings_spec
+from perfmodel.measurements import latest_run_with_ceilings, measured_rows, stored_devices, stored_sweeps
 
 
 @dataclass(frozen=True)
@@ -32,21 +35,12 @@ class DeviceView:
         return sorted(set(self.measured["model"])) if self.measured is not None and len(self.measured) else []
 
 
-def gemv_bandwidth_gb_s(ceilings: dict) -> float:
-    """What decode-time linears (matrix-vector products) stream at: the measured read
-    stream where there is one, else the best measured bandwidth."""
-    measured = ceilings["bandwidth_gb_s"]
-    return measured.get("read") or max(measured.values())
-
-
 def is_cpu_name(name: str | None) -> bool:
     return name is not None and (normalize_name(name) == "cpu" or normalize_name(name).startswith("cpu-"))
 
 
 def load_sources(paths: list[Path], device: str | None = None) -> tuple[pd.DataFrame | None, dict | None]:
     """Measured rows of sweep files, and the newest ceilings recorded with them."""
-    from profilers.store import latest_run_with_ceilings, measured_rows
-
     if not paths:
         return None, None
     rows = pd.concat([measured_rows(p) for p in paths], ignore_index=True)
@@ -72,9 +66,6 @@ def cpu_view(name: str, paths: list[Path], log=print) -> DeviceView:
 
     `cpu` with nothing stored for this machine falls back to the closest stored CPU, says
     so on `log`, and marks the view `stand_in_for` this machine."""
-    from profilers.ceilings import Ceilings, ceilings_spec
-    from profilers.store import stored_devices, stored_sweeps
-
     key = device_key(name, None)
     stand_in = None
     if not paths:
@@ -86,32 +77,38 @@ def cpu_view(name: str, paths: list[Path], log=print) -> DeviceView:
             cpus = [k for k in stored if is_cpu_name(k)]
             have = f"stored CPUs: {', '.join(cpus)} (use --gpu NAME)" if cpus else "no CPU measurements are stored"
             raise PerfkitError(
-                f"no measurements of {key} are stored; {have}. Measure this machine (a few minutes): {MEASURE_COMMAND}, "
+                f"no measurements of {key} are stored; {have}. Measure this machine (a few minutes): "
+                f"{MEASURE_COMMAND}, "
                 "or --measure on python -m reports build; or pass --measurements FILE"
             )
-        log(f"note: this machine's CPU ({key}) has no stored measurements: showing {other}'s, measured on another machine. "
-            f"To measure this one (a few minutes): {MEASURE_COMMAND}")  # fmt: skip
+        log(
+            f"note: this machine's CPU ({key}) has no stored measurements: showing {other}'s, measured on another "
+            "machine. "
+            f"To measure this one (a few minutes): {MEASURE_COMMAND}"
+        )
         key, stand_in, paths = other, key, stored_sweeps(other)
     rows, run = load_sources(paths, key)
     if run is None:
         raise PerfkitError(f"the measurements of {key} carry no ceilings; rerun the sweep without --no-ceilings")
     ceilings = Ceilings.from_dict(run["ceilings"])
     spec = ceilings_spec(ceilings, run["device"]["name"], run["device"]["memory_bytes"])
-    return DeviceView(spec, cpu_params(ceilings), rows, run["ceilings"], tuple(paths), is_cpu=True, stand_in_for=stand_in)
+    return DeviceView(
+        spec, cpu_params(ceilings), rows, run["ceilings"], tuple(paths), is_cpu=True, stand_in_for=stand_in
+    )
 
 
 def cpu_params(ceilings) -> RooflineParams:
     """Measured ceilings are already achievable: no derating on top of them. The per-kernel
     overhead is the machine's measured floor where the ceilings carry one."""
     if ceilings.kernel_overhead_us is None:
-        return RooflineParams(1.0, 1.0, label="measured ceilings, no derating; kernel overhead not measured with them (the default)")
+        return RooflineParams(
+            1.0, 1.0, label="measured ceilings, no derating; kernel overhead not measured with them (the default)"
+        )
     overhead = ceilings.kernel_overhead_us * 1e-6
     return RooflineParams(1.0, 1.0, overhead, label="measured ceilings and kernel overhead, no derating")
 
 
 def gpu_view(gpu: str | None, spec_file: str | Path | None, paths: list[Path]) -> DeviceView:
-    from profilers.store import stored_sweeps
-
     spec = resolve_spec(gpu, spec_file)
     paths = paths or stored_sweeps(spec.key)
     rows, run = load_sources(paths)
@@ -121,8 +118,6 @@ def gpu_view(gpu: str | None, spec_file: str | Path | None, paths: list[Path]) -
 def device_key(gpu: str | None, spec_file: str | Path | None) -> str:
     """The key measured rows and output folders use: 'cpu' means this machine's CPU."""
     if is_cpu_name(gpu):
-        from profilers.device import this_cpu_key
-
         return this_cpu_key() if normalize_name(gpu) == "cpu" else normalize_name(gpu)
     return resolve_spec(gpu, spec_file).key
 

@@ -61,8 +61,8 @@ class HardwareSpec:
         return self.peak_tflops[dtype] * 1e12
 
     def ridge_point(self, dtype: str) -> float:
-        """Operational intensity (FLOP/byte) where the bandwidth and compute ceilings meet."""
-        return self.peak_flops(dtype) / self.bandwidth
+        """The datasheet roofline's ridge (FLOP/byte) for `dtype`."""
+        return ridge(self.peak_flops(dtype), self.bandwidth)
 
     @property
     def computed_bandwidth_gb_s(self) -> float | None:
@@ -78,6 +78,12 @@ class HardwareSpec:
                 return self.sources[name]
             name = name.rpartition(".")[0]
         return ""
+
+
+def ridge(peak_flops: float, bandwidth: float) -> float:
+    """Operational intensity (FLOP/byte) where a roofline's bandwidth slope meets its compute
+    ceiling: peak FLOP/s over bytes/s. Below it a kernel is memory-bound, above it compute-bound."""
+    return peak_flops / bandwidth
 
 
 def normalize_name(name: str) -> str:

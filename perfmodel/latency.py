@@ -72,7 +72,9 @@ def predict_table(
         b, s, q = (points[:, i] for i in range(3))
         kernels = op_kernels(op, phase, model, b, s, q)
         cost, t = cost_of(kernels, dtype), op_time(kernels, dtype, spec, params)
-        frames.append(pd.DataFrame(contract_fields(spec.key, model.name, dtype, op, phase, b, s, q, cost, t, "predicted", np.nan)))
+        frames.append(
+            pd.DataFrame(contract_fields(spec.key, model.name, dtype, op, phase, b, s, q, cost, t, "predicted", np.nan))
+        )
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
 
 

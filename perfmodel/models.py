@@ -1,4 +1,9 @@
-"""Transformer shapes: the presets of the paper's models, and a reader for HF config.json."""
+"""Transformer shapes: the presets of the paper's models, and the one reader of HF config.json.
+
+`parse_hf_config` is the only code that knows config.json's key names: the cost model
+takes the shapes from it (`from_hf_config`), the decoder builds its model from it
+(decoder.model.LlamaConfig), so the two cannot read a checkpoint differently.
+"""
 
 from __future__ import annotations
 
@@ -39,8 +44,14 @@ class ModelConfig:
     vocab_size: int
     head_dim: int
     medusa_heads: int = DEFAULT_MEDUSA_HEADS
+    # The LM head is the embedding matrix: its weights are stored (and read) once.
+    tie_word_embeddings: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise PerfkitError(
+                f"model {self.name}: tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}"
+            )
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.type != "int":
@@ -50,7 +61,8 @@ class ModelConfig:
                 raise PerfkitError(f"model {self.name}: {f.name} must be an integer >= {smallest}, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise PerfkitError(
-                f"model {self.name}: num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+                f"model {self.name}: num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
             )
 
     @property
@@ -87,35 +99,116 @@ ALIASES = {
 }
 
 
-def from_hf_config(path: str | Path) -> ModelConfig:
-    """Shapes from a Hugging Face `config.json` (a file, or a folder holding one)."""
+@dataclass(frozen=True)
+class MedusaConfig:
+    """The Medusa keys of a config.json. Heads published apart from their base model come
+    with a config.json that holds little else, so these are read on their own."""
+
+    num_heads: int | None = None  # None: the file declares no heads
+    num_layers: int = 1  # residual blocks per head
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    """A Llama-family config.json as read by parse_hf_config, which fills absent keys with
+    transformers' defaults."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_theta: float
+    rope_type: str  # anything but "default" is a RoPE scaling scheme
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_id: int | None
+    medusa: MedusaConfig
+
+    def model_config(self, name: str) -> ModelConfig:
+        """The shapes the cost model needs (a file without Medusa keys gets the default heads)."""
+        heads = self.medusa.num_heads
+        return ModelConfig(
+            name=name,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_heads=self.num_attention_heads,
+            num_kv_heads=self.num_key_value_heads,
+            num_layers=self.num_hidden_layers,
+            vocab_size=self.vocab_size,
+            head_dim=self.head_dim,
+            medusa_heads=DEFAULT_MEDUSA_HEADS if heads is None else heads,
+            tie_word_embeddings=self.tie_word_embeddings,
+        )
+
+
+def read_config_json(path: str | Path) -> dict:
+    """The JSON object of a `config.json` (a file, or a folder holding one)."""
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     cfg = read_json(file, "model config")
     if not isinstance(cfg, dict):
         raise PerfkitError(f"{file}: expected a JSON object")
+    return cfg
+
+
+def parse_medusa_config(cfg: dict) -> MedusaConfig:
+    return MedusaConfig(cfg.get("medusa_num_heads"), cfg.get("medusa_num_layers", 1))
+
+
+def parse_hf_config(cfg: dict, source: str | Path = "config.json") -> HFConfig:
+    """Parse a config.json object; `source` names the file in errors."""
 
     def get(key: str) -> object:
-        if key not in cfg:
-            raise PerfkitError(f"{file}: missing key {key!r}")
+        if cfg.get(key) is None:
+            raise PerfkitError(f"{source}: missing key {key!r}")
         return cfg[key]
 
     heads = get("num_attention_heads")
     hidden = get("hidden_size")
     if not isinstance(heads, int) or not isinstance(hidden, int) or heads <= 0:
-        raise PerfkitError(f"{file}: hidden_size and num_attention_heads must be positive integers")
-    name = path.name if path.is_dir() else (file.parent.name or file.stem)
-    return ModelConfig(
-        name=name,
+        raise PerfkitError(f"{source}: hidden_size and num_attention_heads must be positive integers")
+    # transformers >= 5 nests RoPE settings in rope_parameters; older files use rope_scaling.
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    tied = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise PerfkitError(f"{source}: tie_word_embeddings must be true or false, got {tied!r}")
+    eos = cfg.get("eos_token_id")
+    return HFConfig(
+        vocab_size=get("vocab_size"),
         hidden_size=hidden,
         intermediate_size=get("intermediate_size"),
-        num_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        num_layers=get("num_hidden_layers"),
-        vocab_size=get("vocab_size"),
+        num_hidden_layers=get("num_hidden_layers"),
+        num_attention_heads=heads,
+        num_key_value_heads=cfg.get("num_key_value_heads") or heads,
         head_dim=cfg.get("head_dim") or hidden // heads,
-        medusa_heads=cfg.get("medusa_num_heads", DEFAULT_MEDUSA_HEADS),
+        rope_theta=rope.get("rope_theta") or cfg.get("rope_theta", 10000.0),
+        rope_type=rope.get("rope_type", rope.get("type")) or "default",
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        tie_word_embeddings=tied,
+        bos_token_id=cfg.get("bos_token_id"),
+        # The decoder stops on a single end token: of several, the first.
+        eos_token_id=(eos[0] if eos else None) if isinstance(eos, list) else eos,
+        medusa=parse_medusa_config(cfg),
     )
+
+
+def read_hf_config(path: str | Path) -> HFConfig:
+    """A config.json file, or the one in a folder, parsed."""
+    path = Path(path)
+    return parse_hf_config(read_config_json(path), path / "config.json" if path.is_dir() else path)
+
+
+def from_hf_config(path: str | Path) -> ModelConfig:
+    """Shapes from a Hugging Face `config.json` (a file, or a folder holding one)."""
+    path = Path(path)
+    name = path.name if path.is_dir() else (path.parent.name or path.stem)
+    return read_hf_config(path).model_config(name)
 
 
 def load_model(name_or_path: str | Path) -> ModelConfig:

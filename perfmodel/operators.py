@@ -13,13 +13,15 @@ tree candidates attend to the s cached tokens).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from perfmodel.dtypes import element_bytes
 from perfmodel.errors import PerfkitError
 from perfmodel.models import ModelConfig
+from perfmodel.trees import HEAD_TOP_K
 
 OPS = ("q", "k", "v", "qkv", "qk", "pv", "o", "up", "gate", "down", "lm_head", "medusa_heads")
 # Attention as one fused kernel (torch scaled_dot_product_attention with the causal or
@@ -30,7 +32,6 @@ FUSED_OPS = ("sdpa",)
 STEP_OPS = ("embed", "norm", "rope", "kv_write", "act", "residual", "mask", "candidates", "verify", "kv_move")
 ALL_OPS = OPS + FUSED_OPS + STEP_OPS
 DEFAULT_OPS = OPS + FUSED_OPS  # what sweeps and rooflines cover unless asked for more
-CANDIDATE_TOPK = 10  # ranks each head offers the tree
 PHASES = ("prefill", "decode", "tree")
 # The paper's figure groups: XW_Q/XW_K/XW_V, QK^T/PV, XW_u/XW_g/XW_d.
 OP_GROUPS = {"qkv": ("q", "k", "v"), "qk/pv": ("qk", "pv"), "up/gate/down": ("up", "gate", "down")}
@@ -103,12 +104,34 @@ class FusedAttention:
 
 
 @dataclass(frozen=True)
+class Operand:
+    """A tensor of a step op: the shape a benchmark allocates (or the op returns), and
+    how many of its elements the op reads and writes. A gather reads some rows of its
+    table and a cache write fills some slots of the cache, so these need not be the size."""
+
+    shape: tuple
+    reads: int = 0
+    writes: int = 0
+
+
+def _read(*shape) -> Operand:
+    return Operand(shape, reads=math.prod(shape))
+
+
+def _written(*shape) -> Operand:
+    return Operand(shape, writes=math.prod(shape))
+
+
+@dataclass(frozen=True)
 class Elementwise:
-    """A memory-bound kernel reading `reads` and writing `writes` elements, `flops` of math."""
+    """A memory-bound kernel reading `reads` and writing `writes` elements, `flops` of math.
+
+    `operands` names the tensors those elements belong to (see step_operands)."""
 
     reads: int
     writes: int
     flops: int
+    operands: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def elements(self):
@@ -149,7 +172,10 @@ def check_point(op: str, phase: str, batch, seq_len, candidates) -> None:
     if phase != "tree" and (np.asarray(candidates) != 1).any():
         raise PerfkitError(f"candidates={candidates} applies to the tree phase only; {phase} uses 1")
     if op in (*FUSED_OPS, "mask") and phase == "tree" and (np.asarray(candidates) > np.asarray(seq_len)).any():
-        raise PerfkitError(f"{op}: the tree's {candidates} candidates are part of the {seq_len} attended tokens, so need candidates <= seq_len")
+        raise PerfkitError(
+            f"{op}: the tree's {candidates} candidates are part of the {seq_len} attended tokens, so need candidates "
+            "<= seq_len"
+        )
 
 
 Kernel = Matmul | FusedAttention | Elementwise
@@ -173,7 +199,9 @@ def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
     if op == "sdpa":
         # K/V length is s, as for qk/pv; in a tree step the last q of the s tokens are the tree.
         q_len = query_len(phase, seq_len, candidates)
-        return (FusedAttention(batch, model.num_heads, model.num_kv_heads, q_len, seq_len, d, causal=phase == "prefill"),)
+        return (
+            FusedAttention(batch, model.num_heads, model.num_kv_heads, q_len, seq_len, d, causal=phase == "prefill"),
+        )
     if op in ATTENTION_OPS:
         rows = model.group_size * query_len(phase, seq_len, candidates)
         heads = batch * model.num_kv_heads
@@ -197,31 +225,77 @@ def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
     return (linear(*shapes[op]),)
 
 
-def step_kernel(op: str, model: ModelConfig, batch, seq_len, q_len) -> Elementwise:
-    """Element counts of the non-matmul work of a step over batch x q_len tokens.
+def step_operands(op: str, model: ModelConfig, batch, seq_len, q_len) -> dict[str, Operand]:
+    """The tensors of a step op over batch x q_len tokens, in the decoder's layouts.
 
-    K/V length for `mask` is seq_len (the tree's own tokens included, as for sdpa);
-    `kv_move` counts the worst case of a whole depth-limited path moved in every layer.
+    K/V length for `mask` is seq_len (the tree's own tokens included, as for sdpa); the
+    KV caches hold seq_len + q_len slots. `kv_move` counts the worst case of a whole
+    depth-limited path moved in every layer. Small index tensors the decoder derives
+    (positions, slots, tree buffers, the candidates' ids) are not counted.
     """
+    h, i, d, v = model.hidden_size, model.intermediate_size, model.head_dim, model.vocab_size
+    b, q, n, n_kv = batch, q_len, model.num_heads, model.num_kv_heads
+    heads = max(model.medusa_heads, 1)
+    if op == "embed":
+        return {"ids": _read(b, q), "table": Operand((v, h), reads=b * q * h), "out": _written(b, q, h)}
+    if op == "norm":
+        return {"x": _read(b, q, h), "weight": _read(h), "out": _written(b, q, h)}
+    if op == "rope":
+        return {
+            "q": _read(b, n, q, d),
+            "k": _read(b, n_kv, q, d),
+            "cos": _read(b, 1, q, d),
+            "sin": _read(b, 1, q, d),
+            "q_out": _written(b, n, q, d),
+            "k_out": _written(b, n_kv, q, d),
+        }
+    if op in ("act", "residual"):
+        width = i if op == "act" else h
+        return {"x": _read(b, q, width), "y": _read(b, q, width), "out": _written(b, q, width)}
+    if op == "kv_write":
+        cache = (1, b, n_kv, seq_len + q, d)
+        return {
+            "k": _read(b, n_kv, q, d),
+            "v": _read(b, n_kv, q, d),
+            "cache_k": Operand(cache, writes=b * n_kv * q * d),
+            "cache_v": Operand(cache, writes=b * n_kv * q * d),
+        }
+    if op == "kv_move":
+        cache = (model.num_layers, b, n_kv, seq_len + q, d)
+        moved = model.num_layers * n_kv * d * b * np.minimum(q - 1, heads)
+        return {"cache_k": Operand(cache, moved, moved), "cache_v": Operand(cache, moved, moved)}
+    if op == "mask":
+        return {"out": _written(b, 1, q, seq_len)}
+    if op == "candidates":
+        return {"logits": _read(heads, b, v), "top_tokens": _written(heads, b, HEAD_TOP_K)}
+    if op == "verify":
+        return {"logits": _read(b, q, v), "prediction": _written(b, q)}
+    raise PerfkitError(f"{op!r} is not a step op; choose from: {', '.join(STEP_OPS)}")
+
+
+def step_kernel(op: str, model: ModelConfig, batch, seq_len, q_len) -> Elementwise:
+    """Element counts of the non-matmul work of a step over batch x q_len tokens: those
+    of its operands (step_operands), and the math done on them."""
     h, i, d, v = model.hidden_size, model.intermediate_size, model.head_dim, model.vocab_size
     tokens = batch * q_len
     rotated = (model.num_heads + model.num_kv_heads) * d * tokens
-    kv = 2 * model.num_kv_heads * d * tokens
     heads = max(model.medusa_heads, 1)
-    moved = 2 * model.num_layers * model.num_kv_heads * d * batch * np.minimum(q_len - 1, heads)
-    table = {
-        "embed": (tokens + tokens * h, tokens * h, 0),
-        "norm": (tokens * h + h, tokens * h, 4 * tokens * h),
-        "rope": (rotated + 2 * tokens * d, rotated, 3 * rotated),
-        "kv_write": (kv, kv, 0),
-        "act": (2 * tokens * i, tokens * i, 5 * tokens * i),
-        "residual": (2 * tokens * h, tokens * h, tokens * h),
-        "mask": (0, tokens * seq_len, tokens * seq_len),
-        "candidates": (heads * batch * v, heads * batch * CANDIDATE_TOPK, heads * batch * v),
-        "verify": (tokens * v, tokens, tokens * v),
-        "kv_move": (moved, moved, 0),
+    operands = step_operands(op, model, batch, seq_len, q_len)
+    flops = {
+        "embed": 0,
+        "norm": 4 * tokens * h,
+        "rope": 3 * rotated,
+        "kv_write": 0,
+        "act": 5 * tokens * i,
+        "residual": tokens * h,
+        "mask": tokens * seq_len,
+        "candidates": heads * batch * v,
+        "verify": tokens * v,
+        "kv_move": 0,
     }
-    return Elementwise(*table[op])
+    reads = sum(o.reads for o in operands.values())
+    writes = sum(o.writes for o in operands.values())
+    return Elementwise(reads, writes, flops[op], operands)
 
 
 def cost_of(kernels: tuple[Kernel, ...], dtype: str) -> OpCost:
@@ -232,5 +306,7 @@ def cost_of(kernels: tuple[Kernel, ...], dtype: str) -> OpCost:
     )
 
 
-def op_cost(op: str, phase: str, model: ModelConfig, dtype: str, batch: int, seq_len: int, candidates: int = 1) -> OpCost:
+def op_cost(
+    op: str, phase: str, model: ModelConfig, dtype: str, batch: int, seq_len: int, candidates: int = 1
+) -> OpCost:
     return cost_of(op_kernels(op, phase, model, batch, seq_len, candidates), dtype)

@@ -19,10 +19,11 @@ Modelling choices (each a simplification to keep in mind):
   tokens during a Medusa step. The step latency is taken at the mean context during
   generation: mean prompt + mean response / 2.
 - Memory: weights = parameters x element bytes, from the model's shapes (embeddings, per
-  layer q/k/v/o/gate/up/down and two norms, final norm, an untied lm_head); Medusa heads =
-  medusa_heads x (h*h + h*V); KV per token = 2 x layers x kv_heads x head_dim x element
-  bytes, in the model's dtype. `memory_reserve` (default 10%) of each device is kept for
-  activations, logits, the CUDA context and fragmentation, which are not counted.
+  layer q/k/v/o/gate/up/down and two norms, final norm, an lm_head unless tied to the
+  embeddings); Medusa heads = medusa_heads x (h*h + h + h*V); KV per token = 2 x layers x
+  kv_heads x head_dim x element bytes, in the model's dtype. `memory_reserve` (default
+  10%) of each device is kept for activations, logits, the CUDA context and
+  fragmentation, which are not counted.
   Memory is in GB = 1e9 bytes, as the device specs give it.
 - Tensor parallelism is a simple even split: N devices act as one device with N x the
   memory, bandwidth and FLOP/s; communication (all-reduce) is ignored, so multi-device
@@ -60,7 +61,8 @@ from perfmodel.errors import PerfkitError
 from perfmodel.hardware import HardwareSpec, find_spec, load_all_specs, load_spec_file, name_index, normalize_name
 from perfmodel.latency import RooflineLatency, RooflineParams
 from perfmodel.models import ModelConfig, load_model
-from perfmodel.speedup import CANDIDATE_SIZES, speedup_table
+from perfmodel.operators import op_kernels
+from perfmodel.simulations import CANDIDATE_SIZES, speedup_table
 from perfmodel.step import StepModel
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -92,15 +94,25 @@ class Lengths:
             if samples.size == 0 or samples.dtype.kind not in "iuf":
                 raise PerfkitError(f"{name}: samples must be a non-empty list of token counts, got {value!r}")
             if not np.isfinite(samples).all() or (samples < 1).any():
-                raise PerfkitError(f"{name}: every sample must be >= 1 token, got {samples[~(samples >= 1)].ravel()[:3].tolist()}")
+                raise PerfkitError(
+                    f"{name}: every sample must be >= 1 token, got {samples[~(samples >= 1)].ravel()[:3].tolist()}"
+                )
             return cls.checked(float(samples.mean()), math.ceil(float(np.quantile(samples, 0.95))), name)
         return cls.checked(value, value, name, labels=("", ""))
 
     @classmethod
     def checked(cls, mean, p95, name: str, labels=(" mean", " p95")) -> Lengths:
         for what, x in zip(labels, (mean, p95)):
-            if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(x) or x < 1:
-                raise PerfkitError(f"{name}{what} must be a number of tokens >= 1, got {x!r} (give an int, a (mean, p95) pair or a list of samples)")
+            if (
+                isinstance(x, bool)
+                or not isinstance(x, (int, float, np.integer, np.floating))
+                or not math.isfinite(x)
+                or x < 1
+            ):
+                raise PerfkitError(
+                    f"{name}{what} must be a number of tokens >= 1, got {x!r} (give an int, a (mean, p95) pair or a "
+                    "list of samples)"
+                )
         if p95 < mean:
             raise PerfkitError(f"{name}: p95 ({p95}) must be >= the mean ({mean})")
         return cls(float(mean), math.ceil(p95))
@@ -121,7 +133,9 @@ class Workload:
     def __post_init__(self) -> None:
         for name in ("latency_target_s", "throughput_target"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
+            ):
                 raise PerfkitError(f"{name} must be a positive number, got {value!r}")
 
     @property
@@ -168,7 +182,11 @@ def resolve_acceptance(acceptance):
 
 
 def describe_acceptance(acceptance) -> str:
-    return acceptance.describe() if hasattr(acceptance, "describe") else getattr(acceptance, "label", None) or repr(acceptance)
+    return (
+        acceptance.describe()
+        if hasattr(acceptance, "describe")
+        else getattr(acceptance, "label", None) or repr(acceptance)
+    )
 
 
 def tabulated(acceptance, sizes: np.ndarray):
@@ -192,18 +210,28 @@ def positive_ints(values, name: str) -> np.ndarray:
 # ----------------------------------------------------------------------------- memory
 
 
+LAYER_WEIGHT_OPS = ("q", "k", "v", "o", "up", "gate", "down")
+
+
+def linear_params(op: str, model: ModelConfig) -> int:
+    """Weights of operator `op`, shaped by the operator table (perfmodel.operators) so
+    memory counts the same matrices the step's cost reads."""
+    return sum(math.prod(m.right_shape) for m in op_kernels(op, "decode", model, 1, 1) if m.weight)
+
+
 def weight_params(model: ModelConfig) -> int:
-    """Parameters of the base model: embeddings, layers (attention, MLP, 2 norms), final norm, lm_head."""
-    h, i, d, v = model.hidden_size, model.intermediate_size, model.head_dim, model.vocab_size
-    q, kv = model.num_heads * d, model.num_kv_heads * d
-    layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
-    return v * h + model.num_layers * layer + h + h * v
+    """Parameters of the base model: embeddings, per layer the attention and MLP weights and
+    2 norms, the final norm, and the lm_head unless it is the embedding matrix (tied)."""
+    h = model.hidden_size
+    layer = sum(linear_params(op, model) for op in LAYER_WEIGHT_OPS) + 2 * h
+    lm_head = 0 if model.tie_word_embeddings else linear_params("lm_head", model)
+    return model.vocab_size * h + model.num_layers * layer + h + lm_head
 
 
 def head_params(model: ModelConfig) -> int:
-    """Medusa heads: each a residual block (h x h) and its own vocabulary projection (h x V)."""
-    h = model.hidden_size
-    return model.medusa_heads * (h * h + h * model.vocab_size)
+    """Medusa heads: each a residual block (h x h weight and its bias of h; the operator
+    table has no biases) and its own vocabulary projection (h x V)."""
+    return linear_params("medusa_heads", model) + model.medusa_heads * model.hidden_size
 
 
 def kv_bytes_per_token(model: ModelConfig, dtype: str) -> int:
@@ -263,7 +291,8 @@ class PlanResult:
     def summary(self) -> str:
         w = self.workload
         lines = [
-            f"{self.model.name} ({self.dtype}): prompts {w.prompt} tokens, responses {w.response}; KV cache sized for {w.kv_tokens:,} tokens "
+            f"{self.model.name} ({self.dtype}): prompts {w.prompt} tokens, responses {w.response}; KV cache sized "
+            f"for {w.kv_tokens:,} tokens "
             f"per sequence, step latency at a {w.step_context:,}-token context.",
             f"Acceptance: {self.acceptance}.",
         ]
@@ -274,7 +303,10 @@ class PlanResult:
             targets.append(f"{w.throughput_target:,.0f} tokens/s in all")
         if targets:
             lines.append("Target: " + " and ".join(targets) + ".")
-        paragraphs = [device_paragraph(row, self.bands[self.bands["device"] == row.device], w) for row in self.devices.itertuples()]
+        paragraphs = [
+            device_paragraph(row, self.bands[self.bands["device"] == row.device], w)
+            for row in self.devices.itertuples()
+        ]
         return "\n".join(lines) + "\n\n" + "\n\n".join([*paragraphs, overall(self.devices, w)])
 
 
@@ -333,9 +365,14 @@ def overall(devices: pd.DataFrame, w: Workload) -> str:
         )
     if w.throughput_target is not None:
         best = ok.loc[ok["devices_needed"].idxmin()]
-        return f"Fewest devices for {w.throughput_target:,.0f} tokens/s: {int(best['devices_needed'])} x {best['device']}."
+        return (
+            f"Fewest devices for {w.throughput_target:,.0f} tokens/s: {int(best['devices_needed'])} x {best['device']}."
+        )
     best = ok.loc[ok["total_tokens_s"].idxmax()]
-    return f"Most tokens/s per replica: {best['device']} ({best['total_tokens_s']:,.0f} tokens/s at batch {best['batch']})."
+    return (
+        f"Most tokens/s per replica: {best['device']} ({best['total_tokens_s']:,.0f} tokens/s at batch "
+        f"{best['batch']})."
+    )
 
 
 # ----------------------------------------------------------------------------- planning
@@ -372,10 +409,17 @@ def plan(
     model = model if isinstance(model, ModelConfig) else load_model(model)
     check_dtype(dtype)
     specs = resolve_devices(devices)
-    workload = Workload(Lengths.of(prompt_len, "prompt_len"), Lengths.of(response_len, "response_len"), latency_target_s, throughput_target)
+    workload = Workload(
+        Lengths.of(prompt_len, "prompt_len"),
+        Lengths.of(response_len, "response_len"),
+        latency_target_s,
+        throughput_target,
+    )
     if isinstance(memory_reserve, bool) or not isinstance(memory_reserve, (int, float)) or not 0 <= memory_reserve < 1:
         raise PerfkitError(f"memory_reserve must be a fraction in [0, 1), got {memory_reserve!r}")
-    if tensor_parallel is not None and (isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1):
+    if tensor_parallel is not None and (
+        isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1
+    ):
         raise PerfkitError(f"tensor_parallel must be a positive integer or None (auto), got {tensor_parallel!r}")
     batches = positive_ints(batches, "batches")
     sizes = np.union1d(positive_ints(sizes, "tree sizes"), [1]) if model.medusa_heads else np.array([1])
@@ -384,14 +428,23 @@ def plan(
 
     rows, bands, configs = [], [], []
     for spec in specs:
-        row, device_bands, device_configs = plan_device(model, spec, dtype, workload, accept, batches, sizes, memory_reserve, tensor_parallel, params)
+        row, device_bands, device_configs = plan_device(
+            model, spec, dtype, workload, accept, batches, sizes, memory_reserve, tensor_parallel, params
+        )
         rows.append(row)
         bands.append(device_bands)
         configs.append(device_configs)
-    devices_df = pd.DataFrame(rows, columns=DEVICE_COLUMNS).astype({"batch": "Int64", "tree_size": "Int64", "devices_needed": "Int64"})
+    devices_df = pd.DataFrame(rows, columns=DEVICE_COLUMNS).astype(
+        {"batch": "Int64", "tree_size": "Int64", "devices_needed": "Int64"}
+    )
     if not devices_df["fits"].any():
-        raise PerfkitError(f"{model.name} in {dtype} fits on none of the devices: " + "; ".join(f"{r['device']}: {r['note'].removeprefix('does not fit: ')}" for r in rows))
-    bands_df, configs_df = (pd.concat([t for t in tables if t is not None], ignore_index=True) for tables in (bands, configs))
+        raise PerfkitError(
+            f"{model.name} in {dtype} fits on none of the devices: "
+            + "; ".join(f"{r['device']}: {r['note'].removeprefix('does not fit: ')}" for r in rows)
+        )
+    bands_df, configs_df = (
+        pd.concat([t for t in tables if t is not None], ignore_index=True) for tables in (bands, configs)
+    )
     return PlanResult(model, dtype, workload, describe_acceptance(acceptance), devices_df, bands_df, configs_df)
 
 
@@ -422,17 +475,28 @@ def plan_device(model, spec, dtype, w: Workload, accept, batches, sizes, reserve
     if max_batch < 1:
         where = f"{tp} devices" if tp > 1 else "one device"
         if weights + heads > usable:
-            why = f"weights + heads ({(weights + heads) / GB:,.1f} GB) exceed the {usable / GB:,.1f} GB usable on {where}"
+            why = (
+                f"weights + heads ({(weights + heads) / GB:,.1f} GB) exceed the {usable / GB:,.1f} GB usable on {where}"
+            )
         else:
-            why = f"one {w.kv_tokens:,}-token sequence needs {kv_token * w.kv_tokens / GB:,.2f} GB of KV cache, {free / GB:,.2f} GB is left after the weights on {where}"
-        row.update(note=f"does not fit: {why} ({spec.memory_gb:g} GB each, less the {reserve:.0%} reserve); it needs {needed} devices in tensor parallel (tensor_parallel={needed} or --tp {needed}; None or auto picks a power of two)")
+            why = (
+                f"one {w.kv_tokens:,}-token sequence needs {kv_token * w.kv_tokens / GB:,.2f} GB of KV cache, "
+                f"{free / GB:,.2f} GB is left after the weights on {where}"
+            )
+        row.update(
+            note=f"does not fit: {why} ({spec.memory_gb:g} GB each, less the {reserve:.0%} reserve); it needs "
+            f"{needed} devices in tensor parallel (tensor_parallel={needed} or --tp {needed}; None or auto picks a "
+            "power of two)"
+        )
         return row | NO_RECOMMENDATION, None, None
 
     planned = batches[batches <= max_batch]
     if max_batch < batches[-1] and max_batch not in planned:
         planned = np.append(planned, max_batch)
     step = StepModel(model, RooflineLatency(tensor_parallel_spec(spec, tp), model, dtype, params))
-    table = speedup_table(step, accept, planned, w.step_context, sizes).sort_values(["batch", "tree_size"], ignore_index=True)
+    table = speedup_table(step, accept, planned, w.step_context, sizes).sort_values(
+        ["batch", "tree_size"], ignore_index=True
+    )
     table.insert(0, "device", spec.key)
     table["memory_gb"] = (weights + heads + table["batch"] * kv_token * (w.kv_tokens + table["tree_size"] - 1)) / GB
     table["fits"] = table["memory_gb"] * GB <= usable
@@ -458,7 +522,10 @@ def plan_device(model, spec, dtype, w: Workload, accept, batches, sizes, reserve
     if ok.empty:
         tree = f"tree of {fastest['tree']}" if fastest["speculate"] else "no tree"
         row.update(NO_RECOMMENDATION)
-        row["note"] = f"no batch meets {w.latency_target_s * 1e3:g} ms per token: the fastest is {fastest['per_token_ms']:.1f} ms/token at batch {fastest['batch']} ({tree})."
+        row["note"] = (
+            f"no batch meets {w.latency_target_s * 1e3:g} ms per token: the fastest is {fastest['per_token_ms']:.1f} "
+            f"ms/token at batch {fastest['batch']} ({tree})."
+        )
         return row, band, table
     pick = ok.loc[ok["total_tokens_s"].idxmax()]
     replicas = 1 if w.throughput_target is None else math.ceil(w.throughput_target / pick["total_tokens_s"])
@@ -568,7 +635,17 @@ DEVICE_FIELDS = {
     "total_tokens_s": "tokens/s in all",
     "devices_needed": "devices needed",
 }
-BAND_SHOWN = ["batch", "tree", "speedup", "acceptance", "per_token_ms", "user_tokens_s", "total_tokens_s", "memory_gb", "meets_latency"]
+BAND_SHOWN = [
+    "batch",
+    "tree",
+    "speedup",
+    "acceptance",
+    "per_token_ms",
+    "user_tokens_s",
+    "total_tokens_s",
+    "memory_gb",
+    "meets_latency",
+]
 
 
 def format_devices(devices: pd.DataFrame) -> str:
@@ -598,19 +675,61 @@ def number(text: str) -> float:
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", metavar="NAME|PATH", help="a model preset (e.g. llama-7b) or a config.json path")
-    p.add_argument("--gpu", nargs="+", default=[], metavar="NAME", help="devices in hw_specs/ by name or alias (e.g. a100 h100)")
-    p.add_argument("--spec", nargs="+", default=[], type=Path, metavar="FILE", help="device spec YAML files of your own")
+    p.add_argument(
+        "--gpu", nargs="+", default=[], metavar="NAME", help="devices in hw_specs/ by name or alias (e.g. a100 h100)"
+    )
+    p.add_argument(
+        "--spec", nargs="+", default=[], type=Path, metavar="FILE", help="device spec YAML files of your own"
+    )
     p.add_argument("--dtype", default="fp16", help=f"one of {', '.join(DTYPES)} (default %(default)s)")
-    p.add_argument("--prompt-len", nargs="+", type=number, default=[DEFAULT_PROMPT_LEN], metavar="TOKENS", help=f"prompt tokens: MEAN [P95] (default {DEFAULT_PROMPT_LEN})")
-    p.add_argument("--response-len", nargs="+", type=number, default=[DEFAULT_RESPONSE_LEN], metavar="TOKENS", help=f"response tokens: MEAN [P95] (default {DEFAULT_RESPONSE_LEN})")
+    p.add_argument(
+        "--prompt-len",
+        nargs="+",
+        type=number,
+        default=[DEFAULT_PROMPT_LEN],
+        metavar="TOKENS",
+        help=f"prompt tokens: MEAN [P95] (default {DEFAULT_PROMPT_LEN})",
+    )
+    p.add_argument(
+        "--response-len",
+        nargs="+",
+        type=number,
+        default=[DEFAULT_RESPONSE_LEN],
+        metavar="TOKENS",
+        help=f"response tokens: MEAN [P95] (default {DEFAULT_RESPONSE_LEN})",
+    )
     p.add_argument("--latency-ms", type=number, metavar="MS", help="per-token latency target per user, in ms")
     p.add_argument("--throughput", type=number, metavar="TOKENS_S", help="aggregate throughput target, output tokens/s")
-    p.add_argument("--acceptance", type=Path, metavar="FILE.json", help="a decoder.measure record (default: the paper's 0.477 ln(n))")
-    p.add_argument("--batch", nargs="+", type=positive_int, metavar="B", help=f"batch sizes (default {' '.join(map(str, DEFAULT_BATCHES))})")
-    p.add_argument("--tp", default="1", metavar="N|auto", help="devices per model replica, tensor parallel (default 1; auto: the smallest power of two that fits)")
-    p.add_argument("--reserve", type=number, default=DEFAULT_RESERVE, metavar="FRACTION", help="memory kept free per device (default %(default)s)")
+    p.add_argument(
+        "--acceptance",
+        type=Path,
+        metavar="FILE.json",
+        help="a decoder.measure record (default: the paper's 0.477 ln(n))",
+    )
+    p.add_argument(
+        "--batch",
+        nargs="+",
+        type=positive_int,
+        metavar="B",
+        help=f"batch sizes (default {' '.join(map(str, DEFAULT_BATCHES))})",
+    )
+    p.add_argument(
+        "--tp",
+        default="1",
+        metavar="N|auto",
+        help="devices per model replica, tensor parallel (default 1; auto: the smallest power of two that fits)",
+    )
+    p.add_argument(
+        "--reserve",
+        type=number,
+        default=DEFAULT_RESERVE,
+        metavar="FRACTION",
+        help="memory kept free per device (default %(default)s)",
+    )
     p.add_argument("--csv", type=Path, metavar="FILE", help="write the bands table (device x batch) to this CSV file")
-    p.add_argument("--benchmark", action="store_true", help="time plan() over >= 10,000 configurations and print the rate")
+    p.add_argument(
+        "--benchmark", action="store_true", help="time plan() over >= 10,000 configurations and print the rate"
+    )
     return p
 
 

@@ -19,6 +19,10 @@ from perfmodel.errors import PerfkitError
 
 TreePath = tuple[int, ...]
 
+# The reference implementation takes each head's top-10 (its Vicuna trees use ranks 0..9),
+# so heads are scored, trees built and candidates drawn over the same ten ranks.
+HEAD_TOP_K = 10
+
 
 @dataclass(frozen=True)
 class Tree:
@@ -74,9 +78,13 @@ class Tree:
     def check_fits(self, heads: int, topk: int) -> None:
         """Refuse a tree that needs more heads or ranks than the model has."""
         if self.depth > heads:
-            raise PerfkitError(f"tree is {self.depth} deep but the model has {heads} Medusa heads; use a tree of depth <= {heads}")
+            raise PerfkitError(
+                f"tree is {self.depth} deep but the model has {heads} Medusa heads; use a tree of depth <= {heads}"
+            )
         if self.max_rank >= topk:
-            raise PerfkitError(f"tree uses rank {self.max_rank} (top-{self.max_rank + 1}) but candidates come from top-{topk}")
+            raise PerfkitError(
+                f"tree uses rank {self.max_rank} (top-{self.max_rank + 1}) but candidates come from top-{topk}"
+            )
 
     @classmethod
     def breadth_first(cls, nodes: int, branching: int = 8) -> Tree:
@@ -104,7 +112,9 @@ def greedy_tree(accuracy, nodes: int) -> Tree:
     """The paper's sparse-tree construction: repeatedly add the highest-value node whose
     parent is already in the tree, until `nodes` nodes.
 
-    accuracy: (heads, topk) array, a_k^(i) = how often rank i of head k is right.
+    accuracy: (heads, topk) array, a_k^(i) = how often rank i of head k is right; or one
+    step's top-k probabilities per head, which makes this the per-step dynamic tree
+    (decoder.medusa.dynamic_tree).
     """
     import heapq
 
@@ -147,7 +157,7 @@ def optimal_tree(accuracy, nodes: int) -> Tree:
         split = np.zeros((topk + 1, nodes + 1), dtype=np.int64)
         for j in range(1, topk + 1):
             value[j] = value[j - 1]
-            gain = accuracy[d, j - 1] * (1 + best[d + 1][: nodes])  # gain[c - 1] for c nodes
+            gain = accuracy[d, j - 1] * (1 + best[d + 1][:nodes])  # gain[c - 1] for c nodes
             for m in range(1, nodes + 1):
                 options = value[j - 1][m - np.arange(1, m + 1)] + gain[:m]
                 c = int(np.argmax(options)) + 1
@@ -193,7 +203,10 @@ def load_tree(text_or_file: str | Path) -> Tree:
     source = Path(text)
     if not text.lstrip().startswith(("[", "(")):  # not a literal: a file
         if not source.is_file():
-            raise PerfkitError(f"{text!r} is neither a tree file nor a list of paths; a tree is a list of paths like [(0,), (0, 0), (1,)]")
+            raise PerfkitError(
+                f"{text!r} is neither a tree file nor a list of paths; a tree is a list of paths like [(0,), (0, 0), "
+                "(1,)]"
+            )
         try:
             text = source.read_text()
         except OSError as exc:
@@ -201,22 +214,81 @@ def load_tree(text_or_file: str | Path) -> Tree:
     try:
         paths = ast.literal_eval(text.strip())
     except (ValueError, SyntaxError):
-        raise PerfkitError(f"a tree is a list of paths like [(0,), (0, 0), (1,)]; could not read {text[:60]!r}") from None
+        raise PerfkitError(
+            f"a tree is a list of paths like [(0,), (0, 0), (1,)]; could not read {text[:60]!r}"
+        ) from None
     if not isinstance(paths, (list, tuple)):
         raise PerfkitError("a tree is a list of paths like [(0,), (0, 0), (1,)]")
     return Tree(tuple(tuple(p) if isinstance(p, (list, tuple)) else (p,) for p in paths))
 
 
-# The reference implementation's Vicuna-7B stage-2 tree (63 nodes + root, DESIGN section 5), in its order:
+# The reference implementation's Vicuna-7B stage-2 tree (63 nodes + root; medusa_choices mc_sim_7b_63), in its order:
 # the greedy construction's, most valuable node first, so every prefix is itself a tree.
 VICUNA_7B_ORDER: tuple[TreePath, ...] = (
-    (0,), (0, 0), (1,), (0, 1), (0, 0, 0), (1, 0), (2,), (0, 2), (0, 0, 1), (0, 3), (3,), (0, 1, 0), (2, 0),
-    (4,), (0, 0, 2), (0, 4), (1, 1), (1, 0, 0), (0, 0, 0, 0), (5,), (0, 0, 3), (0, 5), (0, 2, 0), (3, 0),
-    (0, 1, 1), (0, 6), (6,), (0, 7), (0, 0, 4), (4, 0), (1, 2), (0, 8), (7,), (0, 3, 0), (0, 0, 0, 1),
-    (0, 0, 5), (2, 1), (0, 0, 6), (1, 0, 1), (0, 0, 1, 0), (2, 0, 0), (5, 0), (0, 9), (0, 1, 2), (8,),
-    (0, 4, 0), (0, 2, 1), (1, 3), (0, 0, 7), (0, 0, 0, 2), (0, 0, 8), (1, 1, 0), (0, 1, 0, 0), (6, 0),
-    (9,), (0, 1, 3), (0, 0, 0, 3), (1, 0, 2), (0, 5, 0), (3, 1), (0, 0, 2, 0), (7, 0), (1, 4),
-)  # fmt: skip
+    (0,),
+    (0, 0),
+    (1,),
+    (0, 1),
+    (0, 0, 0),
+    (1, 0),
+    (2,),
+    (0, 2),
+    (0, 0, 1),
+    (0, 3),
+    (3,),
+    (0, 1, 0),
+    (2, 0),
+    (4,),
+    (0, 0, 2),
+    (0, 4),
+    (1, 1),
+    (1, 0, 0),
+    (0, 0, 0, 0),
+    (5,),
+    (0, 0, 3),
+    (0, 5),
+    (0, 2, 0),
+    (3, 0),
+    (0, 1, 1),
+    (0, 6),
+    (6,),
+    (0, 7),
+    (0, 0, 4),
+    (4, 0),
+    (1, 2),
+    (0, 8),
+    (7,),
+    (0, 3, 0),
+    (0, 0, 0, 1),
+    (0, 0, 5),
+    (2, 1),
+    (0, 0, 6),
+    (1, 0, 1),
+    (0, 0, 1, 0),
+    (2, 0, 0),
+    (5, 0),
+    (0, 9),
+    (0, 1, 2),
+    (8,),
+    (0, 4, 0),
+    (0, 2, 1),
+    (1, 3),
+    (0, 0, 7),
+    (0, 0, 0, 2),
+    (0, 0, 8),
+    (1, 1, 0),
+    (0, 1, 0, 0),
+    (6, 0),
+    (9,),
+    (0, 1, 3),
+    (0, 0, 0, 3),
+    (1, 0, 2),
+    (0, 5, 0),
+    (3, 1),
+    (0, 0, 2, 0),
+    (7, 0),
+    (1, 4),
+)
 VICUNA_7B_TREE = Tree(VICUNA_7B_ORDER)
 
 

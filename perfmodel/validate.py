@@ -16,6 +16,8 @@ The closed loop, on this machine and the bundled model (or any checkpoint):
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import sys
 import time
 from contextlib import contextmanager
@@ -24,17 +26,32 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
+from decoder.checkpoint import load_checkpoint
+from decoder.measure import decode_batches, decode_interleaved, head_accuracy, heldout_prompts, mean_accepted
+from decoder.medusa import Decoder
 from perfmodel.calibration import MeasuredLatency
 from perfmodel.cli import Parser, positive_int, run
+from perfmodel.contract import write_table
 from perfmodel.errors import PerfkitError
+from perfmodel.grid import QUICK_GRID
+from perfmodel.models import load_model
 from perfmodel.step import StepModel
+from perfmodel.trees import HEAD_TOP_K, expected_acceptance, greedy_tree
+from profilers.device import cpu_info, cuda_info
+from profilers.sweep import SweepConfig, Sweeper, default_timer
 
 DEFAULT_SIZES = (2, 4, 8, 16, 32, 64)
 TARGET_ERROR = 0.10
 # Which operators of the reference step run in which phase of the decoder's step; the
 # rest (embedding, layers, LM head, mask) is its forward pass.
-DECODER_PHASE_OPS = {"candidates": ("medusa_heads", "candidates"), "forward": (), "verification": ("verify",), "kv_update": ("kv_move",)}
+DECODER_PHASE_OPS = {
+    "candidates": ("medusa_heads", "candidates"),
+    "forward": (),
+    "verification": ("verify",),
+    "kv_update": ("kv_move",),
+}
 # The plain step is timed as generate(PROBE_LEAD + PROBE_STEPS) - generate(PROBE_LEAD).
 PROBE_LEAD, PROBE_STEPS = 8, 32
 # none: ops timed back to back, warm (a small model stays in a CPU's cache through a step);
@@ -75,7 +92,9 @@ class ValidateConfig:
         return self.prompt_len + self.new_tokens // 2
 
 
-def measure_ops(step: StepModel, config: ValidateConfig, dtype: str, decoder, probe_prompts, log) -> tuple[pd.DataFrame, float]:
+def measure_ops(
+    step: StepModel, config: ValidateConfig, dtype: str, decoder, probe_prompts, log
+) -> tuple[pd.DataFrame, float]:
     """Measured data-contract rows for every op call of the plain and tree steps, and the
     plain step of the decoder itself, all timed in the same interleaved rounds.
 
@@ -84,32 +103,38 @@ def measure_ops(step: StepModel, config: ValidateConfig, dtype: str, decoder, pr
     cancels the prefill and setup. Timed beside the operators, it sees the machine in the
     same state as they do, so the host overhead (step minus its operators) carries no
     drift between the two measurements."""
-    import dataclasses
-    import functools
-
-    from decoder.measure import TOPK
-    from profilers.device import cpu_info, cuda_info
-    from profilers.sweep import SweepConfig, Sweeper, default_timer
-    from perfmodel.grid import QUICK_GRID
 
     info, nvml = (cpu_info(), None) if config.device == "cpu" else cuda_info()
     timer = default_timer(config.device, config.budget_s)
     if config.flush == "none":
         timer = dataclasses.replace(timer, flush_cache=False)
     elif config.flush == "model":
-        timer = dataclasses.replace(timer, flush_bytes=sum(p.numel() * p.element_size() for p in decoder.model.parameters()))
-    sweeper = Sweeper(SweepConfig(config.device, step.model, dtype, QUICK_GRID, Path("unused.csv"), timer=timer), info, nvml)
+        timer = dataclasses.replace(
+            timer, flush_bytes=sum(p.numel() * p.element_size() for p in decoder.model.parameters())
+        )
+    sweeper = Sweeper(
+        SweepConfig(config.device, step.model, dtype, QUICK_GRID, Path("unused.csv"), timer=timer), info, nvml
+    )
     points = {}
     sizes = np.array((1, *config.sizes))
     for item, phase, b, s, q, _ in step.calls(config.batch, config.context, sizes):
         for point in zip(b.tolist(), s.tolist(), q.tolist()):
             points.setdefault((item.op, phase, *point), None)
-    probes = [functools.partial(decoder.generate, probe_prompts, tokens, topk=TOPK) for tokens in (PROBE_LEAD, PROBE_LEAD + PROBE_STEPS)]
-    log(f"timing {len(points)} operator points of the {step.model.name} step and the decoder's plain step on {info.name}, interleaved ...")
+    probes = [
+        functools.partial(decoder.generate, probe_prompts, tokens, topk=HEAD_TOP_K)
+        for tokens in (PROBE_LEAD, PROBE_LEAD + PROBE_STEPS)
+    ]
+    log(
+        f"timing {len(points)} operator points of the {step.model.name} step and the decoder's plain step on "
+        f"{info.name}, interleaved ..."
+    )
     rows, (short, long) = sweeper.measure_interleaved(list(points), "validate", extra_calls=probes)
     for row in rows:
         if row["status"] != "ok":
-            raise PerfkitError(f"could not time {row['op']}/{row['phase']} at batch {row['batch']}, seq {row['seq_len']}, candidates {row['candidates']}: {row['reason']}")
+            raise PerfkitError(
+                f"could not time {row['op']}/{row['phase']} at batch {row['batch']}, seq {row['seq_len']}, "
+                f"candidates {row['candidates']}: {row['reason']}"
+            )
     return pd.DataFrame(rows), (long.median_s - short.median_s) / PROBE_STEPS
 
 
@@ -119,18 +144,21 @@ def run_decoder(decoder, prompts, config: ValidateConfig, log):
     A first plain pass measures the heads' accuracies (which choose the trees and predict
     their acceptance); then plain decoding and every tree are timed interleaved, batch by
     batch (decoder.measure.decode_interleaved), so machine drift cancels in the speedups."""
-    from decoder.measure import TOPK, decode_batches, decode_interleaved, head_accuracy, mean_accepted
-    from perfmodel.trees import greedy_tree
 
     log(f"plain decoding of {len(prompts)} held-out prompts for the heads' accuracies ...")
-    first = decode_batches(decoder, prompts, config.batch, config.new_tokens, topk=TOPK)
+    first = decode_batches(decoder, prompts, config.batch, config.new_tokens, topk=HEAD_TOP_K)
     accuracy = head_accuracy(decoder, prompts, first.tokens)
     trees = {size: greedy_tree(accuracy, size - 1) for size in config.sizes}
     settings = {1: {}} | {size: {"tree": tree} for size, tree in trees.items()}
     for setting in settings.values():  # warm-up of every shape, untimed
-        decoder.generate(prompts[: config.batch], 8, topk=TOPK, **setting)
-    log(f"timing plain decoding and {len(trees)} trees ({', '.join(map(str, trees))} tokens) interleaved, {config.rounds} round(s) ...")
-    results = decode_interleaved(decoder, prompts, config.batch, config.new_tokens, settings, config.rounds, topk=TOPK)
+        decoder.generate(prompts[: config.batch], 8, topk=HEAD_TOP_K, **setting)
+    log(
+        f"timing plain decoding and {len(trees)} trees ({', '.join(map(str, trees))} tokens) interleaved, "
+        f"{config.rounds} round(s) ..."
+    )
+    results = decode_interleaved(
+        decoder, prompts, config.batch, config.new_tokens, settings, config.rounds, topk=HEAD_TOP_K
+    )
     baseline = results[1]
     runs = [
         {
@@ -160,13 +188,6 @@ def predicted_phases(step: StepModel, batch: int, context: int, sizes, host_s: f
 
 def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(per-tree comparison, measured op rows, summary)."""
-    import torch
-
-    from decoder.checkpoint import load_checkpoint
-    from decoder.measure import heldout_prompts
-    from decoder.medusa import Decoder
-    from perfmodel.models import load_model
-    from perfmodel.trees import expected_acceptance
 
     if config.device == "cuda" and not torch.cuda.is_available():
         raise PerfkitError("--device cuda: no CUDA device is visible to torch on this machine; use --device cpu")
@@ -178,10 +199,14 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
     torch.manual_seed(config.seed)
     decoder = Decoder(ckpt, config.device)
     prompts = heldout_prompts(ckpt, config.prompts, config.prompt_len, config.seed)
-    probe_prompts = heldout_prompts(ckpt, config.batch, max(1, config.context - PROBE_LEAD - PROBE_STEPS // 2), config.seed + 1)
+    probe_prompts = heldout_prompts(
+        ckpt, config.batch, max(1, config.context - PROBE_LEAD - PROBE_STEPS // 2), config.seed + 1
+    )
     with torch_threads(config.threads):
         accuracy, runs = run_decoder(decoder, prompts, config, log)
-        rows, plain_step_s = measure_ops(StepModel(model, _Nothing(), "reference"), config, dtype, decoder, probe_prompts, log)
+        rows, plain_step_s = measure_ops(
+            StepModel(model, _Nothing(), "reference"), config, dtype, decoder, probe_prompts, log
+        )
     step = StepModel(model, MeasuredLatency(rows, model.name, dtype), "reference")
     sizes = np.array([r["tree_size"] for r in runs])
     ops_plain = float(step.step_time(config.batch, config.context, 1))
@@ -212,9 +237,24 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
         "phases": phases.assign(tree_size=sizes),
     }
     columns = [
-        "device", "model", "dtype", "tree_size", "batch", "context", "predicted_acceptance", "measured_acceptance", "predicted_step_s", "measured_step_s",
-        "ops_step_s", "predicted_speedup", "measured_speedup", "error", "ops_only_speedup", "lossless", *phases.columns,
-    ]  # fmt: skip
+        "device",
+        "model",
+        "dtype",
+        "tree_size",
+        "batch",
+        "context",
+        "predicted_acceptance",
+        "measured_acceptance",
+        "predicted_step_s",
+        "measured_step_s",
+        "ops_step_s",
+        "predicted_speedup",
+        "measured_speedup",
+        "error",
+        "ops_only_speedup",
+        "lossless",
+        *phases.columns,
+    ]
     return table[columns], rows, summary
 
 
@@ -222,14 +262,16 @@ def phase_table(phases: pd.DataFrame) -> pd.DataFrame:
     """One 'measured / predicted' ms column per decoder phase, one row per tree size."""
     out = pd.DataFrame({"tree_size": phases["tree_size"]})
     for phase in DECODER_PHASE_OPS:
-        out[phase] = [f"{m * 1e3:.2f} / {p * 1e3:.2f}" for m, p in zip(phases[f"measured_{phase}_s"], phases[f"predicted_{phase}_s"])]
+        out[phase] = [
+            f"{m * 1e3:.2f} / {p * 1e3:.2f}"
+            for m, p in zip(phases[f"measured_{phase}_s"], phases[f"predicted_{phase}_s"])
+        ]
     return out
 
 
 @contextmanager
 def torch_threads(count: int):
     """torch's intra-op thread count set for a block, and restored after it."""
-    import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(count)
@@ -248,17 +290,70 @@ class _Nothing:
 
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.validate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the decoder and the operators run (default %(default)s)")
-    p.add_argument("--model", default="bundled", metavar="DIR|bundled", help="checkpoint with Medusa heads (default: the bundled model)")
-    p.add_argument("--sizes", type=positive_int, nargs="+", default=list(DEFAULT_SIZES), metavar="N", help="tree sizes, root included (default 2 4 8 16 32 64)")
-    p.add_argument("--batch", type=positive_int, default=1, metavar="B", help="prompts decoded together (default %(default)s)")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the decoder and the operators run (default %(default)s)",
+    )
+    p.add_argument(
+        "--model",
+        default="bundled",
+        metavar="DIR|bundled",
+        help="checkpoint with Medusa heads (default: the bundled model)",
+    )
+    p.add_argument(
+        "--sizes",
+        type=positive_int,
+        nargs="+",
+        default=list(DEFAULT_SIZES),
+        metavar="N",
+        help="tree sizes, root included (default 2 4 8 16 32 64)",
+    )
+    p.add_argument(
+        "--batch", type=positive_int, default=1, metavar="B", help="prompts decoded together (default %(default)s)"
+    )
     p.add_argument("--prompts", type=positive_int, default=16, help="held-out prompts (default %(default)s)")
-    p.add_argument("--prompt-len", type=positive_int, default=64, metavar="L", help="prompt tokens per held-out prompt (default %(default)s)")
-    p.add_argument("--new-tokens", type=positive_int, default=96, metavar="T", help="tokens generated per prompt (default %(default)s)")
-    p.add_argument("--threads", type=positive_int, default=1, help="CPU threads for decoding and operator timing (default %(default)s: see README)")
-    p.add_argument("--rounds", type=positive_int, default=2, help="interleaved timing passes over the prompts (default %(default)s)")
-    p.add_argument("--budget", type=float, default=0.3, metavar="SECONDS", help="timer budget per operator point (default %(default)s)")
-    p.add_argument("--flush", choices=FLUSH_MODES, default="none", help="cache state of the operator timings: none = warm (default), model = flush the model's size, all = evict the last-level cache")
+    p.add_argument(
+        "--prompt-len",
+        type=positive_int,
+        default=64,
+        metavar="L",
+        help="prompt tokens per held-out prompt (default %(default)s)",
+    )
+    p.add_argument(
+        "--new-tokens",
+        type=positive_int,
+        default=96,
+        metavar="T",
+        help="tokens generated per prompt (default %(default)s)",
+    )
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="CPU threads for decoding and operator timing (default %(default)s: see README)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=2,
+        help="interleaved timing passes over the prompts (default %(default)s)",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=0.3,
+        metavar="SECONDS",
+        help="timer budget per operator point (default %(default)s)",
+    )
+    p.add_argument(
+        "--flush",
+        choices=FLUSH_MODES,
+        default="none",
+        help="cache state of the operator timings: none = warm (default), model = flush the model's size, all = "
+        "evict the last-level cache",
+    )
     p.add_argument("--csv", type=Path, metavar="FILE", help="write the per-tree comparison here")
     p.add_argument("--ops-csv", type=Path, metavar="FILE", help="write the measured operator rows here")
     return p
@@ -267,9 +362,18 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = ValidateConfig(
-        device=args.device, model=args.model, sizes=tuple(args.sizes), batch=args.batch, prompts=args.prompts, prompt_len=args.prompt_len,
-        new_tokens=args.new_tokens, budget_s=args.budget, rounds=args.rounds, flush=args.flush, threads=args.threads,
-    )  # fmt: skip
+        device=args.device,
+        model=args.model,
+        sizes=tuple(args.sizes),
+        batch=args.batch,
+        prompts=args.prompts,
+        prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens,
+        budget_s=args.budget,
+        rounds=args.rounds,
+        flush=args.flush,
+        threads=args.threads,
+    )
     started = time.perf_counter()
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     table, rows, summary = validate(config, log)
@@ -277,25 +381,47 @@ def main(argv: list[str] | None = None) -> int:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.csv, index=False)
     if args.ops_csv:
-        from perfmodel.contract import write_table
-
         write_table(rows, args.ops_csv)
     shown = table.assign(
-        predicted_step_ms=table["predicted_step_s"] * 1e3, measured_step_ms=table["measured_step_s"] * 1e3, error_pct=table["error"] * 100
-    )[["tree_size", "predicted_acceptance", "measured_acceptance", "predicted_step_ms", "measured_step_ms", "predicted_speedup", "measured_speedup", "error_pct", "lossless"]]
+        predicted_step_ms=table["predicted_step_s"] * 1e3,
+        measured_step_ms=table["measured_step_s"] * 1e3,
+        error_pct=table["error"] * 100,
+    )[
+        [
+            "tree_size",
+            "predicted_acceptance",
+            "measured_acceptance",
+            "predicted_step_ms",
+            "measured_step_ms",
+            "predicted_speedup",
+            "measured_speedup",
+            "error_pct",
+            "lossless",
+        ]
+    ]
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print("\nwhere a step's time goes, ms per step (measured in the decoding runs / predicted from the operators; tree size 1 is plain decoding):")
+    print(
+        "\nwhere a step's time goes, ms per step (measured in the decoding runs / predicted from the operators; tree "
+        "size 1 is plain decoding):"
+    )
     print(phase_table(summary["phases"]).to_string(index=False))
     print(
-        f"{summary['threads']} CPU thread(s); plain step: {summary['plain_step_s'] * 1e3:.2f} ms timed with the operators "
-        f"({summary['decoded_plain_step_s'] * 1e3:.2f} ms in the decoding runs), its operators {summary['ops_plain_step_s'] * 1e3:.2f} ms, "
+        f"{summary['threads']} CPU thread(s); plain step: {summary['plain_step_s'] * 1e3:.2f} ms timed with the "
+        "operators "
+        f"({summary['decoded_plain_step_s'] * 1e3:.2f} ms in the decoding runs), its operators "
+        f"{summary['ops_plain_step_s'] * 1e3:.2f} ms, "
         f"host overhead {summary['host_overhead_s'] * 1e3:.2f} ms per step (calibrated on plain decoding only)"
     )
     if summary["host_overhead_s"] < -0.05 * summary["plain_step_s"]:
-        print("warning: the plain step's operators take over 5% longer than the whole step timed beside them; "
-              "something else was probably running on the machine: rerun on an idle machine")
+        print(
+            "warning: the plain step's operators take over 5% longer than the whole step timed beside them; "
+            "something else was probably running on the machine: rerun on an idle machine"
+        )
     verdict = "within" if summary["within_target"] else "NOT within"
-    print(f"max |predicted - measured| / measured = {summary['max_abs_error'] * 100:.1f}% ({verdict} the {TARGET_ERROR:.0%} target); {time.perf_counter() - started:.0f} s")
+    print(
+        f"max |predicted - measured| / measured = {summary['max_abs_error'] * 100:.1f}% ({verdict} the "
+        f"{TARGET_ERROR:.0%} target); {time.perf_counter() - started:.0f} s"
+    )
     if args.csv:
         print(f"wrote {args.csv}")
     return 0

@@ -13,18 +13,32 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from decoder.acceptance import AcceptanceConfig, greedy
+from decoder.heads import MedusaHeads
+from decoder.medusa import build_candidates, commit_path
+from decoder.medusa import tree_attention_mask as decoder_tree_mask  # the decoder's batched mask, not the benchmark's
+from decoder.model import KVCache, LlamaConfig, RMSNorm, apply_rope, rope_cos_sin
+from decoder.tree import tree_buffers
 from perfmodel.dtypes import element_bytes
 from perfmodel.errors import PerfkitError
 from perfmodel.models import ModelConfig
-from perfmodel.operators import CANDIDATE_TOPK, Elementwise, FusedAttention, Kernel, op_kernels, query_len
-from perfmodel.trees import Tree
+from perfmodel.operators import (
+    Elementwise,
+    FusedAttention,
+    Kernel,
+    op_kernels,
+    query_len,
+)
+from perfmodel.trees import HEAD_TOP_K, Tree
 
 BENCH_DTYPES = ("fp16", "bf16", "fp32")
 
 
 def check_bench_dtype(dtype: str) -> str:
     if dtype not in BENCH_DTYPES:
-        raise PerfkitError(f"operator benchmarks run in {', '.join(BENCH_DTYPES)}; {dtype!r} is measured as a ceiling only")
+        raise PerfkitError(
+            f"operator benchmarks run in {', '.join(BENCH_DTYPES)}; {dtype!r} is measured as a ceiling only"
+        )
     return dtype
 
 
@@ -125,8 +139,6 @@ class OpBenchmark:
         bytes, plus the per-head module and elementwise work a real step pays."""
         import torch
 
-        from decoder.heads import MedusaHeads
-
         m = self.model
         with torch.device("meta"):
             heads = MedusaHeads(m.hidden_size, m.vocab_size, m.medusa_heads)
@@ -147,50 +159,61 @@ class OpBenchmark:
         operands = {"q": q, "k": key, "v": value}
         gqa = k.heads != k.kv_heads
         if self.phase == "prefill":
-            return KernelRun(k, operands, lambda: F.scaled_dot_product_attention(q, key, value, is_causal=True, enable_gqa=gqa))
+            return KernelRun(
+                k, operands, lambda: F.scaled_dot_product_attention(q, key, value, is_causal=True, enable_gqa=gqa)
+            )
         mask = tree_attention_mask(k.q_len, k.kv_len, self.device) if self.phase == "tree" and k.q_len > 1 else None
-        return KernelRun(k, {**operands, "mask": mask}, lambda: F.scaled_dot_product_attention(q, key, value, attn_mask=mask, enable_gqa=gqa))
-
+        return KernelRun(
+            k,
+            {**operands, "mask": mask},
+            lambda: F.scaled_dot_product_attention(q, key, value, attn_mask=mask, enable_gqa=gqa),
+        )
 
     def _step_run(self, kernel: Elementwise, new, weight) -> KernelRun:
-        """The rest of a decoding step, run by the reference decoder's own code."""
+        """The rest of a decoding step, run by the reference decoder's own code on tensors
+        of the shapes the cost model counts (kernel.operands, from step_operands)."""
         import torch
         import torch.nn.functional as F
-
-        from decoder.acceptance import AcceptanceConfig, greedy
-        from decoder.medusa import build_candidates, commit_path, tree_attention_mask
-        from decoder.model import KVCache, LlamaConfig, RMSNorm, apply_rope, rope_cos_sin
-        from decoder.tree import tree_buffers
 
         m, b, s = self.model, self.batch, self.seq_len
         q = query_len(self.phase, s, self.candidates)
         h, d, heads = m.hidden_size, m.head_dim, max(m.medusa_heads, 1)
         op, device = self.op, self.device
+        shape = {name: tuple(int(n) for n in operand.shape) for name, operand in kernel.operands.items()}
         if op == "embed":
-            ids, table = torch.randint(0, m.vocab_size, (b, q), device=device), weight((m.hidden_size, m.vocab_size), 0, 0).t()
+            ids = torch.randint(0, m.vocab_size, shape["ids"], device=device)
+            table = weight(shape["table"][::-1], 0, 0).t()  # stored (vocab, hidden), as nn.Embedding does
             return KernelRun(kernel, {"ids": ids, "table": table}, lambda: F.embedding(ids, table))
         if op == "norm":
-            x, norm = new((b, q, h)), RMSNorm(h, 1e-6).to(device, torch_dtype(self.dtype))
-            return KernelRun(kernel, {"x": x}, lambda: norm(x))
+            x, norm = new(shape["x"]), RMSNorm(shape["weight"][0], 1e-6).to(device, torch_dtype(self.dtype))
+            return KernelRun(kernel, {"x": x, "weight": norm.weight}, lambda: norm(x))
         if op == "rope":
-            xq, xk = new((b, m.num_heads, q, d)), new((b, m.num_kv_heads, q, d))
-            cos, sin = rope_cos_sin(torch.arange(q, device=device).expand(b, -1), d, 10000.0, xq.dtype)
-            return KernelRun(kernel, {"q": xq, "k": xk}, lambda: (apply_rope(xq, cos, sin), apply_rope(xk, cos, sin)))
+            xq, xk = new(shape["q"]), new(shape["k"])
+            batch, _, tokens, dim = shape["cos"]
+            cos, sin = rope_cos_sin(torch.arange(tokens, device=device).expand(batch, -1), dim, 10000.0, xq.dtype)
+            return KernelRun(
+                kernel,
+                {"q": xq, "k": xk, "cos": cos, "sin": sin},
+                lambda: (apply_rope(xq, cos, sin), apply_rope(xk, cos, sin)),
+            )
         if op in ("residual", "act"):
-            width = h if op == "residual" else m.intermediate_size
-            x, y = new((b, q, width)), new((b, q, width))
+            x, y = new(shape["x"]), new(shape["y"])
             return KernelRun(kernel, {"x": x, "y": y}, (lambda: x + y) if op == "residual" else (lambda: F.silu(x) * y))
         config = LlamaConfig(m.vocab_size, h, m.intermediate_size, 1, m.num_heads, m.num_kv_heads, head_dim=d)
-        buffers = tree_buffers(Tree.breadth_first(q - 1, CANDIDATE_TOPK), heads, CANDIDATE_TOPK, device)
+        buffers = tree_buffers(Tree.breadth_first(q - 1, HEAD_TOP_K), heads, HEAD_TOP_K, device)
+        if op in ("kv_write", "kv_move"):
+            layers, batch, _, slots, _ = shape["cache_k"]
+            cache = KVCache(
+                dataclasses.replace(config, num_hidden_layers=layers), batch, slots, device, torch_dtype(self.dtype)
+            )
+            caches = {"cache_k": cache.k, "cache_v": cache.v}
         if op == "kv_write":
-            cache = KVCache(config, b, s + q, device, torch_dtype(self.dtype))
-            slots = (s + torch.arange(q, device=device)).expand(b, -1)
-            k, v = new((b, m.num_kv_heads, q, d)), new((b, m.num_kv_heads, q, d))
-            return KernelRun(kernel, {"k": k, "v": v}, lambda: cache.write(0, slots, k, v))
+            positions = (s + torch.arange(q, device=device)).expand(b, -1)
+            k, v = new(shape["k"]), new(shape["v"])
+            return KernelRun(kernel, {"k": k, "v": v, **caches}, lambda: cache.write(0, positions, k, v))
         if op == "kv_move":
             # Every sequence keeps the tree's longest path (at most one token per head past
             # the root): its KV entries move in every layer, as the decoder commits a step.
-            cache = KVCache(dataclasses.replace(config, num_hidden_layers=m.num_layers), b, s + q, device, torch_dtype(self.dtype))
             path = max(([i for i in row if i >= 0] for row in buffers.retrieve.tolist()), key=len)
             hidden, last_hidden = new((b, q, h)), new((b, h))
             tokens = torch.randint(0, m.vocab_size, (b, q), device=device)
@@ -200,19 +223,35 @@ class OpBenchmark:
                 for row in range(b):
                     commit_path(cache, lengths, row, path, hidden, last_hidden, tokens)
 
-            return KernelRun(kernel, {"cache": cache.k}, commit)
+            return KernelRun(kernel, caches, commit)
         if op == "mask":
-            lengths = torch.full((b,), s - q, device=device)
-            tree_mask = buffers.mask.expand(b, -1, -1)
+            batch, _, tokens, kv_len = shape["out"]
+            lengths = torch.full((batch,), kv_len - tokens, device=device)
+            tree_mask = buffers.mask.expand(batch, -1, -1)
             positions = lengths[:, None] + buffers.depths
-            return KernelRun(kernel, {"lengths": lengths}, lambda: (tree_attention_mask(lengths, tree_mask, s), rope_cos_sin(positions, d, 10000.0, torch.float32)))
+            return KernelRun(
+                kernel,
+                {},
+                lambda: (
+                    decoder_tree_mask(lengths, tree_mask, kv_len),
+                    rope_cos_sin(positions, d, 10000.0, torch.float32),
+                ),
+            )
         if op == "candidates":
-            logits, roots = new((heads, b, m.vocab_size)), [0] * b
-            return KernelRun(kernel, {"logits": logits}, lambda: build_candidates(roots, logits, [buffers] * b, CANDIDATE_TOPK))
+            logits = new(shape["logits"])
+            roots = [0] * logits.shape[1]
+            return KernelRun(
+                kernel, {"logits": logits}, lambda: build_candidates(roots, logits, [buffers] * len(roots), HEAD_TOP_K)
+            )
         # verify: greedy acceptance of every row's tree from its logits
-        logits, tokens = new((b, q, m.vocab_size)), torch.randint(0, m.vocab_size, (b, q), device=device)
+        logits = new(shape["logits"])
+        tokens = torch.randint(0, m.vocab_size, logits.shape[:2], device=device)
         config_ = AcceptanceConfig()
-        return KernelRun(kernel, {"logits": logits}, lambda: [greedy(tokens[r], logits[r], buffers, config_) for r in range(b)])
+        return KernelRun(
+            kernel,
+            {"logits": logits},
+            lambda: [greedy(tokens[r], logits[r], buffers, config_) for r in range(len(tokens))],
+        )
 
 
 @dataclass(frozen=True)

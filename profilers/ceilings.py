@@ -12,44 +12,15 @@ datasheet's.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
 
-from perfmodel.device_view import gemv_bandwidth_gb_s
 from perfmodel.cli import flops_text
 from perfmodel.errors import PerfkitError
-from perfmodel.hardware import HardwareSpec
+from perfmodel.measured_ceilings import Ceilings
 from profilers.device import DeviceInfo, available_bytes
 from profilers.timer import TimerConfig, Timing, time_cuda_events, time_wall
 
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp8": "float8_e4m3fn", "int8": "int8"}
 CEILING_TIMER = TimerConfig(warmup=2, min_reps=5, max_reps=50, target_noise=0.01, budget_s=1.5, flush_cache=False)
-
-
-@dataclass(frozen=True)
-class Ceilings:
-    device: str
-    bandwidth_gb_s: dict[str, float]  # "copy", "triad"
-    peak_tflops: dict[str, float]  # dtype -> TFLOP/s (TOPS for int8)
-    noise: dict[str, float] = field(default_factory=dict)  # measurement -> IQR/median
-    skipped: dict[str, str] = field(default_factory=dict)  # dtype -> why it was not measured
-    measured_at: str = ""
-    kernel_overhead_us: float | None = None  # one tiny op call, dispatch to result (None: not measured, older runs)
-
-    @property
-    def bandwidth(self) -> float:
-        """The best sustained bandwidth measured, bytes/s."""
-        return max(self.bandwidth_gb_s.values()) * 1e9
-
-    @property
-    def gemv_bandwidth_gb_s(self) -> float:
-        return gemv_bandwidth_gb_s(self.as_dict())
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Ceilings:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
 def _timer(info: DeviceInfo):
@@ -166,26 +137,13 @@ def measure_ceilings(info: DeviceInfo, dtypes: tuple[str, ...] | None = None, lo
             continue
         peaks[dtype] = flops / timing.median_s / 1e12
         noise[dtype] = timing.noise
-        log(f"  {dtype:>6}: {flops_text(peaks[dtype] * 1e12, 'OP/s' if dtype == 'int8' else 'FLOP/s'):>15} (noise {timing.noise:.1%})")
+        log(
+            f"  {dtype:>6}: {flops_text(peaks[dtype] * 1e12, 'OP/s' if dtype == 'int8' else 'FLOP/s'):>15} (noise "
+            f"{timing.noise:.1%})"
+        )
     overhead = measure_kernel_overhead(info)
     noise["kernel_overhead"] = overhead.noise
     log(f"  kernel: {overhead.median_s * 1e6:9.2f} us per call (noise {overhead.noise:.1%})")
-    return Ceilings(info.key, bandwidth, peaks, noise, skipped, time.strftime("%Y-%m-%dT%H:%M:%S%z"), overhead.median_s * 1e6)
-
-
-def ceilings_spec(ceilings: Ceilings, name: str, memory_bytes: int) -> HardwareSpec:
-    """A device spec whose ceilings are the measured ones (for devices without a datasheet)."""
-    where = f"measured by profilers.ceilings on {ceilings.measured_at}"
-    return HardwareSpec(
-        key=ceilings.device,
-        name=name,
-        memory_gb=memory_bytes / 1e9,
-        memory_bandwidth_gb_s=ceilings.gemv_bandwidth_gb_s,
-        peak_tflops=dict(ceilings.peak_tflops),
-        sources={
-            "memory_gb": "/proc/meminfo MemTotal",
-            "memory_bandwidth_gb_s": f"{where} (the read-only matrix-vector stream: decode-time linears read their weights once)",
-            "peak_tflops": f"{where} (square matmul per dtype)",
-        },
-        notes="No datasheet: every ceiling here is measured on this machine.",
+    return Ceilings(
+        info.key, bandwidth, peaks, noise, skipped, time.strftime("%Y-%m-%dT%H:%M:%S%z"), overhead.median_s * 1e6
     )

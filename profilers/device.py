@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pynvml
 
+from perfmodel.cpu_identity import cpu_key, cpu_model_name, read_cpuinfo
 from perfmodel.errors import PerfkitError
 from perfmodel.hardware import find_spec, normalize_name
 
@@ -81,17 +82,6 @@ def versions() -> dict:
 # -- CPU ------------------------------------------------------------------------------
 
 
-def _cpuinfo() -> dict[str, str]:
-    info: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return info
-
-
 def _cpu_caches() -> list[dict]:
     caches = []
     for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
@@ -102,7 +92,9 @@ def _cpu_caches() -> list[dict]:
         except (OSError, ValueError):
             continue
         number, unit = re.match(r"(\d+)([KMG]?)", size).groups()
-        caches.append({"level": level, "type": kind, "bytes": int(number) * {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[unit]})
+        caches.append(
+            {"level": level, "type": kind, "bytes": int(number) * {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[unit]}
+        )
     return caches
 
 
@@ -120,23 +112,10 @@ def cpu_available_bytes() -> int:
     return _meminfo("MemAvailable")
 
 
-# Names this machine's CPU instead of /proc/cpuinfo: for a VM that hides or renames its
-# processor, and for tests that play another machine.
-CPU_NAME_VARIABLE = "MEDUSA_PERFKIT_CPU"
-
-
-def cpu_model_name(info: dict[str, str] | None = None) -> str:
-    override = os.environ.get(CPU_NAME_VARIABLE, "").strip()
-    if override:
-        return override
-    info = _cpuinfo() if info is None else info
-    return info.get("model name") or platform.processor() or "unknown CPU"
-
-
 def cpu_info() -> DeviceInfo:
     import torch
 
-    info = _cpuinfo()
+    info = read_cpuinfo()
     name = cpu_model_name(info)
     cores = os.cpu_count() or 1
     caches = _cpu_caches()
@@ -147,21 +126,15 @@ def cpu_info() -> DeviceInfo:
         "torch_threads": torch.get_num_threads(),
         "caches": caches,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "flags_of_note": sorted(set(info.get("flags", "").split()) & {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8", "fma"}),
+        "flags_of_note": sorted(
+            set(info.get("flags", "").split())
+            & {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8", "fma"}
+        ),
         **versions(),
     }
-    return DeviceInfo("cpu", cpu_key(name, cores), name, None, last_level, _meminfo("MemTotal"), torch.get_num_threads(), details)
-
-
-def this_cpu_key() -> str:
-    """This machine's CPU key, without importing torch (the roofline needs only the key)."""
-    return cpu_key(cpu_model_name(), os.cpu_count() or 1)
-
-
-def cpu_key(model_name: str, cores: int) -> str:
-    """'Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz', 8 -> 'cpu-intel-xeon-gold-6338-8c'."""
-    plain = re.sub(r"\(R\)|\(TM\)|\bCPU\b|@.*", " ", model_name)
-    return re.sub(r"-+", "-", f"cpu-{normalize_name(plain).strip('-')}-{cores}c")
+    return DeviceInfo(
+        "cpu", cpu_key(name, cores), name, None, last_level, _meminfo("MemTotal"), torch.get_num_threads(), details
+    )
 
 
 def cpu_state() -> dict:

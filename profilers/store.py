@@ -1,4 +1,5 @@
-"""Where measurements live: an append-only journal per sweep, run metadata, shipped data.
+"""Writing measurements: an append-only journal per sweep, and its run metadata. Where
+stored measurements live and how they are read is `perfmodel.measurements`.
 
 A sweep appends each finished row to a CSV at once (flushed and fsynced), so a sweep
 killed at any moment keeps every finished row; on rerun the rows already there are
@@ -17,27 +18,29 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfmodel.contract import COLUMNS, KEY_COLUMNS, read_table
+from perfmodel.contract import COLUMNS, KEY_COLUMNS
 from perfmodel.errors import PerfkitError
+from perfmodel.measurements import meta_path, read_meta
 
 # Beyond the data contract: how each row was measured, and the device's state around it.
 EXTRA_COLUMNS = [
-    "status", "reason", "mode", "reps", "threads",
-    "sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "throttle", "cpu_mhz",
-]  # fmt: skip
+    "status",
+    "reason",
+    "mode",
+    "reps",
+    "threads",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "power_w",
+    "temp_c",
+    "throttle",
+    "cpu_mhz",
+]
 ROW_COLUMNS = COLUMNS + EXTRA_COLUMNS
-MEASUREMENTS_DIR = Path(__file__).parent / "measurements"  # shipped with the toolkit
-# Sweeps a user measures (--measure) are kept per machine under this folder, so later
-# commands find them as this machine's stored measurements.
-HOME_VARIABLE = "MEDUSA_PERFKIT_HOME"
 
 
 def journal_path(out: Path) -> Path:
     return out if out.suffix == ".csv" else out.with_name(out.name + ".journal.csv")
-
-
-def meta_path(out: Path) -> Path:
-    return out.with_name(out.name + ".meta.json")
 
 
 def _row_key(row) -> tuple:
@@ -66,7 +69,9 @@ class Journal:
                 f.truncate(data.rfind(b"\n") + 1)
         header = data.split(b"\n", 1)[0].decode()
         if header.split(",") != ROW_COLUMNS:
-            raise PerfkitError(f"{self.path} has other columns than a sweep writes ({header[:80]}...); choose another --out")
+            raise PerfkitError(
+                f"{self.path} has other columns than a sweep writes ({header[:80]}...); choose another --out"
+            )
 
     def rows(self) -> pd.DataFrame:
         if self.path.exists():
@@ -93,16 +98,6 @@ class Journal:
         return self.out
 
 
-def read_meta(out: Path) -> dict:
-    path = meta_path(Path(out))
-    if not path.exists():
-        return {"runs": {}}
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise PerfkitError(f"{path}: not valid JSON ({exc.msg})") from None
-
-
 def write_meta(out: Path, meta: dict) -> None:
     path = meta_path(Path(out))
     tmp = path.with_name(path.name + ".tmp")
@@ -114,49 +109,3 @@ def record_run(out: Path, run_id: str, info: dict) -> None:
     meta = read_meta(out)
     meta.setdefault("runs", {})[run_id] = info
     write_meta(out, meta)
-
-
-def measured_rows(path: str | Path) -> pd.DataFrame:
-    """The measured rows of a sweep file (CSV or Parquet), skipped configurations left out."""
-    df = read_table(path)
-    if "status" in df.columns:
-        df = df[df["status"].fillna("ok") == "ok"]
-    return df[(df["source"] == "measured") & df["time_s"].notna()].reset_index(drop=True)
-
-
-def latest_run_with_ceilings(path: str | Path, device: str | None = None) -> dict | None:
-    """The newest run in a sweep's metadata that measured ceilings (optionally for one device)."""
-    runs = read_meta(Path(path)).get("runs", {})
-    found = [r for _, r in sorted(runs.items()) if r.get("ceilings") and (device is None or r["device"]["key"] == device)]
-    return found[-1] if found else None
-
-
-def user_measurements_dir() -> Path:
-    """Where --measure keeps this machine's sweeps: $MEDUSA_PERFKIT_HOME/measurements, else
-    $XDG_CACHE_HOME/medusa-perfkit/measurements (~/.cache/... by default)."""
-    home = os.environ.get(HOME_VARIABLE)
-    if home:
-        return Path(home).expanduser() / "measurements"
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "medusa-perfkit" / "measurements"
-
-
-def measurement_roots() -> list[Path]:
-    """The folders holding <device>/ sweeps: this user's measurements first, then the shipped ones."""
-    return [user_measurements_dir(), MEASUREMENTS_DIR]
-
-
-def stored_sweeps(device_key: str, roots: list[Path] | None = None) -> list[Path]:
-    """Stored sweep files of a device (<root>/<device>/*.csv), the user's and the shipped."""
-    return [path for root in roots or measurement_roots() for path in sorted((root / device_key).glob("*.csv"))]
-
-
-def stored_devices(roots: list[Path] | None = None) -> list[str]:
-    """Every device key with at least one stored sweep."""
-    found = {folder.name for root in roots or measurement_roots() if root.is_dir() for folder in root.iterdir() if any(folder.glob("*.csv"))}
-    return sorted(found)
-
-
-def stored_closed_loops(device_key: str, roots: list[Path] | None = None) -> list[Path]:
-    """Stored perfmodel.validate CSVs of a device (<root>/<device>/closed-loop/*.csv)."""
-    return [path for root in roots or measurement_roots() for path in sorted((root / device_key / "closed-loop").glob("*.csv"))]

@@ -17,16 +17,33 @@ from pathlib import Path
 
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.contract import contract_fields
+from perfmodel.device_view import is_cpu_name
 from perfmodel.dtypes import check_dtype, default_dtype
 from perfmodel.errors import PerfkitError
 from perfmodel.grid import PAPER_GRID, QUICK_GRID, Grid, iter_points
+from perfmodel.hardware import resolve_spec
+from perfmodel.measurements import user_measurements_dir
 from perfmodel.models import ModelConfig, load_model
 from perfmodel.operators import DEFAULT_OPS, PHASES, STEP_OPS, op_cost
 from profilers.benchmarks import BENCH_DTYPES, OpBenchmark, check_bench_dtype
 from profilers.ceilings import measure_ceilings
-from profilers.device import DeviceInfo, available_bytes, check_device, cpu_info, cpu_state, cuda_info
-from profilers.store import Journal, record_run, user_measurements_dir
-from profilers.timer import TimerConfig, cache_flusher, time_cuda_events, time_cuda_graph, time_interleaved, time_wall
+from profilers.device import (
+    DeviceInfo,
+    available_bytes,
+    check_device,
+    cpu_info,
+    cpu_state,
+    cuda_info,
+)
+from profilers.store import Journal, record_run
+from profilers.timer import (
+    TimerConfig,
+    cache_flusher,
+    time_cuda_events,
+    time_cuda_graph,
+    time_interleaved,
+    time_wall,
+)
 
 GRIDS = {"paper": PAPER_GRID, "quick": QUICK_GRID}
 TIMER_MODES = ("auto", "events", "graph")
@@ -67,7 +84,9 @@ def default_timer(device: str, budget_s: float | None = None, target_noise: floa
     """GPUs: 5+ reps within 2 s per configuration. CPUs run a 7B model's ops for
     milliseconds to seconds each, so 3+ reps within 0.4 s keep a quick sweep to minutes."""
     if device == "cuda":
-        return TimerConfig(warmup=2, min_reps=5, target_noise=target_noise, budget_s=2.0 if budget_s is None else budget_s)
+        return TimerConfig(
+            warmup=2, min_reps=5, target_noise=target_noise, budget_s=2.0 if budget_s is None else budget_s
+        )
     return TimerConfig(warmup=1, min_reps=3, target_noise=target_noise, budget_s=0.4 if budget_s is None else budget_s)
 
 
@@ -81,7 +100,11 @@ class Sweeper:
 
     def __init__(self, config: SweepConfig, info: DeviceInfo, nvml=None):
         self.config, self.info, self.nvml = config, info, nvml
-        self.flush = cache_flusher(info.kind, info.cache_bytes, config.timer.flush_bytes) if config.timer.flush_cache else (lambda: None)
+        self.flush = (
+            cache_flusher(info.kind, info.cache_bytes, config.timer.flush_bytes)
+            if config.timer.flush_cache
+            else (lambda: None)
+        )
         self.weights: dict = {}
 
     def state(self) -> dict:
@@ -132,7 +155,9 @@ class Sweeper:
         timing, reason = self.time(bench)
         return self.row(bench, timing, reason, run_id, worst_state(before, self.state()))
 
-    def measure_interleaved(self, points: list[tuple[str, str, int, int, int]], run_id: str, extra_calls=()) -> tuple[list[dict], list]:
+    def measure_interleaved(
+        self, points: list[tuple[str, str, int, int, int]], run_id: str, extra_calls=()
+    ) -> tuple[list[dict], list]:
         """Rows for many (op, phase, b, s, q) points, and wall-clock Timings of
         `extra_calls` (whole decoding steps, say) taken in the same rounds. On a CPU every
         sample is taken in turn (timer.time_interleaved), so a machine drifting in speed
@@ -145,7 +170,10 @@ class Sweeper:
         benches = [self.benchmark(*point) for point in points]
         need = sum(bench.bytes_needed() for bench in benches)
         if need > 0.9 * self.free_bytes():
-            raise PerfkitError(f"timing {len(points)} points together needs {need / 1e9:.1f} GB of memory, {self.free_bytes() / 1e9:.1f} GB free")
+            raise PerfkitError(
+                f"timing {len(points)} points together needs {need / 1e9:.1f} GB of memory, "
+                f"{self.free_bytes() / 1e9:.1f} GB free"
+            )
         calls = [bench.build(1, self.weights)[0] for bench in benches]
         before = self.state()
         timings = time_interleaved(calls + extra_calls, self.config.timer, self.flush)
@@ -163,7 +191,19 @@ class Sweeper:
         cost = op_cost(b.op, b.phase, cfg.model, cfg.dtype, b.batch, b.seq_len, b.candidates)
         median = timing.median_s if timing else None
         row = contract_fields(
-            self.info.key, cfg.model.name, cfg.dtype, b.op, b.phase, b.batch, b.seq_len, b.candidates, cost, median, "measured", timing.noise if timing else None, run_id
+            self.info.key,
+            cfg.model.name,
+            cfg.dtype,
+            b.op,
+            b.phase,
+            b.batch,
+            b.seq_len,
+            b.candidates,
+            cost,
+            median,
+            "measured",
+            timing.noise if timing else None,
+            run_id,
         )
         row.update(
             status="ok" if timing else "skipped",
@@ -208,7 +248,10 @@ def run_sweep(config: SweepConfig, log=print) -> SweepResult:
         return summarize_result(config, journal, 0, 0, None, None)
 
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    log(f"{info.name} ({info.key}), {config.model.name} {config.dtype}: {len(todo)} of {len(points)} configurations to measure, run {run_id}")
+    log(
+        f"{info.name} ({info.key}), {config.model.name} {config.dtype}: {len(todo)} of {len(points)} configurations "
+        f"to measure, run {run_id}"
+    )
     ceilings = None
     if config.ceilings:
         log("measuring ceilings")
@@ -238,15 +281,15 @@ def run_sweep(config: SweepConfig, log=print) -> SweepResult:
 def measure_now(gpu: str | None, spec_file, models: list[ModelConfig], dtype: str, grid: Grid, log=print) -> list[Path]:
     """--measure: quick sweeps of the device a command names (`cpu`: this machine's CPU;
     a GPU name: the GPU here, which must be that one), stored for later commands."""
-    from perfmodel.device_view import is_cpu_name
-    from perfmodel.hardware import resolve_spec
 
     if is_cpu_name(gpu):
         return measure_and_store("cpu", models, dtype, grid, log=log)
     return measure_and_store(check_device("cuda"), models, dtype, grid, resolve_spec(gpu, spec_file).key, log)
 
 
-def measure_and_store(device: str, models: list[ModelConfig], dtype: str, grid: Grid, wanted_key: str | None = None, log=print) -> list[Path]:
+def measure_and_store(
+    device: str, models: list[ModelConfig], dtype: str, grid: Grid, wanted_key: str | None = None, log=print
+) -> list[Path]:
     """Sweeps of this machine's device, one per model, kept in the user's measurements
     folder (<folder>/<device key>/<model>-<dtype>.csv), where every later command finds
     them as this device's stored measurements. Resumable: a rerun measures only what is
@@ -254,11 +297,15 @@ def measure_and_store(device: str, models: list[ModelConfig], dtype: str, grid: 
     check_device(device)
     info = cuda_info()[0] if device == "cuda" else cpu_info()
     if wanted_key is not None and device == "cuda" and info.spec_key != wanted_key:
-        raise PerfkitError(f"--measure times this machine's GPU, {info.name} ({info.key}), not {wanted_key}; use --gpu {info.key}")
+        raise PerfkitError(
+            f"--measure times this machine's GPU, {info.name} ({info.key}), not {wanted_key}; use --gpu {info.key}"
+        )
     folder = user_measurements_dir() / info.key
     files = []
     for model in models:
-        config = SweepConfig(device, model, dtype, grid, folder / f"{model.name}-{dtype}.csv", timer=default_timer(device))
+        config = SweepConfig(
+            device, model, dtype, grid, folder / f"{model.name}-{dtype}.csv", timer=default_timer(device)
+        )
         log(f"measuring {model.name} {dtype} on {info.name} into {config.out} (resumable: rerun to continue)")
         files.append(run_sweep(config, log).out)
     return files
@@ -268,7 +315,9 @@ def progress_bar(total: int, enabled: bool):
     from tqdm import tqdm
 
     # disable=None: shown on a terminal, silent in logs and pipes.
-    return tqdm(total=total, unit="cfg", disable=None if enabled else True, dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
+    return tqdm(
+        total=total, unit="cfg", disable=None if enabled else True, dynamic_ncols=True, file=sys.stderr, mininterval=0.5
+    )
 
 
 def run_metadata(config: SweepConfig, info: DeviceInfo, ceilings: dict | None, started: float | None) -> dict:
@@ -299,18 +348,56 @@ def summarize_result(config, journal: Journal, measured: int, skipped: int, run_
 def build_parser() -> Parser:
     p = Parser(prog="python -m profilers.sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), help="where to measure (default: cuda if visible, else cpu)")
-    p.add_argument("--model", default="llama-7b", metavar="NAME|PATH", help="model preset or config.json (default %(default)s)")
+    p.add_argument(
+        "--model", default="llama-7b", metavar="NAME|PATH", help="model preset or config.json (default %(default)s)"
+    )
     p.add_argument("--dtype", help=f"one of {', '.join(BENCH_DTYPES)} (default fp16 on cuda, fp32 on cpu)")
-    p.add_argument("--grid", choices=tuple(GRIDS), help="paper: 49 (b, s) settings per op, q in {1,16,...,112}; quick: a few minutes on a CPU (default: paper on cuda, quick on cpu)")
+    p.add_argument(
+        "--grid",
+        choices=tuple(GRIDS),
+        help="paper: 49 (b, s) settings per op, q in {1,16,...,112}; quick: a few minutes on a CPU (default: paper "
+        "on cuda, quick on cpu)",
+    )
     p.add_argument("--batch", nargs="+", type=positive_int, metavar="B", help="custom batch sizes (replace the grid's)")
     p.add_argument("--seq", nargs="+", type=positive_int, metavar="S", help="custom sequence lengths")
-    p.add_argument("--candidates", nargs="+", type=positive_int, metavar="Q", help="custom candidate counts for the tree phase")
-    p.add_argument("--ops", nargs="+", default=list(DEFAULT_OPS), metavar="OP", help=f"ops to time (default: {' '.join(DEFAULT_OPS)}; also: {' '.join(STEP_OPS)})")
-    p.add_argument("--phases", nargs="+", default=list(PHASES), metavar="PHASE", help=f"phases (default all: {' '.join(PHASES)})")
-    p.add_argument("--out", type=Path, metavar="FILE", help="output .csv or .parquet (default perf-reports/sweeps/<device>-<model>-<dtype>-<grid>.csv)")
-    p.add_argument("--timer", choices=TIMER_MODES, default="auto", help="cuda timing: events per call, a CUDA graph, or graphs below 50 us (default)")
-    p.add_argument("--budget", type=float, metavar="SECONDS", help="time per configuration before giving up on the noise target (default 2 on cuda, 0.4 on cpu)")
-    p.add_argument("--target-noise", type=float, default=0.01, metavar="F", help="stop repeating once IQR/median <= F (default %(default)s)")
+    p.add_argument(
+        "--candidates", nargs="+", type=positive_int, metavar="Q", help="custom candidate counts for the tree phase"
+    )
+    p.add_argument(
+        "--ops",
+        nargs="+",
+        default=list(DEFAULT_OPS),
+        metavar="OP",
+        help=f"ops to time (default: {' '.join(DEFAULT_OPS)}; also: {' '.join(STEP_OPS)})",
+    )
+    p.add_argument(
+        "--phases", nargs="+", default=list(PHASES), metavar="PHASE", help=f"phases (default all: {' '.join(PHASES)})"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="FILE",
+        help="output .csv or .parquet (default perf-reports/sweeps/<device>-<model>-<dtype>-<grid>.csv)",
+    )
+    p.add_argument(
+        "--timer",
+        choices=TIMER_MODES,
+        default="auto",
+        help="cuda timing: events per call, a CUDA graph, or graphs below 50 us (default)",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="time per configuration before giving up on the noise target (default 2 on cuda, 0.4 on cpu)",
+    )
+    p.add_argument(
+        "--target-noise",
+        type=float,
+        default=0.01,
+        metavar="F",
+        help="stop repeating once IQR/median <= F (default %(default)s)",
+    )
     p.add_argument("--max-memory-gb", type=float, metavar="GB", help="skip configurations needing more than this")
     p.add_argument("--threads", type=positive_int, metavar="N", help="CPU threads (default: all)")
     p.add_argument("--no-ceilings", action="store_true", help="do not measure bandwidth and peak FLOP/s first")
@@ -332,9 +419,20 @@ def config_from_args(args) -> SweepConfig:
     timer = default_timer(device, args.budget, args.target_noise)
     cap = int(args.max_memory_gb * 1e9) if args.max_memory_gb else None
     return SweepConfig(
-        device, model, dtype, grid, out, tuple(args.ops), tuple(args.phases), timer, args.timer,
-        not args.no_ceilings, cap, args.threads, not args.no_progress,
-    )  # fmt: skip
+        device,
+        model,
+        dtype,
+        grid,
+        out,
+        tuple(args.ops),
+        tuple(args.phases),
+        timer,
+        args.timer,
+        not args.no_ceilings,
+        cap,
+        args.threads,
+        not args.no_progress,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

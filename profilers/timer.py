@@ -10,6 +10,10 @@ Three ways to take one sample of a call:
   would otherwise dominate. Rotating through copies larger than L2 keeps reads cold.
 Samples are taken until IQR/median <= target_noise (after min_reps), or the time budget
 or max_reps is reached; the median is reported.
+
+Every timer reads time from `clock` (time.perf_counter unless given): a test passes a fake
+clock that its calls advance by known amounts, so warm-up, budget and statistics have
+exact expected results instead of ones that depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmodel.errors import PerfkitError
+
+Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)
@@ -60,43 +66,56 @@ def summarize(samples: Sequence[float], mode: str) -> Timing:
     return Timing(float(median), float(q3 - q1), len(samples), mode)
 
 
-def repeat_until_stable(take: Callable[[int], list[float]], config: TimerConfig, mode: str) -> Timing:
+def repeat_until_stable(
+    take: Callable[[int], list[float]], config: TimerConfig, mode: str, clock: Clock = time.perf_counter
+) -> Timing:
     """Call `take(n)` (which returns n new samples) until the statistics settle."""
-    started = time.perf_counter()
+    started = clock()
     samples = take(config.min_reps)
     while len(samples) < config.max_reps:
-        if summarize(samples, mode).noise <= config.target_noise or time.perf_counter() - started >= config.budget_s:
+        if summarize(samples, mode).noise <= config.target_noise or clock() - started >= config.budget_s:
             break
         # Grow in steps of ~25% so a slow op does not overshoot its budget by much.
         samples += take(min(max(1, len(samples) // 4), config.max_reps - len(samples)))
     return summarize(samples, mode)
 
 
-def warm_up(fn: Callable[[], object], config: TimerConfig) -> None:
+def warm_up(fn: Callable[[], object], config: TimerConfig, clock: Clock = time.perf_counter) -> None:
     """Run `fn` config.warmup times, or fewer if that would eat a quarter of the budget."""
-    started = time.perf_counter()
+    started = clock()
     for _ in range(config.warmup):
         fn()
-        if time.perf_counter() - started > config.budget_s / 4:
+        if clock() - started > config.budget_s / 4:
             break
 
 
-def time_wall(fn: Callable[[], object], config: TimerConfig, flush: Callable[[], object] = lambda: None) -> Timing:
-    warm_up(fn, config)
+def time_wall(
+    fn: Callable[[], object],
+    config: TimerConfig,
+    flush: Callable[[], object] = lambda: None,
+    clock: Clock = time.perf_counter,
+) -> Timing:
+    warm_up(fn, config, clock)
 
     def take(n: int) -> list[float]:
         out = []
         for _ in range(n):
             flush()
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            out.append(time.perf_counter() - t0)
+            out.append(clock() - t0)
         return out
 
-    return repeat_until_stable(take, config, "wall")
+    return repeat_until_stable(take, config, "wall", clock)
 
 
-def time_interleaved(calls: Sequence[Callable[[], object]], config: TimerConfig, flush: Callable[[], object] = lambda: None, seed: int = 0) -> list[Timing]:
+def time_interleaved(
+    calls: Sequence[Callable[[], object]],
+    config: TimerConfig,
+    flush: Callable[[], object] = lambda: None,
+    seed: int = 0,
+    clock: Clock = time.perf_counter,
+) -> list[Timing]:
     """Wall-clock timings of several calls sampled in turn: each round times every call
     once, in a fresh random order.
 
@@ -107,27 +126,33 @@ def time_interleaved(calls: Sequence[Callable[[], object]], config: TimerConfig,
     max_reps, or the budget (budget_s per call, as time_wall spends it) is spent."""
     rng = np.random.default_rng(seed)
     for fn in calls:
-        warm_up(fn, config)
+        warm_up(fn, config, clock)
     samples: list[list[float]] = [[] for _ in calls]
-    started = time.perf_counter()
+    started = clock()
     for round_ in range(config.max_reps):
         for i in rng.permutation(len(calls)):
             flush()
-            t0 = time.perf_counter()
+            t0 = clock()
             calls[i]()
-            samples[i].append(time.perf_counter() - t0)
+            samples[i].append(clock() - t0)
         if round_ + 1 < config.min_reps:
             continue
         settled = all(summarize(s, "wall").noise <= config.target_noise for s in samples)
-        if settled or time.perf_counter() - started >= config.budget_s * len(calls):
+        if settled or clock() - started >= config.budget_s * len(calls):
             break
     return [summarize(s, "wall-interleaved") for s in samples]
 
 
-def time_cuda_events(fn: Callable[[], object], config: TimerConfig, flush: Callable[[], object] = lambda: None) -> Timing:
+def time_cuda_events(
+    fn: Callable[[], object],
+    config: TimerConfig,
+    flush: Callable[[], object] = lambda: None,
+    clock: Clock = time.perf_counter,
+) -> Timing:
+    """CUDA-event samples; `clock` only paces the warm-up and the budget."""
     import torch
 
-    warm_up(fn, config)
+    warm_up(fn, config, clock)
     torch.cuda.synchronize()
 
     def take(n: int) -> list[float]:
@@ -141,11 +166,14 @@ def time_cuda_events(fn: Callable[[], object], config: TimerConfig, flush: Calla
         torch.cuda.synchronize()
         return [start.elapsed_time(end) / 1e3 for start, end in zip(starts, ends)]
 
-    return repeat_until_stable(take, config, "cuda-events")
+    return repeat_until_stable(take, config, "cuda-events", clock)
 
 
-def time_cuda_graph(calls: Sequence[Callable[[], object]], config: TimerConfig) -> Timing:
-    """Per-call time of `calls` (one per operand copy) run back to back in one CUDA graph."""
+def time_cuda_graph(
+    calls: Sequence[Callable[[], object]], config: TimerConfig, clock: Clock = time.perf_counter
+) -> Timing:
+    """Per-call time of `calls` (one per operand copy) run back to back in one CUDA graph;
+    `clock` only paces the budget."""
     import torch
 
     side = torch.cuda.Stream()
@@ -172,7 +200,7 @@ def time_cuda_graph(calls: Sequence[Callable[[], object]], config: TimerConfig) 
         torch.cuda.synchronize()
         return [start.elapsed_time(end) / 1e3 / len(calls) for start, end in zip(starts, ends)]
 
-    return repeat_until_stable(take, config, "cuda-graph")
+    return repeat_until_stable(take, config, "cuda-graph", clock)
 
 
 def cache_flusher(device: str, cache_bytes: int, flush_bytes: int | None = None) -> Callable[[], object]:

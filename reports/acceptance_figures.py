@@ -7,9 +7,6 @@ and the paper's preset are predictions, and each figure's legend says which is w
 
 from __future__ import annotations
 
-# roofline_figures selects the file-only backend before pyplot is imported.
-from reports.roofline_figures import PLAIN
-
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -19,6 +16,9 @@ from matplotlib.lines import Line2D
 
 from perfmodel.trees import Tree, path_value
 from reports.figure_layout import fit_bottom, header, legend_below, suptitle
+
+# roofline_figures selects the file-only backend before pyplot is imported.
+from reports.roofline_figures import PLAIN
 
 
 def accuracy_heatmap(ax, accuracy: np.ndarray) -> None:
@@ -84,8 +84,16 @@ def acceptance_curve(ax, measured: list[tuple[int, float]], curves: dict[str, Cu
         if curve.clamped_below > 1 and curve.formula is not None:
             below = np.geomspace(1, curve.clamped_below, 30)
             ax.plot(below, curve.formula(below), ":", color=color, lw=1.2)
-            handles.append(Line2D([], [], ls=":", color=color, lw=1.2,
-                                  label=f"its formula below 1 token/step, n < {curve.clamped_below:.1f}: clamped to 1 (the root)"))  # fmt: skip
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    ls=":",
+                    color=color,
+                    lw=1.2,
+                    label=f"its formula below 1 token/step, n < {curve.clamped_below:.1f}: clamped to 1 (the root)",
+                )
+            )
     if measured:
         x, y = zip(*measured)
         handles += ax.plot(x, y, "o", color="black", ms=7, label="measured (decoder.measure)")
@@ -114,7 +122,10 @@ def acceptance_figure(record: dict | None, curves: dict[str, Curve], title: str)
     measured = [(r["tree_size"], r["mean_accepted_tokens"]) for r in record["per_tree_size"]]
     handles = acceptance_curve(axes[2], measured, curves)
     fig.subplots_adjust(left=0.07, right=0.985, top=suptitle(fig, title), wspace=0.3)
-    legends = [legend_below(fig, axes[1], histogram_handles, ncol=1, fontsize=8), legend_below(fig, axes[2], handles, ncol=1, fontsize=8)]
+    legends = [
+        legend_below(fig, axes[1], histogram_handles, ncol=1, fontsize=8),
+        legend_below(fig, axes[2], handles, ncol=1, fontsize=8),
+    ]
     fit_bottom(fig, legends)
     return fig
 
@@ -156,14 +167,26 @@ def tree_figure(tree: Tree, accuracy: np.ndarray | None, title: str, subtitle: s
             ax.plot([x[p], x[p], x[i]], [y[p], y[i], y[i]], color="#999999", lw=0.8, zorder=1)
     if accuracy is not None:
         values = np.array([1.0] + [path_value(p, accuracy) for p in tree.paths])
-        nodes = ax.scatter(x, y, c=values * 100, cmap="viridis", vmin=0, vmax=100, s=150, edgecolors="black", linewidths=0.5, zorder=2)
+        nodes = ax.scatter(
+            x, y, c=values * 100, cmap="viridis", vmin=0, vmax=100, s=150, edgecolors="black", linewidths=0.5, zorder=2
+        )
         fig.colorbar(nodes, ax=ax, fraction=0.03, pad=0.01, label="P(accepted), predicted (%)")
     else:
         ax.scatter(x, y, color="#9ecae1", s=150, edgecolors="black", linewidths=0.5, zorder=2)
     dark = values < 0.5 if accuracy is not None else np.zeros(len(x), dtype=bool)
     for xi, yi, path, white in zip(x[1:], y[1:], tree.paths, dark[1:]):
         # gid: a label drawn on its own node by design (the figure tests tell it from a stray label)
-        ax.text(xi, yi, str(path[-1]), ha="center", va="center", fontsize=7, zorder=3, color="white" if white else "black", gid="on-marker")
+        ax.text(
+            xi,
+            yi,
+            str(path[-1]),
+            ha="center",
+            va="center",
+            fontsize=7,
+            zorder=3,
+            color="white" if white else "black",
+            gid="on-marker",
+        )
     ax.annotate("root", (0, y[0]), xytext=(-12, 0), textcoords="offset points", ha="right", va="center", fontsize=9)
     ax.set_xticks(range(tree.depth + 1), ["root"] + [f"head {k}" for k in range(1, tree.depth + 1)])
     ax.set_xlim(-0.6, tree.depth + 0.4)

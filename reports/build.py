@@ -19,21 +19,35 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfmodel import roofline, speedup
+from perfmodel import simulations as speedup
 from perfmodel.acceptance import PAPER_ACCEPTANCE, HeadAccuracyAcceptance, fit_error
 from perfmodel.device_view import DeviceView, is_cpu_name, resolve_view
 from perfmodel.dtypes import check_dtype, default_dtype
+from perfmodel.errors import PerfkitError
 from perfmodel.grid import PAPER_GRID, QUICK_GRID
 from perfmodel.latency import RooflineLatency
-from perfmodel.errors import PerfkitError
+from perfmodel.measurements import stored_closed_loops
 from perfmodel.models import ModelConfig, load_model
-from perfmodel.plan import PlanResult, plan
+from perfmodel.plan import BAND_SHOWN, PlanResult, plan
 from perfmodel.step import StepModel
 from perfmodel.trees import export_tree
-from reports.acceptance_figures import Curve
+from profilers.sweep import measure_now
+from reports.acceptance_figures import Curve, acceptance_figure, tree_figure
+from reports.capacity_figures import capacity_figure
 from reports.html import Page
 from reports.render import FigureJob, Renderer
-from reports.sources import ReportAcceptance, load_validation, recommended_tree, report_acceptance, shipped_validations
+from reports.roofline_page import (
+    describe_device,
+    stand_in_note,
+    submit_roofline_figures,
+)
+from reports.sources import (
+    ReportAcceptance,
+    load_validation,
+    recommended_tree,
+    report_acceptance,
+)
+from reports.speedup_figures import closed_loop_figure, submit_speedup_figures
 
 FLAVORS = ("paper", "full")
 ENGINES = ("reference", "tensorrt-llm", "vllm")
@@ -73,15 +87,15 @@ def load_inputs(config: BuildConfig, log=print) -> tuple[DeviceView, ModelConfig
     model = load_model(config.model)
     files = list(config.measurements)
     if config.measure:
-        from profilers.sweep import measure_now
-
         dtype = check_dtype(config.dtype or default_dtype("cpu" if is_cpu_name(config.gpu) else "cuda"))
         files = [*files, *measure_now(config.gpu, config.spec, [model], dtype, QUICK_GRID, log)]
     view = resolve_view(config.gpu, config.spec, files, log)
     dtype = check_dtype(config.dtype or default_dtype("cpu" if view.is_cpu else "cuda"))
     view.spec.peak_flops(dtype)  # one clear line when the device has no such peak
     acceptance = report_acceptance(config.acceptance, config.model)
-    validation = load_validation(list(config.validation) or shipped_validations(view.spec.key), view.spec.key, model.name)
+    validation = load_validation(
+        list(config.validation) or stored_closed_loops(view.spec.key), view.spec.key, model.name
+    )
     return view, model, dtype, acceptance, validation
 
 
@@ -98,13 +112,15 @@ def build(config: BuildConfig, log=print) -> Report:
     log(f"building the report for {where} ...")
 
     with Renderer(config.jobs) as renderer:
-        roof, tables, op_errors = roofline.plan_figures(renderer, view, [model], model, dtype, grid)
+        roof, tables, op_errors = submit_roofline_figures(renderer, view, [model], model, dtype, grid)
         sims = speedup.device_table(device, model, dtype, FLAVORS, acceptance.choice)
         draft = speedup.draft_model_table()
-        speed_pngs = speedup.plan_figures(renderer, device, model, dtype, sims, draft, acceptance.choice)
+        speed_pngs = submit_speedup_figures(renderer, device, model, dtype, sims, draft, acceptance.choice)
         best = speedup.optima(sims)
         head = best[(best["simulation"] == "a") & (best["step"] == "full")].iloc[0]
-        tree = recommended_tree(int(head["tree_size"]), acceptance, bool(head["at_edge"])) if head["speculate"] else None
+        tree = (
+            recommended_tree(int(head["tree_size"]), acceptance, bool(head["at_edge"])) if head["speculate"] else None
+        )
         planned = capacity_plan(model, view, dtype, acceptance, config)
         jobs = extra_jobs(where, report, sims, planned, tree, validation, config)
         extra_pngs = {name: renderer.submit(job) for name, job in jobs.items()}
@@ -122,7 +138,7 @@ def build(config: BuildConfig, log=print) -> Report:
 
         intro(page, report, config, validation)
         glance(page, report, sims, planned, validation)
-        roofline.describe_device(page, view, dtype)
+        describe_device(page, view, dtype)
         roofline_section(page, figure, roof, op_errors)
         speedup_section(page, figure, report, sims, draft, speed_pngs, extra_pngs, validation)
         acceptance_section(page, figure, report, extra_pngs)
@@ -132,7 +148,8 @@ def build(config: BuildConfig, log=print) -> Report:
         inputs_section(page, report, config, validation)
         report.html = page.write(config.out / "report.html")
     size = report.html.stat().st_size
-    log(f"  {len(report.figures)} figures, report.html {size / 1e6:.1f} MB in {config.out}/ ({time.perf_counter() - started:.1f} s)")
+    elapsed = time.perf_counter() - started
+    log(f"  {len(report.figures)} figures, report.html {size / 1e6:.1f} MB in {config.out}/ ({elapsed:.1f} s)")
     return report
 
 
@@ -140,10 +157,15 @@ def capacity_plan(model, view: DeviceView, dtype: str, acceptance: ReportAccepta
     """perfmodel.plan on this device, or why the model cannot be served on it."""
     try:
         return plan(
-            model, [view.spec], dtype, prompt_len=config.prompt_len, response_len=config.response_len,
+            model,
+            [view.spec],
+            dtype,
+            prompt_len=config.prompt_len,
+            response_len=config.response_len,
             latency_target_s=config.latency_ms / 1e3 if config.latency_ms else None,
-            acceptance=acceptance.choice.model, params=view.params,
-        )  # fmt: skip
+            acceptance=acceptance.choice.model,
+            params=view.params,
+        )
     except PerfkitError as exc:  # the model does not fit: a finding of the report, not a failure
         return str(exc)
 
@@ -179,26 +201,40 @@ def acceptance_curves(acceptance: ReportAcceptance) -> dict[str, Curve]:
 
 def extra_jobs(where, report: Report, sims, planned, tree, validation, config) -> dict[str, FigureJob]:
     """The report's own figures (the roofline and speedup commands draw the rest)."""
-    from reports.acceptance_figures import acceptance_figure, tree_figure
-    from reports.capacity_figures import capacity_figure
-    from reports.speedup_figures import closed_loop_figure
 
     acceptance = report.acceptance
     jobs = {}
     kind = "measured" if acceptance.measured else "predicted"
-    title = f"Acceptance ({kind}{' data and predicted fits' if acceptance.measured else ' only: no measured record'}): {report.model.name}"
-    jobs["acceptance"] = FigureJob(acceptance_figure, dict(record=acceptance.record, curves=acceptance_curves(acceptance), title=title))
+    what = " data and predicted fits" if acceptance.measured else " only: no measured record"
+    title = f"Acceptance ({kind}{what}): {report.model.name}"
+    jobs["acceptance"] = FigureJob(
+        acceptance_figure, dict(record=acceptance.record, curves=acceptance_curves(acceptance), title=title)
+    )
     if tree is not None:
         drawn = "" if tree.tree.size == tree.wanted else f"; drawn: the {tree.tree.size}-token reference tree"
         title = f"Predicted best tree size at b=1, s=1024 (whole-model step): {tree.wanted_text} tokens{drawn}. {where}"
         subtitle = f"{tree.tree.size} tokens drawn, {tree.tree.depth} heads deep. {tree.note}"
-        jobs["recommended-tree"] = FigureJob(tree_figure, dict(tree=tree.tree, accuracy=tree.accuracy, title=title, subtitle=subtitle))
+        jobs["recommended-tree"] = FigureJob(
+            tree_figure, dict(tree=tree.tree, accuracy=tree.accuracy, title=title, subtitle=subtitle)
+        )
     if isinstance(planned, PlanResult):
         subtitle = f"Predicted, not measured. {planned.summary().splitlines()[0]} Acceptance: {planned.acceptance}."
-        jobs["capacity"] = FigureJob(capacity_figure, dict(bands=planned.bands, title=f"Predicted capacity: {where}", subtitle=subtitle, latency_target_ms=config.latency_ms))
+        jobs["capacity"] = FigureJob(
+            capacity_figure,
+            dict(
+                bands=planned.bands,
+                title=f"Predicted capacity: {where}",
+                subtitle=subtitle,
+                latency_target_ms=config.latency_ms,
+            ),
+        )
     if len(validation):
         title = f"Closed loop: predicted vs measured Medusa speedup of the reference decoder, {where}"
-        subtitle = f"Measured by python -m perfmodel.validate ({', '.join(sorted(set(validation['file'])))}): batch {validation['batch'].iloc[0]}, context {validation['context'].iloc[0]}."
+        files = ", ".join(sorted(set(validation["file"])))
+        subtitle = (
+            f"Measured by python -m perfmodel.validate ({files}): "
+            f"batch {validation['batch'].iloc[0]}, context {validation['context'].iloc[0]}."
+        )
         jobs["closed-loop"] = FigureJob(closed_loop_figure, dict(table=validation, title=title, subtitle=subtitle))
     return jobs
 
@@ -216,15 +252,22 @@ def intro(page: Page, report: Report, config: BuildConfig, validation: pd.DataFr
         measured.append("an acceptance record")
     if len(validation):
         measured.append("a closed-loop speedup run")
-    have = f"Measured data used: {', '.join(measured)}." if measured else (
-        "No measured data for this device and model: every number here is predicted. "
-        "Run python -m profilers.sweep on the device (--measurements FILE) and python -m decoder.measure (--acceptance FILE) to add measurements."
-    )  # fmt: skip
+    have = (
+        f"Measured data used: {', '.join(measured)}."
+        if measured
+        else (
+            "No measured data for this device and model: every number here is predicted. "
+            "Run python -m profilers.sweep on the device (--measurements FILE) "
+            "and python -m decoder.measure (--acceptance FILE) to add measurements."
+        )
+    )
     if report.view.stand_in_for:
-        page.paragraph(roofline.stand_in_note(report.view), note=True)
+        page.paragraph(stand_in_note(report.view), note=True)
     page.paragraph(
-        f"Written {datetime.date.today().isoformat()} by medusa-perfkit (python -m reports build). Every figure and table says whether it shows "
-        "predicted numbers (from the device's datasheet or measured ceilings through the latency model) or measured ones, and where both "
+        f"Written {datetime.date.today().isoformat()} by medusa-perfkit (python -m reports build). "
+        "Every figure and table says whether it shows "
+        "predicted numbers (from the device's datasheet or measured ceilings through the latency model) "
+        "or measured ones, and where both "
         f"exist, the error between them. {have}"
     )
 
@@ -232,27 +275,42 @@ def intro(page: Page, report: Report, config: BuildConfig, validation: pd.DataFr
 def glance(page: Page, report: Report, sims: pd.DataFrame, planned, validation: pd.DataFrame) -> None:
     device = speedup.Device(report.view.spec, report.view.params, report.view.is_cpu)
     best = speedup.optima(sims)
-    facts = [f"Ridge of the latency model's roofline: {speedup.ridge(device, report.dtype):.0f} FLOP/byte (predicted)."]
+    ridge = speedup.ridge(device, report.dtype)
+    facts = [f"Ridge of the latency model's roofline: {ridge:.0f} FLOP/byte (predicted)."]
     for step in FLAVORS:
         row = best[(best["simulation"] == "a") & (best["step"] == step)].iloc[0]
-        facts.append(f"Batch 1, context 1024, {speedup.STEP_LABELS[step]}: {speedup.verdict(row).split(': ', 1)[1]} (predicted).")
+        facts.append(
+            f"Batch 1, context 1024, {speedup.STEP_LABELS[step]}: {speedup.verdict(row).split(': ', 1)[1]} (predicted)."
+        )
         rows = best[(best["simulation"] == "b") & (best["step"] == step)]
         lost = speedup.loses_from(rows, "batch")
         facts.append(
             f"Context 1024, {speedup.STEP_LABELS[step]}: "
-            + (f"do not speculate from batch {lost} on (predicted)." if lost else f"speculation still pays at batch {rows['batch'].max()} (predicted).")
+            + (
+                f"do not speculate from batch {lost} on (predicted)."
+                if lost
+                else f"speculation still pays at batch {rows['batch'].max()} (predicted)."
+            )
         )
     row = planned.devices.iloc[0] if isinstance(planned, PlanResult) else {"fits": False, "note": planned}
     if row["fits"]:
-        facts.append(f"Capacity: max batch {row['max_batch']:,} ({row['kv_mb_per_seq']:,.0f} MB of KV cache per sequence); " + (
-            f"recommended batch {row['batch']} with {('a tree of ' + str(row['tree_size'])) if row['speculate'] else 'no tree'}: "
-            f"{row['per_token_ms']:.1f} ms/token, {row['total_tokens_s']:,.0f} tokens/s (predicted)." if row["meets_latency"] else row["note"]
-        ))  # fmt: skip
+        capacity = (
+            f"Capacity: max batch {row['max_batch']:,} ({row['kv_mb_per_seq']:,.0f} MB of KV cache per sequence); "
+        )
+        if row["meets_latency"]:
+            tree_text = ("a tree of " + str(row["tree_size"])) if row["speculate"] else "no tree"
+            facts.append(
+                capacity + f"recommended batch {row['batch']} with {tree_text}: "
+                f"{row['per_token_ms']:.1f} ms/token, {row['total_tokens_s']:,.0f} tokens/s (predicted)."
+            )
+        else:
+            facts.append(capacity + row["note"])
     else:
         facts.append(f"Capacity: {row['note']}")
     if len(validation):
         facts.append(
-            f"Closed loop (measured): predicted speedups within {validation['error'].abs().max():.1%} of the measured ones over "
+            f"Closed loop (measured): predicted speedups within {validation['error'].abs().max():.1%} "
+            "of the measured ones over "
             f"tree sizes {', '.join(str(n) for n in validation['tree_size'])}."
         )
     report.facts = facts
@@ -268,16 +326,22 @@ def roofline_section(page: Page, figure, roof, op_errors) -> None:
             page.heading(section if "variations" in section else f"Rooflines: {section}")
             if "variations" in section:
                 page.paragraph(
-                    "Tree decoding processes q candidate tokens per sequence at once: the linear layers' intensity grows with b x q, "
+                    "Tree decoding processes q candidate tokens per sequence at once: "
+                    "the linear layers' intensity grows with b x q, "
                     "attention's with q alone (each sequence reads its own KV cache). Paper Figs 18-20 and Tables 6-8."
                 )
         sources = tuple(sorted(set(planned.points["source"])))
         figure(planned.name, planned.png, f"{', '.join(sources)}: {planned.caption}", sources)
         if "variations" in section:
             for source in sources:
-                page.paragraph(f"{source.capitalize()}: attained TFLOP/s (operational intensity, FLOP/byte) per candidates q (paper Tables 6-8 style).")
+                page.paragraph(
+                    f"{source.capitalize()}: attained TFLOP/s (operational intensity, FLOP/byte) "
+                    "per candidates q (paper Tables 6-8 style)."
+                )
                 page.table(variation_table(planned.points[planned.points["source"] == source]))
-        shown = planned.points[["op", "phase", "batch", "seq_len", "candidates", "intensity", "tflops", "time_s", "source"]]
+        shown = planned.points[
+            ["op", "phase", "batch", "seq_len", "candidates", "intensity", "tflops", "time_s", "source"]
+        ]
         shown = shown.assign(time_s=shown["time_s"] * 1e6).rename(columns={"time_s": "time_us"})
         page.table(shown, summary=f"points of this figure ({len(shown)})")
 
@@ -294,13 +358,20 @@ def speedup_section(page: Page, figure, report: Report, sims, draft, speed_pngs,
     device = speedup.Device(report.view.spec, report.view.params, report.view.is_cpu)
     page.heading("Speedup: simulated (paper App. G.3) and measured")
     page.paragraph(
-        "speedup(n) = acceptance(n) / (T_step(n) / T_step(1)) for a tree of n tokens, root included. Paper step: the App. G.3 "
-        "simplified block (q, k, v, QK^T, PV, up, gate, down); full step: the whole model (norms, o, LM head, Medusa heads, verification). "
+        "speedup(n) = acceptance(n) / (T_step(n) / T_step(1)) for a tree of n tokens, root included. "
+        "Paper step: the App. G.3 "
+        "simplified block (q, k, v, QK^T, PV, up, gate, down); "
+        "full step: the whole model (norms, o, LM head, Medusa heads, verification). "
         f"Acceptance: {report.acceptance.choice.label}. Latency: {speedup.latency_label(report.view.params)}."
     )
-    page.preformatted("\n".join(line.removeprefix("  ") for line in speedup.summary_lines(device, report.dtype, sims, draft)))
+    page.preformatted(
+        "\n".join(line.removeprefix("  ") for line in speedup.summary_lines(device, report.dtype, sims, draft))
+    )
     captions = {
-        "speedup-a": "predicted: (a) speedup vs tree size at b=1, s=1024, with what makes it (acceptance and step-time overhead); stars mark optima.",
+        "speedup-a": (
+            "predicted: (a) speedup vs tree size at b=1, s=1024, "
+            "with what makes it (acceptance and step-time overhead); stars mark optima."
+        ),
         "speedup-b": "predicted: (b) speedup vs tree size per batch at s=1024, and the best tree per batch.",
         "speedup-c": "predicted: (c) speedup vs tree size per context length at b=4, and the best tree per context.",
         "draft-model": "predicted: speculative decoding with a draft model vs Medusa's best at b=1, s=1024.",
@@ -309,14 +380,23 @@ def speedup_section(page: Page, figure, report: Report, sims, draft, speed_pngs,
         caption = next(text for prefix, text in captions.items() if name.startswith(prefix))
         figure(name, png, caption, ("predicted",))
     if "closed-loop" in extra_pngs:
-        figure("closed-loop", extra_pngs["closed-loop"], "measured and predicted: the reference decoder's speedup per tree size, timed on this device, against the closed-loop prediction.", ("measured", "predicted"))
+        figure(
+            "closed-loop",
+            extra_pngs["closed-loop"],
+            "measured and predicted: the reference decoder's speedup per tree size, timed on this device, "
+            "against the closed-loop prediction.",
+            ("measured", "predicted"),
+        )
     else:
         page.paragraph(
-            "No measured speedups for this device and model. python -m perfmodel.validate (--csv FILE, then --validation FILE here) "
+            "No measured speedups for this device and model. "
+            "python -m perfmodel.validate (--csv FILE, then --validation FILE here) "
             "runs the reference decoder on this machine and compares its speedups with the prediction.",
             note=True,
         )
-    shown = sims[sims["best"]][["simulation", "step", "batch", "seq_len", "tree_size", "acceptance", "overhead", "speedup"]]
+    shown = sims[sims["best"]][
+        ["simulation", "step", "batch", "seq_len", "tree_size", "acceptance", "overhead", "speedup"]
+    ]
     page.table(shown.reset_index(drop=True), summary=f"predicted: the optimum of every curve ({len(shown)})")
 
 
@@ -326,30 +406,55 @@ def acceptance_section(page: Page, figure, report: Report, extra_pngs) -> None:
     if acceptance.measured:
         record = acceptance.record
         page.paragraph(
-            f"Measured by python -m decoder.measure ({acceptance.record_path.name}): {record.get('prompts')} held-out prompts x "
-            f"{record.get('new_tokens_per_prompt')} tokens, {record['acceptance']['scheme']} acceptance, batch {record.get('batch')}; "
+            f"Measured by python -m decoder.measure ({acceptance.record_path.name}): "
+            f"{record.get('prompts')} held-out prompts x "
+            f"{record.get('new_tokens_per_prompt')} tokens, {record['acceptance']['scheme']} acceptance, "
+            f"batch {record.get('batch')}; "
             f"{record['mean_accepted_tokens']:.2f} tokens per step with its tree of {record['tree']['size']} tokens "
             f"(lossless: {record.get('lossless')}). Model: {Path(str(record.get('model'))).name}."
         )
-        figure("acceptance", extra_pngs["acceptance"], "measured: head top-k accuracy, accepted length per step and tokens per step per tree size; predicted: the fitted curves.", ("measured", "predicted"))
+        figure(
+            "acceptance",
+            extra_pngs["acceptance"],
+            "measured: head top-k accuracy, accepted length per step and tokens per step per tree size; "
+            "predicted: the fitted curves.",
+            ("measured", "predicted"),
+        )
     else:
         page.paragraph(
-            f"No measured acceptance record for {report.model.name}: the speedups use {acceptance.choice.label}, the Medusa paper's fit to "
-            "its Vicuna-7B tree ablation. A record (python -m decoder.measure --model DIR --out acc.json, then --acceptance acc.json) adds "
+            f"No measured acceptance record for {report.model.name}: "
+            f"the speedups use {acceptance.choice.label}, the Medusa paper's fit to "
+            "its Vicuna-7B tree ablation. "
+            "A record (python -m decoder.measure --model DIR --out acc.json, then --acceptance acc.json) adds "
             "the per-head top-k accuracy heat map, the accepted-length histogram and measured tokens per step.",
             note=True,
         )
-        figure("acceptance", extra_pngs["acceptance"], "predicted: the acceptance curve the speedups use.", ("predicted",))
+        figure(
+            "acceptance", extra_pngs["acceptance"], "predicted: the acceptance curve the speedups use.", ("predicted",)
+        )
 
 
 def tree_section(page: Page, figure, report: Report, tree, best, extra_pngs) -> None:
     page.heading("Recommended tree")
     if tree is None:
-        page.paragraph("At batch 1 and context 1024 no tree beats plain decoding on this device (predicted): do not speculate.")
+        page.paragraph(
+            "At batch 1 and context 1024 no tree beats plain decoding on this device (predicted): do not speculate."
+        )
         return
-    figure("recommended-tree", extra_pngs["recommended-tree"], f"predicted: the best tree at b=1, s=1024 for the whole-model step. {tree.note}", ("predicted",))
+    figure(
+        "recommended-tree",
+        extra_pngs["recommended-tree"],
+        f"predicted: the best tree at b=1, s=1024 for the whole-model step. {tree.note}",
+        ("predicted",),
+    )
     formats = "\n\n".join(f"{engine}:\n{json.dumps(export_tree(tree.tree, engine))}" for engine in ENGINES)
-    page.preformatted(formats, summary=f"the tree as {len(tree.tree.paths)} paths, for the reference implementation, TensorRT-LLM (medusa_choices) and vLLM (speculative_token_tree)")
+    page.preformatted(
+        formats,
+        summary=(
+            f"the tree as {len(tree.tree.paths)} paths, for the reference implementation, "
+            "TensorRT-LLM (medusa_choices) and vLLM (speculative_token_tree)"
+        ),
+    )
     rows = best[(best["simulation"] == "b") & (best["step"] == "full")][["batch", "tree_size", "speedup", "speculate"]]
     page.paragraph("Best tree size per batch at context 1024, whole-model step (predicted):")
     page.table(rows.reset_index(drop=True))
@@ -360,16 +465,27 @@ def capacity_section(page: Page, figure, planned, extra_pngs) -> None:
     if not isinstance(planned, PlanResult):
         page.paragraph(f"Predicted by perfmodel.plan: {planned}.")
         return
-    page.paragraph("Predicted by perfmodel.plan: memory fit (weights + Medusa heads + KV cache), then per batch the best tree, its latency and throughput.")
+    page.paragraph(
+        "Predicted by perfmodel.plan: memory fit (weights + Medusa heads + KV cache), "
+        "then per batch the best tree, its latency and throughput."
+    )
     page.preformatted(planned.summary())
-    figure("capacity", extra_pngs["capacity"], "predicted: per-token latency and device throughput per batch, best tree and plain decoding.", ("predicted",))
-    columns = ["batch", "tree", "speedup", "acceptance", "per_token_ms", "user_tokens_s", "total_tokens_s", "memory_gb", "meets_latency"]
-    page.table(planned.bands[columns], summary=f"predicted: every batch ({len(planned.bands)})")
+    figure(
+        "capacity",
+        extra_pngs["capacity"],
+        "predicted: per-token latency and device throughput per batch, best tree and plain decoding.",
+        ("predicted",),
+    )
+    page.table(planned.bands[BAND_SHOWN], summary=f"predicted: every batch ({len(planned.bands)})")
 
 
 def error_section(page: Page, op_errors, report: Report, validation: pd.DataFrame) -> None:
     page.heading("Prediction error")
-    errors = pd.concat([e for e in op_errors if not e.empty], ignore_index=True) if any(not e.empty for e in op_errors) else pd.DataFrame()
+    errors = (
+        pd.concat([e for e in op_errors if not e.empty], ignore_index=True)
+        if any(not e.empty for e in op_errors)
+        else pd.DataFrame()
+    )
     said = False
     if len(errors):
         summary = errors.groupby(["op", "phase"]).agg(
@@ -377,7 +493,10 @@ def error_section(page: Page, op_errors, report: Report, validation: pd.DataFram
             median_abs_error=("error", lambda e: e.abs().median()),
             max_abs_error=("error", lambda e: e.abs().max()),
         )
-        page.paragraph("Operators: predicted time (roofline latency model) vs measured time, error = (predicted - measured) / measured.")
+        page.paragraph(
+            "Operators: predicted time (roofline latency model) vs measured time, "
+            "error = (predicted - measured) / measured."
+        )
         page.table(percent(summary.reset_index()))
         said = True
     acceptance = report.acceptance
@@ -391,19 +510,33 @@ def error_section(page: Page, op_errors, report: Report, validation: pd.DataFram
                 table[f"{label}_predicted"] = model(sizes)
                 table[f"{label}_error"] = (table[f"{label}_predicted"] - measured) / measured
         page.paragraph(
-            f"Acceptance: tokens per step per tree size, measured vs predicted. Log fit: {fit_error(acceptance.choice.curve(sizes), measured)}. "
+            "Acceptance: tokens per step per tree size, measured vs predicted. "
+            f"Log fit: {fit_error(acceptance.choice.curve(sizes), measured)}. "
             f"The speedups use {acceptance.choice.label}."
         )
         page.table(percent(table))
         said = True
     if len(validation):
-        columns = ["tree_size", "batch", "context", "measured_acceptance", "predicted_acceptance", "measured_speedup", "predicted_speedup", "error"]
-        page.paragraph("Speedup (closed loop, perfmodel.validate): the reference decoder timed on this device vs the prediction from measured operator times and the host overhead of plain decoding.")
+        columns = [
+            "tree_size",
+            "batch",
+            "context",
+            "measured_acceptance",
+            "predicted_acceptance",
+            "measured_speedup",
+            "predicted_speedup",
+            "error",
+        ]
+        page.paragraph(
+            "Speedup (closed loop, perfmodel.validate): the reference decoder timed on this device "
+            "vs the prediction from measured operator times and the host overhead of plain decoding."
+        )
         page.table(percent(validation[columns]))
         said = True
     if not said:
         page.paragraph(
-            "No measurements of this device and model meet a prediction here. Operator sweeps (python -m profilers.sweep), acceptance "
+            "No measurements of this device and model meet a prediction here. "
+            "Operator sweeps (python -m profilers.sweep), acceptance "
             "records (python -m decoder.measure) and closed-loop runs (python -m perfmodel.validate) each add a table.",
             note=True,
         )
@@ -426,18 +559,27 @@ def shown_path(path) -> str:
 def inputs_section(page: Page, report: Report, config: BuildConfig, validation: pd.DataFrame) -> None:
     page.heading("Inputs")
     m = report.model
+    spec_text = "built from measured ceilings" if report.view.is_cpu else "hw_specs/" + report.view.spec.key + ".yaml"
+    record_path = report.acceptance.record_path
+    acceptance_text = shown_path(record_path) if record_path else "the paper preset"
+    runs_text = ", ".join(sorted(set(validation["file"]))) if len(validation) else "none"
     items = [
-        f"Device: {report.view.spec.name} ({report.view.spec.key}), spec {'built from measured ceilings' if report.view.is_cpu else 'hw_specs/' + report.view.spec.key + '.yaml'}.",
-        f"Model: {m.name}: hidden {m.hidden_size}, intermediate {m.intermediate_size}, {m.num_layers} layers, {m.num_heads} query / {m.num_kv_heads} key-value heads, vocabulary {m.vocab_size}, {m.medusa_heads} Medusa heads; dtype {report.dtype}.",
+        f"Device: {report.view.spec.name} ({report.view.spec.key}), spec {spec_text}.",
+        f"Model: {m.name}: hidden {m.hidden_size}, intermediate {m.intermediate_size}, {m.num_layers} layers, "
+        f"{m.num_heads} query / {m.num_kv_heads} key-value heads, vocabulary {m.vocab_size}, "
+        f"{m.medusa_heads} Medusa heads; dtype {report.dtype}.",
         f"Operator measurements: {measurement_note(report)}.",
-        f"Acceptance: {shown_path(report.acceptance.record_path) if report.acceptance.record_path else 'the paper preset'}.",
-        f"Closed-loop runs: {', '.join(sorted(set(validation['file']))) if len(validation) else 'none'}.",
+        f"Acceptance: {acceptance_text}.",
+        f"Closed-loop runs: {runs_text}.",
         f"Workload for capacity planning: prompts {config.prompt_len} tokens, responses {config.response_len} tokens"
         + (f", latency target {config.latency_ms:g} ms/token." if config.latency_ms else ", no latency target."),
     ]
     page.bullets(items)
     report_step = StepModel(m, RooflineLatency(report.view.spec, m, report.dtype, report.view.params), "full")
-    page.paragraph(f"Predicted plain decoding step of the whole model at batch 1, context 1024: {float(report_step.step_time(1, 1024, 1)) * 1e3:.2f} ms.")
+    page.paragraph(
+        "Predicted plain decoding step of the whole model at batch 1, context 1024: "
+        f"{float(report_step.step_time(1, 1024, 1)) * 1e3:.2f} ms."
+    )
 
 
 def measurement_note(report: Report) -> str:
@@ -448,4 +590,7 @@ def measurement_note(report: Report) -> str:
     models = view.models()
     if report.model.name in models:
         return files
-    return f"{files} (of {', '.join(models) or 'no model'}; none of {report.model.name}, so its operators are predicted only)"
+    return (
+        f"{files} (of {', '.join(models) or 'no model'}; "
+        f"none of {report.model.name}, so its operators are predicted only)"
+    )

@@ -3,15 +3,16 @@ device serves, with plain decoding and with the best Medusa tree (perfmodel.plan
 
 from __future__ import annotations
 
-# roofline_figures selects the file-only backend before pyplot is imported.
-from reports.roofline_figures import PLAIN
-from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
-from reports.speedup_figures import _log2_axis
-
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullLocator
+
+from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
+
+# roofline_figures selects the file-only backend before pyplot is imported.
+from reports.roofline_figures import PLAIN
+from reports.speedup_figures import _log2_axis
 
 
 def device_colors(devices) -> dict:
@@ -38,13 +39,20 @@ def capacity_figure(bands: pd.DataFrame, title: str, subtitle: str, latency_targ
         left.plot(rows["batch"], rows["per_token_ms"], "-o", ms=4, color=color, lw=2, label=f"{device}: best tree")
         left.plot(rows["batch"], plain_ms, ":", color=color, lw=1.5, label=f"{device}: plain decoding")
         right.plot(rows["batch"], rows["total_tokens_s"], "-o", ms=4, color=color, lw=2, label=f"{device}: best tree")
-        right.plot(rows["batch"], rows["batch"] * 1e3 / plain_ms, ":", color=color, lw=1.5, label=f"{device}: plain decoding")
+        right.plot(
+            rows["batch"], rows["batch"] * 1e3 / plain_ms, ":", color=color, lw=1.5, label=f"{device}: plain decoding"
+        )
         # one label per run of equal choices: a row of identical labels says nothing new
         choice = rows["tree_size"].where(rows["speculate"], 0)
         shown = rows[choice.ne(choice.shift())]
-        labels += [Label(r.batch, r.per_token_ms, str(r.tree_size) if r.speculate else "none", color, "below") for r in shown.itertuples()]
+        labels += [
+            Label(r.batch, r.per_token_ms, str(r.tree_size) if r.speculate else "none", color, "below")
+            for r in shown.itertuples()
+        ]
     if latency_target_ms is not None:
-        left.axhline(latency_target_ms, color="#c4391d", ls="--", lw=1.2, label=f"target {latency_target_ms:g} ms/token")
+        left.axhline(
+            latency_target_ms, color="#c4391d", ls="--", lw=1.2, label=f"target {latency_target_ms:g} ms/token"
+        )
     for ax in (left, right):
         _log2_axis(ax, bands["batch"], "batch size (sequences decoded together)")
         ax.set_yscale("log")

@@ -14,14 +14,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfmodel import roofline, speedup
+from perfmodel import roofline_model as roofline
+from perfmodel import simulations as speedup
 from perfmodel.device_view import DeviceView, resolve_view
-from perfmodel.dtypes import default_dtype
+from perfmodel.dtypes import check_dtype, default_dtype
 from perfmodel.errors import PerfkitError
 from perfmodel.latency import RooflineLatency
 from perfmodel.models import load_model
-from perfmodel.plan import PlanResult
+from perfmodel.plan import PlanResult, device_paragraph, overall
 from perfmodel.step import StepModel
+from reports.build import capacity_plan
+from reports.capacity_figures import capacity_figure
+from reports.compare_figures import (
+    ceilings_figure,
+    latency_figure,
+    speedup_comparison_figure,
+)
 from reports.html import Page
 from reports.render import FigureJob, Renderer
 from reports.sources import report_acceptance
@@ -53,7 +61,6 @@ class Comparison:
 
 def views(config: CompareConfig) -> tuple[list[tuple[DeviceView, str]], list[str]]:
     """(view, dtype) per device, each once, and the devices skipped for lack of a peak in the dtype."""
-    from perfmodel.dtypes import check_dtype
 
     if config.dtype:
         check_dtype(config.dtype)
@@ -86,7 +93,7 @@ def device_rows(pairs, model) -> pd.DataFrame:
                 "memory_gb": spec.memory_gb,
                 "datasheet_tflops": None if view.is_cpu else spec.peak_tflops[dtype],
                 "datasheet_gb_s": None if view.is_cpu else spec.memory_bandwidth_gb_s,
-                "datasheet_ridge": None if view.is_cpu else spec.peak_flops(dtype) / spec.bandwidth,
+                "datasheet_ridge": None if view.is_cpu else spec.ridge_point(dtype),
                 "model_ridge": speedup.ridge(device, dtype),
                 "measured_tflops": peak,
                 "measured_gb_s": bandwidth,
@@ -100,22 +107,26 @@ def latency_rows(pairs, model) -> pd.DataFrame:
     for view, dtype in pairs:
         step = StepModel(model, RooflineLatency(view.spec, model, dtype, view.params), "full")
         times = step.step_time(list(LATENCY_BATCHES), CONTEXT, 1)
-        rows += [{"device": view.spec.key, "batch": b, "plain_step_ms": t * 1e3} for b, t in zip(LATENCY_BATCHES, times)]
+        rows += [
+            {"device": view.spec.key, "batch": b, "plain_step_ms": t * 1e3} for b, t in zip(LATENCY_BATCHES, times)
+        ]
     return pd.DataFrame(rows)
 
 
 def best_per_batch(sims: pd.DataFrame) -> pd.DataFrame:
     """Rows batch, columns device: 'n=40, 1.49x' or 'plain' (whole-model step, s=1024)."""
     best = speedup.optima(sims[(sims["simulation"] == "b") & (sims["step"] == "full")])
-    best = best.assign(cell=[f"n{'>=' if r.at_edge else '='}{r.tree_size}, {r.speedup:.2f}x" if r.speculate else "plain (1.00x)" for r in best.itertuples()])
+    best = best.assign(
+        cell=[
+            f"n{'>=' if r.at_edge else '='}{r.tree_size}, {r.speedup:.2f}x" if r.speculate else "plain (1.00x)"
+            for r in best.itertuples()
+        ]
+    )
     table = best.pivot_table(index="batch", columns="device", values="cell", aggfunc="first")
     return table[list(dict.fromkeys(best["device"]))].reset_index()
 
 
 def compare(config: CompareConfig, log=print) -> Comparison:
-    from reports.build import capacity_plan
-    from reports.capacity_figures import capacity_figure
-    from reports.compare_figures import ceilings_figure, latency_figure, speedup_comparison_figure
 
     started = time.perf_counter()
     model = load_model(config.model)
@@ -128,7 +139,11 @@ def compare(config: CompareConfig, log=print) -> Comparison:
     devices = device_rows(pairs, model)
     latency = latency_rows(pairs, model)
     sims = pd.concat(
-        [speedup.device_table(speedup.Device(v.spec, v.params, v.is_cpu), model, d, ("full",), acceptance.choice) for v, d in pairs], ignore_index=True
+        [
+            speedup.device_table(speedup.Device(v.spec, v.params, v.is_cpu), model, d, ("full",), acceptance.choice)
+            for v, d in pairs
+        ],
+        ignore_index=True,
     )
     results = [capacity_plan(model, v, d, acceptance, config) for v, d in pairs]
     plans = [p for p in results if isinstance(p, PlanResult)]
@@ -139,21 +154,45 @@ def compare(config: CompareConfig, log=print) -> Comparison:
     planned_devices = pd.concat([p.devices for p in plans], ignore_index=True)
 
     what = f"{model.name}, {', '.join(f'{v.spec.key} ({d})' for v, d in pairs)}"
-    predicted = f"Predicted, not measured (measured ceilings dotted where shipped). Latency: roofline model. Acceptance: {acceptance.choice.label}."
+    predicted = (
+        "Predicted, not measured (measured ceilings dotted where shipped). "
+        f"Latency: roofline model. Acceptance: {acceptance.choice.label}."
+    )
     ceilings = {v.spec.key: roofline.ceilings(v, d) for v, d in pairs}
-    kinds = "Datasheet, predicted and measured" if any(c.label.startswith("measured") for lines in ceilings.values() for c in lines) else "Datasheet and predicted"
+    kinds = (
+        "Datasheet, predicted and measured"
+        if any(c.label.startswith("measured") for lines in ceilings.values() for c in lines)
+        else "Datasheet and predicted"
+    )
     jobs = {
-        "compare-ceilings": FigureJob(ceilings_figure, dict(ceilings=ceilings, title=f"{kinds} rooflines side by side: {what}", subtitle=predicted)),
-        "compare-latency": FigureJob(latency_figure, dict(steps=latency, title=f"Predicted decode latency: {what}", subtitle=predicted)),
-        "compare-speedup": FigureJob(speedup_comparison_figure, dict(sims=sims, title=f"Predicted Medusa speedup, whole-model step: {what}", subtitle=predicted)),
-        "compare-capacity": FigureJob(capacity_figure, dict(bands=bands, title=f"Predicted capacity: {what}", subtitle=f"{predicted} {plans[0].summary().splitlines()[0]}", latency_target_ms=config.latency_ms)),
+        "compare-ceilings": FigureJob(
+            ceilings_figure,
+            dict(ceilings=ceilings, title=f"{kinds} rooflines side by side: {what}", subtitle=predicted),
+        ),
+        "compare-latency": FigureJob(
+            latency_figure, dict(steps=latency, title=f"Predicted decode latency: {what}", subtitle=predicted)
+        ),
+        "compare-speedup": FigureJob(
+            speedup_comparison_figure,
+            dict(sims=sims, title=f"Predicted Medusa speedup, whole-model step: {what}", subtitle=predicted),
+        ),
+        "compare-capacity": FigureJob(
+            capacity_figure,
+            dict(
+                bands=bands,
+                title=f"Predicted capacity: {what}",
+                subtitle=f"{predicted} {plans[0].summary().splitlines()[0]}",
+                latency_target_ms=config.latency_ms,
+            ),
+        ),
     }
     with Renderer(config.jobs) as renderer:
         pngs = {name: renderer.submit(job) for name, job in jobs.items()}
         config.out.mkdir(parents=True, exist_ok=True)
         page = Page(f"Medusa device comparison: {model.name}", contents=True)
         page.paragraph(
-            "Devices side by side for one model. Every number is predicted (datasheet through the roofline latency model) "
+            "Devices side by side for one model. "
+            "Every number is predicted (datasheet through the roofline latency model) "
             "except measured ceilings, which come from profiler sweeps shipped for that device."
         )
         if skipped:
@@ -168,20 +207,38 @@ def compare(config: CompareConfig, log=print) -> Comparison:
         has_measured = devices["measured_tflops"].notna().any()
         page.heading("Ceilings")
         page.table(devices)
-        figure("compare-ceilings", "datasheet and latency-model rooflines" + (", with measured ceilings" if has_measured else "") + " of every device.",
-               ("predicted", "measured") if has_measured else ("predicted",))  # fmt: skip
+        figure(
+            "compare-ceilings",
+            "datasheet and latency-model rooflines"
+            + (", with measured ceilings" if has_measured else "")
+            + " of every device.",
+            ("predicted", "measured") if has_measured else ("predicted",),
+        )
         page.heading("Decode latency")
         wide = latency.pivot_table(index="batch", columns="device", values="plain_step_ms")[keys].reset_index()
         page.paragraph(f"Predicted plain decoding step of the whole model (ms) at context {CONTEXT}, per batch.")
         page.table(wide)
         figure("compare-latency", "predicted: plain decoding step time against batch.")
         page.heading("Best tree and speedup per batch")
-        page.paragraph(f"Predicted best tree size n and speedup at context {CONTEXT}, whole-model step; plain = no tree beats plain decoding.")
+        page.paragraph(
+            f"Predicted best tree size n and speedup at context {CONTEXT}, whole-model step; "
+            "plain = no tree beats plain decoding."
+        )
         page.table(best_per_batch(sims))
         figure("compare-speedup", "predicted: speedup vs tree size at batch 1, and the best speedup per batch.")
         page.heading("Capacity planning")
         page.preformatted(capacity_summary(plans, unplanned))
-        columns = ["device", "max_batch", "batch", "tree", "per_token_ms", "user_tokens_s", "total_tokens_s", "meets_latency", "devices_needed"]
+        columns = [
+            "device",
+            "max_batch",
+            "batch",
+            "tree",
+            "per_token_ms",
+            "user_tokens_s",
+            "total_tokens_s",
+            "meets_latency",
+            "devices_needed",
+        ]
         page.table(planned_devices[columns])
         figure("compare-capacity", "predicted: per-token latency and throughput per batch for every device.")
         result.html = page.write(config.out / "compare.html")
@@ -191,7 +248,11 @@ def compare(config: CompareConfig, log=print) -> Comparison:
         row = best[best["device"] == key].iloc[0]
         lost = speedup.loses_from(speedup.optima(sims[(sims["simulation"] == "b") & (sims["device"] == key)]), "batch")
         plain_ms = latency[(latency["device"] == key) & (latency["batch"] == 1)]["plain_step_ms"].iloc[0]
-        tree = f"best tree {speedup.size_text(row)} ({row['speedup']:.2f}x) at b=1" if row["speculate"] else "no tree pays at b=1"
+        tree = (
+            f"best tree {speedup.size_text(row)} ({row['speedup']:.2f}x) at b=1"
+            if row["speculate"]
+            else "no tree pays at b=1"
+        )
         stop = f"plain decoding from batch {lost}" if lost else "speculation pays at every batch"
         result.lines.append(f"{key}: plain step {plain_ms:.2f} ms at b=1, s={CONTEXT}; {tree}; {stop} (predicted)")
     log(f"  {len(result.figures)} figures, compare.html in {config.out}/ ({time.perf_counter() - started:.1f} s)")
@@ -201,9 +262,12 @@ def compare(config: CompareConfig, log=print) -> Comparison:
 def capacity_summary(plans, unplanned: list[str]) -> str:
     """The workload once, then a paragraph per device (each planned with its own latency
     parameters), the devices that cannot hold the model, and the overall answer."""
-    from perfmodel.plan import device_paragraph, overall
 
     header = plans[0].summary().split("\n\n")[0]
-    paragraphs = [device_paragraph(row, p.bands[p.bands["device"] == row.device], p.workload) for p in plans for row in p.devices.itertuples()]
+    paragraphs = [
+        device_paragraph(row, p.bands[p.bands["device"] == row.device], p.workload)
+        for p in plans
+        for row in p.devices.itertuples()
+    ]
     devices = pd.concat([p.devices for p in plans], ignore_index=True)
     return "\n\n".join([header, *paragraphs, *unplanned, overall(devices, plans[0].workload)])

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-# roofline_figures selects the file-only backend before pyplot is imported.
-from reports.roofline_figures import PLAIN, Ceiling
-from reports.capacity_figures import device_colors
-from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
-from reports.speedup_figures import SIZE_LABEL, _log2_axis, _marker_handles, _speedup_axes, mark_optimum, size_label
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
+from perfmodel.roofline_model import Ceiling
+from reports.capacity_figures import device_colors
+from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
+
+# roofline_figures selects the file-only backend before pyplot is imported.
+from reports.roofline_figures import PLAIN
+from reports.speedup_figures import SIZE_LABEL, _log2_axis, _marker_handles, _speedup_axes, mark_optimum, size_label
 
 CEILING_STYLES = {"datasheet": "-", "model": "--", "measured": ":"}
 CEILING_KINDS = {"datasheet": "datasheet", "model": "latency model (predicted)", "measured": "measured"}
@@ -30,8 +31,14 @@ def ceilings_figure(ceilings: dict[str, list[Ceiling]], title: str, subtitle: st
     for device, lines in ceilings.items():
         for c in lines:
             kind = c.label.split(":")[0]
-            ax.plot(x, np.minimum(c.peak_flops, c.bandwidth * x) / 1e12, CEILING_STYLES.get(kind, "-"), color=colors[device], lw=1.8 if kind != "model" else 1.2,
-                    label=f"{device}, {c.label}")  # fmt: skip
+            ax.plot(
+                x,
+                np.minimum(c.peak_flops, c.bandwidth * x) / 1e12,
+                CEILING_STYLES.get(kind, "-"),
+                color=colors[device],
+                lw=1.8 if kind != "model" else 1.2,
+                label=f"{device}, {c.label}",
+            )
         main = lines[0]
         ax.plot([main.ridge], [main.peak_flops / 1e12], "o", color=colors[device], ms=6)
         ridges.append(Label(main.ridge, main.peak_flops / 1e12, f"{main.ridge:.0f}", colors[device]))
@@ -45,7 +52,11 @@ def ceilings_figure(ceilings: dict[str, list[Ceiling]], title: str, subtitle: st
         axis.set_major_formatter(PLAIN)
     ax.set_xlabel("operational intensity (FLOP/byte)")
     ax.set_ylabel("attainable performance (TFLOP/s)")
-    ax.set_title(f"rooflines (dot and label: the ridge of each {' / '.join(sorted(kinds))} roofline, FLOP/byte)", fontsize=11, y=1.01)
+    ax.set_title(
+        f"rooflines (dot and label: the ridge of each {' / '.join(sorted(kinds))} roofline, FLOP/byte)",
+        fontsize=11,
+        y=1.01,
+    )
     ax.grid(True, alpha=0.3)
     fig.subplots_adjust(left=0.07, right=0.98, top=header(fig, title, subtitle))
     fit_bottom(fig, [legend_below(fig, ax, ax.get_legend_handles_labels()[0], ncol=2, fontsize=7.5)])
@@ -73,7 +84,10 @@ def speedup_comparison_figure(sims: pd.DataFrame, title: str, subtitle: str) -> 
         right.plot(b["batch"], b["speedup"], "-o", ms=4, color=color, lw=2, label=device)
         # one label per run of equal sizes: a row of identical labels says nothing new
         shown = b[b["tree_size"].ne(b["tree_size"].shift())]
-        labels += [Label(r.batch, r.speedup, size_label(r.tree_size, r.tree_size == largest), color) for r in shown.itertuples()]
+        labels += [
+            Label(r.batch, r.speedup, size_label(r.tree_size, r.tree_size == largest), color)
+            for r in shown.itertuples()
+        ]
     _log2_axis(left, sims["tree_size"], SIZE_LABEL)
     _speedup_axes(left, "b=1, s=1024: speedup vs tree size")
     left.set_ylim(0, max(sims["speedup"].max(), 1.0) * 1.12)

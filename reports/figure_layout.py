@@ -37,7 +37,16 @@ def header(fig: Figure, title: str, subtitle: str) -> float:
     title_lines = title.count("\n") + 1
     fig.suptitle(title, fontsize=13, y=1 - 0.12 / height, va="top", linespacing=1.15)
     below_title = 0.12 + 0.24 * title_lines + 0.09
-    fig.text(0.5, 1 - below_title / height, "\n".join(lines), ha="center", va="top", fontsize=8.5, color="#333333", linespacing=1.3)
+    fig.text(
+        0.5,
+        1 - below_title / height,
+        "\n".join(lines),
+        ha="center",
+        va="top",
+        fontsize=8.5,
+        color="#333333",
+        linespacing=1.3,
+    )
     return 1 - (below_title + 0.17 * len(lines) + 0.4) / height
 
 
@@ -85,7 +94,9 @@ def fit_bottom(fig: Figure, legends: list[Legend]) -> None:
     top_of_legends = max(legend.get_window_extent(renderer).y1 for legend in legends)
     height_px = fig.get_figheight() * fig.dpi
     fig.subplots_adjust(bottom=(top_of_legends + 0.62 * fig.dpi) / height_px)
-    lowest = min(ax.get_tightbbox(renderer).y0 for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>")
+    lowest = min(
+        ax.get_tightbbox(renderer).y0 for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"
+    )
     if lowest < top_of_legends + 4:  # taller tick labels than the first guess allowed
         fig.subplots_adjust(bottom=fig.subplotpars.bottom + (top_of_legends + 4 - lowest) / height_px)
 
@@ -102,7 +113,9 @@ def point_boxes(ax: Axes, pad_px: float = 1.0) -> list[Bbox]:
         xy = line.get_transform().transform(np.asarray(line.get_xydata(), dtype=float))
         marker = line.get_marker() not in (None, "None", "none", "", " ")
         half = (line.get_markersize() if marker else line.get_linewidth()) * scale / 2 + pad_px
-        boxes += [Bbox([[x - half, y - half], [x + half, y + half]]) for x, y in xy if np.isfinite(x) and np.isfinite(y)]
+        boxes += [
+            Bbox([[x - half, y - half], [x + half, y + half]]) for x, y in xy if np.isfinite(x) and np.isfinite(y)
+        ]
     for collection in ax.collections:
         if not isinstance(collection, PathCollection) or not collection.get_visible():
             continue
@@ -158,7 +171,14 @@ def place_labels(ax: Axes, labels: list[Label], fontsize: float = 8, avoid: list
     taken = list(avoid or [])
     placed = []
     for label in labels:
-        text = ax.annotate(label.text, (label.x, label.y), xytext=(0, 0), textcoords="offset points", fontsize=fontsize, color=label.color)
+        text = ax.annotate(
+            label.text,
+            (label.x, label.y),
+            xytext=(0, 0),
+            textcoords="offset points",
+            fontsize=fontsize,
+            color=label.color,
+        )
         sides = [label.prefer] + [side for side in OFFSETS if side != label.prefer]
         best = None
         for side in sides:

@@ -7,7 +7,6 @@ ceilings with the ridge point, predicted points hollow and measured points fille
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
 
 import matplotlib
 
@@ -19,35 +18,41 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullLocator  # noqa: E402
 
+from perfmodel.roofline_model import Ceiling  # noqa: E402
 from reports.figure_layout import fit_bottom, legend_below, suptitle  # noqa: E402
 
 MARKERS = {
-    "q": "o", "k": "s", "v": "^", "qkv": "D", "qk": "o", "pv": "s", "o": "v",
-    "up": "o", "gate": "s", "down": "^", "lm_head": "P", "medusa_heads": "X",
-}  # fmt: skip
+    "q": "o",
+    "k": "s",
+    "v": "^",
+    "qkv": "D",
+    "qk": "o",
+    "pv": "s",
+    "o": "v",
+    "up": "o",
+    "gate": "s",
+    "down": "^",
+    "lm_head": "P",
+    "medusa_heads": "X",
+}
 OP_LABELS = {
-    "q": "XW_Q", "k": "XW_K", "v": "XW_V", "qkv": "XW_QKV", "qk": "QK^T", "pv": "PV", "o": "XW_O",
-    "up": "XW_u", "gate": "XW_g", "down": "XW_d", "lm_head": "LM head", "medusa_heads": "Medusa heads",
-}  # fmt: skip
+    "q": "XW_Q",
+    "k": "XW_K",
+    "v": "XW_V",
+    "qkv": "XW_QKV",
+    "qk": "QK^T",
+    "pv": "PV",
+    "o": "XW_O",
+    "up": "XW_u",
+    "gate": "XW_g",
+    "down": "XW_d",
+    "lm_head": "LM head",
+    "medusa_heads": "Medusa heads",
+}
 PHASE_LABELS = {"prefill": "prefill (init)", "decode": "decode (AR)", "tree": "Medusa tree decoding"}
 AXIS_LABELS = {"batch": "batch", "seq_len": "sequence length", "candidates": "candidates"}
 SHORT = {"batch": "b", "seq_len": "s", "candidates": "q"}
 PLAIN = FuncFormatter(lambda x, _: f"{x:g}")
-
-
-@dataclass(frozen=True)
-class Ceiling:
-    """One roofline: min(peak, bandwidth x intensity)."""
-
-    label: str
-    peak_flops: float  # FLOP/s
-    bandwidth: float  # bytes/s
-    style: str = "-"
-    color: str = "black"
-
-    @property
-    def ridge(self) -> float:
-        return self.peak_flops / self.bandwidth
 
 
 def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
@@ -76,7 +81,13 @@ def draw_ceilings(ax, ceilings: list[Ceiling], xlim: tuple[float, float]) -> Non
 def sources_title(title: str, sources) -> str:
     """What a figure shows, first: predicted, measured, or both."""
     sources = set(sources)
-    words = "Predicted and measured" if {"predicted", "measured"} <= sources else "Measured" if "measured" in sources else "Predicted"
+    words = (
+        "Predicted and measured"
+        if {"predicted", "measured"} <= sources
+        else "Measured"
+        if "measured" in sources
+        else "Predicted"
+    )
     return f"{words}: {title}"
 
 
@@ -153,7 +164,16 @@ def _style_axes(ax, xlim, ylim, title: str) -> None:
 
 
 def _ceiling_handles(ceilings: list[Ceiling]) -> list:
-    return [Line2D([], [], ls=c.style, color=c.color, label=f"{c.label}\n  its ridge (thin vertical line): {c.ridge:.0f} FLOP/B") for c in ceilings]
+    return [
+        Line2D(
+            [],
+            [],
+            ls=c.style,
+            color=c.color,
+            label=f"{c.label}\n  its ridge (thin vertical line): {c.ridge:.0f} FLOP/B",
+        )
+        for c in ceilings
+    ]
 
 
 def _op_handles(ops) -> list:
@@ -161,16 +181,33 @@ def _op_handles(ops) -> list:
     by_marker: dict[str, list[str]] = {}
     for op in dict.fromkeys(ops):
         by_marker.setdefault(MARKERS.get(op, "o"), []).append(OP_LABELS.get(op, op))
-    return [Line2D([], [], ls="", marker=m, mfc="none", mec="gray", label=" / ".join(names)) for m, names in by_marker.items()]
+    return [
+        Line2D([], [], ls="", marker=m, mfc="none", mec="gray", label=" / ".join(names))
+        for m, names in by_marker.items()
+    ]
 
 
 def _size_handles(sizes: dict, points: pd.DataFrame) -> list:
     if len(sizes) < 2:
         return []
-    handles = [Line2D([], [], ls="", marker="o", mfc="none", mec="gray", ms=np.sqrt(area), label=f"s={v}") for v, area in sizes.items()]
+    handles = [
+        Line2D([], [], ls="", marker="o", mfc="none", mec="gray", ms=np.sqrt(area), label=f"s={v}")
+        for v, area in sizes.items()
+    ]
     if not (collapse_sequence_lengths(points)["seq_len"] == ANY_SEQ).any():
         return handles
-    return handles + [Line2D([], [], ls="", marker="o", mfc="none", mec="gray", ms=np.sqrt(ANY_SEQ_AREA), label="any s (an op that s does not change)")]
+    return handles + [
+        Line2D(
+            [],
+            [],
+            ls="",
+            marker="o",
+            mfc="none",
+            mec="gray",
+            ms=np.sqrt(ANY_SEQ_AREA),
+            label="any s (an op that s does not change)",
+        )
+    ]
 
 
 def _level_handles(color_by: str, colors: dict) -> list:
@@ -199,7 +236,12 @@ def roofline_panels(
     colors = _level_colors(points[color_by])
     sizes = seq_sizes(points["seq_len"])
     fig, axes = plt.subplots(
-        len(groups), len(phases), figsize=(6.2 * len(phases), 4.6 * len(groups) + 1.0), squeeze=False, sharex=True, sharey=True
+        len(groups),
+        len(phases),
+        figsize=(6.2 * len(phases), 4.6 * len(groups) + 1.0),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
     )
     for r, (group, ops) in enumerate(groups.items()):
         for c, phase in enumerate(phases):
@@ -209,9 +251,17 @@ def roofline_panels(
             _style_axes(ax, xlim, ylim, f"{group} - {PHASE_LABELS[phase]}")
             ax.label_outer()  # shared axes: tick labels and axis titles on the outer panels only
     ops = [op for group in groups.values() for op in group if op in set(points["op"])]
-    handles = _ceiling_handles(ceilings) + _op_handles(ops) + _level_handles(color_by, colors) + _size_handles(sizes, points) + _source_handles(points["source"])
+    handles = (
+        _ceiling_handles(ceilings)
+        + _op_handles(ops)
+        + _level_handles(color_by, colors)
+        + _size_handles(sizes, points)
+        + _source_handles(points["source"])
+    )
     # Fixed margins: tight_layout measures every tick label and takes seconds.
-    fig.subplots_adjust(left=0.07, right=0.98, top=suptitle(fig, sources_title(title, points["source"]), 13), hspace=0.3, wspace=0.18)
+    fig.subplots_adjust(
+        left=0.07, right=0.98, top=suptitle(fig, sources_title(title, points["source"]), 13), hspace=0.3, wspace=0.18
+    )
     fit_bottom(fig, [legend_below(fig, list(axes.flat), handles, ncol=4, fontsize=9)])
     return fig
 
@@ -231,8 +281,19 @@ def variation_figure(
     fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 6.6))
     draw_ceilings(left, ceilings, xlim)
     scatter(left, points, "candidates", q_colors, sizes)
-    _style_axes(left, xlim, ylim, "roofline, coloured by candidates q" + (", area by sequence length s" if len(sizes) > 1 else ""))
-    left_handles = _ceiling_handles(ceilings) + _op_handles(points["op"]) + _level_handles("candidates", q_colors) + _size_handles(sizes, points) + _source_handles(points["source"])
+    _style_axes(
+        left,
+        xlim,
+        ylim,
+        "roofline, coloured by candidates q" + (", area by sequence length s" if len(sizes) > 1 else ""),
+    )
+    left_handles = (
+        _ceiling_handles(ceilings)
+        + _op_handles(points["op"])
+        + _level_handles("candidates", q_colors)
+        + _size_handles(sizes, points)
+        + _source_handles(points["source"])
+    )
 
     line_colors = _level_colors(points[line_by])
     styles = ["-", "--", ":", "-."]
@@ -254,7 +315,18 @@ def variation_figure(
                     lw=1.2 if not measured else 0.8,
                 )
     handles = [Line2D([], [], color=c, label=f"{SHORT[line_by]}={v}") for v, c in line_colors.items()]
-    handles += [Line2D([], [], ls=styles[i % len(styles)], marker=MARKERS.get(op, "o"), mfc="none", color="gray", label=OP_LABELS.get(op, op)) for i, op in enumerate(ops)]
+    handles += [
+        Line2D(
+            [],
+            [],
+            ls=styles[i % len(styles)],
+            marker=MARKERS.get(op, "o"),
+            mfc="none",
+            color="gray",
+            label=OP_LABELS.get(op, op),
+        )
+        for i, op in enumerate(ops)
+    ]
     if "measured" in set(points["source"]):
         handles += [
             Line2D([], [], color="gray", marker="o", mfc="none", label="predicted (hollow markers)"),
@@ -267,6 +339,9 @@ def variation_figure(
     right.set_title(f"TFLOP/s vs candidates, one line per {AXIS_LABELS[line_by]}", fontsize=11, y=1.01)
     right.grid(True, alpha=0.3)
     fig.subplots_adjust(left=0.06, right=0.98, top=suptitle(fig, sources_title(title, points["source"])), wspace=0.2)
-    legends = [legend_below(fig, left, left_handles, ncol=3, fontsize=7.5), legend_below(fig, right, handles, ncol=4, fontsize=8)]
+    legends = [
+        legend_below(fig, left, left_handles, ncol=3, fontsize=7.5),
+        legend_below(fig, right, handles, ncol=4, fontsize=8),
+    ]
     fit_bottom(fig, legends)
     return fig

@@ -18,10 +18,21 @@ import pandas as pd
 from perfmodel.acceptance import PAPER_ACCEPTANCE, HeadAccuracyAcceptance, load_acceptance_record
 from perfmodel.errors import PerfkitError
 from perfmodel.models import resolve_model_path
-from perfmodel.speedup import AcceptanceChoice, choose_acceptance
+from perfmodel.simulations import AcceptanceChoice, choose_acceptance
 from perfmodel.trees import VICUNA_7B_ORDER, Tree, vicuna_7b_prefix
 
-VALIDATION_COLUMNS = ("device", "model", "tree_size", "batch", "context", "predicted_acceptance", "measured_acceptance", "predicted_speedup", "measured_speedup", "error")
+VALIDATION_COLUMNS = (
+    "device",
+    "model",
+    "tree_size",
+    "batch",
+    "context",
+    "predicted_acceptance",
+    "measured_acceptance",
+    "predicted_speedup",
+    "measured_speedup",
+    "error",
+)
 
 
 @dataclass(frozen=True)
@@ -78,7 +89,10 @@ def recommended_tree(size: int, acceptance: ReportAcceptance, at_edge: bool = Fa
     heads = acceptance.choice.trees
     if isinstance(heads, HeadAccuracyAcceptance):
         tree = heads.tree(size)
-        note = f"The greedy tree of {size} tokens built from the record's measured head accuracies (paper section 2.3.3); colour = each node's predicted acceptance probability."
+        note = (
+            f"The greedy tree of {size} tokens built from the record's measured head accuracies "
+            "(paper section 2.3.3); colour = each node's predicted acceptance probability."
+        )
         return RecommendedTree(tree, heads.accuracy, size, note, at_edge)
     nodes = min(size - 1, len(VICUNA_7B_ORDER))
     note = (
@@ -86,17 +100,15 @@ def recommended_tree(size: int, acceptance: ReportAcceptance, at_edge: bool = Fa
         "which lists its nodes most valuable first."
     )
     if size - 1 > nodes:
+        at_least = "at least " if at_edge else ""
+        searched = " (the largest size it searched)" if at_edge else ""
         note += (
-            f" The speedup model's optimum is {'at least ' if at_edge else ''}{size} tokens{' (the largest size it searched)' if at_edge else ''}, beyond the 64 tokens of that tree: its log acceptance curve keeps "
-            "growing with n, real heads saturate. Measure head accuracies (python -m decoder.measure) and pass --acceptance FILE to shape a larger tree."
+            f" The speedup model's optimum is {at_least}{size} tokens{searched}, "
+            "beyond the 64 tokens of that tree: its log acceptance curve keeps "
+            "growing with n, real heads saturate. "
+            "Measure head accuracies (python -m decoder.measure) and pass --acceptance FILE to shape a larger tree."
         )
     return RecommendedTree(vicuna_7b_prefix(nodes), None, size, note, at_edge)
-
-
-def shipped_validations(device_key: str) -> list[Path]:
-    from profilers.store import stored_closed_loops
-
-    return stored_closed_loops(device_key)
 
 
 def load_validation(paths: list[Path], device_key: str, model_name: str) -> pd.DataFrame:

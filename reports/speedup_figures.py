@@ -8,17 +8,18 @@ whole-model step dashed, the optimum of each curve as a star, and plain decoding
 
 from __future__ import annotations
 
-# roofline_figures selects the file-only backend before pyplot is imported.
-from reports.roofline_figures import PLAIN, _level_colors
-from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from perfmodel.speedup import STEP_LABELS
+from perfmodel.simulations import SIMULATIONS, STEP_LABELS, AcceptanceChoice, Device, latency_label, optima, size_text
+from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
+from reports.render import FigureJob
+
+# roofline_figures selects the file-only backend before pyplot is imported.
+from reports.roofline_figures import PLAIN, _level_colors
 
 STEP_LINES = {"paper": "-", "full": "--"}
 STEP_COLORS = {"paper": "#1f5fa8", "full": "#c4391d"}
@@ -80,7 +81,18 @@ def _marker_handles(edge: bool = True) -> list:
     """Legend entries for the optimum star (and the edge marker) and the plain-decoding line."""
     handles = [Line2D([], [], color="gray", marker="*", ms=12, mec="black", ls="", label="optimum of a curve")]
     if edge:
-        handles.append(Line2D([], [], color="gray", marker=">", ms=9, mec="black", ls="", label="best at the largest size searched (≥: a bound)"))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="gray",
+                marker=">",
+                ms=9,
+                mec="black",
+                ls="",
+                label="best at the largest size searched (≥: a bound)",
+            )
+        )
     return handles + [Line2D([], [], color="black", ls=":", label="plain decoding (1x)")]
 
 
@@ -96,7 +108,14 @@ def candidates_figure(table: pd.DataFrame, title: str, subtitle: str) -> Figure:
         best, at_edge = mark_optimum(left, rows, "tree_size", "speedup", color)
         line.set_label(f"{STEP_LABELS[step]}: {_optimum_text(best, at_edge)}")
         any_edge |= at_edge
-        right.plot(rows["tree_size"], rows["overhead"], ls=STEP_LINES[step], color=color, lw=2, label=f"overhead, {STEP_LABELS[step]}")
+        right.plot(
+            rows["tree_size"],
+            rows["overhead"],
+            ls=STEP_LINES[step],
+            color=color,
+            lw=2,
+            label=f"overhead, {STEP_LABELS[step]}",
+        )
     acc = table.drop_duplicates("tree_size").sort_values("tree_size")
     right.plot(acc["tree_size"], acc["acceptance"], color="#2a8c3c", lw=2, label="acceptance (tokens per step)")
     for ax in (left, right):
@@ -140,7 +159,16 @@ def sweep_figure(table: pd.DataFrame, line_by: str, title: str, subtitle: str) -
     best = table[table["best"]]
     for step in steps:
         rows = best[best["step"] == step].sort_values(line_by)
-        summary.plot(rows[line_by], rows["speedup"], ls=STEP_LINES[step], color=STEP_COLORS[step], lw=2, marker="o", ms=5, label=STEP_LABELS[step])
+        summary.plot(
+            rows[line_by],
+            rows["speedup"],
+            ls=STEP_LINES[step],
+            color=STEP_COLORS[step],
+            lw=2,
+            marker="o",
+            ms=5,
+            label=STEP_LABELS[step],
+        )
     _log2_axis(summary, table[line_by], label)
     summary.set_xlim(summary.get_xlim()[0] / 1.15, summary.get_xlim()[1] * 1.15)  # room for the labels at the ends
     _speedup_axes(summary, f"best speedup per {short} (label: best tree size n)")
@@ -153,12 +181,19 @@ def sweep_figure(table: pd.DataFrame, line_by: str, title: str, subtitle: str) -
     ]
     fit_bottom(fig, legends)
     # per setting, the step with the higher speedup labels its point above, the other below
-    leader = best.sort_values("speedup", ascending=False, kind="stable").drop_duplicates(line_by).set_index(line_by)["step"]
+    leader = (
+        best.sort_values("speedup", ascending=False, kind="stable").drop_duplicates(line_by).set_index(line_by)["step"]
+    )
     labels = [
-        Label(row[line_by], row["speedup"], size_label(row["tree_size"], edges[(row["step"], row[line_by])]), STEP_COLORS[row["step"]],
-              "above" if leader[row[line_by]] == row["step"] else "below")
+        Label(
+            row[line_by],
+            row["speedup"],
+            size_label(row["tree_size"], edges[(row["step"], row[line_by])]),
+            STEP_COLORS[row["step"]],
+            "above" if leader[row[line_by]] == row["step"] else "below",
+        )
         for _, row in best.iterrows()
-    ]  # fmt: skip
+    ]
     place_labels(summary, labels)
     return fig
 
@@ -177,10 +212,20 @@ def draft_figure(draft: pd.DataFrame, medusa: dict[str, tuple[float, str]], titl
         line.set_label(f"draft model, alpha={alpha:g}: best gamma{AT_LEAST if at_edge else '='}{top['gamma']:g}")
         any_edge |= at_edge
     for step, (speedup, size) in medusa.items():
-        ax.axhline(speedup, color=STEP_COLORS[step], ls=STEP_LINES[step], lw=2, label=f"Medusa best, {STEP_LABELS[step]}: {speedup:.2f}x (n {size})")
+        ax.axhline(
+            speedup,
+            color=STEP_COLORS[step],
+            ls=STEP_LINES[step],
+            lw=2,
+            label=f"Medusa best, {STEP_LABELS[step]}: {speedup:.2f}x (n {size})",
+        )
     ax.set_xticks(sorted(draft["gamma"].unique()))
     ax.set_xlabel("drafted tokens per step gamma")
-    _speedup_axes(ax, f"draft step / target step c = {draft['cost_ratio'].iloc[0]:g}", "predicted walltime improvement (x plain decoding)")
+    _speedup_axes(
+        ax,
+        f"draft step / target step c = {draft['cost_ratio'].iloc[0]:g}",
+        "predicted walltime improvement (x plain decoding)",
+    )
     ax.set_ylim(0, max(draft["improvement"].max(), *(speedup for speedup, _ in medusa.values()), 1.0) * 1.15)
     fig.subplots_adjust(left=0.07, right=0.98, top=header(fig, title, subtitle))
     handles = ax.get_legend_handles_labels()[0] + _marker_handles(any_edge)
@@ -193,9 +238,30 @@ def closed_loop_figure(table: pd.DataFrame, title: str, subtitle: str) -> Figure
     labelled), and the acceptance behind them."""
     table = table.sort_values("tree_size")
     fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 6.0))
-    left.plot(table["tree_size"], table["predicted_speedup"], "-", color=STEP_COLORS["paper"], lw=2, label="predicted (measured operators + host overhead)")
-    left.plot(table["tree_size"], table["measured_speedup"], "o", color="black", ms=7, label="measured (reference decoder, tokens/s ratio)")
-    right.plot(table["tree_size"], table["predicted_acceptance"], "-", color="#2a8c3c", lw=2, label="predicted (from head accuracies)")
+    left.plot(
+        table["tree_size"],
+        table["predicted_speedup"],
+        "-",
+        color=STEP_COLORS["paper"],
+        lw=2,
+        label="predicted (measured operators + host overhead)",
+    )
+    left.plot(
+        table["tree_size"],
+        table["measured_speedup"],
+        "o",
+        color="black",
+        ms=7,
+        label="measured (reference decoder, tokens/s ratio)",
+    )
+    right.plot(
+        table["tree_size"],
+        table["predicted_acceptance"],
+        "-",
+        color="#2a8c3c",
+        lw=2,
+        label="predicted (from head accuracies)",
+    )
     right.plot(table["tree_size"], table["measured_acceptance"], "o", color="black", ms=7, label="measured")
     for ax in (left, right):
         _log2_axis(ax, table["tree_size"], SIZE_LABEL)
@@ -214,3 +280,34 @@ def closed_loop_figure(table: pd.DataFrame, title: str, subtitle: str) -> Figure
     labels = [Label(r.tree_size, r.measured_speedup, f"{r.error:+.1%}") for r in table.itertuples()]
     place_labels(left, labels)
     return fig
+
+
+def submit_speedup_figures(
+    renderer, device: Device, model, dtype: str, table: pd.DataFrame, draft: pd.DataFrame, acceptance: AcceptanceChoice
+) -> dict:
+    """Submit the device's four figures for rendering; returns file name -> function giving the PNG bytes."""
+    where = f"{model.name} on {device.spec.name} ({dtype})"
+    subtitle = f"Predicted, not measured. Latency: {latency_label(device.params)}. Acceptance: {acceptance.label}."
+    jobs = {}
+    for sim in SIMULATIONS:
+        rows = table[table["simulation"] == sim.key]
+        title = f"({sim.key}) predicted Medusa speedup vs tree size: {where}, {sim.what}"
+        if sim.line_by:
+            jobs[f"speedup-{sim.key}-{sim.name}"] = FigureJob(
+                sweep_figure, dict(table=rows, line_by=sim.line_by, title=title, subtitle=subtitle)
+            )
+        else:
+            jobs[f"speedup-{sim.key}-{sim.name}"] = FigureJob(
+                candidates_figure, dict(table=rows, title=title, subtitle=subtitle)
+            )
+    best_a = optima(table[table["simulation"] == "a"])
+    medusa = {row["step"]: (row["speedup"], size_text(row)) for _, row in best_a.iterrows()}
+    title = f"Predicted: draft-model speculative decoding vs Medusa's best at b=1, s=1024, {where}"
+    draft_sub = (
+        "Draft model (Leviathan et al.): E = (1 - alpha^(gamma+1)) / (1 - alpha) tokens per step, "
+        f"improvement E / (c gamma + 1). Medusa: {subtitle}"
+    )
+    jobs["draft-model-vs-medusa"] = FigureJob(
+        draft_figure, dict(draft=draft, medusa=medusa, title=title, subtitle=draft_sub)
+    )
+    return {name: renderer.submit(job) for name, job in jobs.items()}

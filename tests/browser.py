@@ -15,9 +15,16 @@ import pytest
 
 # No background traffic: this machine's network is closed, and a report must not need it.
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 
 # Reports carry no script; the test's copy gets this one, which records every image's state.
 IMAGE_CHECK = """<script>
@@ -40,14 +47,19 @@ def chromium() -> str:
 
 
 def _run(args: list[str], profile: Path) -> str:
-    done = subprocess.run([chromium(), *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [chromium(), *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=120
+    )
     if done.returncode != 0:
         raise AssertionError(f"chromium failed ({done.returncode}): {done.stderr[-2000:]}")
     return done.stdout
 
 
 def screenshot(page: Path, out: Path, width: int = 1300, height: int = 2400) -> Path:
-    _run([f"--screenshot={out}", f"--window-size={width},{height}", page.resolve().as_uri()], page.parent / ".chromium-profile")
+    _run(
+        [f"--screenshot={out}", f"--window-size={width},{height}", page.resolve().as_uri()],
+        page.parent / ".chromium-profile",
+    )
     assert out.exists(), f"chromium wrote no screenshot of {page}"
     return out
 
@@ -56,7 +68,10 @@ def loaded_images(page: Path) -> list[dict]:
     """Every <img> of the page after load: complete, natural width, width shown."""
     probe = page.with_name(page.stem + ".probe.html")
     probe.write_text(page.read_text(encoding="utf-8").replace("</body>", IMAGE_CHECK + "</body>"), encoding="utf-8")
-    dom = _run(["--dump-dom", "--virtual-time-budget=15000", "--window-size=1300,1000", probe.resolve().as_uri()], page.parent / ".chromium-profile")
+    dom = _run(
+        ["--dump-dom", "--virtual-time-budget=15000", "--window-size=1300,1000", probe.resolve().as_uri()],
+        page.parent / ".chromium-profile",
+    )
     probe.unlink()
     found = re.search(r'data-images="([^"]*)"', dom)
     assert found, "the page never finished loading in chromium"

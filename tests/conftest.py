@@ -6,7 +6,22 @@ from __future__ import annotations
 
 import pytest
 
-from profilers.store import HOME_VARIABLE
+from perfmodel.measurements import HOME_VARIABLE
+from perfmodel.models import ModelConfig
+
+# Small shapes with GQA and two Medusa heads, shared by the benchmark and sweep tests: every
+# op builds in milliseconds.
+TINY = ModelConfig(
+    "tiny",
+    hidden_size=64,
+    intermediate_size=96,
+    num_heads=4,
+    num_kv_heads=2,
+    num_layers=1,
+    vocab_size=50,
+    head_dim=16,
+    medusa_heads=2,
+)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,12 +5,10 @@ import torch
 
 from perfmodel.dtypes import element_bytes
 from perfmodel.errors import PerfkitError
-from perfmodel.models import ModelConfig
-from perfmodel.operators import ALL_OPS, DEFAULT_OPS, PHASES, STEP_OPS, Matmul, op_cost
+from perfmodel.operators import DEFAULT_OPS, PHASES, STEP_OPS, Matmul, op_cost, step_operands
+from perfmodel.step import FLAVORS, step_inventory
 from profilers.benchmarks import OpBenchmark, tree_attention_mask
-
-# Small shapes with GQA and two Medusa heads: every op builds in milliseconds.
-TINY = ModelConfig("tiny", hidden_size=64, intermediate_size=96, num_heads=4, num_kv_heads=2, num_layers=1, vocab_size=50, head_dim=16, medusa_heads=2)
+from tests.conftest import TINY
 
 
 @pytest.mark.parametrize("op", DEFAULT_OPS)
@@ -84,8 +82,25 @@ def test_unsupported_benchmark_dtype():
 
 def test_sdpa_tree_needs_the_candidates_inside_the_context():
     with pytest.raises(PerfkitError, match="candidates <= seq_len"):
-        OpBenchmark(TINY, "sdpa", "tree", 1, 8, 16, "fp32", "cpu").kernels
+        _ = OpBenchmark(TINY, "sdpa", "tree", 1, 8, 16, "fp32", "cpu").kernels
     assert math.isclose(op_cost("sdpa", "prefill", TINY, "fp32", 1, 8).flops, 4 * 4 * 8 * 8 * 16 * 9 / 16)
+
+
+def tiny_step_elements(op: str, b: int, s: int, q: int) -> int:
+    """Elements each step op moves for TINY, written out by hand from what the kernels do."""
+    t, h, i, d, v = b * q, 64, 96, 16, 50
+    return {
+        "embed": t + 2 * t * h,  # ids, the gathered table rows, the output
+        "norm": 2 * t * h + h,  # x, the norm's weight, the output
+        "rope": 2 * (4 + 2) * d * t + 2 * t * d,  # q and k heads in and out, cos and sin
+        "kv_write": 2 * 2 * (2 * d * t),  # k and v in, into the cache
+        "act": 3 * t * i,
+        "residual": 3 * t * h,
+        "mask": t * s,
+        "candidates": 2 * b * v + 2 * b * 10,  # two heads' logits in, their top-10 out
+        "verify": t * v + t,
+        "kv_move": 2 * 2 * (2 * d * b * min(q - 1, 2)),  # k and v of a path of <= 2 tokens, read and written
+    }[op]
 
 
 @pytest.mark.parametrize("op", STEP_OPS)
@@ -95,11 +110,61 @@ def test_the_rest_of_a_step_runs_on_the_decoders_own_code(op, phase):
     bench = OpBenchmark(TINY, op, phase, batch=2, seq_len=16, candidates=q, dtype="fp32", device="cpu")
     (run,) = bench.build()
     run()
-    assert op_cost(op, phase, TINY, "fp32", 2, 16, q).bytes >= 0
+    assert op_cost(op, phase, TINY, "fp32", 2, 16, q).bytes == 4 * tiny_step_elements(op, 2, 16, q)
 
 
-def test_step_op_names_are_known():
-    assert set(STEP_OPS) <= set(ALL_OPS)
+# Tensors the decoder's functions compute inside and do not hand back.
+INTERNAL = {"candidates": {"top_tokens"}, "verify": {"prediction"}}
+
+
+def returned_tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in returned_tensors(item)]
+    return []
+
+
+@pytest.mark.parametrize("op", STEP_OPS)
+@pytest.mark.parametrize("phase", ["decode", "tree"])
+def test_step_benchmark_tensors_have_the_counted_shapes(op, phase):
+    q = 6 if phase == "tree" else 1
+    bench = OpBenchmark(TINY, op, phase, batch=2, seq_len=16, candidates=q, dtype="fp32", device="cpu")
+    ((part,),) = [run.kernels for run in bench.build()]
+    declared = step_operands(op, TINY, 2, 16, q)
+    assert part.kernel.operands == declared
+    for name, tensor in part.operands.items():
+        assert tuple(tensor.shape) == declared[name].shape, name
+    returned = [tuple(t.shape) for t in returned_tensors(part.run())]
+    for name in declared.keys() - part.operands.keys() - INTERNAL.get(op, set()):
+        assert declared[name].shape in returned, (
+            f"{name} {declared[name].shape} is neither built nor returned ({returned})"
+        )
+    for name, operand in declared.items():
+        assert operand.reads <= math.prod(operand.shape) and operand.writes <= math.prod(operand.shape), name
+    assert (
+        sum(o.reads + o.writes for o in declared.values()) * element_bytes("fp32")
+        == op_cost(op, phase, TINY, "fp32", 2, 16, q).bytes
+    )
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("medusa", [False, True])
+def test_every_op_of_a_step_has_a_benchmark(flavor, medusa):
+    for item in step_inventory(TINY, flavor, medusa):
+        phase = "tree" if medusa and item.tokens == "step" else "decode"
+        q = 6 if phase == "tree" else 1
+        (run,) = OpBenchmark(
+            TINY, item.op, phase, batch=2, seq_len=16, candidates=q, dtype="fp32", device="cpu"
+        ).build()
+        run()
+
+
+def test_an_unknown_op_names_the_known_ones():
+    with pytest.raises(PerfkitError, match=r"unknown op 'layernorm'; choose from: q, k, .*norm, rope"):
+        OpBenchmark(TINY, "layernorm", "decode", 1, 8, 1, "fp32", "cpu").build()
+    with pytest.raises(PerfkitError, match="'up' is not a step op; choose from: embed, norm"):
+        step_operands("up", TINY, 1, 8, 1)
 
 
 def test_medusa_heads_run_as_the_reference_modules_on_the_counted_weights():

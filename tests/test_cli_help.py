@@ -10,9 +10,16 @@ from pathlib import Path
 import pytest
 
 COMMANDS = [
-    "perfmodel.roofline", "perfmodel.speedup", "perfmodel.plan", "perfmodel.validate", "profilers.sweep",
-    "decoder.generate", "decoder.measure", "decoder.train", "reports.__main__",
-]  # fmt: skip
+    "perfmodel.roofline",
+    "perfmodel.speedup",
+    "perfmodel.plan",
+    "perfmodel.validate",
+    "profilers.sweep",
+    "decoder.generate",
+    "decoder.measure",
+    "decoder.train",
+    "reports.__main__",
+]
 
 
 def options(parser: argparse.ArgumentParser):

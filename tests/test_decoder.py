@@ -13,7 +13,15 @@ from decoder.tree import tree_buffers
 from perfmodel.errors import PerfkitError
 from perfmodel.trees import VICUNA_7B_TREE, Tree, expected_acceptance, greedy_tree
 
-CONFIG = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rope_theta=500.0)
+CONFIG = LlamaConfig(
+    vocab_size=48,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rope_theta=500.0,
+)
 PROMPTS = [[1, 2, 3, 4, 5, 6], [7, 8], [9, 10, 11, 12, 13, 14, 15, 3, 4, 5], [5]]
 
 
@@ -43,7 +51,9 @@ def test_design_example_two_by_three_tree():
     buffers = tree_buffers(tree, heads=2, topk=3)
     assert tree.size == 9 and buffers.depths.tolist() == [0, 1, 1, 2, 2, 2, 2, 2, 2]
     assert (buffers.retrieve >= 0).all() and buffers.retrieve.shape == (6, 3)  # 6 root-to-leaf paths
-    assert {tuple(r) for r in buffers.retrieve.tolist()} == {(0, 1 + i, 3 + 3 * i + j) for i in range(2) for j in range(3)}
+    assert {tuple(r) for r in buffers.retrieve.tolist()} == {
+        (0, 1 + i, 3 + 3 * i + j) for i in range(2) for j in range(3)
+    }
     mask = buffers.mask
     for node in range(3, 9):
         parent = 1 + (node - 3) // 3
@@ -86,9 +96,16 @@ def test_logits_match_transformers_llama(tmp_path):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(1)
     hf_config = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, rope_theta=1234.0, rms_norm_eps=1e-5, max_position_embeddings=256,
-    )  # fmt: skip
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=112,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=1234.0,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=256,
+    )
     reference = transformers.LlamaForCausalLM(hf_config).eval()
     reference.save_pretrained(tmp_path, safe_serialization=True)
     ours = load_checkpoint(tmp_path).model
@@ -113,7 +130,17 @@ def test_heads_in_the_reference_layout_load(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "medusa_num_heads": 3, "medusa_num_layers": 1}))
     loaded = load_checkpoint(tmp_path, dtype=torch.float32)
-    assert len(loaded.heads) == 3 and set(heads.state_dict()) == {"0.0.linear.weight", "0.0.linear.bias", "0.1.weight", "1.0.linear.weight", "1.0.linear.bias", "1.1.weight", "2.0.linear.weight", "2.0.linear.bias", "2.1.weight"}
+    assert len(loaded.heads) == 3 and set(heads.state_dict()) == {
+        "0.0.linear.weight",
+        "0.0.linear.bias",
+        "0.1.weight",
+        "1.0.linear.weight",
+        "1.0.linear.bias",
+        "1.1.weight",
+        "2.0.linear.weight",
+        "2.0.linear.bias",
+        "2.1.weight",
+    }
     torch.testing.assert_close(loaded.heads[2][1].weight, heads[2][1].weight, atol=0, rtol=0)
 
 
@@ -147,7 +174,9 @@ def test_rejection_sampling_keeps_the_models_distribution():
     tree = Tree(((0,), (1,), (0, 0)))
     buffers = tree_buffers(tree, heads=2, topk=2)
     candidates = torch.tensor([3, 2, 0, 1])
-    logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.7]]))
+    logits = torch.log(
+        torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.7]])
+    )
     config = AcceptanceConfig("rejection", temperature=1.0)
     generator = torch.Generator().manual_seed(0)
     first, second_after_2 = np.zeros(4), np.zeros(4)

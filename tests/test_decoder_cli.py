@@ -17,7 +17,14 @@ def quick_model(tmp_path_factory):
 
 def test_training_writes_a_loadable_checkpoint_and_its_card(quick_model):
     out, _ = quick_model
-    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "medusa_lm_head.safetensors", "tokenizer.json", "medusa_tree.json", "training.json"}
+    assert {p.name for p in out.iterdir()} == {
+        "config.json",
+        "model.safetensors",
+        "medusa_lm_head.safetensors",
+        "tokenizer.json",
+        "medusa_tree.json",
+        "training.json",
+    }
     ckpt = load_checkpoint(out)
     assert len(ckpt.heads) == 4 and ckpt.tree is not None and ckpt.tokenizer is not None
     card = json.loads((out / "training.json").read_text())
@@ -38,13 +45,32 @@ def test_training_resumes_from_its_work_folder(quick_model, tmp_path):
 def test_measure_writes_every_figure(quick_model, tmp_path):
     out, _ = quick_model
     report_file = tmp_path / "acc.json"
-    args = ["--model", str(out), "--prompts", "4", "--batch", "2", "--new-tokens", "24", "--prompt-len", "16", "--sizes", "1", "3", "9", "--out", str(report_file)]
+    args = [
+        "--model",
+        str(out),
+        "--prompts",
+        "4",
+        "--batch",
+        "2",
+        "--new-tokens",
+        "24",
+        "--prompt-len",
+        "16",
+        "--sizes",
+        "1",
+        "3",
+        "9",
+        "--out",
+        str(report_file),
+    ]
     assert run(measure.main, args) == 0
     report = json.loads(report_file.read_text())
     assert report["lossless"] is True and all(row["lossless"] for row in report["per_tree_size"])
     assert report["per_tree_size"][0]["mean_accepted_tokens"] == 1.0  # a one-token tree is plain decoding
     histogram = {int(k): v for k, v in report["accepted_length_histogram"].items()}
-    assert sum(k * v for k, v in histogram.items()) / sum(histogram.values()) == pytest.approx(report["mean_accepted_tokens"], abs=1e-4)
+    assert sum(k * v for k, v in histogram.items()) / sum(histogram.values()) == pytest.approx(
+        report["mean_accepted_tokens"], abs=1e-4
+    )
     assert len(report["head_topk_accuracy"]) == 4
     for key in ("tokens_per_s_medusa", "tokens_per_s_baseline", "step_time_split_s", "wall_speedup"):
         assert key in report
@@ -55,7 +81,28 @@ def test_measure_other_schemes_and_the_dynamic_tree(quick_model, tmp_path):
     out, _ = quick_model
     for extra in (["--acceptance", "typical"], ["--acceptance", "rejection"], ["--dynamic", "6"]):
         report_file = tmp_path / "r.json"
-        assert run(measure.main, ["--model", str(out), "--prompts", "2", "--new-tokens", "16", "--prompt-len", "16", "--sizes", "1", "4", "--out", str(report_file), *extra]) == 0
+        assert (
+            run(
+                measure.main,
+                [
+                    "--model",
+                    str(out),
+                    "--prompts",
+                    "2",
+                    "--new-tokens",
+                    "16",
+                    "--prompt-len",
+                    "16",
+                    "--sizes",
+                    "1",
+                    "4",
+                    "--out",
+                    str(report_file),
+                    *extra,
+                ],
+            )
+            == 0
+        )
         report = json.loads(report_file.read_text())
         assert report["mean_accepted_tokens"] >= 1.0
 
@@ -71,14 +118,23 @@ def test_generate_streams_text(quick_model, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--tree", "[(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)]"], "tree is 5 deep but the model has 4 Medusa heads"),
+        (
+            ["--tree", "[(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)]"],
+            "tree is 5 deep but the model has 4 Medusa heads",
+        ),
         (["--tree", "[(0,), (12,)]"], "uses rank 12 (top-13) but candidates come from top-10"),
         (["--tree", "not a tree"], "a tree is a list of paths"),
     ],
 )
 def test_measure_refuses_bad_trees(quick_model, tmp_path, capsys, args, message):
     out, _ = quick_model
-    assert run(measure.main, ["--model", str(out), "--prompts", "1", "--new-tokens", "4", "--out", str(tmp_path / "x.json"), *args]) == 1
+    assert (
+        run(
+            measure.main,
+            ["--model", str(out), "--prompts", "1", "--new-tokens", "4", "--out", str(tmp_path / "x.json"), *args],
+        )
+        == 1
+    )
     assert message in capsys.readouterr().err
 
 

@@ -16,10 +16,10 @@ from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
 
+from perfmodel.trees import VICUNA_7B_ORDER, vicuna_7b_prefix
 from reports import render
 from reports.__main__ import main as reports_main
 from reports.acceptance_figures import tree_layout
-from perfmodel.trees import VICUNA_7B_ORDER, vicuna_7b_prefix
 
 SHIPPED_CPU = "cpu-intel-xeon-processor-2c"
 GPUS = ["a100", "h100", "l40s", "a40", "rtx-a6000"]
@@ -51,7 +51,13 @@ def data_points(ax) -> list[Box]:
         half = (line.get_markersize() if has_marker else line.get_linewidth()) * scale / 2
         for x, y in ax.transData.transform(np.asarray(line.get_xydata(), dtype=float)):
             if np.isfinite(x) and np.isfinite(y):
-                out.append(Box(f"point of line {line.get_label()!r}", Bbox([[x - half, y - half], [x + half, y + half]]), (x, y)))
+                out.append(
+                    Box(
+                        f"point of line {line.get_label()!r}",
+                        Bbox([[x - half, y - half], [x + half, y + half]]),
+                        (x, y),
+                    )
+                )
     for collection in ax.collections:
         if isinstance(collection, PathCollection) and collection.get_visible():
             sizes = collection.get_sizes()
@@ -70,7 +76,10 @@ def figure_problems(name: str, fig: Figure) -> list[str]:
     renderer = fig.canvas.get_renderer()
     problems = Problems()
     frame = Bbox([[0, 0], [fig.get_figwidth() * fig.dpi, fig.get_figheight() * fig.dpi]])
-    legends = [Box(f"legend {[t.get_text() for t in legend.get_texts()][:2]}", legend.get_window_extent(renderer)) for legend in fig.legends]
+    legends = [
+        Box(f"legend {[t.get_text() for t in legend.get_texts()][:2]}", legend.get_window_extent(renderer))
+        for legend in fig.legends
+    ]
     points, labels = [], []
     for ax in fig.axes:
         if ax.get_label() == "<colorbar>":
@@ -87,7 +96,12 @@ def figure_problems(name: str, fig: Figure) -> list[str]:
             labels.append(Box(f"label {text.get_text()!r}", text.get_window_extent(renderer), own))
 
     for box in legends + labels:
-        if not (frame.x0 - 1 <= box.box.x0 and box.box.x1 <= frame.x1 + 1 and frame.y0 - 1 <= box.box.y0 and box.box.y1 <= frame.y1 + 1):
+        if not (
+            frame.x0 - 1 <= box.box.x0
+            and box.box.x1 <= frame.x1 + 1
+            and frame.y0 - 1 <= box.box.y0
+            and box.box.y1 <= frame.y1 + 1
+        ):
             problems.add(name, f"{box.what} falls off the figure")
         for point in points:
             if box.own is not None and np.allclose(point.own, box.own, atol=1.0):
@@ -105,7 +119,11 @@ def figure_problems(name: str, fig: Figure) -> list[str]:
     if title is None or not title.get_text():
         problems.add(name, "has no title")
     else:
-        if not title.get_window_extent(renderer).fully_overlaps(frame) or title.get_window_extent(renderer).x0 < 0 or title.get_window_extent(renderer).x1 > frame.x1:
+        if (
+            not title.get_window_extent(renderer).fully_overlaps(frame)
+            or title.get_window_extent(renderer).x0 < 0
+            or title.get_window_extent(renderer).x1 > frame.x1
+        ):
             problems.add(name, f"title is clipped: {title.get_text()!r}")
         if not any(word in title.get_text().lower() for word in ("predicted", "measured")):
             problems.add(name, f"title says neither predicted nor measured: {title.get_text()!r}")
@@ -127,15 +145,36 @@ def rendered(tmp_path_factory) -> dict[str, list[str]]:
     out = tmp_path_factory.mktemp("figures")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(render, "png_bytes", checked)
-        assert reports_main(["build", "--gpu", SHIPPED_CPU, "--model", "bundled", "--out", str(out / "cpu"), "--jobs", "1"]) == 0
-        assert reports_main(["build", "--gpu", "h100", "--model", "llama-7b", "--out", str(out / "h100"), "--jobs", "1"]) == 0
-        assert reports_main(["compare", "--gpu", *GPUS, "--model", "llama-7b", "--out", str(out / "compare"), "--jobs", "1"]) == 0
+        assert (
+            reports_main(
+                ["build", "--gpu", SHIPPED_CPU, "--model", "bundled", "--out", str(out / "cpu"), "--jobs", "1"]
+            )
+            == 0
+        )
+        assert (
+            reports_main(["build", "--gpu", "h100", "--model", "llama-7b", "--out", str(out / "h100"), "--jobs", "1"])
+            == 0
+        )
+        assert (
+            reports_main(
+                ["compare", "--gpu", *GPUS, "--model", "llama-7b", "--out", str(out / "compare"), "--jobs", "1"]
+            )
+            == 0
+        )
     return found
 
 
 def test_every_report_figure_was_checked(rendered):
     titles = " | ".join(rendered)
-    for kind in ("speedup vs tree size", "draft-model", "best tree size", "Closed loop", "Rooflines side by side", "capacity", "Acceptance"):
+    for kind in (
+        "speedup vs tree size",
+        "draft-model",
+        "best tree size",
+        "Closed loop",
+        "Rooflines side by side",
+        "capacity",
+        "Acceptance",
+    ):
         assert kind.lower() in titles.lower(), f"no {kind!r} figure among {titles}"
     assert len(rendered) >= 12 + 11 + 4  # CPU report (with its closed loop), GPU report, comparison
 

@@ -7,8 +7,9 @@ from hw_specs import SPEC_DIR
 from perfmodel.errors import PerfkitError
 from perfmodel.hardware import OPTIONAL_NUMBERS, find_spec, load_all_specs, load_spec_file, resolve_spec
 
-# DESIGN section 4: FP16 tensor TFLOP/s, FP32, bandwidth GB/s, memory GB, L2 MB, SMs.
-DESIGN_TABLE = {
+# Datasheet figures (sources in each hw_specs/*.yaml): FP16 tensor TFLOP/s, FP32, bandwidth GB/s, memory GB,
+# L2 MB, SMs.
+DATASHEET_TABLE = {
     "a100": (312, 19.5, 1935, 80, 40, 108),
     "a100-sxm": (312, 19.5, 2039, 80, 40, 108),
     "a40": (149.7, 37.4, 696, 48, 6, 84),
@@ -21,9 +22,9 @@ DESIGN_TABLE = {
 }
 
 
-@pytest.mark.parametrize("name", DESIGN_TABLE)
+@pytest.mark.parametrize("name", DATASHEET_TABLE)
 def test_shipped_specs_match_the_design_table(name):
-    fp16, fp32, bw, mem, l2, sms = DESIGN_TABLE[name]
+    fp16, fp32, bw, mem, l2, sms = DATASHEET_TABLE[name]
     spec = find_spec(name)
     assert spec.peak_tflops["fp16"] == fp16
     assert spec.peak_tflops["bf16"] == fp16
@@ -52,9 +53,18 @@ def test_a100_is_the_papers_pcie_card_and_its_ridge_point():
     assert find_spec("a100-sxm").computed_bandwidth_gb_s == pytest.approx(2039, abs=1)
 
 
-@pytest.mark.parametrize("name", ["NVIDIA A100 80GB PCIe", "A100_PCIE", " H100 ", "NVIDIA H100 80GB HBM3", "4090"])
-def test_names_resolve_case_and_separator_insensitively(name):
-    find_spec(name)  # NVML names included, so profilers can match the GPU they run on
+@pytest.mark.parametrize(
+    "name, key",
+    [
+        ("NVIDIA A100 80GB PCIe", "a100-pcie"),
+        ("A100_PCIE", "a100-pcie"),
+        (" H100 ", "h100-sxm"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("4090", "rtx-4090"),
+    ],
+)
+def test_names_resolve_case_and_separator_insensitively(name, key):
+    assert find_spec(name).key == key  # NVML names included, so profilers can match the GPU they run on
 
 
 def test_nvml_name_of_h100_sxm_is_the_h100_alias():
@@ -66,7 +76,7 @@ def test_unknown_device_lists_the_known_ones_and_the_closest():
         find_spec("h10")
     message = str(err.value)
     assert "unknown device 'h10'" in message
-    assert all(key in message for key in DESIGN_TABLE if "-" in key)
+    assert all(key in message for key in DATASHEET_TABLE if "-" in key)
     assert "closest match: h100" in message
 
 

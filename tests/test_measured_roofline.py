@@ -5,15 +5,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from perfmodel import measurements
 from perfmodel.cli import run
 from perfmodel.contract import read_table, write_table
 from perfmodel.hardware import find_spec
 from perfmodel.latency import predict_table
+from perfmodel.measurements import HOME_VARIABLE, meta_path, user_measurements_dir
 from perfmodel.models import load_model
 from perfmodel.roofline import main
-from profilers import store, sweep
+from profilers import sweep
 from profilers.device import cpu_info
-from profilers.store import HOME_VARIABLE, meta_path, user_measurements_dir, write_meta
+from profilers.store import write_meta
 from profilers.timer import TimerConfig
 from tests.test_roofline_cli import assert_png_shows_a_plot
 
@@ -24,7 +26,14 @@ GRID = ["--batch", "1", "2", "--seq", "32", "--candidates", "1", "8", "--jobs", 
 def tiny_model(tmp_path_factory):
     folder = tmp_path_factory.mktemp("models") / "tiny"
     folder.mkdir()
-    config = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1, vocab_size=100)
+    config = dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        vocab_size=100,
+    )
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
@@ -35,7 +44,9 @@ def measured_cpu(tmp_path_factory, tiny_model):
     out = tmp_path_factory.mktemp("cpu-roofline")
     with pytest.MonkeyPatch.context() as patch:  # tiny shapes need only a short budget per configuration
         patch.setenv(HOME_VARIABLE, str(out / "home"))
-        patch.setattr(sweep, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=20, budget_s=0.05))
+        patch.setattr(
+            sweep, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=20, budget_s=0.05)
+        )
         assert run(main, ["--gpu", "cpu", "--measure", "--model", str(tiny_model), "--out", str(out), *GRID]) == 0
     return out
 
@@ -77,7 +88,7 @@ def stored_tiny_sweep(measured: Path) -> Path:
 def test_stored_measurements_are_found_by_device(measured_cpu, tiny_model, tmp_path, monkeypatch):
     key = cpu_info().key
     stored = tmp_path / "measurements"
-    monkeypatch.setattr(store, "MEASUREMENTS_DIR", stored)
+    monkeypatch.setattr(measurements, "MEASUREMENTS_DIR", stored)
     sweep = stored_tiny_sweep(measured_cpu)
     monkeypatch.setenv(HOME_VARIABLE, str(tmp_path / "home"))
     out = tmp_path / "out"
@@ -91,7 +102,7 @@ def test_stored_measurements_are_found_by_device(measured_cpu, tiny_model, tmp_p
 
 
 def test_no_stored_cpu_data_is_a_clear_error(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(store, "MEASUREMENTS_DIR", tmp_path / "shipped")
+    monkeypatch.setattr(measurements, "MEASUREMENTS_DIR", tmp_path / "shipped")
     monkeypatch.setenv(HOME_VARIABLE, str(tmp_path / "home"))
     assert run(main, ["--gpu", "cpu"]) == 1
     err = capsys.readouterr().err
@@ -107,9 +118,27 @@ def test_a_gpu_shows_its_stored_sweep_and_measured_ceilings(tmp_path, monkeypatc
     rows["tflops"] = rows["flops"] / rows["time_s"] / 1e12
     folder = tmp_path / "h100-sxm"
     write_table(rows, folder / "sweep-llama-7b-fp16.csv")
-    ceilings = {"device": "h100-sxm", "bandwidth_gb_s": {"copy": 2900.0, "read": 3050.0}, "peak_tflops": {"fp16": 720.0}, "noise": {}, "skipped": {}, "measured_at": "test"}
-    write_meta(folder / "sweep-llama-7b-fp16.csv", {"runs": {"r1": {"device": {"key": "h100-sxm", "name": "NVIDIA H100 80GB HBM3"}, "ceilings": ceilings, "started": 1}}})
-    monkeypatch.setattr(store, "MEASUREMENTS_DIR", tmp_path)
+    ceilings = {
+        "device": "h100-sxm",
+        "bandwidth_gb_s": {"copy": 2900.0, "read": 3050.0},
+        "peak_tflops": {"fp16": 720.0},
+        "noise": {},
+        "skipped": {},
+        "measured_at": "test",
+    }
+    write_meta(
+        folder / "sweep-llama-7b-fp16.csv",
+        {
+            "runs": {
+                "r1": {
+                    "device": {"key": "h100-sxm", "name": "NVIDIA H100 80GB HBM3"},
+                    "ceilings": ceilings,
+                    "started": 1,
+                }
+            }
+        },
+    )
+    monkeypatch.setattr(measurements, "MEASUREMENTS_DIR", tmp_path)
     out = tmp_path / "out"
     assert run(main, ["--gpu", "h100", "--model", "llama-7b", "--out", str(out), "--jobs", "1"]) == 0
     page = (out / "roofline.html").read_text()

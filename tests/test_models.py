@@ -5,8 +5,8 @@ import pytest
 from perfmodel.errors import PerfkitError
 from perfmodel.models import ModelConfig, from_hf_config, load_model
 
-# DESIGN section 3: (h, i, n, n_kv, layers, vocab).
-DESIGN_SHAPES = {
+# The models' published config.json shapes: (h, i, n, n_kv, layers, vocab).
+PUBLISHED_SHAPES = {
     "llama-7b": (4096, 11008, 32, 32, 32, 32000),
     "llama-13b": (5120, 13824, 40, 40, 40, 32000),
     "llama-33b": (6656, 17920, 52, 52, 60, 32000),
@@ -16,14 +16,23 @@ DESIGN_SHAPES = {
 }
 
 
-@pytest.mark.parametrize("name", DESIGN_SHAPES)
+@pytest.mark.parametrize("name", PUBLISHED_SHAPES)
 def test_presets_have_the_design_shapes(name):
     m = load_model(name)
-    assert (m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads, m.num_layers, m.vocab_size) == DESIGN_SHAPES[name]
+    assert (
+        m.hidden_size,
+        m.intermediate_size,
+        m.num_heads,
+        m.num_kv_heads,
+        m.num_layers,
+        m.vocab_size,
+    ) == PUBLISHED_SHAPES[name]
     assert m.head_dim == 128
 
 
-@pytest.mark.parametrize("alias, preset", [("vicuna-7b", "llama-7b"), ("Vicuna_13B", "llama-13b"), ("vicuna-33b", "llama-33b")])
+@pytest.mark.parametrize(
+    "alias, preset", [("vicuna-7b", "llama-7b"), ("Vicuna_13B", "llama-13b"), ("vicuna-33b", "llama-33b")]
+)
 def test_vicuna_names_are_aliases(alias, preset):
     assert load_model(alias) == load_model(preset)
 

@@ -18,7 +18,7 @@ def linear_intensity(tokens, h, i):
 
 @pytest.mark.parametrize("tokens, expected", [(1, 1.0), (64, 63.17)])
 def test_design_example_linear_intensity_llama_33b(tokens, expected):
-    # DESIGN section 3: OI = T·h·i / (T·h + h·i + T·i) for Llama-33B up-projection.
+    # The paper's Appendix G intensity of a linear layer: OI = T·h·i / (T·h + h·i + T·i), Llama-33B up-projection.
     cost = op_cost("up", "tree", LLAMA_33B, "fp16", batch=1, seq_len=1024, candidates=tokens)
     assert cost.intensity == pytest.approx(expected, abs=5e-3)
     assert cost.intensity == pytest.approx(linear_intensity(tokens, 6656, 17920))
@@ -26,7 +26,7 @@ def test_design_example_linear_intensity_llama_33b(tokens, expected):
 
 @pytest.mark.parametrize("q, expected", [(1, 0.99), (16, 14.03), (64, 40.96)])
 def test_design_example_tree_attention_intensity(q, expected):
-    # DESIGN section 3: QK^T in tree decoding, OI = q·s·d / (q·d + s·d + q·s), d=128, s=1024.
+    # The paper's Appendix G intensity of QK^T in tree decoding: OI = q·s·d / (q·d + s·d + q·s), d=128, s=1024.
     for op in ("qk", "pv"):
         cost = op_cost(op, "tree", LLAMA_7B, "fp16", batch=4, seq_len=1024, candidates=q)
         assert cost.intensity == pytest.approx(expected, abs=5e-3)

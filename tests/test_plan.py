@@ -21,12 +21,13 @@ def test_llama_7b_memory_matches_a_hand_count():
     # down 3 x 4096 x 11008, two norms 2 x 4096; 32 layers; final norm 4096.
     layer = 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096
     assert weight_params(model) == 2 * 32000 * 4096 + 32 * layer + 4096 == 6_738_415_616
-    assert head_params(model) == 4 * (4096 * 4096 + 4096 * 32000) == 591_396_864
+    # each Medusa head: residual block weight and bias 4096^2 + 4096, projection 4096 x 32000.
+    assert head_params(model) == 4 * (4096 * 4096 + 4096 + 4096 * 32000) == 591_413_248
     assert kv_bytes_per_token(model, "fp16") == 2 * 32 * 32 * 128 * 2 == 524_288
 
     row = plan("llama-7b", "a100", prompt_len=512, response_len=256).devices.iloc[0]
     assert row["weights_gb"] == pytest.approx(13.476831232)
-    assert row["heads_gb"] == pytest.approx(1.182793728)
+    assert row["heads_gb"] == pytest.approx(1.182826496)
     # (80 GB x 0.9 - weights - heads) / (768 tokens x 0.5 MiB) = 57.34e9 / 402.65e6 = 142.4
     assert row["usable_gb"] == pytest.approx(72.0)
     assert row["max_batch"] == 142
@@ -74,7 +75,9 @@ def test_devices_needed_for_a_throughput_target():
 
 
 def test_model_too_big_for_the_device_names_the_devices_it_needs():
-    with pytest.raises(PerfkitError, match=r"llama-2-70b in fp32 fits on none.*rtx-4090.*281.2 GB.*needs 14 devices in tensor parallel"):
+    with pytest.raises(
+        PerfkitError, match=r"llama-2-70b in fp32 fits on none.*rtx-4090.*281.2 GB.*needs 14 devices in tensor parallel"
+    ):
         plan("llama-2-70b", "rtx-4090", dtype="fp32")
     # a device that does not fit beside one that does: a row that says so, no bands
     result = plan("llama-2-70b", ["rtx-4090", "h200"], tensor_parallel=2)
@@ -132,14 +135,23 @@ def test_bad_input_gives_a_clear_error(kwargs, message):
 
 def test_acceptance_from_a_decoder_measure_record(tmp_path):
     record = {
-        "per_tree_size": [{"tree_size": n, "mean_accepted_tokens": acc} for n, acc in ((1, 1.0), (4, 1.85), (16, 2.35), (64, 2.7))],
-        "head_topk_accuracy": [[0.53, 0.13, 0.07, 0.03], [0.43, 0.13, 0.06, 0.03], [0.35, 0.1, 0.05, 0.03], [0.3, 0.1, 0.05, 0.02]],
+        "per_tree_size": [
+            {"tree_size": n, "mean_accepted_tokens": acc} for n, acc in ((1, 1.0), (4, 1.85), (16, 2.35), (64, 2.7))
+        ],
+        "head_topk_accuracy": [
+            [0.53, 0.13, 0.07, 0.03],
+            [0.43, 0.13, 0.06, 0.03],
+            [0.35, 0.1, 0.05, 0.03],
+            [0.3, 0.1, 0.05, 0.02],
+        ],
     }
     path = tmp_path / "acc.json"
     path.write_text(json.dumps(record))
     result = plan("llama-7b", "a100", acceptance=path)
     # of the record's log fit (7.5% mean error) and head-accuracy model (1.7%), the closer is used
-    assert result.acceptance.startswith("best tree from measured accuracies of 4 heads x top-4 (4 points, mean error 1.7%")
+    assert result.acceptance.startswith(
+        "best tree from measured accuracies of 4 heads x top-4 (4 points, mean error 1.7%"
+    )
     # measured heads saturate (top-4 of 4 heads), so the best tree at batch 1 is smaller than on the paper's log curve
     paper = plan("llama-7b", "a100")
     assert result.bands["tree_size"].iloc[0] < paper.bands["tree_size"].iloc[0]
@@ -147,9 +159,35 @@ def test_acceptance_from_a_decoder_measure_record(tmp_path):
 
 def test_cli_prints_the_tables_and_writes_csv(tmp_path, capsys):
     csv = tmp_path / "bands.csv"
-    assert main(["--model", "llama-7b", "--gpu", "a100", "h100", "--latency-ms", "30", "--throughput", "5000", "--csv", str(csv)]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                "llama-7b",
+                "--gpu",
+                "a100",
+                "h100",
+                "--latency-ms",
+                "30",
+                "--throughput",
+                "5000",
+                "--csv",
+                str(csv),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    for text in ("max batch", "recommended tree", "tokens/s in all", "devices needed", "per_token_ms", "meets_latency", "Recommended: batch", "Fewest devices for 5,000 tokens/s"):
+    for text in (
+        "max batch",
+        "recommended tree",
+        "tokens/s in all",
+        "devices needed",
+        "per_token_ms",
+        "meets_latency",
+        "Recommended: batch",
+        "Fewest devices for 5,000 tokens/s",
+    ):
         assert text in out
     bands = pd.read_csv(csv)
     assert list(bands.columns) == BAND_COLUMNS and set(bands["device"]) == {"a100-pcie", "h100-sxm"}
@@ -165,7 +203,12 @@ def test_cli_errors_are_one_line(capsys):
 
 
 def test_module_runs_as_a_command():
-    done = subprocess.run([sys.executable, "-m", "perfmodel.plan", "--model", "llama-7b", "--gpu", "a100", "--prompt-len", "512", "2048"], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "perfmodel.plan", "--model", "llama-7b", "--gpu", "a100", "--prompt-len", "512", "2048"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert "Bands on a100-pcie" in done.stdout and "prompts mean 512, p95 2048 tokens" in done.stdout
 

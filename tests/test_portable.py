@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from perfmodel import measurements
 from perfmodel.cli import run
+from perfmodel.cpu_identity import CPU_NAME_VARIABLE, this_cpu_key
 from perfmodel.device_view import resolve_view, stand_in_key
+from perfmodel.measurements import HOME_VARIABLE, stored_devices
 from perfmodel.models import load_model
-from profilers import store
-from profilers.device import CPU_NAME_VARIABLE, cpu_info, this_cpu_key
-from profilers.store import HOME_VARIABLE, stored_devices
+from profilers.device import cpu_info
 from reports.__main__ import main as reports_main
 
 SHIPPED_CPU = "cpu-intel-xeon-processor-2c"
@@ -37,14 +38,19 @@ def test_the_cpu_identity_can_be_named(monkeypatch):
 
 def test_readme_cpu_report_works_on_another_cpu_from_any_folder(other_cpu, tmp_path, monkeypatch, capsys):
     shown = stand_in_key(other_cpu, stored_devices())
-    assert shown is not None and shown.startswith("cpu-") and shown.endswith("-2c")  # the shipped sweeps are of 2-core CPUs
+    assert (
+        shown is not None and shown.startswith("cpu-") and shown.endswith("-2c")
+    )  # the shipped sweeps are of 2-core CPUs
     monkeypatch.chdir(tmp_path)  # the README's relative model path, not from the repository root
     assert reports_main(["build", "--gpu", "cpu", "--model", "decoder/assets/bundled", "--jobs", "1"]) == 0
     out = capsys.readouterr().out
     assert f"this machine's CPU ({other_cpu}) has no stored measurements: showing {shown}'s" in out
     folder = tmp_path / "perf-reports" / "report" / f"{shown}-bundled"  # named for the device shown
     html = unescape((folder / "report.html").read_text(encoding="utf-8"))
-    assert f"Stand-in: this machine's CPU ({other_cpu})" in html and "python -m perfmodel.roofline --gpu cpu --measure" in html
+    assert (
+        f"Stand-in: this machine's CPU ({other_cpu})" in html
+        and "python -m perfmodel.roofline --gpu cpu --measure" in html
+    )
     assert 'class="tag measured"' in html  # the stand-in's ceilings, acceptance record and closed loop are still shown
     assert len(list(folder.glob("*.png"))) >= 10
 
@@ -71,7 +77,7 @@ def test_stand_in_prefers_the_same_core_count_then_vendor():
 
 
 def test_nothing_stored_is_an_error_naming_what_to_run(other_cpu, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(store, "MEASUREMENTS_DIR", tmp_path / "shipped")
+    monkeypatch.setattr(measurements, "MEASUREMENTS_DIR", tmp_path / "shipped")
     monkeypatch.setenv(HOME_VARIABLE, str(tmp_path / "home"))
     assert run(reports_main, ["build", "--gpu", "cpu", "--model", "bundled", "--out", str(tmp_path / "r")]) == 1
     err = capsys.readouterr().err
@@ -106,10 +112,19 @@ def test_report_measure_sweeps_this_cpu_and_stores_it(other_cpu, tmp_path, monke
 
     folder = tmp_path / "tiny"
     folder.mkdir()
-    config = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1, vocab_size=64)
+    config = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        vocab_size=64,
+    )
     (folder / "config.json").write_text(json.dumps(config))
     monkeypatch.setenv(HOME_VARIABLE, str(tmp_path / "home"))
-    monkeypatch.setattr(sweep, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=10, budget_s=0.02))
+    monkeypatch.setattr(
+        sweep, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=10, budget_s=0.02)
+    )
     args = ["build", "--gpu", "cpu", "--model", str(folder), "--acceptance", "paper", "--jobs", "1"]
     assert reports_main([*args, "--measure", "--out", str(tmp_path / "first")]) == 0
     assert "no stored measurements" not in capsys.readouterr().out
@@ -120,4 +135,6 @@ def test_report_measure_sweeps_this_cpu_and_stores_it(other_cpu, tmp_path, monke
     html = unescape((tmp_path / "again" / "report.html").read_text(encoding="utf-8"))
     assert f"({other_cpu})" in html and "Stand-in" not in html
     assert "Operators: predicted time (roofline latency model) vs measured time" in html  # its own model's rows
-    assert "kernel overhead measured with the ceilings" in html or "per-kernel overhead measured with the ceilings" in html
+    assert (
+        "kernel overhead measured with the ceilings" in html or "per-kernel overhead measured with the ceilings" in html
+    )

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from browser import loaded_images, screenshot
 from PIL import Image
 
-from browser import loaded_images, screenshot
 from reports.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,10 +56,26 @@ def test_a100_report_is_self_contained_with_every_section(a100):
     html = check_self_contained(a100 / "report.html")
     pngs = sorted(p.name for p in a100.glob("*.png"))
     assert len(attributes(html, "src")) == len(pngs) == 11
-    for name in ("roofline-llama-7b", "medusa-attention-b16-llama-7b", "speedup-a-b1-s1024", "acceptance", "recommended-tree", "capacity"):
+    for name in (
+        "roofline-llama-7b",
+        "medusa-attention-b16-llama-7b",
+        "speedup-a-b1-s1024",
+        "acceptance",
+        "recommended-tree",
+        "capacity",
+    ):
         assert f"{name}.png" in pngs
     sections = headings(html)
-    for wanted in ("At a glance", "Device", "Ceilings and latency model", "Speedup", "Acceptance", "Recommended tree", "Capacity planning", "Prediction error"):
+    for wanted in (
+        "At a glance",
+        "Device",
+        "Ceilings and latency model",
+        "Speedup",
+        "Acceptance",
+        "Recommended tree",
+        "Capacity planning",
+        "Prediction error",
+    ):
         assert any(h.startswith(wanted) for h in sections), f"no section {wanted!r} in {sections}"
     # the spec's sources and the predicted-only verdicts a serving team acts on
     assert "nvidia-a100-datasheet" in html and "No measured data for this device and model" in html
@@ -75,7 +91,15 @@ def test_variation_tables_give_tflops_and_intensity_per_candidates(a100):
     header = re.search(r"<th[^>]*>op</th><th[^>]*>batch</th><th[^>]*>seq_len</th>((?:<th[^>]*>q=\d+</th>)+)", html)
     assert header and re.findall(r"q=(\d+)", header.group(1)) == ["1", "16", "32", "48", "64", "80", "96", "112"]
     # a cell is "TFLOP/s (intensity)": QK^T at s=1024, q=64 has the paper's 40.96 FLOP/byte
-    assert "(41)" in html
+    q64 = re.findall(r"q=(\d+)", header.group(1)).index("64")
+    rows = re.findall(
+        r'<tr><td class="text">qk</td><td class="num">16</td><td class="num">1024</td>((?:<td[^>]*>[^<]*</td>)+)</tr>',
+        html,
+    )
+    assert rows, "no QK^T row at batch 16, seq_len 1024"
+    for cells in rows:
+        cell = re.findall(r"<td[^>]*>([^<]*)</td>", cells)[q64]
+        assert re.fullmatch(r"[\d.]+ \(41\)", cell), cell
 
 
 def test_figures_are_drawn_not_blank(a100):
@@ -100,7 +124,22 @@ def test_measured_inputs_are_shown_and_compared(bundled_cpu):
 
 
 def test_operator_errors_where_a_sweep_meets_predictions(tmp_path):
-    assert main(["build", "--gpu", "cpu-intel-xeon-processor-2c", "--model", "llama-7b", "--acceptance", "paper", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "build",
+                "--gpu",
+                "cpu-intel-xeon-processor-2c",
+                "--model",
+                "llama-7b",
+                "--acceptance",
+                "paper",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     html = (tmp_path / "report.html").read_text(encoding="utf-8")
     assert "Operators: predicted time (roofline latency model) vs measured time" in html
     assert "median_abs_error" in html and html.count('class="tag measured"') >= 4
@@ -125,25 +164,51 @@ def test_bad_input_names_the_value(tmp_path, capsys):
     assert "a1000" in capsys.readouterr().err
     assert run(main, ["build", "--gpu", "a100", "--model", "llama-7b", "--dtype", "fp8", "--out", str(tmp_path)]) == 1
     assert "fp8" in capsys.readouterr().err
-    assert run(main, ["build", "--gpu", "a100", "--model", "llama-7b", "--acceptance", str(tmp_path / "none.json"), "--out", str(tmp_path)]) == 1
+    assert (
+        run(
+            main,
+            [
+                "build",
+                "--gpu",
+                "a100",
+                "--model",
+                "llama-7b",
+                "--acceptance",
+                str(tmp_path / "none.json"),
+                "--out",
+                str(tmp_path),
+            ],
+        )
+        == 1
+    )
     assert "none.json" in capsys.readouterr().err
     bad = tmp_path / "bad.csv"
     bad.write_text("tree_size,speedup\n2,1.1\n")
-    assert run(main, ["build", "--gpu", "a100", "--model", "llama-7b", "--validation", str(bad), "--out", str(tmp_path)]) == 1
+    assert (
+        run(main, ["build", "--gpu", "a100", "--model", "llama-7b", "--validation", str(bad), "--out", str(tmp_path)])
+        == 1
+    )
     assert "not a perfmodel.validate --csv file" in capsys.readouterr().err
 
 
 def test_compare_puts_devices_side_by_side(tmp_path, capsys):
-    assert main(["compare", "--gpu", "a100", "a40", "rtx-a6000", "h100", "--model", "llama-7b", "--out", str(tmp_path)]) == 0
+    assert (
+        main(["compare", "--gpu", "a100", "a40", "rtx-a6000", "h100", "--model", "llama-7b", "--out", str(tmp_path)])
+        == 0
+    )
     html = check_self_contained(tmp_path / "compare.html")
     assert len(list(tmp_path.glob("*.png"))) == len(attributes(html, "src")) == 4
     assert headings(html)[:4] == ["Ceilings", "Decode latency", "Best tree and speedup per batch", "Capacity planning"]
-    header = re.search(r"<th[^>]*>batch</th>((?:<th[^>]*>[^<]+</th>)+)</tr></thead><tbody><tr><td[^>]*>1</td><td[^>]*>n(=|&gt;=)", html)
+    header = re.search(
+        r"<th[^>]*>batch</th>((?:<th[^>]*>[^<]+</th>)+)</tr></thead><tbody><tr><td[^>]*>1</td><td[^>]*>n(=|&gt;=)", html
+    )
     assert header, "no best-tree-per-batch table"
     assert re.findall(r">([^<]+)</th>", header.group(1)) == ["a100-pcie", "a40", "rtx-a6000", "h100-sxm"]
     out = capsys.readouterr().out
     for device in ("a100-pcie", "a40", "rtx-a6000", "h100-sxm"):
-        assert re.search(rf"{device}: plain step \d+\.\d+ ms at b=1, s=1024; best tree (>= )?\d+ \(\d\.\d\dx\) at b=1", out)
+        assert re.search(
+            rf"{device}: plain step \d+\.\d+ ms at b=1, s=1024; best tree (>= )?\d+ \(\d\.\d\dx\) at b=1", out
+        )
     # the H100's best tree at b=1 is the largest searched: a bound, not an optimum
     assert "h100-sxm: plain step" in out and "best tree >= 256" in out
     # the faster memory of an H100 gives a shorter plain step than an A40's
@@ -152,7 +217,9 @@ def test_compare_puts_devices_side_by_side(tmp_path, capsys):
 
 
 def test_compare_skips_devices_without_the_dtype(tmp_path, capsys):
-    assert main(["compare", "--gpu", "a100", "h100", "--model", "llama-7b", "--dtype", "fp8", "--out", str(tmp_path)]) == 0
+    assert (
+        main(["compare", "--gpu", "a100", "h100", "--model", "llama-7b", "--dtype", "fp8", "--out", str(tmp_path)]) == 0
+    )
     html = (tmp_path / "compare.html").read_text(encoding="utf-8")
     assert "Skipped: a100-pcie (no fp8 peak in its spec)" in html
 

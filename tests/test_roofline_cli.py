@@ -88,7 +88,9 @@ def test_measured_rows_are_overlaid_and_their_error_reported(tmp_path):
     write_table(measured, tmp_path / "measured.csv")
 
     out2 = tmp_path / "out2"
-    assert run(main, ["--gpu", "h100", "--out", str(out2), "--measurements", str(tmp_path / "measured.csv"), *SMALL]) == 0
+    assert (
+        run(main, ["--gpu", "h100", "--out", str(out2), "--measurements", str(tmp_path / "measured.csv"), *SMALL]) == 0
+    )
     table = read_table(out2 / "roofline.csv")
     assert (table["source"] == "measured").sum() == len(measured)
     page = (out2 / "roofline.html").read_text()

@@ -13,7 +13,7 @@ from perfmodel.cli import run
 from perfmodel.hardware import resolve_spec
 from perfmodel.latency import RooflineLatency
 from perfmodel.models import load_model
-from perfmodel.speedup import (
+from perfmodel.simulations import (
     CSV_COLUMNS,
     SIMULATION_BATCHES,
     SIMULATION_SEQS,
@@ -21,12 +21,12 @@ from perfmodel.speedup import (
     best_sizes,
     draft_model_table,
     loses_from,
-    main,
     optima,
     simulate,
     speedup_table,
     verdict,
 )
+from perfmodel.speedup import main
 from perfmodel.step import StepModel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +132,12 @@ def assert_png_shows_a_plot(path: Path):
 def test_cli_writes_figures_csv_and_a_summary(tmp_path, capsys):
     assert main(["--gpu", "a100", "--model", "llama-7b", "--out", str(tmp_path), "--jobs", "1"]) == 0
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
-    assert pngs == ["draft-model-vs-medusa.png", "speedup-a-b1-s1024.png", "speedup-b-s1024-by-batch.png", "speedup-c-b4-by-seq.png"]
+    assert pngs == [
+        "draft-model-vs-medusa.png",
+        "speedup-a-b1-s1024.png",
+        "speedup-b-s1024-by-batch.png",
+        "speedup-c-b4-by-seq.png",
+    ]
     for png in tmp_path.glob("*.png"):
         assert_png_shows_a_plot(png)
     table = pd.read_csv(tmp_path / "speedup.csv")
@@ -151,14 +156,29 @@ def test_cli_writes_figures_csv_and_a_summary(tmp_path, capsys):
 
 def test_cli_with_a_measured_record_writes_the_best_trees(tmp_path):
     csv = tmp_path / "all.csv"
-    argv = ["--gpu", "a100", "h100", "--step", "full", "--acceptance", str(ROOT / "decoder" / "assets" / "bundled" / "acceptance-greedy.json"), "--out", str(tmp_path), "--csv", str(csv)]
+    argv = [
+        "--gpu",
+        "a100",
+        "h100",
+        "--step",
+        "full",
+        "--acceptance",
+        str(ROOT / "decoder" / "assets" / "bundled" / "acceptance-greedy.json"),
+        "--out",
+        str(tmp_path),
+        "--csv",
+        str(csv),
+    ]
     assert main(argv) == 0
     table = pd.read_csv(csv)
     assert set(table["device"]) == {"a100-pcie", "h100-sxm"} and set(table["step"]) == {"full"}
     # the record's head-accuracy model (1.1% mean error) is closer to it than its log fit (7.5%): it is the one used
     label = table["acceptance_model"].iloc[0]
     assert (table["acceptance_model"] == label).all()
-    assert label.startswith("best tree from measured accuracies of 4 heads") and "closer to the record than its log fit" in label
+    assert (
+        label.startswith("best tree from measured accuracies of 4 heads")
+        and "closer to the record than its log fit" in label
+    )
     trees = json.loads((tmp_path / "a100-pcie-llama-7b-fp16" / "best-trees.json").read_text())["optima"]
     for optimum in trees:
         assert len(optimum["tree"]) == optimum["tree_size"] - 1  # nodes = tokens - root
@@ -191,6 +211,11 @@ def test_cli_bad_acceptance_record_is_one_line(tmp_path, capsys):
 
 
 def test_python_m_with_an_unknown_gpu_exits_1_with_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "perfmodel.speedup", "--gpu", "a1000", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "perfmodel.speedup", "--gpu", "a1000", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: unknown device 'a1000'")

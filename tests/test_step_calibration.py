@@ -125,7 +125,9 @@ def test_draft_model_formulas_match_hand_values():
 def test_models_from_a_decoder_record(tmp_path):
     record = {
         "head_topk_accuracy": [[0.5, 0.2], [0.4, 0.2]],
-        "per_tree_size": [{"tree_size": n, "mean_accepted_tokens": m} for n, m in ((1, 1.0), (2, 1.5), (3, 1.7), (4, 1.9))],
+        "per_tree_size": [
+            {"tree_size": n, "mean_accepted_tokens": m} for n, m in ((1, 1.0), (2, 1.5), (3, 1.7), (4, 1.9))
+        ],
     }
     path = tmp_path / "acc.json"
     path.write_text(json.dumps(record))
@@ -146,7 +148,22 @@ def synthetic_rows(params: RooflineParams, grid=((1, 4, 16), (128, 1024), (1,)))
             for b in grid[0]:
                 for s in grid[1]:
                     t = float(truth.op_time(op, phase, b, s, 1))
-                    rows.append(contract_fields("a100-pcie", LLAMA.name, "fp16", op, phase, b, s, 1, op_cost(op, phase, LLAMA, "fp16", b, s), t, "measured", 0.01))
+                    rows.append(
+                        contract_fields(
+                            "a100-pcie",
+                            LLAMA.name,
+                            "fp16",
+                            op,
+                            phase,
+                            b,
+                            s,
+                            1,
+                            op_cost(op, phase, LLAMA, "fp16", b, s),
+                            t,
+                            "measured",
+                            0.01,
+                        )
+                    )
     return pd.DataFrame(rows)
 
 

@@ -13,23 +13,33 @@ from perfmodel.cli import run
 from perfmodel.contract import check_table
 from perfmodel.errors import PerfkitError
 from perfmodel.grid import Grid
-from perfmodel.models import ModelConfig
+from perfmodel.measurements import read_meta
 from perfmodel.operators import op_cost
 from profilers import sweep as sweep_module
 from profilers.benchmarks import OpBenchmark
-from profilers.store import ROW_COLUMNS, Journal, read_meta
+from profilers.store import ROW_COLUMNS, Journal
 from profilers.sweep import SweepConfig, main, run_sweep
 from profilers.timer import TimerConfig
+from tests.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ModelConfig("tiny", hidden_size=64, intermediate_size=96, num_heads=4, num_kv_heads=2, num_layers=1, vocab_size=50, head_dim=16, medusa_heads=2)
 GRID = Grid(batches=(1, 2), seq_lens=(8,), candidates=(1, 4))
 FAST = TimerConfig(warmup=1, min_reps=3, max_reps=10, budget_s=0.02)
 KEYS = ["device", "model", "dtype", "op", "phase", "batch", "seq_len", "candidates"]
 
 
 def config(tmp_path: Path, **changes) -> SweepConfig:
-    base = SweepConfig("cpu", TINY, "fp32", GRID, tmp_path / "sweep.csv", ops=("up", "qk", "sdpa"), timer=FAST, ceilings=False, progress=False)
+    base = SweepConfig(
+        "cpu",
+        TINY,
+        "fp32",
+        GRID,
+        tmp_path / "sweep.csv",
+        ops=("up", "qk", "sdpa"),
+        timer=FAST,
+        ceilings=False,
+        progress=False,
+    )
     return SweepConfig(**{**base.__dict__, **changes})
 
 
@@ -95,10 +105,42 @@ def test_out_of_memory_while_running_is_a_skip_not_a_crash(tmp_path, monkeypatch
 def test_sigkill_midway_then_rerun_gives_every_row_exactly_once(tmp_path):
     model = tmp_path / "tiny"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps(dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1, vocab_size=50)))
+    (model / "config.json").write_text(
+        json.dumps(
+            dict(
+                hidden_size=64,
+                intermediate_size=96,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                num_hidden_layers=1,
+                vocab_size=50,
+            )
+        )
+    )
     out = tmp_path / "killed.csv"
-    command = [sys.executable, "-m", "profilers.sweep", "--device", "cpu", "--model", str(model), "--batch", "1", "2",
-               "--seq", "8", "--candidates", "1", "4", "--budget", "0.02", "--no-ceilings", "--no-progress", "--out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "profilers.sweep",
+        "--device",
+        "cpu",
+        "--model",
+        str(model),
+        "--batch",
+        "1",
+        "2",
+        "--seq",
+        "8",
+        "--candidates",
+        "1",
+        "4",
+        "--budget",
+        "0.02",
+        "--no-ceilings",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     expected = 13 * 2 * (1 + 1 + 2)
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
@@ -154,18 +196,28 @@ def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, capsys, args, messag
 
 
 def test_usage_errors_from_the_command_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "profilers.sweep", "--batch", "0"], cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        [sys.executable, "-m", "profilers.sweep", "--batch", "0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode == 2
     assert "argument --batch: must be a positive integer, got '0'" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_clock_state_is_merged_pessimistically():
-    merged = sweep_module.worst_state({"sm_clock_mhz": 1980, "temp_c": 60, "throttle": "gpu_idle"}, {"sm_clock_mhz": 1755, "temp_c": 71, "throttle": "sw_power_cap"})
+    merged = sweep_module.worst_state(
+        {"sm_clock_mhz": 1980, "temp_c": 60, "throttle": "gpu_idle"},
+        {"sm_clock_mhz": 1755, "temp_c": 71, "throttle": "sw_power_cap"},
+    )
     assert merged["sm_clock_mhz"] == 1755 and merged["temp_c"] == 71 and merged["throttle"] == "gpu_idle+sw_power_cap"
 
 
 def test_cpu_key_without_torch_matches_the_full_description():
-    from profilers.device import cpu_info, cpu_key, this_cpu_key
+    from perfmodel.cpu_identity import cpu_key, this_cpu_key
+    from profilers.device import cpu_info
 
     assert this_cpu_key() == cpu_info().key
     assert cpu_key("Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz", 8) == "cpu-intel-xeon-gold-6338-8c"

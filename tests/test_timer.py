@@ -1,15 +1,37 @@
 import time
 
+import numpy as np
 import pytest
 
 from perfmodel.errors import PerfkitError
-from profilers.timer import TimerConfig, repeat_until_stable, summarize, time_interleaved, time_wall
+from profilers.timer import TimerConfig, repeat_until_stable, summarize, time_interleaved, time_wall, warm_up
+
+# Durations are powers of two so that sums and differences of fake clock readings are
+# exact and the timings can be compared with ==.
+MS = 2.0**-10
 
 
-def busy_wait(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+class FakeClock:
+    """A clock that moves only when a call advances it."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def op(self, *durations: float, log: list | None = None, name: object = None):
+        """A call taking each of `durations` in turn (cycling), noting `name` in `log`."""
+        calls = [0]
+
+        def run():
+            if log is not None:
+                log.append(name)
+            self.now += durations[calls[0] % len(durations)]
+            calls[0] += 1
+
+        run.calls = calls
+        return run
 
 
 def test_summary_statistics():
@@ -20,11 +42,19 @@ def test_summary_statistics():
     assert timing.reps == 5
 
 
-def test_an_operation_of_known_duration():
-    timing = time_wall(lambda: busy_wait(0.002), TimerConfig(warmup=1, min_reps=5, budget_s=0.5))
-    assert timing.median_s == pytest.approx(0.002, rel=0.05)
-    assert timing.mode == "wall"
-    assert 5 <= timing.reps <= 200
+def test_a_steady_call_is_timed_exactly_after_its_warm_up():
+    clock = FakeClock()
+    fn = clock.op(3 * MS)
+    timing = time_wall(fn, TimerConfig(warmup=2, min_reps=5, budget_s=1.0), clock=clock)
+    assert (timing.median_s, timing.iqr_s, timing.reps, timing.mode) == (3 * MS, 0.0, 5, "wall")
+    assert fn.calls[0] == 2 + 5  # warm-up, then min_reps: zero noise needs no more
+
+
+def test_warm_up_stops_after_a_quarter_of_the_budget():
+    clock = FakeClock()
+    fn = clock.op(0.25)
+    warm_up(fn, TimerConfig(warmup=10, budget_s=2.0), clock)
+    assert fn.calls[0] == 3  # 0.75 s > 2.0 / 4 after the third call
 
 
 def test_stops_as_soon_as_the_noise_is_low():
@@ -34,26 +64,35 @@ def test_stops_as_soon_as_the_noise_is_low():
         calls.append(n)
         return [1.0] * n
 
-    timing = repeat_until_stable(take, TimerConfig(min_reps=7, max_reps=100, target_noise=0.01), "wall")
+    timing = repeat_until_stable(take, TimerConfig(min_reps=7, max_reps=100, target_noise=0.01), "wall", FakeClock())
     assert calls == [7] and timing.noise == 0
 
 
-def test_noisy_samples_repeat_until_max_reps_or_budget():
-    values = iter([1.0, 2.0] * 1000)
-    many = repeat_until_stable(lambda n: [next(values) for _ in range(n)], TimerConfig(min_reps=4, max_reps=40, budget_s=60), "wall")
-    assert many.reps == 40
-
-    def slow(n):
-        busy_wait(0.01 * n)
-        return [float(i % 2 + 1) for i in range(n)]
-
-    budgeted = repeat_until_stable(slow, TimerConfig(min_reps=3, max_reps=10_000, budget_s=0.1), "wall")
-    assert 3 <= budgeted.reps < 30  # stopped by the 0.1 s budget, not by max_reps
+def test_noisy_calls_repeat_until_max_reps():
+    clock = FakeClock()
+    timing = time_wall(clock.op(MS, 3 * MS), TimerConfig(warmup=0, min_reps=4, max_reps=40, budget_s=60), clock=clock)
+    assert timing.reps == 40
+    assert timing.median_s == 2 * MS and timing.iqr_s == 2 * MS  # half the samples 1 ms, half 3 ms
 
 
-def test_flush_runs_outside_the_timed_region():
-    timing = time_wall(lambda: None, TimerConfig(warmup=0, min_reps=5, max_reps=5), flush=lambda: busy_wait(0.005))
-    assert timing.median_s < 0.001
+def test_noisy_calls_stop_when_the_budget_is_spent():
+    clock = FakeClock()
+    fn = clock.op(2.0**-7, 3 * 2.0**-7)  # pairs of 1/32 s, far too noisy to settle
+    timing = time_wall(fn, TimerConfig(warmup=0, min_reps=4, max_reps=10_000, budget_s=0.25), clock=clock)
+    # 4 samples (1/16 s), then batches of max(1, n // 4): 1, 1, 1, 1, 2, 2, 3, 3 samples;
+    # the budget check before each batch first sees >= 0.25 s after 18 samples (0.28125 s).
+    assert timing.reps == 18
+    assert clock.now == 0.28125
+
+
+def test_flush_runs_outside_the_timed_region_but_inside_the_budget():
+    clock = FakeClock()
+    flush = clock.op(1.0)
+    timing = time_wall(
+        clock.op(MS, 3 * MS), TimerConfig(warmup=0, min_reps=3, max_reps=100, budget_s=2.0), flush=flush, clock=clock
+    )
+    assert timing.median_s == MS  # samples 1, 3, 1 ms: none of the flushes' seconds
+    assert timing.reps == 3  # three 1 s flushes already spent the 2 s budget
 
 
 def test_bad_config():
@@ -61,34 +100,71 @@ def test_bad_config():
         TimerConfig(min_reps=10, max_reps=5)
 
 
-class DriftingMachine:
-    """Every call on it takes `base` seconds times a slowdown that grows with each call
-    made so far: a machine drifting in speed over the run."""
+def drifting(clock: FakeClock, base: float, drift_per_call: float):
+    """Calls on a machine that gets slower by `drift_per_call` of `base` with every call
+    made on it so far."""
+    made = [0]
 
-    def __init__(self, drift_per_call: float):
-        self.calls, self.drift = 0, drift_per_call
-
-    def op(self, base: float):
+    def op():
         def run():
-            self.calls += 1
-            busy_wait(base * (1 + self.drift * self.calls))
+            made[0] += 1
+            clock.now += base * (1 + drift_per_call * made[0])
 
         return run
+
+    return op
 
 
 def test_interleaved_timing_lets_identical_calls_see_the_same_drift():
     config = TimerConfig(warmup=0, min_reps=20, max_reps=20, budget_s=5)
-    machine = DriftingMachine(drift_per_call=0.05)
-    apart = [time_wall(machine.op(0.0005), config) for _ in range(2)]
-    assert apart[1].median_s / apart[0].median_s > 1.5  # one after the other: off by the drift
-    machine = DriftingMachine(drift_per_call=0.05)
-    together = time_interleaved([machine.op(0.0005), machine.op(0.0005)], config)
-    assert together[1].median_s / together[0].median_s == pytest.approx(1, abs=0.15)
+    clock = FakeClock()
+    op = drifting(clock, MS, 0.05)
+    apart = [time_wall(op(), config, clock=clock) for _ in range(2)]
+    # one after the other: the second's median call is the 30th on the machine, the first's the 10th
+    assert apart[1].median_s / apart[0].median_s == pytest.approx((1 + 0.05 * 30.5) / (1 + 0.05 * 10.5))
+    clock = FakeClock()
+    op = drifting(clock, MS, 0.05)
+    together = time_interleaved([op(), op()], config, clock=clock)
+    # in turn, the two medians come from calls at most one apart in the order of the run
+    assert together[1].median_s / together[0].median_s == pytest.approx(1, abs=0.05 / (1 + 0.05 * 20))
     assert [t.reps for t in together] == [20, 20] and together[0].mode == "wall-interleaved"
 
 
 def test_interleaved_timing_keeps_each_calls_own_duration():
-    timings = time_interleaved([lambda: busy_wait(0.002), lambda: busy_wait(0.0005)], TimerConfig(warmup=1, min_reps=5, budget_s=0.5))
-    assert timings[0].median_s == pytest.approx(0.002, rel=0.1)
-    assert timings[1].median_s == pytest.approx(0.0005, rel=0.2)
-    assert all(5 <= t.reps <= 200 for t in timings)
+    clock = FakeClock()
+    timings = time_interleaved(
+        [clock.op(2 * MS), clock.op(MS / 2)], TimerConfig(warmup=1, min_reps=5, budget_s=0.5), clock=clock
+    )
+    assert [t.median_s for t in timings] == [2 * MS, MS / 2]
+    assert [t.reps for t in timings] == [5, 5]  # both settled at min_reps
+
+
+def test_each_round_times_every_call_once_in_a_fresh_order():
+    clock, log = FakeClock(), []
+    calls = [clock.op(MS, 3 * MS, log=log, name=i) for i in range(4)]
+    time_interleaved(calls, TimerConfig(warmup=0, min_reps=6, max_reps=6, budget_s=60), seed=3, clock=clock)
+    rounds = [log[i : i + 4] for i in range(0, len(log), 4)]
+    assert len(rounds) == 6 and all(sorted(r) == [0, 1, 2, 3] for r in rounds)
+    rng = np.random.default_rng(3)
+    assert rounds == [list(rng.permutation(4)) for _ in range(6)]  # reproducible from the seed
+    assert len({tuple(r) for r in rounds}) > 1  # not one fixed order, which a drift would bias
+
+
+def test_interleaved_rounds_stop_when_the_budget_of_every_call_is_spent():
+    clock = FakeClock()
+    calls = [clock.op(2.0**-6, 3 * 2.0**-6) for _ in range(2)]  # rounds of 1/32 s and 3/32 s
+    timings = time_interleaved(calls, TimerConfig(warmup=0, min_reps=2, max_reps=1000, budget_s=0.25), clock=clock)
+    assert [t.reps for t in timings] == [8, 8]  # 0.5 s (0.25 s per call) spent after 8 rounds
+    assert clock.now == 0.5
+
+
+def test_real_clock_smoke():
+    """The default clock times real work: a busy wait cannot be timed shorter than it is."""
+
+    def busy_wait():
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+
+    timing = time_wall(busy_wait, TimerConfig(warmup=1, min_reps=5, budget_s=0.5))
+    assert 0.002 <= timing.median_s < 0.05 and timing.mode == "wall" and 5 <= timing.reps <= 200

@@ -4,7 +4,16 @@ import numpy as np
 import pytest
 
 from perfmodel.errors import PerfkitError
-from perfmodel.trees import VICUNA_7B_TREE, Tree, expected_acceptance, export_tree, greedy_tree, load_tree, max_nodes, optimal_tree
+from perfmodel.trees import (
+    VICUNA_7B_TREE,
+    Tree,
+    expected_acceptance,
+    export_tree,
+    greedy_tree,
+    load_tree,
+    max_nodes,
+    optimal_tree,
+)
 
 
 def all_trees(heads: int, topk: int, nodes: int):
@@ -42,7 +51,9 @@ def test_greedy_is_optimal_under_the_independence_model(seed):
     # Values only shrink along a path, so the n best nodes always form a tree.
     accuracy = np.random.default_rng(seed).uniform(0, 1, (4, 10))
     for nodes in (1, 5, 17, 64, 200):
-        gap = expected_acceptance(optimal_tree(accuracy, nodes), accuracy) - expected_acceptance(greedy_tree(accuracy, nodes), accuracy)
+        gap = expected_acceptance(optimal_tree(accuracy, nodes), accuracy) - expected_acceptance(
+            greedy_tree(accuracy, nodes), accuracy
+        )
         assert abs(gap) < 1e-9
 
 
@@ -56,7 +67,11 @@ def test_large_budgets(nodes):
 
 def test_budget_beyond_the_complete_tree():
     accuracy = np.full((2, 2), 0.5)
-    assert max_nodes(2, 2) == 6 and len(optimal_tree(accuracy, 50).paths) == 6 and len(greedy_tree(accuracy, 50).paths) == 6
+    assert (
+        max_nodes(2, 2) == 6
+        and len(optimal_tree(accuracy, 50).paths) == 6
+        and len(greedy_tree(accuracy, 50).paths) == 6
+    )
 
 
 def test_engine_formats_round_trip():

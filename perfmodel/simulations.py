@@ -1,0 +1,399 @@
+"""Medusa speedup: acceleration rate over step overhead, and the best tree size.
+
+speedup(n) = acc(n) / (T_step(n) / T_step(1)) for a tree of n tokens (root included), a
+step model (perfmodel.step) and an acceptance model (perfmodel.acceptance). n = 1 is plain
+decoding (speedup 1); where no n > 1 beats it, the answer is "do not speculate".
+
+`simulate` runs the paper's three simulations (Appendix G.3) on any device: (a) b=1,
+s=1024 over tree sizes; (b) s=1024 over batch; (c) b=4 over context length, for the
+paper's simplified step and the whole-model step. `draft_model_table` is speculative
+decoding with a draft model (Leviathan et al.), for comparison. The command line is
+`python -m perfmodel.speedup`; the figures are reports.speedup_figures'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perfmodel import hardware
+from perfmodel.acceptance import (
+    PAPER_ACCEPTANCE,
+    closer_to_record,
+    draft_model_improvement,
+    draft_model_tokens,
+    load_acceptance_record,
+    models_from_record,
+)
+from perfmodel.device_view import is_cpu_name, resolve_view
+from perfmodel.errors import PerfkitError
+from perfmodel.hardware import load_all_specs, load_spec_file, resolve_spec
+from perfmodel.latency import RooflineLatency, RooflineParams
+from perfmodel.step import StepModel
+from perfmodel.trees import export_tree
+
+# Tree sizes searched for the optimum: dense where trees are common, up to 256 tokens.
+CANDIDATE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+def speedup_table(step: StepModel, acceptance, batch, seq_len, sizes=CANDIDATE_SIZES) -> pd.DataFrame:
+    """One row per (batch, seq_len, tree size): step times, overhead, acceptance, speedup.
+
+    batch and seq_len are ints or 1-D sequences; every combination with every size is
+    evaluated in one vectorised pass.
+    """
+    batches = np.atleast_1d(np.asarray(batch, dtype=np.int64))
+    seqs = np.atleast_1d(np.asarray(seq_len, dtype=np.int64))
+    sizes = np.atleast_1d(np.asarray(sizes, dtype=np.int64))
+    if (sizes < 1).any():
+        raise PerfkitError(f"tree sizes must be >= 1, got {sizes.min()}")
+    b, s, n = (a.ravel() for a in np.meshgrid(batches, seqs, sizes, indexing="ij"))
+    plain = step.step_time(b, s, 1)
+    medusa = np.where(n > 1, step.step_time(b, s, n), plain)
+    acc = np.where(n > 1, acceptance(n), 1.0)
+    overhead = medusa / plain
+    return pd.DataFrame(
+        {
+            "batch": b,
+            "seq_len": s,
+            "tree_size": n,
+            "plain_step_s": plain,
+            "medusa_step_s": medusa,
+            "overhead": overhead,
+            "acceptance": acc,
+            "speedup": acc / overhead,
+            "tokens_per_s_per_seq": acc / medusa,
+        }
+    )
+
+
+def best_sizes(table: pd.DataFrame) -> pd.DataFrame:
+    """The best tree size per (batch, seq_len) of a speedup_table; `speculate` is False
+    (best size 1, speedup 1) where no tree beats plain decoding."""
+    idx = table.groupby(["batch", "seq_len"])["speedup"].idxmax()
+    best = table.loc[idx].reset_index(drop=True)
+    best["speculate"] = (best["tree_size"] > 1) & (best["speedup"] > 1.0)
+    return best
+
+
+def size_text(row) -> str:
+    """A best tree size, as '>= n' where it is the largest size searched (the curve may still
+    rise beyond it, so it is a bound, not an optimum)."""
+    return f">= {row['tree_size']}" if row.get("at_edge", False) else str(row["tree_size"])
+
+
+def verdict(row) -> str:
+    """A sentence a person can act on, for one row of best_sizes or optima."""
+    if not row["speculate"]:
+        return f"batch {row['batch']}, context {row['seq_len']}: do not speculate (no tree beats plain decoding)"
+    return (
+        f"batch {row['batch']}, context {row['seq_len']}: tree of {size_text(row)} tokens, "
+        f"{row['acceptance']:.2f} tokens/step at {row['overhead']:.2f}x step time -> {row['speedup']:.2f}x"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The paper's three simulations (Appendix G.3) for any device.
+# ---------------------------------------------------------------------------------------
+
+
+# Tree sizes of the simulation curves: every size to 16, then every 4th to 64 and every
+# 8th to 256 (16, 32, ..., 128 included), dense enough to place the optimum within 4-8 tokens.
+SIMULATION_SIZES = tuple(range(1, 17)) + tuple(range(20, 65, 4)) + tuple(range(72, 257, 8))
+SIMULATION_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+SIMULATION_SEQS = (128, 256, 512, 1024, 2048, 4096, 8192)
+STEP_LABELS = {"paper": "paper step (App. G.3 block)", "full": "full step (whole model)"}
+
+# Draft-model comparison (speculative decoding with a draft model, Leviathan et al. 2023).
+# c = draft step / target step: at batch 1 both steps are weight reads, so c is about the
+# parameter ratio plus launch overheads: 68M/7B is 0.01, 1B/7B is 0.14; 0.05 sits between
+# them (a draft of about 350M for a 7B target).
+DRAFT_ALPHAS = (0.6, 0.7, 0.8, 0.9)
+DRAFT_GAMMAS = tuple(range(1, 9))
+DEFAULT_DRAFT_COST = 0.05
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """One of the paper's simulated settings: a (batch, seq_len) grid swept over tree sizes."""
+
+    key: str  # a, b, c
+    name: str  # used in file names
+    batches: tuple[int, ...]
+    seqs: tuple[int, ...]
+    what: str
+    line_by: str | None = None  # the swept setting, drawn one line each
+
+
+SIMULATIONS = (
+    Simulation("a", "b1-s1024", (1,), (1024,), "b=1, s=1024"),
+    Simulation("b", "s1024-by-batch", SIMULATION_BATCHES, (1024,), "s=1024, batch 1..256", "batch"),
+    Simulation("c", "b4-by-seq", (4,), SIMULATION_SEQS, "b=4, s=128..8192", "seq_len"),
+)
+
+
+def mark_best(table: pd.DataFrame, by=("batch", "seq_len")) -> pd.DataFrame:
+    """`table` with a `best` column: True on the row of highest speedup per group (the
+    smallest such tree on ties, so plain decoding, tree size 1, wins a tie with a tree)."""
+    ordered = table.sort_values(list(by) + ["tree_size"], kind="stable")
+    best = ordered.groupby(list(by), sort=False)["speedup"].idxmax()
+    return table.assign(best=table.index.isin(best))
+
+
+def simulate(steps: dict[str, StepModel], acceptance, simulations=SIMULATIONS, sizes=SIMULATION_SIZES) -> pd.DataFrame:
+    """Every simulation for every step model: speedup_table rows with `simulation`, `step`
+    and `best` columns. steps maps a label ("paper", "full") to its StepModel."""
+    frames = []
+    for sim in simulations:
+        for label, step in steps.items():
+            table = speedup_table(step, acceptance, sim.batches, sim.seqs, sizes)
+            frames.append(table.assign(simulation=sim.key, step=label))
+    table = pd.concat(frames, ignore_index=True)
+    return mark_best(table, ("simulation", "step", "batch", "seq_len"))
+
+
+def optima(table: pd.DataFrame) -> pd.DataFrame:
+    """The best rows of a simulate() table, with `speculate` as in best_sizes and `at_edge`
+    where the best size is the largest one searched (a bound: a larger tree may do better)."""
+    best = table[table["best"]].reset_index(drop=True)
+    speculate = (best["tree_size"] > 1) & (best["speedup"] > 1.0)
+    return best.assign(speculate=speculate, at_edge=speculate & (best["tree_size"] == table["tree_size"].max()))
+
+
+def draft_model_table(alphas=DRAFT_ALPHAS, gammas=DRAFT_GAMMAS, cost_ratio: float = DEFAULT_DRAFT_COST) -> pd.DataFrame:
+    """Speculative decoding with a draft model: tokens per step E and walltime improvement
+    E / (c gamma + 1) for each (alpha, gamma), c = cost_ratio."""
+
+    a, g = (x.ravel() for x in np.meshgrid(np.asarray(alphas, dtype=float), np.asarray(gammas), indexing="ij"))
+    return pd.DataFrame(
+        {
+            "alpha": a,
+            "gamma": g,
+            "cost_ratio": float(cost_ratio),
+            "tokens_per_step": draft_model_tokens(a, g),
+            "improvement": draft_model_improvement(a, g, cost_ratio),
+        }
+    )
+
+
+def loses_from(best: pd.DataFrame, setting: str) -> int | None:
+    """The smallest value of `setting` (batch, seq_len) from which on no tree beats plain
+    decoding, or None when the largest value still speculates."""
+    rows = best.sort_values(setting)
+    if rows["speculate"].iloc[-1]:
+        return None
+    wins = rows.loc[rows["speculate"], setting]
+    return int(rows.loc[rows[setting] > (wins.max() if len(wins) else 0), setting].min())
+
+
+# ---------------------------------------------------------------------------------------
+# One device's simulations: its step models, acceptance, and what they print and draw.
+# ---------------------------------------------------------------------------------------
+
+CSV_COLUMNS = [
+    "device",
+    "model",
+    "dtype",
+    "simulation",
+    "step",
+    "batch",
+    "seq_len",
+    "tree_size",
+    "plain_step_s",
+    "medusa_step_s",
+    "overhead",
+    "acceptance",
+    "speedup",
+    "tokens_per_s_per_seq",
+    "best",
+    "acceptance_model",
+    "latency_model",
+    "source",
+]
+
+
+@dataclass(frozen=True)
+class AcceptanceChoice:
+    """The acceptance model the speedups use, what builds the tree of a size (a
+    HeadAccuracyAcceptance from a measured record; None for the paper's preset), and the
+    log curve a + b ln n (the paper's preset, or the record's fit)."""
+
+    model: object
+    label: str
+    trees: object | None = None
+    log: object | None = None
+
+    @property
+    def curve(self):
+        """The log curve, whether or not the speedups use it."""
+        return self.log if self.log is not None else self.model
+
+
+def choose_acceptance(text: str) -> AcceptanceChoice:
+    """`paper` (0.477 ln n) or a decoder.measure record: of its log fit a + b ln n and its
+    head-accuracy model, the one closer to the record's measurements sizes the tree; the
+    head accuracies shape it."""
+
+    if text == "paper":
+        return AcceptanceChoice(PAPER_ACCEPTANCE, PAPER_ACCEPTANCE.describe(), log=PAPER_ACCEPTANCE)
+    record = load_acceptance_record(text)
+    try:
+        log, heads = models_from_record(record)
+    except PerfkitError as exc:
+        raise PerfkitError(f"{text}: {exc}") from None
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+        raise PerfkitError(f"{text}: not a usable decoder.measure record ({type(exc).__name__}: {exc})") from None
+    used = closer_to_record(log, heads)
+    other = heads if used is log else log
+    other_name = "head-accuracy model" if other is heads else f"log fit {log.a:.3f} + {log.b:.3f} ln(n)"
+    label = (
+        f"{used.describe()} from {Path(text).name}; closer to the record than its {other_name} "
+        f"({other.error.mean_abs_pct:.1f}% mean error)"
+    )
+    return AcceptanceChoice(used, label, heads, log)
+
+
+@dataclass(frozen=True)
+class Device:
+    spec: object  # perfmodel.hardware.HardwareSpec
+    params: object  # perfmodel.latency.RooflineParams
+    is_cpu: bool = False
+
+
+def choose_devices(gpus, spec_files, every: bool) -> list[Device]:
+    """The devices asked for, each once: --all, --spec FILE ..., or --gpu NAME ... (cpu:
+    this machine's CPU from its stored measured ceilings)."""
+
+    if every:
+        found = [Device(s, RooflineParams()) for s in load_all_specs().values()]
+    elif spec_files:
+        found = [Device(load_spec_file(f), RooflineParams()) for f in spec_files]
+    else:
+        found = []
+        for name in gpus:
+            if is_cpu_name(name):
+                view = resolve_view(name, None, [])
+                found.append(Device(view.spec, view.params, True))
+            else:
+                found.append(Device(resolve_spec(name), RooflineParams()))
+    return list({d.spec.key: d for d in found}.values())
+
+
+def latency_label(params) -> str:
+    return (
+        f"roofline latency, {params.label} (x{params.compute_efficiency:g} compute, "
+        f"x{params.memory_efficiency:g} bandwidth, {params.kernel_overhead_s * 1e6:g} us per kernel)"
+    )
+
+
+def device_table(device: Device, model, dtype: str, flavors, acceptance: AcceptanceChoice) -> pd.DataFrame:
+    """The three simulations on one device, in the CSV's columns."""
+
+    latency = RooflineLatency(device.spec, model, dtype, device.params)
+    table = simulate({f: StepModel(model, latency, f) for f in flavors}, acceptance.model)
+    table = table.assign(
+        device=device.spec.key,
+        model=model.name,
+        dtype=dtype,
+        acceptance_model=acceptance.label,
+        latency_model=latency_label(device.params),
+        source="predicted",
+    )
+    return table[CSV_COLUMNS]
+
+
+def best_trees(best: pd.DataFrame, acceptance: AcceptanceChoice) -> list[dict]:
+    """Each optimum with its tree (paths of top-ranks, the reference implementation's
+    format) built from the record's head accuracies."""
+
+    cache: dict[int, list] = {}
+    out = []
+    for _, row in best.iterrows():
+        n = int(row["tree_size"])
+        if n not in cache:
+            cache[n] = [list(p) for p in export_tree(acceptance.trees.tree(n), "reference")] if n > 1 else []
+        out.append(
+            {
+                k: row[k].item() if hasattr(row[k], "item") else row[k]
+                for k in ("simulation", "step", "batch", "seq_len", "tree_size", "speedup", "speculate")
+            }
+            | {"tree": cache[n]}
+        )
+    return out
+
+
+def ridge(device: Device, dtype: str) -> float:
+    """The latency model's ridge (FLOP/byte, efficiencies applied): a d x d projection over m tokens has an
+    intensity of about m, so the step turns compute-bound near batch x tree size = ridge."""
+
+    p = device.params
+    return hardware.ridge(
+        device.spec.peak_flops(dtype) * p.compute_efficiency, device.spec.bandwidth * p.memory_efficiency
+    )
+
+
+def summary_lines(device: Device, dtype: str, table: pd.DataFrame, draft: pd.DataFrame) -> list[str]:
+    """What a person reads: the optimum of (a), where speculation stops paying in (b), the
+    optimum per context in (c), and the draft-model comparison."""
+    best = optima(table)
+    steps = list(dict.fromkeys(table["step"]))
+    width = max(len(f"{s} step:") for s in steps)
+    lines = [
+        f"  ridge of the latency model's roofline: {ridge(device, dtype):.0f} FLOP/B (linear layers turn "
+        "compute-bound near batch x tree size = ridge)"
+    ]
+    lines.append("  (a) b=1, s=1024:")
+    for step in steps:
+        row = best[(best["simulation"] == "a") & (best["step"] == step)].iloc[0]
+        edge = " (the largest size searched: a larger tree may do better)" if row["at_edge"] else ""
+        lines.append(f"      {f'{step} step:':<{width}} {verdict(row).split(': ', 1)[1]}{edge}")
+    lines.append("  (b) s=1024, best tree per batch:")
+    for step in steps:
+        rows = best[(best["simulation"] == "b") & (best["step"] == step)].sort_values("batch")
+        lost = loses_from(rows, "batch")
+        cells = [
+            f"b={r.batch} n{'>=' if r.at_edge else '='}{r.tree_size} {r.speedup:.2f}x"
+            if r.speculate
+            else f"b={r.batch} do not speculate"
+            for r in rows.itertuples()
+            if not lost or r.batch < lost
+        ]
+        end = (
+            f"do not speculate from batch {lost} on"
+            if lost
+            else f"speculation still pays at batch {rows['batch'].max()}"
+        )
+        lines.append(f"      {f'{step} step:':<{width}} {', '.join(cells)}; {end}")
+    lines.append("  (c) b=4, best tree per context length:")
+    for step in steps:
+        rows = best[(best["simulation"] == "c") & (best["step"] == step)].sort_values("seq_len")
+        cells = [
+            f"s={r.seq_len} n{'>=' if r.at_edge else '='}{r.tree_size} {r.speedup:.2f}x"
+            if r.speculate
+            else f"s={r.seq_len} do not speculate"
+            for r in rows.itertuples()
+        ]
+        sizes = rows.loc[rows["speculate"], "tree_size"]
+        spread = (
+            "do not speculate at any length"
+            if not len(sizes)
+            else f"optimum {sizes.min()}"
+            + (f"..{sizes.max()} tokens" if sizes.max() > sizes.min() else " tokens at every length")
+        )
+        lines.append(f"      {f'{step} step:':<{width}} {', '.join(cells)}; {spread}")
+    tops = draft.loc[draft.groupby("alpha")["improvement"].idxmax()]
+    longest = draft["gamma"].max()  # best at the longest draft searched: a bound, longer may do better
+    cells = [
+        f"alpha {r.alpha:g} {r.improvement:.2f}x (gamma {'>= ' if r.gamma == longest else ''}{r.gamma})"
+        for r in tops.itertuples()
+    ]
+    medusa = best[best["simulation"] == "a"]
+    versus = ", ".join(f"{r.step} step {r.speedup:.2f}x" for r in medusa.itertuples())
+    lines.append(
+        f"  draft model (c={draft['cost_ratio'].iloc[0]:g}), best per alpha: {', '.join(cells)}; Medusa at b=1, "
+        f"s=1024: {versus}"
+    )
+    return lines
