@@ -22,7 +22,7 @@ from decoder.acceptance import SCHEMES, AcceptanceConfig
 from decoder.checkpoint import Checkpoint, load_checkpoint
 from decoder.corpus import sample_prompts, split_corpus
 from decoder.heads import topk_accuracy
-from decoder.medusa import PHASES, Decoder, DecodeResult
+from decoder.medusa import STEP_PARTS, Decoder, DecodeResult
 from decoder.tree import TREE_NAMES, resolve_tree
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.errors import PerfkitError
@@ -79,7 +79,7 @@ def _append(total: DecodeResult, part: DecodeResult) -> None:
     total.tree_sizes += part.tree_sizes
     total.prefill_s += part.prefill_s
     total.decode_s += part.decode_s
-    for phase in PHASES:
+    for phase in STEP_PARTS:
         total.times[phase] += part.times[phase]
 
 
@@ -175,8 +175,8 @@ def measure(args) -> dict:
         "wall_speedup": round(medusa.tokens_per_s / baseline.tokens_per_s, 3),
         "steps_medusa": medusa.steps,
         "steps_baseline": baseline.steps,
-        "step_time_split_s": {p: round(medusa.times[p], 4) for p in PHASES},
-        "step_time_split_fraction": {p: round(medusa.times[p] / step_time, 4) for p in PHASES},
+        "step_time_split_s": {p: round(medusa.times[p], 4) for p in STEP_PARTS},
+        "step_time_split_fraction": {p: round(medusa.times[p] / step_time, 4) for p in STEP_PARTS},
         "lossless": (medusa.tokens == baseline.tokens) if acceptance.scheme == "greedy" else None,
         "eos_token_id": eos,
         "rounds": args.rounds,

@@ -27,7 +27,8 @@ from decoder.tree import TreeBuffers, tree_buffers
 from perfmodel.errors import PerfkitError
 from perfmodel.trees import HEAD_TOP_K, Tree, greedy_tree
 
-PHASES = ("candidates", "forward", "verification", "kv_update")
+# Where a Medusa step's time goes (timed per step); not the operator phases prefill/decode/tree.
+STEP_PARTS = ("candidates", "forward", "verification", "kv_update")
 ROOT_ONLY = Tree(())
 
 
@@ -36,7 +37,7 @@ class DecodeResult:
     tokens: list[list[int]]  # new tokens of each sequence
     accepted: list[list[int]]  # tokens accepted at each step, per sequence
     tree_sizes: list[int]  # tokens processed per step (tree size)
-    times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PARTS, 0.0))
     prefill_s: float = 0.0
     decode_s: float = 0.0
     cache: KVCache | None = None  # the final cache, slots [0, cache_lengths[b]) valid
@@ -225,7 +226,7 @@ class Decoder:
                 self._sync()
                 t4 = time.perf_counter()
                 result.tree_sizes.append(size)
-                for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                for phase, seconds in zip(STEP_PARTS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                     result.times[phase] += seconds
             result.decode_s = time.perf_counter() - started
         result.cache, result.cache_lengths = cache, lengths

@@ -7,6 +7,8 @@
   from measured head accuracies a_k^(i) (paper 2.3.3), for any n.
 - `draft_model_tokens` / `draft_model_improvement`: speculative decoding with a separate
   draft model (Leviathan et al.), for comparison.
+- `resolve_acceptance`: the one policy for what an acceptance setting means ("paper" or
+  None, a decoder.measure record, or a model from Python), as an `AcceptanceChoice`.
 
 Every model is a callable n -> tokens per step (arrays welcome), never below 1: the
 root, the model's own next token, is always accepted.
@@ -15,6 +17,7 @@ root, the model's own next token, is always accepted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -199,3 +202,77 @@ def models_from_record(record: dict) -> tuple[LogAcceptance, HeadAccuracyAccepta
     log = fit_log_acceptance(sizes, measured, label="fitted to decoder.measure")
     heads = HeadAccuracyAcceptance(np.asarray(record["head_topk_accuracy"])).checked_against(sizes, measured)
     return log, heads
+
+
+@dataclass(frozen=True)
+class AcceptanceChoice:
+    """The acceptance model the speedups use, what builds the tree of a size (a
+    HeadAccuracyAcceptance from a measured record; None for the paper's preset), and the
+    log curve a + b ln n (the paper's preset, or the record's fit)."""
+
+    model: object
+    label: str
+    trees: object | None = None
+    log: object | None = None
+    record: dict | None = field(default=None, repr=False, compare=False)  # the decoder.measure record, if any
+
+    @property
+    def curve(self):
+        """The log curve, whether or not the speedups use it."""
+        return self.log if self.log is not None else self.model
+
+
+def describe_acceptance(model) -> str:
+    """What an acceptance model says of itself: describe(), else its label, else its repr."""
+    return model.describe() if hasattr(model, "describe") else getattr(model, "label", None) or repr(model)
+
+
+PAPER_CHOICE = AcceptanceChoice(PAPER_ACCEPTANCE, PAPER_ACCEPTANCE.describe(), log=PAPER_ACCEPTANCE)
+
+
+def resolve_acceptance(acceptance=None) -> AcceptanceChoice:
+    """What an acceptance setting (`--acceptance paper|FILE.json`, or a Python value) means:
+
+    - "paper" or None: the paper's preset 0.477 ln n;
+    - a decoder.measure JSON record (a str or Path): of its log fit a + b ln n and its
+      head-accuracy model, the one closer to the record's measurements (closer_to_record)
+      sizes the tree; the record's head accuracies shape it;
+    - an acceptance model (a callable tree size -> tokens per step): used as is (it shapes
+      trees too where it is a HeadAccuracyAcceptance);
+    - an AcceptanceChoice: itself.
+    """
+    if isinstance(acceptance, AcceptanceChoice):
+        return acceptance
+    if acceptance is None or (isinstance(acceptance, str) and acceptance == "paper"):
+        return PAPER_CHOICE
+    if isinstance(acceptance, (str, Path)):
+        return record_choice(acceptance)
+    if not callable(acceptance):
+        raise PerfkitError(
+            f"acceptance must be 'paper', a decoder.measure JSON path or an acceptance model, got {acceptance!r}"
+        )
+    return AcceptanceChoice(
+        acceptance,
+        describe_acceptance(acceptance),
+        trees=acceptance if isinstance(acceptance, HeadAccuracyAcceptance) else None,
+        log=acceptance if isinstance(acceptance, LogAcceptance) else None,
+    )
+
+
+def record_choice(path) -> AcceptanceChoice:
+    """The acceptance of a decoder.measure record at `path` (see resolve_acceptance)."""
+    record = load_acceptance_record(path)
+    try:
+        log, heads = models_from_record(record)
+    except PerfkitError as exc:
+        raise PerfkitError(f"{path}: {exc}") from None
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+        raise PerfkitError(f"{path}: not a usable decoder.measure record ({type(exc).__name__}: {exc})") from None
+    used = closer_to_record(log, heads)
+    other = heads if used is log else log
+    other_name = "head-accuracy model" if other is heads else f"log fit {log.a:.3f} + {log.b:.3f} ln(n)"
+    label = (
+        f"{used.describe()} from {Path(path).name}; closer to the record than its {other_name} "
+        f"({other.error.mean_abs_pct:.1f}% mean error)"
+    )
+    return AcceptanceChoice(used, label, heads, log, record)

@@ -15,7 +15,15 @@ import pandas as pd
 
 from perfmodel.cpu_identity import this_cpu_key
 from perfmodel.errors import PerfkitError
-from perfmodel.hardware import HardwareSpec, normalize_name, resolve_spec
+from perfmodel.hardware import (
+    HardwareSpec,
+    find_spec,
+    load_all_specs,
+    load_spec_file,
+    name_index,
+    normalize_name,
+    resolve_spec,
+)
 from perfmodel.latency import RooflineParams
 from perfmodel.measured_ceilings import Ceilings, ceilings_spec
 from perfmodel.measurements import latest_run_with_ceilings, measured_rows, stored_devices, stored_sweeps
@@ -109,8 +117,13 @@ def cpu_params(ceilings) -> RooflineParams:
 
 
 def gpu_view(gpu: str | None, spec_file: str | Path | None, paths: list[Path]) -> DeviceView:
-    spec = resolve_spec(gpu, spec_file)
-    paths = paths or stored_sweeps(spec.key)
+    return spec_view(resolve_spec(gpu, spec_file), paths)
+
+
+def spec_view(spec: HardwareSpec, paths: list[Path] | tuple = ()) -> DeviceView:
+    """A datasheet device with the public efficiency defaults, and its measurements when
+    there are some (given, else stored)."""
+    paths = list(paths) or stored_sweeps(spec.key)
     rows, run = load_sources(paths)
     return DeviceView(spec, RooflineParams(), rows, run["ceilings"] if run else None, tuple(paths))
 
@@ -126,3 +139,30 @@ def resolve_view(gpu: str | None, spec_file: str | Path | None, measurement_file
     if is_cpu_name(gpu):
         return cpu_view(gpu, measurement_files, log)
     return gpu_view(gpu, spec_file, measurement_files)
+
+
+def resolve_devices(items, log=print) -> list[DeviceView]:
+    """The one device resolver for many devices: names or aliases (cpu: this machine's CPU,
+    cpu-...: a stored CPU), spec files, HardwareSpecs or DeviceViews, one or many, each
+    device once, in the order given."""
+    items = [items] if isinstance(items, (str, Path, HardwareSpec, DeviceView)) else list(items)
+    if not items:
+        raise PerfkitError("give at least one device")
+    specs, index, out = None, None, {}
+    for item in items:
+        if isinstance(item, DeviceView):
+            view = item
+        elif isinstance(item, HardwareSpec):
+            view = spec_view(item)
+        elif is_cpu_name(str(item)):
+            view = cpu_view(str(item), [], log)
+        elif isinstance(item, Path) or str(item).endswith((".yaml", ".yml")):
+            view = spec_view(load_spec_file(item))
+        else:
+            if specs is None:  # one read of hw_specs/ for all the names
+                specs = load_all_specs()
+                index = name_index(specs)
+            key = index.get(normalize_name(item))
+            view = spec_view(specs[key] if key else find_spec(item))  # find_spec raises, listing the known devices
+        out.setdefault(view.spec.key, view)
+    return list(out.values())

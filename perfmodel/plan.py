@@ -54,15 +54,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfmodel.acceptance import PAPER_ACCEPTANCE, closer_to_record, load_acceptance_record, models_from_record
+from perfmodel.acceptance import PAPER_ACCEPTANCE, describe_acceptance, resolve_acceptance
 from perfmodel.cli import Parser, positive_int, run
+from perfmodel.device_view import resolve_devices
 from perfmodel.dtypes import DTYPES, check_dtype, element_bytes
 from perfmodel.errors import PerfkitError
-from perfmodel.hardware import HardwareSpec, find_spec, load_all_specs, load_spec_file, name_index, normalize_name
+from perfmodel.hardware import HardwareSpec, load_all_specs
 from perfmodel.latency import RooflineLatency, RooflineParams
 from perfmodel.models import ModelConfig, load_model
 from perfmodel.operators import op_kernels
-from perfmodel.simulations import CANDIDATE_SIZES, speedup_table
+from perfmodel.simulations import CANDIDATE_SIZES, pick_best, speedup_table
 from perfmodel.step import StepModel
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -147,46 +148,6 @@ class Workload:
     def step_context(self) -> int:
         """Context of the average decoding step: mean prompt + half the mean response."""
         return max(1, round(self.prompt.mean + self.response.mean / 2))
-
-
-def resolve_devices(devices) -> list[HardwareSpec]:
-    """Device names / spec files / HardwareSpecs, one or many, without duplicates."""
-    items = [devices] if isinstance(devices, (str, Path, HardwareSpec)) else list(devices)
-    if not items:
-        raise PerfkitError("give at least one device")
-    specs, index, out = None, None, []
-    for item in items:
-        if isinstance(item, HardwareSpec):
-            spec = item
-        elif isinstance(item, Path) or str(item).endswith((".yaml", ".yml")):
-            spec = load_spec_file(item)
-        else:
-            if specs is None:
-                specs = load_all_specs()
-                index = name_index(specs)
-            key = index.get(normalize_name(item))
-            spec = specs[key] if key else find_spec(item)  # find_spec raises, listing the known devices
-        if spec.key not in {s.key for s in out}:
-            out.append(spec)
-    return out
-
-
-def resolve_acceptance(acceptance):
-    """A callable tree size -> tokens/step, or a decoder.measure JSON path (the better of
-    its log fit and head-accuracy model against the record's measured tokens/step)."""
-    if isinstance(acceptance, (str, Path)):
-        return closer_to_record(*models_from_record(load_acceptance_record(acceptance)))
-    if not callable(acceptance):
-        raise PerfkitError(f"acceptance must be an acceptance model or a decoder.measure JSON path, got {acceptance!r}")
-    return acceptance
-
-
-def describe_acceptance(acceptance) -> str:
-    return (
-        acceptance.describe()
-        if hasattr(acceptance, "describe")
-        else getattr(acceptance, "label", None) or repr(acceptance)
-    )
 
 
 def tabulated(acceptance, sizes: np.ndarray):
@@ -391,24 +352,28 @@ def plan(
     sizes=CANDIDATE_SIZES,
     memory_reserve: float = DEFAULT_RESERVE,
     tensor_parallel: int | None = 1,
-    params: RooflineParams = RooflineParams(),
+    params: RooflineParams | None = None,
 ) -> PlanResult:
     """Plan serving `model` on each of `devices` (see the module docstring for the model).
 
-    model: a preset name, a config.json path or a ModelConfig. devices: names, spec files
-    or HardwareSpecs, one or many. prompt_len / response_len: an int, a (mean, p95) pair or
-    a list of samples. latency_target_s: seconds per output token per user.
-    throughput_target: output tokens/s in all. acceptance: tokens per step as a function
-    of tree size, or a decoder.measure JSON path. batches: batch sizes to evaluate (the
+    model: a preset name, a config.json path or a ModelConfig. devices: names (cpu: this
+    machine's CPU from its stored measurements), spec files, HardwareSpecs or DeviceViews,
+    one or many, resolved by perfmodel.device_view.resolve_devices. prompt_len /
+    response_len: an int, a (mean, p95) pair or a list of samples. latency_target_s: seconds per output token per user.
+    throughput_target: output tokens/s in all. acceptance: "paper", a decoder.measure JSON
+    path or an acceptance model (tokens per step as a function of tree size), as
+    perfmodel.acceptance.resolve_acceptance reads it. batches: batch sizes to evaluate (the
     device's max batch is added where it is below the largest). sizes: tree sizes (root
     included) to search; 1 (plain decoding) is always included. tensor_parallel: devices
-    per model replica, or None for the smallest power of two that fits.
+    per model replica, or None for the smallest power of two that fits. params: the latency
+    model's efficiencies for every device, or None for each device's own (the public
+    defaults on a datasheet, none on a CPU's measured ceilings).
 
     Raises PerfkitError for bad input, and when the model fits on none of the devices.
     """
     model = model if isinstance(model, ModelConfig) else load_model(model)
     check_dtype(dtype)
-    specs = resolve_devices(devices)
+    views = resolve_devices(devices)
     workload = Workload(
         Lengths.of(prompt_len, "prompt_len"),
         Lengths.of(response_len, "response_len"),
@@ -423,13 +388,22 @@ def plan(
         raise PerfkitError(f"tensor_parallel must be a positive integer or None (auto), got {tensor_parallel!r}")
     batches = positive_ints(batches, "batches")
     sizes = np.union1d(positive_ints(sizes, "tree sizes"), [1]) if model.medusa_heads else np.array([1])
-    acceptance = resolve_acceptance(acceptance)
+    acceptance = resolve_acceptance(acceptance).model
     accept = tabulated(acceptance, sizes)
 
     rows, bands, configs = [], [], []
-    for spec in specs:
+    for view in views:
         row, device_bands, device_configs = plan_device(
-            model, spec, dtype, workload, accept, batches, sizes, memory_reserve, tensor_parallel, params
+            model,
+            view.spec,
+            dtype,
+            workload,
+            accept,
+            batches,
+            sizes,
+            memory_reserve,
+            tensor_parallel,
+            params or view.params,
         )
         rows.append(row)
         bands.append(device_bands)
@@ -503,13 +477,9 @@ def plan_device(model, spec, dtype, w: Workload, accept, batches, sizes, reserve
     table["per_token_s"] = table["medusa_step_s"] / table["acceptance"]
     table["total_tokens_s"] = table["batch"] / table["per_token_s"]
 
-    # Best tree per batch (rows sorted by batch, then size) among those whose KV fits; plain
-    # decoding always does, and ties go to the smaller tree.
-    per_token = table["per_token_s"].to_numpy().reshape(len(planned), len(sizes))
-    fits = table["fits"].to_numpy().reshape(per_token.shape)
-    best = np.nanargmin(np.where(fits, per_token, np.inf), axis=1) + np.arange(len(planned)) * len(sizes)
-    band = table.iloc[best].reset_index(drop=True)
-    band["speculate"] = band["tree_size"] > 1
+    # Best tree per batch among those whose KV fits (plain decoding always does): the most
+    # speedup (so the least time per token at that batch), ties to the smaller tree.
+    band = pick_best(table, ["batch"], eligible=table["fits"]).reset_index(drop=True)
     band["tree"] = np.where(band["speculate"], band["tree_size"].astype(str), "none")
     band["per_token_ms"] = band["per_token_s"] * 1e3
     band["user_tokens_s"] = 1 / band["per_token_s"]
@@ -676,7 +646,11 @@ def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", metavar="NAME|PATH", help="a model preset (e.g. llama-7b) or a config.json path")
     p.add_argument(
-        "--gpu", nargs="+", default=[], metavar="NAME", help="devices in hw_specs/ by name or alias (e.g. a100 h100)"
+        "--gpu",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="devices in hw_specs/ by name or alias (e.g. a100 h100), or cpu (this machine, from its measurements)",
     )
     p.add_argument(
         "--spec", nargs="+", default=[], type=Path, metavar="FILE", help="device spec YAML files of your own"
@@ -702,9 +676,10 @@ def build_parser() -> Parser:
     p.add_argument("--throughput", type=number, metavar="TOKENS_S", help="aggregate throughput target, output tokens/s")
     p.add_argument(
         "--acceptance",
-        type=Path,
-        metavar="FILE.json",
-        help="a decoder.measure record (default: the paper's 0.477 ln(n))",
+        default="paper",
+        metavar="paper|FILE.json",
+        help="paper = acc(n) = 0.477 ln(n) (default); FILE = a python -m decoder.measure record (the closer to its "
+        "measurements of its log fit and head-accuracy model)",
     )
     p.add_argument(
         "--batch",
@@ -756,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
         response_len=length_arg(args.response_len, "--response-len"),
         latency_target_s=None if args.latency_ms is None else args.latency_ms / 1e3,
         throughput_target=args.throughput,
-        acceptance=args.acceptance or PAPER_ACCEPTANCE,
+        acceptance=args.acceptance,
         batches=args.batch or DEFAULT_BATCHES,
         memory_reserve=args.reserve,
         tensor_parallel=tp,

@@ -14,24 +14,16 @@ decoding with a draft model (Leviathan et al.), for comparison. The command line
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from perfmodel import hardware
-from perfmodel.acceptance import (
-    PAPER_ACCEPTANCE,
-    closer_to_record,
-    draft_model_improvement,
-    draft_model_tokens,
-    load_acceptance_record,
-    models_from_record,
-)
-from perfmodel.device_view import is_cpu_name, resolve_view
+from perfmodel.acceptance import AcceptanceChoice, draft_model_improvement, draft_model_tokens
+from perfmodel.device_view import DeviceView, resolve_devices
 from perfmodel.errors import PerfkitError
-from perfmodel.hardware import load_all_specs, load_spec_file, resolve_spec
-from perfmodel.latency import RooflineLatency, RooflineParams
+from perfmodel.hardware import load_all_specs
+from perfmodel.latency import RooflineLatency
 from perfmodel.step import StepModel
 from perfmodel.trees import export_tree
 
@@ -70,13 +62,27 @@ def speedup_table(step: StepModel, acceptance, batch, seq_len, sizes=CANDIDATE_S
     )
 
 
+def speculates(rows: pd.DataFrame) -> pd.Series:
+    """Whether each best row is a tree that beats plain decoding (False: "do not speculate")."""
+    return (rows["tree_size"] > 1) & (rows["speedup"] > 1.0)
+
+
+def pick_best(table: pd.DataFrame, by=("batch", "seq_len"), eligible=None) -> pd.DataFrame:
+    """The best row per group `by` of a speedup table: the highest speedup among the
+    `eligible` rows (a boolean mask; all by default), the smallest tree on ties, so plain
+    decoding (tree size 1, speedup 1) wins a tie with a tree. The rows keep the table's index
+    and order, with `speculate` False ("do not speculate") where no tree n > 1 beats speedup 1.
+    The one rule every best tree (simulations, plan bands) comes from."""
+    rows = table if eligible is None else table[np.asarray(eligible, dtype=bool)]
+    ordered = rows.sort_values([*by, "tree_size"], kind="stable")
+    best = table[table.index.isin(ordered.groupby(list(by), sort=False)["speedup"].idxmax())]
+    return best.assign(speculate=speculates(best))
+
+
 def best_sizes(table: pd.DataFrame) -> pd.DataFrame:
-    """The best tree size per (batch, seq_len) of a speedup_table; `speculate` is False
-    (best size 1, speedup 1) where no tree beats plain decoding."""
-    idx = table.groupby(["batch", "seq_len"])["speedup"].idxmax()
-    best = table.loc[idx].reset_index(drop=True)
-    best["speculate"] = (best["tree_size"] > 1) & (best["speedup"] > 1.0)
-    return best
+    """The best tree size per (batch, seq_len) of a speedup_table (pick_best); `speculate`
+    is False (best size 1, speedup 1) where no tree beats plain decoding."""
+    return pick_best(table).reset_index(drop=True)
 
 
 def size_text(row) -> str:
@@ -136,11 +142,8 @@ SIMULATIONS = (
 
 
 def mark_best(table: pd.DataFrame, by=("batch", "seq_len")) -> pd.DataFrame:
-    """`table` with a `best` column: True on the row of highest speedup per group (the
-    smallest such tree on ties, so plain decoding, tree size 1, wins a tie with a tree)."""
-    ordered = table.sort_values(list(by) + ["tree_size"], kind="stable")
-    best = ordered.groupby(list(by), sort=False)["speedup"].idxmax()
-    return table.assign(best=table.index.isin(best))
+    """`table` with a `best` column: True on the best row per group (pick_best)."""
+    return table.assign(best=table.index.isin(pick_best(table, by).index))
 
 
 def simulate(steps: dict[str, StepModel], acceptance, simulations=SIMULATIONS, sizes=SIMULATION_SIZES) -> pd.DataFrame:
@@ -156,10 +159,11 @@ def simulate(steps: dict[str, StepModel], acceptance, simulations=SIMULATIONS, s
 
 
 def optima(table: pd.DataFrame) -> pd.DataFrame:
-    """The best rows of a simulate() table, with `speculate` as in best_sizes and `at_edge`
-    where the best size is the largest one searched (a bound: a larger tree may do better)."""
+    """The best rows of a simulate() table (its `best` column, from pick_best), with
+    `speculate` as in pick_best and `at_edge` where the best size is the largest one
+    searched (a bound: a larger tree may do better)."""
     best = table[table["best"]].reset_index(drop=True)
-    speculate = (best["tree_size"] > 1) & (best["speedup"] > 1.0)
+    speculate = speculates(best)
     return best.assign(speculate=speculate, at_edge=speculate & (best["tree_size"] == table["tree_size"].max()))
 
 
@@ -215,71 +219,10 @@ CSV_COLUMNS = [
 ]
 
 
-@dataclass(frozen=True)
-class AcceptanceChoice:
-    """The acceptance model the speedups use, what builds the tree of a size (a
-    HeadAccuracyAcceptance from a measured record; None for the paper's preset), and the
-    log curve a + b ln n (the paper's preset, or the record's fit)."""
-
-    model: object
-    label: str
-    trees: object | None = None
-    log: object | None = None
-
-    @property
-    def curve(self):
-        """The log curve, whether or not the speedups use it."""
-        return self.log if self.log is not None else self.model
-
-
-def choose_acceptance(text: str) -> AcceptanceChoice:
-    """`paper` (0.477 ln n) or a decoder.measure record: of its log fit a + b ln n and its
-    head-accuracy model, the one closer to the record's measurements sizes the tree; the
-    head accuracies shape it."""
-
-    if text == "paper":
-        return AcceptanceChoice(PAPER_ACCEPTANCE, PAPER_ACCEPTANCE.describe(), log=PAPER_ACCEPTANCE)
-    record = load_acceptance_record(text)
-    try:
-        log, heads = models_from_record(record)
-    except PerfkitError as exc:
-        raise PerfkitError(f"{text}: {exc}") from None
-    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
-        raise PerfkitError(f"{text}: not a usable decoder.measure record ({type(exc).__name__}: {exc})") from None
-    used = closer_to_record(log, heads)
-    other = heads if used is log else log
-    other_name = "head-accuracy model" if other is heads else f"log fit {log.a:.3f} + {log.b:.3f} ln(n)"
-    label = (
-        f"{used.describe()} from {Path(text).name}; closer to the record than its {other_name} "
-        f"({other.error.mean_abs_pct:.1f}% mean error)"
-    )
-    return AcceptanceChoice(used, label, heads, log)
-
-
-@dataclass(frozen=True)
-class Device:
-    spec: object  # perfmodel.hardware.HardwareSpec
-    params: object  # perfmodel.latency.RooflineParams
-    is_cpu: bool = False
-
-
-def choose_devices(gpus, spec_files, every: bool) -> list[Device]:
+def choose_devices(gpus, spec_files, every: bool) -> list[DeviceView]:
     """The devices asked for, each once: --all, --spec FILE ..., or --gpu NAME ... (cpu:
     this machine's CPU from its stored measured ceilings)."""
-
-    if every:
-        found = [Device(s, RooflineParams()) for s in load_all_specs().values()]
-    elif spec_files:
-        found = [Device(load_spec_file(f), RooflineParams()) for f in spec_files]
-    else:
-        found = []
-        for name in gpus:
-            if is_cpu_name(name):
-                view = resolve_view(name, None, [])
-                found.append(Device(view.spec, view.params, True))
-            else:
-                found.append(Device(resolve_spec(name), RooflineParams()))
-    return list({d.spec.key: d for d in found}.values())
+    return resolve_devices(list(load_all_specs().values()) if every else spec_files or gpus)
 
 
 def latency_label(params) -> str:
@@ -289,7 +232,7 @@ def latency_label(params) -> str:
     )
 
 
-def device_table(device: Device, model, dtype: str, flavors, acceptance: AcceptanceChoice) -> pd.DataFrame:
+def device_table(device: DeviceView, model, dtype: str, flavors, acceptance: AcceptanceChoice) -> pd.DataFrame:
     """The three simulations on one device, in the CSV's columns."""
 
     latency = RooflineLatency(device.spec, model, dtype, device.params)
@@ -325,7 +268,7 @@ def best_trees(best: pd.DataFrame, acceptance: AcceptanceChoice) -> list[dict]:
     return out
 
 
-def ridge(device: Device, dtype: str) -> float:
+def ridge(device: DeviceView, dtype: str) -> float:
     """The latency model's ridge (FLOP/byte, efficiencies applied): a d x d projection over m tokens has an
     intensity of about m, so the step turns compute-bound near batch x tree size = ridge."""
 
@@ -335,7 +278,7 @@ def ridge(device: Device, dtype: str) -> float:
     )
 
 
-def summary_lines(device: Device, dtype: str, table: pd.DataFrame, draft: pd.DataFrame) -> list[str]:
+def summary_lines(device: DeviceView, dtype: str, table: pd.DataFrame, draft: pd.DataFrame) -> list[str]:
     """What a person reads: the optimum of (a), where speculation stops paying in (b), the
     optimum per context in (c), and the draft-model comparison."""
     best = optima(table)

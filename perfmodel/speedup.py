@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfmodel.acceptance import resolve_acceptance
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.dtypes import DTYPES, check_dtype, default_dtype
 from perfmodel.errors import PerfkitError
@@ -20,7 +21,6 @@ from perfmodel.models import load_model
 from perfmodel.simulations import (
     DEFAULT_DRAFT_COST,
     best_trees,
-    choose_acceptance,
     choose_devices,
     device_table,
     draft_model_table,
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model)
     if args.dtype:
         check_dtype(args.dtype)
-    acceptance = choose_acceptance(args.acceptance)
+    acceptance = resolve_acceptance(args.acceptance)
     devices = choose_devices(args.gpu, args.spec, args.all)
     flavors = ("paper", "full") if args.step == "both" else (args.step,)
     draft = draft_model_table(cost_ratio=args.draft_cost)

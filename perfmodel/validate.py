@@ -176,7 +176,7 @@ def run_decoder(decoder, prompts, config: ValidateConfig, log):
 
 
 def predicted_phases(step: StepModel, batch: int, context: int, sizes, host_s: float) -> dict[str, np.ndarray]:
-    """Predicted seconds per step in each of the decoder's phases (decoder.medusa.PHASES):
+    """Predicted seconds per step in each of the decoder's phases (decoder.medusa.STEP_PARTS):
     its operators grouped by the phase that runs them, the host overhead in the forward."""
     phases = {f"predicted_{phase}_s": np.zeros(len(sizes)) for phase in DECODER_PHASE_OPS}
     for op, seconds in step.op_times(batch, context, np.asarray(sizes)).items():

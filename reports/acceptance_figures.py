@@ -9,16 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from perfmodel.trees import Tree, path_value
 from reports.figure_layout import fit_bottom, header, legend_below, suptitle
-
-# roofline_figures selects the file-only backend before pyplot is imported.
-from reports.roofline_figures import PLAIN
+from reports.plotting import PLAIN, plt
 
 
 def accuracy_heatmap(ax, accuracy: np.ndarray) -> None:

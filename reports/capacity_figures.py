@@ -3,22 +3,12 @@ device serves, with plain decoding and with the best Medusa tree (perfmodel.plan
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullLocator
 
 from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
-
-# roofline_figures selects the file-only backend before pyplot is imported.
-from reports.roofline_figures import PLAIN
-from reports.speedup_figures import _log2_axis
-
-
-def device_colors(devices) -> dict:
-    """Devices are categories, not levels: a qualitative palette keeps every line visible."""
-    palette = plt.get_cmap("tab10").colors
-    return {d: palette[i % len(palette)] for i, d in enumerate(dict.fromkeys(devices))}
+from reports.plotting import PLAIN, device_colors, log2_axis, plt
 
 
 def plain_per_token_ms(bands: pd.DataFrame) -> pd.Series:
@@ -54,7 +44,7 @@ def capacity_figure(bands: pd.DataFrame, title: str, subtitle: str, latency_targ
             latency_target_ms, color="#c4391d", ls="--", lw=1.2, label=f"target {latency_target_ms:g} ms/token"
         )
     for ax in (left, right):
-        _log2_axis(ax, bands["batch"], "batch size (sequences decoded together)")
+        log2_axis(ax, bands["batch"], "batch size (sequences decoded together)")
         ax.set_yscale("log")
         # 1-2-5 steps in plain numbers: these axes span one to three decades
         ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))

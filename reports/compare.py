@@ -81,7 +81,6 @@ def device_rows(pairs, model) -> pd.DataFrame:
     rows = []
     for view, dtype in pairs:
         spec = view.spec
-        device = speedup.Device(spec, view.params, view.is_cpu)
         measured = view.ceilings or {}
         peak = measured.get("peak_tflops", {}).get(dtype)
         bandwidth = max(measured["bandwidth_gb_s"].values()) if measured.get("bandwidth_gb_s") else None
@@ -94,7 +93,7 @@ def device_rows(pairs, model) -> pd.DataFrame:
                 "datasheet_tflops": None if view.is_cpu else spec.peak_tflops[dtype],
                 "datasheet_gb_s": None if view.is_cpu else spec.memory_bandwidth_gb_s,
                 "datasheet_ridge": None if view.is_cpu else spec.ridge_point(dtype),
-                "model_ridge": speedup.ridge(device, dtype),
+                "model_ridge": speedup.ridge(view, dtype),
                 "measured_tflops": peak,
                 "measured_gb_s": bandwidth,
             }
@@ -139,10 +138,7 @@ def compare(config: CompareConfig, log=print) -> Comparison:
     devices = device_rows(pairs, model)
     latency = latency_rows(pairs, model)
     sims = pd.concat(
-        [
-            speedup.device_table(speedup.Device(v.spec, v.params, v.is_cpu), model, d, ("full",), acceptance.choice)
-            for v, d in pairs
-        ],
+        [speedup.device_table(v, model, d, ("full",), acceptance.choice) for v, d in pairs],
         ignore_index=True,
     )
     results = [capacity_plan(model, v, d, acceptance, config) for v, d in pairs]

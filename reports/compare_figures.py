@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from perfmodel.roofline_model import Ceiling
-from reports.capacity_figures import device_colors
 from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
-
-# roofline_figures selects the file-only backend before pyplot is imported.
-from reports.roofline_figures import PLAIN
-from reports.speedup_figures import SIZE_LABEL, _log2_axis, _marker_handles, _speedup_axes, mark_optimum, size_label
+from reports.plotting import (
+    PLAIN,
+    SIZE_LABEL,
+    device_colors,
+    log2_axis,
+    mark_optimum,
+    marker_handles,
+    plt,
+    size_label,
+    speedup_axes,
+)
 
 CEILING_STYLES = {"datasheet": "-", "model": "--", "measured": ":"}
 CEILING_KINDS = {"datasheet": "datasheet", "model": "latency model (predicted)", "measured": "measured"}
@@ -88,17 +93,17 @@ def speedup_comparison_figure(sims: pd.DataFrame, title: str, subtitle: str) -> 
             Label(r.batch, r.speedup, size_label(r.tree_size, r.tree_size == largest), color)
             for r in shown.itertuples()
         ]
-    _log2_axis(left, sims["tree_size"], SIZE_LABEL)
-    _speedup_axes(left, "b=1, s=1024: speedup vs tree size")
+    log2_axis(left, sims["tree_size"], SIZE_LABEL)
+    speedup_axes(left, "b=1, s=1024: speedup vs tree size")
     left.set_ylim(0, max(sims["speedup"].max(), 1.0) * 1.12)
     b_rows = sims[sims["simulation"] == "b"]
-    _log2_axis(right, b_rows["batch"], "batch size b")
-    _speedup_axes(right, "s=1024: best speedup per batch (label: tree size n where it changes)")
+    log2_axis(right, b_rows["batch"], "batch size b")
+    speedup_axes(right, "s=1024: best speedup per batch (label: tree size n where it changes)")
     right.set_ylim(0, max(b_rows["speedup"].max(), 1.0) * 1.18)
     fig.subplots_adjust(left=0.06, right=0.985, top=header(fig, title, subtitle), wspace=0.2)
     legends = [
-        legend_below(fig, left, left.get_legend_handles_labels()[0] + _marker_handles(any_edge), ncol=2),
-        legend_below(fig, right, right.get_legend_handles_labels()[0] + _marker_handles(False)[-1:], ncol=3),
+        legend_below(fig, left, left.get_legend_handles_labels()[0] + marker_handles(any_edge), ncol=2),
+        legend_below(fig, right, right.get_legend_handles_labels()[0] + marker_handles(False)[-1:], ncol=3),
     ]
     fit_bottom(fig, legends)
     place_labels(right, labels, fontsize=7.5)
@@ -112,7 +117,7 @@ def latency_figure(steps: pd.DataFrame, title: str, subtitle: str) -> Figure:
     for device, rows in steps.groupby("device", sort=False):
         rows = rows.sort_values("batch")
         ax.plot(rows["batch"], rows["plain_step_ms"], "-o", ms=4, color=colors[device], lw=2, label=device)
-    _log2_axis(ax, steps["batch"], "batch size b")
+    log2_axis(ax, steps["batch"], "batch size b")
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(PLAIN)
     ax.yaxis.set_minor_locator(NullLocator())

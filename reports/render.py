@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from matplotlib.figure import Figure
 
-from reports.roofline_figures import png_bytes
+from reports.plotting import plt, png_bytes
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,6 @@ class FigureJob:
 
 def _warm_up() -> None:
     """Load fonts and glyph caches once, before forking, instead of once per worker."""
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(2, 2))
     ax.set_title("warm-up 0123456789")
     ax.set_xscale("log")

@@ -6,20 +6,15 @@ ceilings with the ridge point, predicted points hollow and measured points fille
 
 from __future__ import annotations
 
-import io
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import NullLocator
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; never open a window
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FuncFormatter, NullLocator  # noqa: E402
-
-from perfmodel.roofline_model import Ceiling  # noqa: E402
-from reports.figure_layout import fit_bottom, legend_below, suptitle  # noqa: E402
+from perfmodel.roofline_model import Ceiling
+from reports.figure_layout import fit_bottom, legend_below, suptitle
+from reports.plotting import PLAIN, level_colors, plt
 
 MARKERS = {
     "q": "o",
@@ -52,21 +47,6 @@ OP_LABELS = {
 PHASE_LABELS = {"prefill": "prefill (init)", "decode": "decode (AR)", "tree": "Medusa tree decoding"}
 AXIS_LABELS = {"batch": "batch", "seq_len": "sequence length", "candidates": "candidates"}
 SHORT = {"batch": "b", "seq_len": "s", "candidates": "q"}
-PLAIN = FuncFormatter(lambda x, _: f"{x:g}")
-
-
-def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
-    buf = io.BytesIO()
-    # zlib level 1: a third of the encode time of the default for files ~15% larger.
-    fig.savefig(buf, format="png", dpi=dpi, pil_kwargs={"compress_level": 1})
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def _level_colors(values) -> dict:
-    values = sorted(set(values))
-    cmap = plt.get_cmap("viridis")
-    return {v: cmap(i / max(len(values) - 1, 1) * 0.9) for i, v in enumerate(values)}
 
 
 def draw_ceilings(ax, ceilings: list[Ceiling], xlim: tuple[float, float]) -> None:
@@ -233,7 +213,7 @@ def roofline_panels(
 ) -> Figure:
     """One row per op group, one column per phase: the paper's Figs 9-17 layout."""
     xlim, ylim = _limits(points, ceilings)
-    colors = _level_colors(points[color_by])
+    colors = level_colors(points[color_by])
     sizes = seq_sizes(points["seq_len"])
     fig, axes = plt.subplots(
         len(groups),
@@ -276,7 +256,7 @@ def variation_figure(
     sequence length), and attained TFLOP/s against candidates with one line per `line_by`
     value (marker shape: the op, so ops with equal rates still show)."""
     xlim, ylim = _limits(points, ceilings)
-    q_colors = _level_colors(points["candidates"])
+    q_colors = level_colors(points["candidates"])
     sizes = seq_sizes(points["seq_len"])
     fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 6.6))
     draw_ceilings(left, ceilings, xlim)
@@ -295,7 +275,7 @@ def variation_figure(
         + _source_handles(points["source"])
     )
 
-    line_colors = _level_colors(points[line_by])
+    line_colors = level_colors(points[line_by])
     styles = ["-", "--", ":", "-."]
     ops = list(dict.fromkeys(points["op"]))
     for i, op in enumerate(ops):

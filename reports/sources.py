@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfmodel.acceptance import PAPER_ACCEPTANCE, HeadAccuracyAcceptance, load_acceptance_record
+from perfmodel.acceptance import AcceptanceChoice, HeadAccuracyAcceptance, resolve_acceptance
 from perfmodel.errors import PerfkitError
 from perfmodel.models import resolve_model_path
-from perfmodel.simulations import AcceptanceChoice, choose_acceptance
 from perfmodel.trees import VICUNA_7B_ORDER, Tree, vicuna_7b_prefix
 
 VALIDATION_COLUMNS = (
@@ -56,15 +55,16 @@ def checkpoint_record(model: str) -> Path | None:
 
 
 def report_acceptance(acceptance: str | None, model: str) -> ReportAcceptance:
+    """`acceptance` ("paper" or a record) as perfmodel.acceptance.resolve_acceptance reads
+    it; None: the checkpoint's own record, else the paper's preset."""
     if acceptance == "paper":
         path = None
     elif acceptance:
         path = Path(acceptance)
     else:
         path = checkpoint_record(model)
-    if path is None:
-        return ReportAcceptance(AcceptanceChoice(PAPER_ACCEPTANCE, PAPER_ACCEPTANCE.describe()), None, None)
-    return ReportAcceptance(choose_acceptance(str(path)), load_acceptance_record(path), path)
+    choice = resolve_acceptance(path)
+    return ReportAcceptance(choice, choice.record, path)
 
 
 @dataclass(frozen=True)

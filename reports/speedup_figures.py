@@ -8,92 +8,36 @@ whole-model step dashed, the optimum of each curve as a star, and plain decoding
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from perfmodel.simulations import SIMULATIONS, STEP_LABELS, AcceptanceChoice, Device, latency_label, optima, size_text
+from perfmodel.acceptance import AcceptanceChoice
+from perfmodel.device_view import DeviceView
+from perfmodel.simulations import SIMULATIONS, STEP_LABELS, latency_label, optima, size_text
 from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
+from reports.plotting import (
+    SIZE_LABEL,
+    level_colors,
+    log2_axis,
+    mark_optimum,
+    marker_handles,
+    plt,
+    size_label,
+    speedup_axes,
+)
 from reports.render import FigureJob
-
-# roofline_figures selects the file-only backend before pyplot is imported.
-from reports.roofline_figures import PLAIN, _level_colors
 
 STEP_LINES = {"paper": "-", "full": "--"}
 STEP_COLORS = {"paper": "#1f5fa8", "full": "#c4391d"}
 SETTING_LABELS = {"batch": ("batch size b", "b"), "seq_len": ("sequence length s (tokens)", "s")}
-SIZE_LABEL = "tree size n (tokens per step, root included)"
 AT_LEAST = "\u2265"  # an optimum at the edge of the search is a lower bound
-
-
-def _log2_axis(ax, values, label: str) -> None:
-    values = np.asarray(sorted(set(values)))
-    ax.set_xscale("log", base=2)
-    ax.set_xlim(values.min() / 1.15, values.max() * 1.15)
-    ticks = 2.0 ** np.arange(np.floor(np.log2(values.min())), np.ceil(np.log2(values.max())) + 1)
-    ax.set_xticks(ticks)
-    ax.xaxis.set_major_formatter(PLAIN)
-    ax.xaxis.set_minor_locator(plt.NullLocator())
-    ax.set_xlabel(label)
-
-
-def _speedup_axes(ax, title: str, ylabel: str = "predicted speedup (x plain decoding)") -> None:
-    ax.axhline(1.0, color="black", ls=":", lw=1.2, zorder=1)
-    ax.set_ylim(bottom=0)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=11, y=1.01)
-    ax.grid(True, alpha=0.3)
-
-
-def _star(ax, x, y, color) -> None:
-    ax.plot([x], [y], marker="*", ms=15, color=color, mec="black", mew=0.7, ls="", zorder=5)
-
-
-def _edge(ax, x, y, color) -> None:
-    """A best value at the largest size searched is a bound: it points on, past the edge."""
-    ax.plot([x], [y], marker=">", ms=11, color=color, mec="black", mew=0.7, ls="", zorder=5)
-
-
-def mark_optimum(ax, rows: pd.DataFrame, x: str, y: str, color) -> tuple[pd.Series, bool]:
-    """Star the best row of one curve, or mark it as a bound when it is the curve's last
-    point; returns the row and whether it sits at the edge."""
-    best = rows.loc[rows[y].idxmax()] if "best" not in rows else rows[rows["best"]].iloc[0]
-    at_edge = bool(best[x] == rows[x].max() and best[x] > rows[x].min())
-    (_edge if at_edge else _star)(ax, best[x], best[y], color)
-    return best, at_edge
 
 
 def _optimum_text(best: pd.Series, at_edge: bool) -> str:
     if best["tree_size"] == 1:
         return "do not speculate"
     return f"best n{'≥' if at_edge else '='}{best['tree_size']}: {best['speedup']:.2f}x"
-
-
-def size_label(tree_size: int, at_edge: bool) -> str:
-    if tree_size <= 1:
-        return "plain"
-    return f"≥{tree_size}" if at_edge else str(tree_size)
-
-
-def _marker_handles(edge: bool = True) -> list:
-    """Legend entries for the optimum star (and the edge marker) and the plain-decoding line."""
-    handles = [Line2D([], [], color="gray", marker="*", ms=12, mec="black", ls="", label="optimum of a curve")]
-    if edge:
-        handles.append(
-            Line2D(
-                [],
-                [],
-                color="gray",
-                marker=">",
-                ms=9,
-                mec="black",
-                ls="",
-                label="best at the largest size searched (≥: a bound)",
-            )
-        )
-    return handles + [Line2D([], [], color="black", ls=":", label="plain decoding (1x)")]
 
 
 def candidates_figure(table: pd.DataFrame, title: str, subtitle: str) -> Figure:
@@ -119,8 +63,8 @@ def candidates_figure(table: pd.DataFrame, title: str, subtitle: str) -> Figure:
     acc = table.drop_duplicates("tree_size").sort_values("tree_size")
     right.plot(acc["tree_size"], acc["acceptance"], color="#2a8c3c", lw=2, label="acceptance (tokens per step)")
     for ax in (left, right):
-        _log2_axis(ax, table["tree_size"], SIZE_LABEL)
-    _speedup_axes(left, "speedup = acceptance / overhead")
+        log2_axis(ax, table["tree_size"], SIZE_LABEL)
+    speedup_axes(left, "speedup = acceptance / overhead")
     left.set_ylim(0, max(table["speedup"].max(), 1.0) * 1.1)
     right.axhline(1.0, color="black", ls=":", lw=1.2)
     right.set_ylim(0, max(acc["acceptance"].max(), table["overhead"].max(), 1.5) * 1.1)
@@ -129,7 +73,7 @@ def candidates_figure(table: pd.DataFrame, title: str, subtitle: str) -> Figure:
     right.grid(True, alpha=0.3)
     fig.subplots_adjust(left=0.06, right=0.985, top=header(fig, title, subtitle), wspace=0.2)
     legends = [
-        legend_below(fig, left, left.get_legend_handles_labels()[0] + _marker_handles(any_edge), ncol=2),
+        legend_below(fig, left, left.get_legend_handles_labels()[0] + marker_handles(any_edge), ncol=2),
         legend_below(fig, right, right.get_legend_handles_labels()[0], ncol=2),
     ]
     fit_bottom(fig, legends)
@@ -141,7 +85,7 @@ def sweep_figure(table: pd.DataFrame, line_by: str, title: str, subtitle: str) -
     sequence length), one panel per step model, and the optimum against the swept setting."""
     steps = list(table["step"].unique())
     label, short = SETTING_LABELS[line_by]
-    colors = _level_colors(table[line_by])
+    colors = level_colors(table[line_by])
     fig, axes = plt.subplots(1, len(steps) + 1, figsize=(6.0 * (len(steps) + 1), 6.6), squeeze=False)
     axes = list(axes[0])
     edges: dict[tuple, bool] = {}
@@ -150,8 +94,8 @@ def sweep_figure(table: pd.DataFrame, line_by: str, title: str, subtitle: str) -
             rows = rows.sort_values("tree_size")
             ax.plot(rows["tree_size"], rows["speedup"], ls=STEP_LINES[step], color=colors[level], lw=1.6)
             _, edges[(step, level)] = mark_optimum(ax, rows, "tree_size", "speedup", colors[level])
-        _log2_axis(ax, table["tree_size"], SIZE_LABEL)
-        _speedup_axes(ax, f"{STEP_LABELS[step]}: one line per {short}")
+        log2_axis(ax, table["tree_size"], SIZE_LABEL)
+        speedup_axes(ax, f"{STEP_LABELS[step]}: one line per {short}")
         top = table.loc[table["step"] == step, "speedup"].max()
         ax.set_ylim(0, max(top, 1.0) * 1.12)
 
@@ -169,15 +113,15 @@ def sweep_figure(table: pd.DataFrame, line_by: str, title: str, subtitle: str) -
             ms=5,
             label=STEP_LABELS[step],
         )
-    _log2_axis(summary, table[line_by], label)
+    log2_axis(summary, table[line_by], label)
     summary.set_xlim(summary.get_xlim()[0] / 1.15, summary.get_xlim()[1] * 1.15)  # room for the labels at the ends
-    _speedup_axes(summary, f"best speedup per {short} (label: best tree size n)")
+    speedup_axes(summary, f"best speedup per {short} (label: best tree size n)")
     summary.set_ylim(0, max(best["speedup"].max(), 1.0) * 1.25)
     fig.subplots_adjust(left=0.045, right=0.99, top=header(fig, title, subtitle), wspace=0.2)
     handles = [Line2D([], [], color=c, lw=2, label=f"{short}={v}") for v, c in colors.items()]
     legends = [
-        legend_below(fig, axes[:-1], handles + _marker_handles(any(edges.values())), ncol=min(len(handles), 6) + 1),
-        legend_below(fig, summary, summary.get_legend_handles_labels()[0] + _marker_handles(False)[-1:], ncol=1),
+        legend_below(fig, axes[:-1], handles + marker_handles(any(edges.values())), ncol=min(len(handles), 6) + 1),
+        legend_below(fig, summary, summary.get_legend_handles_labels()[0] + marker_handles(False)[-1:], ncol=1),
     ]
     fit_bottom(fig, legends)
     # per setting, the step with the higher speedup labels its point above, the other below
@@ -203,7 +147,7 @@ def draft_figure(draft: pd.DataFrame, medusa: dict[str, tuple[float, str]], titl
     drafted tokens gamma, one line per acceptance rate alpha, beside Medusa's best speedup
     (step -> (speedup, its tree size as text, ">= 256" at the edge of the search))."""
     fig, ax = plt.subplots(figsize=(12, 7.0))
-    colors = _level_colors(draft["alpha"])
+    colors = level_colors(draft["alpha"])
     any_edge = False
     for alpha, rows in draft.groupby("alpha"):
         rows = rows.sort_values("gamma")
@@ -221,14 +165,14 @@ def draft_figure(draft: pd.DataFrame, medusa: dict[str, tuple[float, str]], titl
         )
     ax.set_xticks(sorted(draft["gamma"].unique()))
     ax.set_xlabel("drafted tokens per step gamma")
-    _speedup_axes(
+    speedup_axes(
         ax,
         f"draft step / target step c = {draft['cost_ratio'].iloc[0]:g}",
         "predicted walltime improvement (x plain decoding)",
     )
     ax.set_ylim(0, max(draft["improvement"].max(), *(speedup for speedup, _ in medusa.values()), 1.0) * 1.15)
     fig.subplots_adjust(left=0.07, right=0.98, top=header(fig, title, subtitle))
-    handles = ax.get_legend_handles_labels()[0] + _marker_handles(any_edge)
+    handles = ax.get_legend_handles_labels()[0] + marker_handles(any_edge)
     fit_bottom(fig, [legend_below(fig, ax, handles, ncol=3)])
     return fig
 
@@ -264,16 +208,16 @@ def closed_loop_figure(table: pd.DataFrame, title: str, subtitle: str) -> Figure
     )
     right.plot(table["tree_size"], table["measured_acceptance"], "o", color="black", ms=7, label="measured")
     for ax in (left, right):
-        _log2_axis(ax, table["tree_size"], SIZE_LABEL)
+        log2_axis(ax, table["tree_size"], SIZE_LABEL)
         ax.grid(True, alpha=0.3)
-    _speedup_axes(left, "speedup (label: error of the prediction)", "speedup (x plain decoding)")
+    speedup_axes(left, "speedup (label: error of the prediction)", "speedup (x plain decoding)")
     left.set_ylim(0, max(table["predicted_speedup"].max(), table["measured_speedup"].max(), 1.0) * 1.25)
     right.set_ylim(0, table[["predicted_acceptance", "measured_acceptance"]].max().max() * 1.15)
     right.set_ylabel("accepted tokens per step")
     right.set_title("acceptance per step", fontsize=11, y=1.01)
     fig.subplots_adjust(left=0.06, right=0.985, top=header(fig, title, subtitle), wspace=0.2)
     legends = [
-        legend_below(fig, left, left.get_legend_handles_labels()[0] + _marker_handles(False)[-1:], ncol=1),
+        legend_below(fig, left, left.get_legend_handles_labels()[0] + marker_handles(False)[-1:], ncol=1),
         legend_below(fig, right, right.get_legend_handles_labels()[0], ncol=1),
     ]
     fit_bottom(fig, legends)
@@ -283,7 +227,13 @@ def closed_loop_figure(table: pd.DataFrame, title: str, subtitle: str) -> Figure
 
 
 def submit_speedup_figures(
-    renderer, device: Device, model, dtype: str, table: pd.DataFrame, draft: pd.DataFrame, acceptance: AcceptanceChoice
+    renderer,
+    device: DeviceView,
+    model,
+    dtype: str,
+    table: pd.DataFrame,
+    draft: pd.DataFrame,
+    acceptance: AcceptanceChoice,
 ) -> dict:
     """Submit the device's four figures for rendering; returns file name -> function giving the PNG bytes."""
     where = f"{model.name} on {device.spec.name} ({dtype})"

@@ -5,6 +5,7 @@ before, or on the order tests run in."""
 from __future__ import annotations
 
 import pytest
+from helpers import assert_png_shows_a_plot
 
 from perfmodel.measurements import HOME_VARIABLE
 from perfmodel.models import ModelConfig
@@ -36,3 +37,10 @@ def session_measurements_home(tmp_path_factory):
 def own_measurements_home(session_measurements_home, tmp_path_factory, monkeypatch):
     """A fresh $MEDUSA_PERFKIT_HOME for each test: what --measure stores stays in that test."""
     monkeypatch.setenv(HOME_VARIABLE, str(tmp_path_factory.mktemp("perfkit-home")))
+
+
+@pytest.fixture
+def png_shows_a_plot():
+    """The shared PNG check (tests/helpers.py): `png_shows_a_plot(path)` fails unless the file
+    is a readable plot, neither blank nor a solid block."""
+    return assert_png_shows_a_plot

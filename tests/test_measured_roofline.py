@@ -17,7 +17,7 @@ from profilers import sweep
 from profilers.device import cpu_info
 from profilers.store import write_meta
 from profilers.timer import TimerConfig
-from tests.test_roofline_cli import assert_png_shows_a_plot
+from tests.helpers import assert_png_shows_a_plot
 
 GRID = ["--batch", "1", "2", "--seq", "32", "--candidates", "1", "8", "--jobs", "1"]
 

@@ -3,20 +3,38 @@ predicted and measured labelled, and the numbers a person acts on."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from browser import loaded_images, screenshot
 from PIL import Image
 
 from reports.__main__ import main
+from tests.helpers import ParsedPage, Table, assert_in_order, number, numbers, parse_page
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "decoder" / "assets" / "bundled"
+SHIPPED_CLOSED_LOOP = ROOT / "profilers" / "measurements" / "cpu-intel-xeon-processor-2c" / "closed-loop"
 MAX_BYTES = 5_000_000
+SECTIONS = [
+    "At a glance",
+    "Device",
+    "Ceilings and latency model",
+    "Rooflines: ",
+    "",  # "<model>: Medusa tree decoding variations"
+    "Speedup",
+    "Acceptance",
+    "Recommended tree",
+    "Capacity planning",
+    "Prediction error",
+    "Inputs",
+]
+PERCENT = re.compile(r"[+-]\d+\.\d%")
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +70,24 @@ def check_self_contained(page: Path) -> str:
     return html
 
 
+def read_page(path: Path) -> ParsedPage:
+    return parse_page(path.read_text(encoding="utf-8"))
+
+
+def optimum(optima: Table, simulation: str, step: str) -> dict[str, str]:
+    """The optimum of simulation (a), one row per step model."""
+    rows = [r for r in optima.records() if r["simulation"] == simulation and r["step"] == step]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def first_losing_batch(rows: list[dict[str, str]]) -> int | None:
+    """The smallest batch from which on no tree beats plain decoding (tree size 1)."""
+    batches = [(int(number(r["batch"])), number(r["tree_size"]) > 1) for r in rows]
+    losing = [b for i, (b, _) in enumerate(batches) if not any(speculate for _, speculate in batches[i:])]
+    return losing[0] if losing else None
+
+
 def test_a100_report_is_self_contained_with_every_section(a100):
     html = check_self_contained(a100 / "report.html")
     pngs = sorted(p.name for p in a100.glob("*.png"))
@@ -65,45 +101,107 @@ def test_a100_report_is_self_contained_with_every_section(a100):
         "capacity",
     ):
         assert f"{name}.png" in pngs
-    sections = headings(html)
-    for wanted in (
-        "At a glance",
-        "Device",
-        "Ceilings and latency model",
-        "Speedup",
-        "Acceptance",
-        "Recommended tree",
-        "Capacity planning",
-        "Prediction error",
-    ):
-        assert any(h.startswith(wanted) for h in sections), f"no section {wanted!r} in {sections}"
-    # the spec's sources and the predicted-only verdicts a serving team acts on
-    assert "nvidia-a100-datasheet" in html and "No measured data for this device and model" in html
-    assert "do not speculate from batch 16 on (predicted)" in html
-    assert html.count('class="tag predicted"') >= 11 and 'class="tag measured"' not in html
+    page = parse_page(html)
+    assert page.headings == page.contents, "the contents list every section, in order"
+    assert len(page.headings) == len(SECTIONS)
+    assert_in_order(page.headings, SECTIONS)
+    assert page.headings[4] == "llama-7b: Medusa tree decoding variations"
+    # nothing measured for an A100 here: every figure carries the predicted badge, none measured
+    assert len(page.figures()) == 11 and all(f.badges == ["predicted"] for f in page.figures())
+    assert 'class="tag measured"' not in html
+    errors = page.section("Prediction error")
+    assert not errors.tables and len(errors.notes) == 1
+    device = page.section("Device").table("field", "value", "source")
+    sources = dict(zip(device.column("field"), device.column("source")))
+    assert "nvidia-a100-datasheet" in sources["memory_bandwidth_gb_s"]  # the spec's values with their sources
+    spec = yaml.safe_load((ROOT / "hw_specs" / "a100-pcie.yaml").read_text())
+    assert dict(zip(device.column("field"), device.numbers("value")))["memory_bandwidth_gb_s"] == number(
+        str(spec["memory_bandwidth_gb_s"])
+    )
+
+
+def test_glance_numbers_are_the_tables(a100, bundled_cpu):
+    """Each "At a glance" fact repeats numbers of the tables below it: ridge, best tree and
+    speedup per step model, where speculation stops paying, the recommended batch."""
+    for folder in (a100, bundled_cpu):
+        page = read_page(folder / "report.html")
+        glance = page.section("At a glance").bullets
+        closed_loop = bool(page.section("Prediction error").tables)
+        assert len(glance) == 6 + closed_loop  # ridge, (a) and (b) per step model, capacity, closed loop
+        ceilings = page.section("Ceilings").tables[0]
+        ridges = dict(zip(ceilings.column("ceiling"), ceilings.numbers("ridge FLOP/byte")))
+        assert numbers(glance[0])[0] == round(ridges.get("model", ridges.get("measured")))
+        optima = page.section("Speedup").table("simulation", "step", "batch", "tree_size", "speedup")
+        for (best, per_batch), step in zip((glance[1:3], glance[3:5]), ("paper", "full")):
+            row = optimum(optima, "a", step)
+            said = numbers(best)
+            assert said[:2] == [1, 1024] and number(row["tree_size"]) in said
+            assert any(abs(x - number(row["speedup"])) < 0.006 for x in said), (best, row)
+            rows = [r for r in optima.records() if r["simulation"] == "b" and r["step"] == step]
+            lost = first_losing_batch(rows)
+            assert numbers(per_batch)[-1] == (lost or max(number(r["batch"]) for r in rows)), per_batch
+        bands = page.section("Capacity planning").table("batch", "tree", "per_token_ms", "total_tokens_s")
+        chosen = max(
+            (r for r in bands.records() if r["meets_latency"] == "True"), key=lambda r: number(r["total_tokens_s"])
+        )
+        said = numbers(glance[5])
+        assert number(chosen["batch"]) in said and round(number(chosen["total_tokens_s"])) in said
+        assert round(number(chosen["per_token_ms"]), 1) in said
+        assert (chosen["tree"] == "none") == ("no tree" in glance[5])
+
+
+def test_recommended_tree_is_the_speedup_models_optimum_capped_at_the_reference_tree(a100):
+    page = read_page(a100 / "report.html")
+    optima = page.section("Speedup").table("simulation", "step", "batch", "tree_size", "speedup")
+    section = page.section("Recommended tree")
+    summary, text = section.preformatted[0]
+    exports = dict(re.findall(r"([\w-]+):\n(\[.*\])", text))
+    assert list(exports) == ["reference", "tensorrt-llm", "vllm"]
+    paths = json.loads(exports["reference"])
+    assert numbers(summary)[0] == len(paths) and all(len(json.loads(e)) == len(paths) for e in exports.values())
     # the paper preset has no head accuracies: the Vicuna-7B tree's own first nodes, cut at its 64 tokens
-    assert "optimum is 160 tokens, beyond the 64 tokens of that tree" in html
+    wanted = number(optimum(optima, "a", "full")["tree_size"])
+    assert wanted == 160 and len(paths) + 1 == 64
+    assert section.figures[0].badges == ["predicted"] and {160, 64} <= set(numbers(section.figures[0].alt))
+    # the best tree per batch is simulation (b) of the whole-model step
+    per_batch = section.table("batch", "tree_size", "speedup", "speculate")
+    rows = [r for r in optima.records() if r["simulation"] == "b" and r["step"] == "full"]
+    assert per_batch.column("batch") == [r["batch"] for r in rows]
+    assert per_batch.column("tree_size") == [r["tree_size"] for r in rows]
+    assert per_batch.column("speculate") == [str(n > 1) for n in per_batch.numbers("tree_size")]
+    assert first_losing_batch(per_batch.records()) == 16
 
 
 def test_variation_tables_give_tflops_and_intensity_per_candidates(a100):
-    html = (a100 / "report.html").read_text(encoding="utf-8")
-    assert html.count("Tables 6-8 style") == 3
-    header = re.search(r"<th[^>]*>op</th><th[^>]*>batch</th><th[^>]*>seq_len</th>((?:<th[^>]*>q=\d+</th>)+)", html)
-    assert header and re.findall(r"q=(\d+)", header.group(1)) == ["1", "16", "32", "48", "64", "80", "96", "112"]
-    # a cell is "TFLOP/s (intensity)": QK^T at s=1024, q=64 has the paper's 40.96 FLOP/byte
-    q64 = re.findall(r"q=(\d+)", header.group(1)).index("64")
-    rows = re.findall(
-        r'<tr><td class="text">qk</td><td class="num">16</td><td class="num">1024</td>((?:<td[^>]*>[^<]*</td>)+)</tr>',
-        html,
-    )
-    assert rows, "no QK^T row at batch 16, seq_len 1024"
-    for cells in rows:
-        cell = re.findall(r"<td[^>]*>([^<]*)</td>", cells)[q64]
-        assert re.fullmatch(r"[\d.]+ \(41\)", cell), cell
+    section = read_page(a100 / "report.html").section("llama-7b: Medusa tree decoding variations")
+    variations = [t for t in section.tables if t.columns[:3] == ["op", "batch", "seq_len"]]
+    points = [t for t in section.tables if "intensity" in t.columns]
+    assert len(variations) == len(points) == len(section.figures) == 3  # paper Tables 6-8, one per figure
+    for table, shown in zip(variations, points):
+        assert table.columns[3:] == [f"q={q}" for q in (1, 16, 32, 48, 64, 80, 96, 112)]
+        assert number(shown.summary) == len(shown.rows) > 0
+        # a cell is "TFLOP/s (intensity)" of the figure's point at that q
+        for row in table.records():
+            for column in table.columns[3:]:
+                match = re.fullmatch(r"([\d.e+-]+) \(([\d.e+-]+)\)", row[column])
+                assert match, row[column]
+                point = [
+                    p
+                    for p in shown.records()
+                    if (p["op"], p["batch"], p["seq_len"], p["candidates"])
+                    == (row["op"], row["batch"], row["seq_len"], column[2:])
+                ]
+                assert len(point) == 1
+                assert float(match.group(1)) == pytest.approx(number(point[0]["tflops"]), rel=5e-3)
+                assert float(match.group(2)) == pytest.approx(number(point[0]["intensity"]), rel=5e-3)
+    # QK^T at s=1024, q=64 has the paper's 40.96 FLOP/byte
+    qk = [r for r in variations[0].records() if (r["op"], r["batch"], r["seq_len"]) == ("qk", "16", "1024")]
+    assert qk and all(numbers(r["q=64"])[1] == 41 for r in qk)
 
 
-def test_figures_are_drawn_not_blank(a100):
+def test_figures_are_drawn_not_blank(a100, png_shows_a_plot):
     for png in a100.glob("*.png"):
+        png_shows_a_plot(png)
         pixels = np.asarray(Image.open(png).convert("L"), dtype=float)
         assert pixels.shape[1] >= 800, f"{png.name} too small to read"
         assert (pixels < 200).mean() > 0.01, f"{png.name} is nearly blank"
@@ -111,15 +209,47 @@ def test_figures_are_drawn_not_blank(a100):
 
 def test_measured_inputs_are_shown_and_compared(bundled_cpu):
     html = check_self_contained(bundled_cpu / "report.html")
+    page = parse_page(html)
     assert (bundled_cpu / "closed-loop.png").exists()
-    assert html.count('class="tag measured"') >= 2
-    # acceptance record: heat map and histogram, with the fits' errors against it
-    assert "measured: head top-k accuracy" in html and "head_accuracy_error" in html
-    # the shipped closed loop: predicted vs measured speedup with its error, as a percentage
-    assert "Speedup (closed loop, perfmodel.validate)" in html
-    assert re.search(r"<td[^>]*>[+-]\d+\.\d%</td>", html)
-    # the shipped sweep is of llama-7b: said, not silently used for the bundled model
-    assert "none of bundled, so its operators are predicted only" in html
+    # the acceptance record and the closed loop: measured data with the predictions against them
+    assert page.section("Acceptance").figures[0].badges == ["measured", "predicted"]
+    assert page.section("Speedup").figures[-1].badges == ["measured", "predicted"]
+    errors = page.section("Prediction error")
+    assert len(errors.tables) == 2 and not errors.notes
+
+    # acceptance: the record's tokens per step per tree size, each fit's prediction and its error
+    record = json.loads((BUNDLED / "acceptance-greedy.json").read_text())
+    fits = errors.table("tree_size", "measured_tokens_per_step", "log_fit_error", "head_accuracy_error")
+    assert fits.numbers("tree_size") == [r["tree_size"] for r in record["per_tree_size"]]
+    measured = np.array(fits.numbers("measured_tokens_per_step"))
+    expected = [r["mean_accepted_tokens"] for r in record["per_tree_size"]]
+    assert measured == pytest.approx(expected, rel=1e-3)
+    for fit in ("log_fit", "head_accuracy"):
+        assert all(PERCENT.fullmatch(cell) for cell in fits.column(f"{fit}_error"))
+        predicted = np.array(fits.numbers(f"{fit}_predicted"))
+        assert fits.numbers(f"{fit}_error") == pytest.approx((predicted - measured) / measured, abs=1e-3)
+
+    # the shipped closed loop: predicted vs measured speedup per tree size, its error as a percentage
+    (csv,) = SHIPPED_CLOSED_LOOP.glob("*bundled*.csv")
+    shipped = pd.read_csv(csv)
+    loop = errors.table("tree_size", "measured_speedup", "predicted_speedup", "error")
+    assert len(loop.rows) == len(shipped) and loop.numbers("tree_size") == list(shipped["tree_size"])
+    assert loop.numbers("measured_speedup") == pytest.approx(list(shipped["measured_speedup"]), rel=1e-3)
+    assert loop.numbers("predicted_speedup") == pytest.approx(list(shipped["predicted_speedup"]), rel=1e-3)
+    assert all(PERCENT.fullmatch(cell) for cell in loop.column("error"))
+    assert loop.numbers("error") == pytest.approx(list(shipped["error"]), abs=5e-4)
+    glance = page.section("At a glance").bullets
+    assert numbers(glance[-1])[0] == pytest.approx(shipped["error"].abs().max(), abs=5e-4)
+    inputs = {b.split(":")[0]: b for b in page.section("Inputs").bullets}
+    assert csv.name in inputs["Closed-loop runs"] and "acceptance-greedy.json" in inputs["Acceptance"]
+
+    # the shipped sweep is of llama-7b: named as an input, not used for the bundled model's operators
+    rooflines = [s for s in page.sections if s.heading.startswith("Rooflines") or "variations" in s.heading]
+    assert len(rooflines) == 2 and all(f.badges == ["predicted"] for s in rooflines for f in s.figures)
+    assert {p for s in rooflines for t in s.tables if "source" in t.columns for p in t.column("source")} == {
+        "predicted"
+    }
+    assert ".csv" in inputs["Operator measurements"] and "llama-7b" in inputs["Operator measurements"]
     assert "/work/" not in html and str(Path.home()) + "/" not in html
 
 
@@ -140,9 +270,22 @@ def test_operator_errors_where_a_sweep_meets_predictions(tmp_path):
         )
         == 0
     )
-    html = (tmp_path / "report.html").read_text(encoding="utf-8")
-    assert "Operators: predicted time (roofline latency model) vs measured time" in html
-    assert "median_abs_error" in html and html.count('class="tag measured"') >= 4
+    page = read_page(tmp_path / "report.html")
+    errors = page.section("Prediction error").table("op", "phase", "rows", "median_abs_error", "max_abs_error")
+    assert errors.rows
+    assert all(n >= 1 and n == int(n) for n in errors.numbers("rows"))
+    for column in ("median_abs_error", "max_abs_error"):
+        assert all(PERCENT.fullmatch(cell) for cell in errors.column(column))
+    assert all(0 <= m <= x for m, x in zip(errors.numbers("median_abs_error"), errors.numbers("max_abs_error")))
+    keys = list(zip(errors.column("op"), errors.column("phase")))
+    assert len(set(keys)) == len(keys) and set(errors.column("phase")) <= {"prefill", "decode", "tree"}
+    # the measured points are drawn over the predictions, and every measured op drawn has its error
+    roofline = [s for s in page.sections if s.heading.startswith("Rooflines") or "variations" in s.heading]
+    drawn = [f for s in roofline for f in s.figures]
+    assert len(drawn) >= 4 and all(f.badges == ["measured", "predicted"] for f in drawn)
+    points = [p for s in roofline for t in s.tables if "source" in t.columns for p in t.records()]
+    measured = {(p["op"], p["phase"]) for p in points if p["source"] == "measured"}
+    assert measured and measured <= set(keys)
 
 
 def test_every_string_is_escaped(tmp_path):
@@ -188,7 +331,8 @@ def test_bad_input_names_the_value(tmp_path, capsys):
         run(main, ["build", "--gpu", "a100", "--model", "llama-7b", "--validation", str(bad), "--out", str(tmp_path)])
         == 1
     )
-    assert "not a perfmodel.validate --csv file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "bad.csv" in err and "--csv" in err
 
 
 def test_compare_puts_devices_side_by_side(tmp_path, capsys):
@@ -220,8 +364,11 @@ def test_compare_skips_devices_without_the_dtype(tmp_path, capsys):
     assert (
         main(["compare", "--gpu", "a100", "h100", "--model", "llama-7b", "--dtype", "fp8", "--out", str(tmp_path)]) == 0
     )
-    html = (tmp_path / "compare.html").read_text(encoding="utf-8")
-    assert "Skipped: a100-pcie (no fp8 peak in its spec)" in html
+    page = read_page(tmp_path / "compare.html")
+    (skipped,) = page.sections[0].notes
+    assert "a100-pcie" in skipped and "fp8" in skipped
+    assert page.section("Ceilings").tables[0].column("device") == ["h100-sxm"]
+    assert page.section("Best tree and speedup per batch").tables[0].columns == ["batch", "h100-sxm"]
 
 
 def test_report_renders_in_a_real_browser(a100, bundled_cpu, tmp_path):
@@ -248,5 +395,5 @@ def test_recommended_tree_comes_from_head_accuracies_when_measured():
     paper = report_acceptance("paper", str(BUNDLED))
     assert recommended_tree(16, paper).tree == vicuna_7b_prefix(15)
     capped = recommended_tree(160, paper)
-    assert capped.tree.size == 64 and "optimum is 160 tokens" in capped.note
+    assert capped.tree.size == 64 and capped.wanted == 160 and "160" in capped.note
     assert recommended_tree(1, paper) is None

@@ -3,7 +3,6 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
-import matplotlib.image
 import numpy as np
 import pytest
 import yaml
@@ -13,6 +12,7 @@ from perfmodel.cli import run
 from perfmodel.contract import read_table, write_table
 from perfmodel.operators import DEFAULT_OPS
 from perfmodel.roofline import main
+from tests.helpers import assert_png_shows_a_plot, number, parse_page
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "llama-7b", "--batch", "1", "16", "--seq", "1024", "--candidates", "1", "64", "--jobs", "1"]
@@ -28,13 +28,6 @@ class SourceCollector(HTMLParser):
             if name in ("src", "href"):
                 self.urls.append(value)
         self.images += tag == "img"
-
-
-def assert_png_shows_a_plot(path: Path):
-    pixels = matplotlib.image.imread(path)[..., :3]
-    assert pixels.shape[0] > 300 and pixels.shape[1] > 600
-    dark = (pixels.mean(axis=2) < 0.6).mean()
-    assert 0.005 < dark < 0.5, f"{path.name}: {dark:.3%} dark pixels"
 
 
 def cli(*args, cwd=ROOT):
@@ -63,7 +56,12 @@ def test_default_command_writes_the_papers_figures(tmp_path):
     links.feed(page)
     assert links.images == 6
     assert all(url.startswith("data:image/png;base64,") for url in links.urls)
-    assert "1935" in page and "nvidia-a100-datasheet" in page  # the spec with its sources
+    # the spec's values with their sources
+    device = parse_page(page).section("Device").table("field", "value", "source")
+    fields = {r["field"]: r for r in device.records()}
+    spec = yaml.safe_load((SPEC_DIR / "a100-pcie.yaml").read_text())
+    assert number(fields["memory_bandwidth_gb_s"]["value"]) == number(str(spec["memory_bandwidth_gb_s"])) == 1935
+    assert "nvidia-a100-datasheet" in fields["memory_bandwidth_gb_s"]["source"]
     assert len(page) < 5_000_000
 
 
@@ -94,9 +92,13 @@ def test_measured_rows_are_overlaid_and_their_error_reported(tmp_path):
     table = read_table(out2 / "roofline.csv")
     assert (table["source"] == "measured").sum() == len(measured)
     page = (out2 / "roofline.html").read_text()
-    assert "Prediction error" in page
-    assert 'class="tag measured"' in page
-    assert "0.2</td>" in page  # median and max |error| are both exactly 20%
+    parsed = parse_page(page)
+    errors = parsed.section("Prediction error").table("op", "phase", "rows", "median_abs_error", "max_abs_error")
+    assert set(errors.column("op")) == {"up", "qk"} and sum(errors.numbers("rows")) == len(measured)
+    # the prediction is 20% fast on every row: median and max |error| are both 20%
+    assert errors.numbers("median_abs_error") == pytest.approx([0.2] * len(errors.rows))
+    assert errors.numbers("max_abs_error") == pytest.approx([0.2] * len(errors.rows))
+    assert any("measured" in f.badges for f in parsed.figures())
 
 
 def test_narrowed_grid_csv_path(tmp_path):

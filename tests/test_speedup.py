@@ -3,7 +3,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import matplotlib.image
 import numpy as np
 import pandas as pd
 import pytest
@@ -28,6 +27,7 @@ from perfmodel.simulations import (
 )
 from perfmodel.speedup import main
 from perfmodel.step import StepModel
+from tests.helpers import assert_png_shows_a_plot
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = load_model("llama-7b")
@@ -120,13 +120,6 @@ def test_draft_model_against_hand_values():
     assert len(table) == 4 * 8
     row = table[(table["alpha"] == 0.8) & (table["gamma"] == 4)].iloc[0]
     assert row["tokens_per_step"] == pytest.approx(3.3616) and row["improvement"] == pytest.approx(2.80133, rel=1e-5)
-
-
-def assert_png_shows_a_plot(path: Path):
-    pixels = matplotlib.image.imread(path)[..., :3]
-    assert pixels.shape[0] > 400 and pixels.shape[1] > 800
-    dark = (pixels.mean(axis=2) < 0.6).mean()
-    assert 0.005 < dark < 0.5, f"{path.name}: {dark:.3%} dark pixels"
 
 
 def test_cli_writes_figures_csv_and_a_summary(tmp_path, capsys):

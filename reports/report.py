@@ -1,0 +1,47 @@
+"""What a report build is asked for (BuildConfig) and what it gathered (Report).
+
+Shared by the orchestration (reports.build), the page's sections (reports.sections) and
+its sentences (reports.prose).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfmodel.device_view import DeviceView
+from perfmodel.models import ModelConfig
+from reports.sources import ReportAcceptance
+
+FLAVORS = ("paper", "full")  # the step models simulated: the paper's simplified block, the whole model
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    model: str
+    out: Path | Callable[[str], Path]  # a folder, or one made from the key of the device shown
+    gpu: str | None = None
+    spec: Path | None = None
+    dtype: str | None = None
+    measurements: tuple[Path, ...] = ()
+    acceptance: str | None = None  # a decoder.measure record, "paper", or None (the checkpoint's own, else paper)
+    validation: tuple[Path, ...] = ()  # perfmodel.validate CSVs (default: the device's shipped ones)
+    prompt_len: int = 512
+    response_len: int = 256
+    latency_ms: float | None = None
+    jobs: int | None = None
+    measure: bool = False  # first sweep this machine's device for the model (stored for later runs)
+
+
+@dataclass
+class Report:
+    """What a build gathered, for the page and for the caller (tests, scripts)."""
+
+    view: DeviceView
+    model: ModelConfig
+    dtype: str
+    acceptance: ReportAcceptance
+    html: Path | None = None
+    figures: list[str] = field(default_factory=list)  # PNG file names, in page order
+    facts: list[str] = field(default_factory=list)  # the "at a glance" sentences

@@ -1,0 +1,220 @@
+"""The sections of the reports build page, one function each, in page order.
+
+Each writes its heading, paragraphs, figures and tables to the Page; the tables come from
+reports.tables and the sentences built from data from reports.prose. `figure(name,
+png_getter, caption, sources)` (from reports.build) writes one PNG beside the page and
+embeds it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pandas as pd
+
+from perfmodel import simulations as speedup
+from perfmodel.plan import PlanResult
+from perfmodel.trees import export_tree
+from reports import prose, tables
+from reports.html import Page
+from reports.report import Report
+from reports.roofline_page import stand_in_note
+
+ENGINES = ("reference", "tensorrt-llm", "vllm")
+
+FigureWriter = Callable[[str, Callable[[], bytes], str, tuple[str, ...]], None]
+
+
+def intro(page: Page, report: Report, validation: pd.DataFrame) -> None:
+    if report.view.stand_in_for:
+        page.paragraph(stand_in_note(report.view), note=True)
+    page.paragraph(prose.intro_text(report, validation))
+
+
+def glance(page: Page, report: Report, sims: pd.DataFrame, planned, validation: pd.DataFrame) -> None:
+    report.facts = prose.glance_facts(report, sims, planned, validation)
+    page.heading("At a glance")
+    page.bullets(report.facts)
+
+
+def roofline_section(page: Page, figure: FigureWriter, roof, op_errors) -> None:
+    section = None
+    for planned in roof:
+        if planned.section != section:
+            section = planned.section
+            page.heading(section if "variations" in section else f"Rooflines: {section}")
+            if "variations" in section:
+                page.paragraph(
+                    "Tree decoding processes q candidate tokens per sequence at once: "
+                    "the linear layers' intensity grows with b x q, "
+                    "attention's with q alone (each sequence reads its own KV cache). Paper Figs 18-20 and Tables 6-8."
+                )
+        sources = tuple(sorted(set(planned.points["source"])))
+        figure(planned.name, planned.png, f"{', '.join(sources)}: {planned.caption}", sources)
+        if "variations" in section:
+            for source in sources:
+                page.paragraph(
+                    f"{source.capitalize()}: attained TFLOP/s (operational intensity, FLOP/byte) "
+                    "per candidates q (paper Tables 6-8 style)."
+                )
+                page.table(tables.variation_table(planned.points[planned.points["source"] == source]))
+        shown = tables.points_table(planned.points)
+        page.table(shown, summary=f"points of this figure ({len(shown)})")
+
+
+SPEEDUP_CAPTIONS = {
+    "speedup-a": (
+        "predicted: (a) speedup vs tree size at b=1, s=1024, "
+        "with what makes it (acceptance and step-time overhead); stars mark optima."
+    ),
+    "speedup-b": "predicted: (b) speedup vs tree size per batch at s=1024, and the best tree per batch.",
+    "speedup-c": "predicted: (c) speedup vs tree size per context length at b=4, and the best tree per context.",
+    "draft-model": "predicted: speculative decoding with a draft model vs Medusa's best at b=1, s=1024.",
+}
+
+
+def speedup_section(
+    page: Page, figure: FigureWriter, report: Report, sims, draft, speed_pngs, extra_pngs, validation
+) -> None:
+    device = report.view
+    page.heading("Speedup: simulated (paper App. G.3) and measured")
+    page.paragraph(
+        "speedup(n) = acceptance(n) / (T_step(n) / T_step(1)) for a tree of n tokens, root included. "
+        "Paper step: the App. G.3 "
+        "simplified block (q, k, v, QK^T, PV, up, gate, down); "
+        "full step: the whole model (norms, o, LM head, Medusa heads, verification). "
+        f"Acceptance: {report.acceptance.choice.label}. Latency: {speedup.latency_label(report.view.params)}."
+    )
+    page.preformatted(
+        "\n".join(line.removeprefix("  ") for line in speedup.summary_lines(device, report.dtype, sims, draft))
+    )
+    for name, png in speed_pngs.items():
+        caption = next(text for prefix, text in SPEEDUP_CAPTIONS.items() if name.startswith(prefix))
+        figure(name, png, caption, ("predicted",))
+    if "closed-loop" in extra_pngs:
+        figure(
+            "closed-loop",
+            extra_pngs["closed-loop"],
+            "measured and predicted: the reference decoder's speedup per tree size, timed on this device, "
+            "against the closed-loop prediction.",
+            ("measured", "predicted"),
+        )
+    else:
+        page.paragraph(
+            "No measured speedups for this device and model. "
+            "python -m perfmodel.validate (--csv FILE, then --validation FILE here) "
+            "runs the reference decoder on this machine and compares its speedups with the prediction.",
+            note=True,
+        )
+    shown = tables.optima_table(sims)
+    page.table(shown, summary=f"predicted: the optimum of every curve ({len(shown)})")
+
+
+def acceptance_section(page: Page, figure: FigureWriter, report: Report, extra_pngs) -> None:
+    acceptance = report.acceptance
+    page.heading("Acceptance")
+    if acceptance.measured:
+        page.paragraph(prose.acceptance_record_text(acceptance))
+        figure(
+            "acceptance",
+            extra_pngs["acceptance"],
+            "measured: head top-k accuracy, accepted length per step and tokens per step per tree size; "
+            "predicted: the fitted curves.",
+            ("measured", "predicted"),
+        )
+    else:
+        page.paragraph(
+            f"No measured acceptance record for {report.model.name}: "
+            f"the speedups use {acceptance.choice.label}, the Medusa paper's fit to "
+            "its Vicuna-7B tree ablation. "
+            "A record (python -m decoder.measure --model DIR --out acc.json, then --acceptance acc.json) adds "
+            "the per-head top-k accuracy heat map, the accepted-length histogram and measured tokens per step.",
+            note=True,
+        )
+        figure(
+            "acceptance", extra_pngs["acceptance"], "predicted: the acceptance curve the speedups use.", ("predicted",)
+        )
+
+
+def tree_section(page: Page, figure: FigureWriter, report: Report, tree, best, extra_pngs) -> None:
+    page.heading("Recommended tree")
+    if tree is None:
+        page.paragraph(
+            "At batch 1 and context 1024 no tree beats plain decoding on this device (predicted): do not speculate."
+        )
+        return
+    figure(
+        "recommended-tree",
+        extra_pngs["recommended-tree"],
+        f"predicted: the best tree at b=1, s=1024 for the whole-model step. {tree.note}",
+        ("predicted",),
+    )
+    formats = "\n\n".join(f"{engine}:\n{json.dumps(export_tree(tree.tree, engine))}" for engine in ENGINES)
+    page.preformatted(
+        formats,
+        summary=(
+            f"the tree as {len(tree.tree.paths)} paths, for the reference implementation, "
+            "TensorRT-LLM (medusa_choices) and vLLM (speculative_token_tree)"
+        ),
+    )
+    page.paragraph("Best tree size per batch at context 1024, whole-model step (predicted):")
+    page.table(tables.best_per_batch(best))
+
+
+def capacity_section(page: Page, figure: FigureWriter, planned, extra_pngs) -> None:
+    page.heading("Capacity planning")
+    if not isinstance(planned, PlanResult):
+        page.paragraph(f"Predicted by perfmodel.plan: {planned}.")
+        return
+    page.paragraph(
+        "Predicted by perfmodel.plan: memory fit (weights + Medusa heads + KV cache), "
+        "then per batch the best tree, its latency and throughput."
+    )
+    page.preformatted(planned.summary())
+    figure(
+        "capacity",
+        extra_pngs["capacity"],
+        "predicted: per-token latency and device throughput per batch, best tree and plain decoding.",
+        ("predicted",),
+    )
+    page.table(tables.capacity_table(planned), summary=f"predicted: every batch ({len(planned.bands)})")
+
+
+def error_section(page: Page, op_errors, report: Report, validation: pd.DataFrame) -> None:
+    page.heading("Prediction error")
+    said = False
+    operators = tables.operator_errors(op_errors)
+    if len(operators):
+        page.paragraph(
+            "Operators: predicted time (roofline latency model) vs measured time, "
+            "error = (predicted - measured) / measured."
+        )
+        page.table(tables.percent(operators))
+        said = True
+    acceptance = report.acceptance
+    if acceptance.measured:
+        table = tables.acceptance_errors(acceptance)
+        page.paragraph(prose.acceptance_error_text(acceptance, table))
+        page.table(tables.percent(table))
+        said = True
+    if len(validation):
+        page.paragraph(
+            "Speedup (closed loop, perfmodel.validate): the reference decoder timed on this device "
+            "vs the prediction from measured operator times and the host overhead of plain decoding."
+        )
+        page.table(tables.percent(tables.closed_loop_table(validation)))
+        said = True
+    if not said:
+        page.paragraph(
+            "No measurements of this device and model meet a prediction here. "
+            "Operator sweeps (python -m profilers.sweep), acceptance "
+            "records (python -m decoder.measure) and closed-loop runs (python -m perfmodel.validate) each add a table.",
+            note=True,
+        )
+
+
+def inputs_section(page: Page, report: Report, config, validation: pd.DataFrame) -> None:
+    page.heading("Inputs")
+    page.bullets(prose.input_items(report, config, validation))
+    page.paragraph(prose.plain_step_text(report))

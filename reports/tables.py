@@ -1,0 +1,88 @@
+"""The report's tables: model output and measurements shaped into what the page shows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.plan import BAND_SHOWN, PlanResult
+from reports.sources import ReportAcceptance
+
+POINT_COLUMNS = ["op", "phase", "batch", "seq_len", "candidates", "intensity", "tflops", "time_s", "source"]
+OPTIMUM_COLUMNS = ["simulation", "step", "batch", "seq_len", "tree_size", "acceptance", "overhead", "speedup"]
+CLOSED_LOOP_COLUMNS = [
+    "tree_size",
+    "batch",
+    "context",
+    "measured_acceptance",
+    "predicted_acceptance",
+    "measured_speedup",
+    "predicted_speedup",
+    "error",
+]
+
+
+def percent(table: pd.DataFrame) -> pd.DataFrame:
+    """Error columns as signed percentages, the way people read them."""
+    return table.assign(**{c: [f"{v:+.1%}" for v in table[c]] for c in table.columns if c.endswith("error")})
+
+
+def variation_table(points: pd.DataFrame) -> pd.DataFrame:
+    """One row per (op, batch, seq_len), one column per q: 'TFLOP/s (FLOP/byte)'."""
+    cells = points.assign(cell=[f"{t:.3g} ({i:.3g})" for t, i in zip(points["tflops"], points["intensity"])])
+    table = cells.pivot_table(index=["op", "batch", "seq_len"], columns="candidates", values="cell", aggfunc="first")
+    table.columns = [f"q={q}" for q in table.columns]
+    return table.reset_index()
+
+
+def points_table(points: pd.DataFrame) -> pd.DataFrame:
+    """A roofline figure's points, times in microseconds."""
+    shown = points[POINT_COLUMNS]
+    return shown.assign(time_s=shown["time_s"] * 1e6).rename(columns={"time_s": "time_us"})
+
+
+def optima_table(sims: pd.DataFrame) -> pd.DataFrame:
+    """The optimum of every simulated curve."""
+    return sims[sims["best"]][OPTIMUM_COLUMNS].reset_index(drop=True)
+
+
+def best_per_batch(best: pd.DataFrame) -> pd.DataFrame:
+    """Simulation (b)'s best tree size per batch for the whole-model step."""
+    rows = best[(best["simulation"] == "b") & (best["step"] == "full")][["batch", "tree_size", "speedup", "speculate"]]
+    return rows.reset_index(drop=True)
+
+
+def capacity_table(planned: PlanResult) -> pd.DataFrame:
+    return planned.bands[BAND_SHOWN]
+
+
+def operator_errors(op_errors: list[pd.DataFrame]) -> pd.DataFrame:
+    """Per op and phase: how many points, and the median and largest |error| (empty without measurements)."""
+    if not any(not e.empty for e in op_errors):
+        return pd.DataFrame()
+    errors = pd.concat([e for e in op_errors if not e.empty], ignore_index=True)
+    if not len(errors):
+        return pd.DataFrame()
+    summary = errors.groupby(["op", "phase"]).agg(
+        rows=("error", "size"),
+        median_abs_error=("error", lambda e: e.abs().median()),
+        max_abs_error=("error", lambda e: e.abs().max()),
+    )
+    return summary.reset_index()
+
+
+def acceptance_errors(acceptance: ReportAcceptance) -> pd.DataFrame:
+    """A measured record's tokens per step per tree size against each fitted model's."""
+    rows = acceptance.record["per_tree_size"]
+    sizes = np.array([r["tree_size"] for r in rows])
+    measured = np.array([r["mean_accepted_tokens"] for r in rows])
+    table = pd.DataFrame({"tree_size": sizes, "measured_tokens_per_step": measured})
+    for label, model in [("log_fit", acceptance.choice.curve), ("head_accuracy", acceptance.choice.trees)]:
+        if model is not None:
+            table[f"{label}_predicted"] = model(sizes)
+            table[f"{label}_error"] = (table[f"{label}_predicted"] - measured) / measured
+    return table
+
+
+def closed_loop_table(validation: pd.DataFrame) -> pd.DataFrame:
+    return validation[CLOSED_LOOP_COLUMNS]
