@@ -26,7 +26,7 @@ from perfmodel.errors import PerfkitError
 from perfmodel.grid import PAPER_GRID, QUICK_GRID
 from perfmodel.measurements import stored_closed_loops
 from perfmodel.models import ModelConfig, load_model
-from perfmodel.plan import PlanResult, plan
+from perfmodel.planning import PlanResult, plan
 from profilers.sweep import measure_now
 from reports.acceptance_figures import Curve, acceptance_figure, tree_figure
 from reports.capacity_figures import capacity_figure

@@ -21,7 +21,8 @@ from perfmodel.dtypes import check_dtype, default_dtype
 from perfmodel.errors import PerfkitError
 from perfmodel.latency import RooflineLatency
 from perfmodel.models import load_model
-from perfmodel.plan import PlanResult, device_paragraph, overall
+from perfmodel.plan_summary import device_paragraph, overall
+from perfmodel.planning import PlanResult
 from perfmodel.step import StepModel
 from reports.build import capacity_plan
 from reports.capacity_figures import capacity_figure

@@ -11,7 +11,7 @@ import pandas as pd
 from perfmodel import simulations as speedup
 from perfmodel.acceptance import fit_error
 from perfmodel.latency import RooflineLatency
-from perfmodel.plan import PlanResult
+from perfmodel.planning import PlanResult
 from perfmodel.step import StepModel
 from reports.report import FLAVORS, BuildConfig, Report
 from reports.sources import ReportAcceptance

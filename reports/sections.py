@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from perfmodel import simulations as speedup
-from perfmodel.plan import PlanResult
+from perfmodel.planning import PlanResult
 from perfmodel.trees import export_tree
 from reports import prose, tables
 from reports.html import Page

@@ -22,7 +22,7 @@ from perfmodel.acceptance import (
     resolve_acceptance,
 )
 from perfmodel.errors import PerfkitError
-from perfmodel.plan import plan
+from perfmodel.planning import plan
 from perfmodel.simulations import best_sizes, mark_best, optima, pick_best
 from reports.sources import report_acceptance
 

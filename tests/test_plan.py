@@ -1,5 +1,6 @@
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,8 +10,11 @@ import pytest
 
 from perfmodel.cli import run
 from perfmodel.errors import PerfkitError
+from perfmodel.memory import head_params, kv_bytes_per_token, weight_params
 from perfmodel.models import load_model
-from perfmodel.plan import BAND_COLUMNS, Lengths, benchmark, head_params, kv_bytes_per_token, main, plan, weight_params
+from perfmodel.plan import benchmark, main
+from perfmodel.planning import BAND_COLUMNS, plan
+from perfmodel.workload import Lengths
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -218,3 +222,14 @@ def test_benchmark_plans_10000_configurations_in_under_a_second(capsys):
     assert count >= 10_000 and seconds < 1.0
     assert main(["--benchmark"]) == 0
     assert "configurations (device x batch x tree size) in" in capsys.readouterr().out
+
+
+def test_the_readme_example_runs_and_ends_as_the_readme_says(capsys):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Capacity planning") :]
+    example = section[
+        section.index("```python\n") + len("```python\n") : section.index("```\n", section.index("```python"))
+    ]
+    promised = re.search(r'# ends: "(.+)"', example).group(1)
+    exec(compile(example, "README.md", "exec"), {})
+    assert capsys.readouterr().out.rstrip().endswith(promised)
