@@ -25,7 +25,15 @@ OPTIONAL_NUMBERS = (
     "boost_clock_mhz",
     "sm_count",
     "l2_cache_mb",
+    # Per-GPU bidirectional GPU-to-GPU bandwidth as the datasheet gives it (NVLink, or PCIe
+    # where the card has no NVLink); perfmodel.allreduce's ring model halves it per direction.
+    "interconnect_gb_s",
 )
+# Short name of that link (nvlink3, nvlink4, pcie4, pcie5): picks the ring model's fitted
+# latency and efficiency (perfmodel.allreduce). Text, but it needs a source like a number.
+# architecture: the GPU generation and die (e.g. ampere-ga100); a device without measurements
+# borrows the latency calibration of a measured one of the same architecture.
+OPTIONAL_TEXT = ("interconnect", "architecture")
 # tf32 is a tensor-core mode for fp32 tensors, recorded for reference, not a storage dtype.
 PEAK_KEYS = DTYPES + ("tf32",)
 
@@ -44,6 +52,9 @@ class HardwareSpec:
     boost_clock_mhz: float | None = None
     sm_count: float | None = None
     l2_cache_mb: float | None = None
+    interconnect_gb_s: float | None = None
+    interconnect: str | None = None
+    architecture: str | None = None
     notes: str = ""
     path: Path | None = field(default=None, compare=False)
 
@@ -106,7 +117,16 @@ def parse_spec(data: object, path: Path) -> HardwareSpec:
     for name in ("name", "peak_tflops", "sources", *REQUIRED_NUMBERS):
         if data.get(name) is None:
             raise PerfkitError(f"{where}: missing field {name!r}")
-    unknown = set(data) - {"name", "aliases", "peak_tflops", "sources", "notes", *REQUIRED_NUMBERS, *OPTIONAL_NUMBERS}
+    unknown = set(data) - {
+        "name",
+        "aliases",
+        "peak_tflops",
+        "sources",
+        "notes",
+        *REQUIRED_NUMBERS,
+        *OPTIONAL_NUMBERS,
+        *OPTIONAL_TEXT,
+    }
     if unknown:
         raise PerfkitError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
 
@@ -123,7 +143,13 @@ def parse_spec(data: object, path: Path) -> HardwareSpec:
 
     numbers = {n: number(n, data[n], positive=True) for n in REQUIRED_NUMBERS}
     numbers.update({n: number(n, data[n], positive=True) for n in OPTIONAL_NUMBERS if data.get(n) is not None})
-    for name in [*numbers, *(f"peak_tflops.{k}" for k in peak_tflops)]:
+    texts = {}
+    for name in OPTIONAL_TEXT:
+        if data.get(name) is not None:
+            if not isinstance(data[name], str) or not data[name].strip():
+                raise PerfkitError(f"{where}: field {name!r} must be a short name, got {data[name]!r}")
+            texts[name] = data[name].strip()
+    for name in [*numbers, *texts, *(f"peak_tflops.{k}" for k in peak_tflops)]:
         if name not in sources and name.partition(".")[0] not in sources:
             raise PerfkitError(f"{where}: field {name!r} has no entry in 'sources'")
 
@@ -139,6 +165,7 @@ def parse_spec(data: object, path: Path) -> HardwareSpec:
         notes=str(data.get("notes") or "").strip(),
         path=path,
         **numbers,
+        **texts,
     )
 
 

@@ -64,18 +64,25 @@ def predict_table(
     ops=OPS,
     phases=PHASES,
     params: RooflineParams = RooflineParams(),
+    latency=None,
 ) -> pd.DataFrame:
-    """Predicted rows in the data-contract format for every grid point of every op/phase."""
+    """Predicted rows in the data-contract format for every grid point of every op/phase.
+    latency: a latency source (perfmodel.latency_source) to time them with instead of the
+    roofline with `params`; its label goes in a `latency_model` column."""
     spec.peak_flops(dtype)  # fail early, with the device's list, if it lacks this dtype
     frames = []
     for op, phase, points in iter_blocks(model, grid, ops, phases):
         b, s, q = (points[:, i] for i in range(3))
         kernels = op_kernels(op, phase, model, b, s, q)
-        cost, t = cost_of(kernels, dtype), op_time(kernels, dtype, spec, params)
+        cost = cost_of(kernels, dtype)
+        t = op_time(kernels, dtype, spec, params) if latency is None else latency.op_time(op, phase, b, s, q)
         frames.append(
             pd.DataFrame(contract_fields(spec.key, model.name, dtype, op, phase, b, s, q, cost, t, "predicted", np.nan))
         )
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+    if latency is not None:
+        table["latency_model"] = latency.label
+    return table
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,17 @@ def stored_sweeps(device_key: str, roots: list[Path] | None = None) -> list[Path
     return [path for root in roots or measurement_roots() for path in sorted((root / device_key).glob("*.csv"))]
 
 
+def stored_profiles(device_key: str, roots: list[Path] | None = None) -> list[Path]:
+    """Measured operator profiles imported from public sources for a device
+    (<root>/<device>/imported/*.csv, all-reduce tables excepted), the user's and the shipped."""
+    return [
+        path
+        for root in roots or measurement_roots()
+        for path in sorted((root / device_key / "imported").glob("*.csv"))
+        if not path.name.startswith("all_reduce")
+    ]
+
+
 def stored_devices(roots: list[Path] | None = None) -> list[str]:
     """Every device key with at least one stored sweep."""
     found = {

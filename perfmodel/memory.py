@@ -4,7 +4,6 @@ reads. GB = 1e9 bytes, as the device specs give memory."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from perfmodel.dtypes import element_bytes
@@ -47,18 +46,6 @@ def kv_bytes_per_token(model: ModelConfig, dtype: str) -> int:
 
 def usable_bytes(spec: HardwareSpec, reserve: float) -> float:
     return spec.memory_gb * GB * (1 - reserve)
-
-
-def tensor_parallel_spec(spec: HardwareSpec, n: int) -> HardwareSpec:
-    """n devices as one: n x memory, bandwidth and FLOP/s (communication ignored)."""
-    if n == 1:
-        return spec
-    return dataclasses.replace(
-        spec,
-        memory_gb=spec.memory_gb * n,
-        memory_bandwidth_gb_s=spec.memory_bandwidth_gb_s * n,
-        peak_tflops={k: v * n for k, v in spec.peak_tflops.items()},
-    )
 
 
 def devices_to_fit(need_bytes: float, spec: HardwareSpec, reserve: float) -> int:

@@ -73,6 +73,35 @@ class ModelConfig:
     def with_medusa_heads(self, heads: int) -> ModelConfig:
         return dataclasses.replace(self, medusa_heads=heads)
 
+    def shard(self, tp: int) -> ModelConfig:
+        """One device's share of the model under tensor parallelism of degree tp (Megatron
+        style): query heads and the MLP's intermediate size split tp ways; KV heads split
+        too, or are replicated (one per device) when there are fewer of them than tp. The
+        embeddings, norms and hidden size stay whole. tp=1 is the model itself."""
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise PerfkitError(f"model {self.name}: tensor-parallel degree must be a positive integer, got {tp!r}")
+        if tp == 1:
+            return self
+        kv_ok = self.num_kv_heads % tp == 0 or tp % self.num_kv_heads == 0
+        if self.num_heads % tp or self.intermediate_size % tp or not kv_ok:
+            raise PerfkitError(
+                f"model {self.name}: tp={tp} does not split it ({self.num_heads} query heads, {self.num_kv_heads} KV "
+                f"heads, intermediate size {self.intermediate_size}); choose from: "
+                f"{', '.join(map(str, self.tensor_parallel_degrees()))}"
+            )
+        return dataclasses.replace(
+            self,
+            name=f"{self.name}@tp{tp}",
+            num_heads=self.num_heads // tp,
+            num_kv_heads=max(1, self.num_kv_heads // tp),
+            intermediate_size=self.intermediate_size // tp,
+        )
+
+    def tensor_parallel_degrees(self, largest: int = 64) -> list[int]:
+        """The degrees up to `largest` that split the model evenly."""
+        n, kv, i = self.num_heads, self.num_kv_heads, self.intermediate_size
+        return [t for t in range(1, largest + 1) if not n % t and not i % t and (not kv % t or not t % kv)]
+
 
 def _llama(name: str, h: int, i: int, n: int, n_kv: int, layers: int, vocab: int) -> ModelConfig:
     return ModelConfig(name, h, i, n, n_kv, layers, vocab, head_dim=h // n)

@@ -23,7 +23,13 @@ from perfmodel.errors import PerfkitError
 from perfmodel.models import ModelConfig
 from perfmodel.trees import HEAD_TOP_K
 
-OPS = ("q", "k", "v", "qkv", "qk", "pv", "o", "up", "gate", "down", "lm_head", "medusa_heads")
+OPS = ("q", "k", "v", "qkv", "qk", "pv", "o", "up", "gate", "gate_up", "down", "lm_head", "medusa_heads")
+# The fused forms serving engines run (one GEMM for q, k and v; one for gate and up), and
+# what each replaces.
+FUSED_LINEARS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+# Operators that are one GEMM against a weight: their time depends on the token count
+# (batch x query length) and the weight's shape only.
+LINEAR_OPS = ("q", "k", "v", "qkv", "o", "up", "gate", "gate_up", "down", "lm_head")
 # Attention as one fused kernel (torch scaled_dot_product_attention with the causal or
 # tree mask): measured beside the paper's plain qk/pv matmuls, reported as its own op.
 FUSED_OPS = ("sdpa",)
@@ -219,6 +225,7 @@ def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
         "o": (q_width, h),
         "up": (h, i),
         "gate": (h, i),
+        "gate_up": (h, 2 * i),
         "down": (i, h),
         "lm_head": (h, v),
     }

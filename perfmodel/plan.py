@@ -21,6 +21,7 @@ from perfmodel.cli import Parser, positive_int, run
 from perfmodel.dtypes import DTYPES
 from perfmodel.errors import PerfkitError
 from perfmodel.hardware import load_all_specs
+from perfmodel.latency_source import LATENCY_CHOICES
 from perfmodel.memory import DEFAULT_RESERVE
 from perfmodel.planning import BAND_SHOWN, DEFAULT_BATCHES, PlanResult, plan
 from perfmodel.workload import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN
@@ -57,6 +58,7 @@ DEVICE_FIELDS = {
     "user_tokens_s": "tokens/s per user",
     "total_tokens_s": "tokens/s in all",
     "devices_needed": "devices needed",
+    "latency_model": "latency",
 }
 
 
@@ -132,7 +134,8 @@ def build_parser() -> Parser:
         "--tp",
         default="1",
         metavar="N|auto",
-        help="devices per model replica, tensor parallel (default 1; auto: the smallest power of two that fits)",
+        help="devices per model replica, tensor parallel (default 1; auto: the degree up to 8 with the most tokens/s "
+        "per device)",
     )
     p.add_argument(
         "--reserve",
@@ -140,6 +143,13 @@ def build_parser() -> Parser:
         default=DEFAULT_RESERVE,
         metavar="FRACTION",
         help="memory kept free per device (default %(default)s)",
+    )
+    p.add_argument(
+        "--latency",
+        choices=LATENCY_CHOICES,
+        default="auto",
+        help="latency source: auto (default: measured where the device was measured, else calibrated, borrowed or "
+        "the datasheet roofline), or force measured, calibrated or datasheet",
     )
     p.add_argument("--csv", type=Path, metavar="FILE", help="write the bands table (device x batch) to this CSV file")
     p.add_argument(
@@ -175,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         batches=args.batch or DEFAULT_BATCHES,
         memory_reserve=args.reserve,
         tensor_parallel=tp,
+        latency=args.latency,
     )
     print("Devices\n" + format_devices(result.devices))
     for device, bands in result.bands.groupby("device", sort=False):

@@ -25,14 +25,14 @@ Modelling choices (each a simplification to keep in mind):
   10%) of each device is kept for activations, logits, the CUDA context and
   fragmentation, which are not counted.
   Memory is in GB = 1e9 bytes, as the device specs give it.
-- Tensor parallelism is a simple even split: N devices act as one device with N x the
-  memory, bandwidth and FLOP/s; communication (all-reduce) is ignored, so multi-device
-  speeds are optimistic. `tensor_parallel=None` picks the smallest power of two that fits.
-- Speed: per-token latency = Medusa step time / tokens accepted per step (the mean time
-  between a user's tokens; Medusa emits them in bursts); per-user tokens/s = 1 / that;
-  aggregate tokens/s = batch x per-user. Prefill (time to first token) is not modelled:
-  these are decoding speeds. Step times come from the roofline latency model
-  (perfmodel.latency) over the whole step (perfmodel.step, flavor "full").
+- Tensor parallelism (Megatron style): each of the tp devices runs its shard of the model
+  (ModelConfig.shard: query heads, KV heads and the MLP split tp ways), timed by the
+  device's latency source for that shard's shapes, plus two all-reduces per layer of
+  batch x tokens x hidden (perfmodel.allreduce: measured tables where shipped, else a ring
+  model on the spec's interconnect). Memory is split evenly. `tensor_parallel=None` picks
+  the degree with the most tokens/s per device.
+- Latency: perfmodel.latency_source (measured > calibrated > borrowed > datasheet); the
+  devices table's `latency_model` names the one used.
 - Devices needed for a throughput target = tensor_parallel x ceil(target / the best
   aggregate tokens/s of one replica that meets the latency target).
 
@@ -43,6 +43,7 @@ plan() over more than 10,000 of them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,17 +52,18 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.acceptance import PAPER_ACCEPTANCE, describe_acceptance, resolve_acceptance
-from perfmodel.device_view import resolve_devices
+from perfmodel.allreduce import all_reduce_source
+from perfmodel.device_view import DeviceView, resolve_devices
 from perfmodel.dtypes import check_dtype, element_bytes
 from perfmodel.errors import PerfkitError
-from perfmodel.latency import RooflineLatency, RooflineParams
+from perfmodel.latency import RooflineParams
+from perfmodel.latency_source import LATENCY_CHOICES, view_latency
 from perfmodel.memory import (
     DEFAULT_RESERVE,
     GB,
     devices_to_fit,
     head_params,
     kv_bytes_per_token,
-    tensor_parallel_spec,
     usable_bytes,
     weight_params,
 )
@@ -69,6 +71,7 @@ from perfmodel.models import ModelConfig, load_model
 from perfmodel.plan_summary import plan_summary
 from perfmodel.simulations import CANDIDATE_SIZES, pick_best, speedup_table
 from perfmodel.step import StepModel
+from perfmodel.tensor_parallel import TensorParallelStep
 from perfmodel.workload import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths, Workload
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -118,6 +121,7 @@ def plan(
     memory_reserve: float = DEFAULT_RESERVE,
     tensor_parallel: int | None = 1,
     params: RooflineParams | None = None,
+    latency: str = "auto",
 ) -> PlanResult:
     """Plan serving `model` on each of `devices` (see the module docstring for the model).
 
@@ -130,9 +134,12 @@ def plan(
     perfmodel.acceptance.resolve_acceptance reads it. batches: batch sizes to evaluate (the
     device's max batch is added where it is below the largest). sizes: tree sizes (root
     included) to search; 1 (plain decoding) is always included. tensor_parallel: devices
-    per model replica, or None for the smallest power of two that fits. params: the latency
-    model's efficiencies for every device, or None for each device's own (the public
-    defaults on a datasheet, none on a CPU's measured ceilings).
+    per model replica, or None (auto) for the degree that gives the most tokens/s per device
+    among those that fit and split the model (powers of two up to 8). params: the datasheet
+    roofline's efficiencies for every device, or None for each device's own (the public
+    defaults on a datasheet, none on a CPU's measured ceilings). latency: the latency source
+    (perfmodel.latency_source: auto = measured where the device was measured, else
+    calibrated, borrowed or datasheet; or force measured, calibrated or datasheet).
 
     Raises PerfkitError for bad input, and when the model fits on none of the devices.
     """
@@ -156,19 +163,17 @@ def plan(
     acceptance = resolve_acceptance(acceptance).model
     accept = tabulated(acceptance, sizes)
 
+    if latency not in LATENCY_CHOICES:
+        raise PerfkitError(f"unknown latency source {latency!r}; choose from: {', '.join(LATENCY_CHOICES)}")
+    if tensor_parallel is not None:
+        model.shard(tensor_parallel)  # one line naming the degrees that split the model
     rows, bands, configs = [], [], []
     for view in views:
-        row, device_bands, device_configs = plan_device(
-            model,
-            view.spec,
-            dtype,
-            workload,
-            accept,
-            batches,
-            sizes,
-            memory_reserve,
-            tensor_parallel,
-            params or view.params,
+        if params is not None:
+            view = dataclasses.replace(view, params=params)
+        setting = Setting(model, view, dtype, workload, accept, batches, sizes, memory_reserve, latency)
+        row, device_bands, device_configs = (
+            plan_device(setting, tensor_parallel) if tensor_parallel else plan_device_auto_tp(setting)
         )
         rows.append(row)
         bands.append(device_bands)
@@ -187,14 +192,63 @@ def plan(
     return PlanResult(model, dtype, workload, describe_acceptance(acceptance), devices_df, bands_df, configs_df)
 
 
-def plan_device(model, spec, dtype, w: Workload, accept, batches, sizes, reserve, tensor_parallel, params):
-    """One device's row, bands and configurations."""
+@dataclass(frozen=True)
+class Setting:
+    """What one device's plan is of."""
+
+    model: ModelConfig
+    view: DeviceView
+    dtype: str
+    workload: Workload
+    accept: object
+    batches: np.ndarray
+    sizes: np.ndarray
+    reserve: float
+    latency: str
+
+
+# tensor_parallel=None tries these degrees (those that split the model and fit).
+AUTO_TP = (1, 2, 4, 8)
+
+
+def plan_device_auto_tp(setting: Setting):
+    """The tensor-parallel degree with the most tokens/s per device (meeting the latency
+    target where one is set) among those that fit; the smallest that fits when none does."""
+    model = setting.model
+    degrees = [tp for tp in AUTO_TP if tp in model.tensor_parallel_degrees(max(AUTO_TP))]
+    if not can_all_reduce(setting.view.spec):
+        degrees = [1]  # no interconnect to time the all-reduces on: one device per replica
+    tried = [plan_device(setting, tp) for tp in degrees]
+    fitting = [t for t in tried if t[0]["fits"]]
+    if not fitting:
+        return tried[-1]
+    meeting = [t for t in fitting if t[0]["meets_latency"]] or fitting
+
+    def per_device(t):
+        row, band, _ = t
+        best = row["total_tokens_s"] if row["meets_latency"] else band["total_tokens_s"].max()
+        return best / row["tensor_parallel"]
+
+    return max(meeting, key=per_device)
+
+
+def can_all_reduce(spec) -> bool:
+    try:
+        all_reduce_source(spec)
+    except PerfkitError:
+        return False
+    return True
+
+
+def plan_device(setting: Setting, tp: int):
+    """One device's row, bands and configurations at tensor-parallel degree tp."""
+    model, spec, dtype, w, reserve = setting.model, setting.view.spec, setting.dtype, setting.workload, setting.reserve
+    accept, batches, sizes = setting.accept, setting.batches, setting.sizes
     weights = weight_params(model) * element_bytes(dtype)
     heads = head_params(model) * element_bytes(dtype)
     kv_token = kv_bytes_per_token(model, dtype)
     one_sequence = weights + heads + kv_token * w.kv_tokens
     needed = devices_to_fit(one_sequence, spec, reserve)
-    tp = tensor_parallel or 2 ** math.ceil(math.log2(needed))
     usable = usable_bytes(spec, reserve) * tp
     free = usable - weights - heads
     max_batch = max(0, int(free // (kv_token * w.kv_tokens)))
@@ -210,6 +264,7 @@ def plan_device(model, spec, dtype, w: Workload, accept, batches, sizes, reserve
         kv_mb_per_seq=kv_token * w.kv_tokens / 1e6,
         max_batch=max_batch,
         fits=max_batch >= 1,
+        latency_model="",
     )
     if max_batch < 1:
         where = f"{tp} devices" if tp > 1 else "one device"
@@ -224,19 +279,22 @@ def plan_device(model, spec, dtype, w: Workload, accept, batches, sizes, reserve
             )
         row.update(
             note=f"does not fit: {why} ({spec.memory_gb:g} GB each, less the {reserve:.0%} reserve); it needs "
-            f"{needed} devices in tensor parallel (tensor_parallel={needed} or --tp {needed}; None or auto picks a "
-            "power of two)"
+            f"{needed} devices in tensor parallel (tensor_parallel={needed} or --tp {needed}; None or auto picks the "
+            "degree with the most tokens/s per device)"
         )
         return row | NO_RECOMMENDATION, None, None
 
     planned = batches[batches <= max_batch]
     if max_batch < batches[-1] and max_batch not in planned:
         planned = np.append(planned, max_batch)
-    step = StepModel(model, RooflineLatency(tensor_parallel_spec(spec, tp), model, dtype, params))
+    shard = model.shard(tp)
+    latency = view_latency(setting.view, shard, dtype, setting.latency)
+    step = TensorParallelStep(StepModel(shard, latency), tp, all_reduce_source(spec) if tp > 1 else None, dtype)
     table = speedup_table(step, accept, planned, w.step_context, sizes).sort_values(
         ["batch", "tree_size"], ignore_index=True
     )
     table.insert(0, "device", spec.key)
+    row["latency_model"] = step.label
     table["memory_gb"] = (weights + heads + table["batch"] * kv_token * (w.kv_tokens + table["tree_size"] - 1)) / GB
     table["fits"] = table["memory_gb"] * GB <= usable
     table["per_token_s"] = table["medusa_step_s"] / table["acceptance"]
@@ -303,6 +361,7 @@ DEVICE_COLUMNS = [
     "meets_latency",
     "devices_needed",
     "best_ms",
+    "latency_model",
     "note",
 ]
 BAND_COLUMNS = [

@@ -19,6 +19,7 @@ from perfmodel.contract import write_table
 from perfmodel.device_view import is_cpu_name, resolve_view
 from perfmodel.dtypes import DTYPES, check_dtype, default_dtype
 from perfmodel.grid import PAPER_GRID, QUICK_GRID
+from perfmodel.latency_source import LATENCY_CHOICES
 from perfmodel.models import load_model
 from perfmodel.roofline_model import DEFAULT_MODELS
 from profilers.sweep import measure_now
@@ -82,6 +83,13 @@ def build_parser() -> Parser:
         help="first run a quick sweep on this machine's device (--gpu cpu, or the GPU named), then draw it",
     )
     p.add_argument("--jobs", type=positive_int, metavar="N", help="processes drawing figures (default: one per core)")
+    p.add_argument(
+        "--latency",
+        choices=LATENCY_CHOICES,
+        default="auto",
+        help="latency of the predicted points: auto (default: measured where the device was measured, else "
+        "calibrated, borrowed or the datasheet roofline), or force measured, calibrated or datasheet",
+    )
     return p
 
 
@@ -104,13 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     variation_model = load_model(args.variation_model) if args.variation_model else models[-1]
 
     with Renderer(args.jobs) as renderer:
-        figures, tables, errors = submit_roofline_figures(renderer, view, models, variation_model, dtype, grid)
+        figures, tables, errors = submit_roofline_figures(
+            renderer, view, models, variation_model, dtype, grid, args.latency
+        )
         out.mkdir(parents=True, exist_ok=True)
         table = pd.concat([t for t in tables if not t.empty], ignore_index=True)
         csv_path = write_table(table, args.csv or out / "roofline.csv")
         html_path = write_page(out, view, dtype, figures, errors)
     measured = sum((t["source"] == "measured").sum() for t in tables)
     print(f"{view.spec.name} ({view.spec.key}), {dtype}: {len(figures)} figures in {out}/")
+    print(f"  latency: {'; '.join(dict.fromkeys(table['latency_model'].dropna()))}")
     if view.sources:
         print(f"  measured: {measured} rows from {', '.join(str(p) for p in view.sources)}")
     print(f"  html: {html_path}")

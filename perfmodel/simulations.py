@@ -23,7 +23,7 @@ from perfmodel.acceptance import AcceptanceChoice, draft_model_improvement, draf
 from perfmodel.device_view import DeviceView, resolve_devices
 from perfmodel.errors import PerfkitError
 from perfmodel.hardware import load_all_specs
-from perfmodel.latency import RooflineLatency
+from perfmodel.latency_source import view_latency
 from perfmodel.step import StepModel
 from perfmodel.trees import export_tree
 
@@ -225,24 +225,20 @@ def choose_devices(gpus, spec_files, every: bool) -> list[DeviceView]:
     return resolve_devices(list(load_all_specs().values()) if every else spec_files or gpus)
 
 
-def latency_label(params) -> str:
-    return (
-        f"roofline latency, {params.label} (x{params.compute_efficiency:g} compute, "
-        f"x{params.memory_efficiency:g} bandwidth, {params.kernel_overhead_s * 1e6:g} us per kernel)"
-    )
+def device_table(
+    device: DeviceView, model, dtype: str, flavors, acceptance: AcceptanceChoice, latency_choice: str = "auto"
+) -> pd.DataFrame:
+    """The three simulations on one device, in the CSV's columns; latency_choice is
+    perfmodel.latency_source's (auto: measured where the device was measured)."""
 
-
-def device_table(device: DeviceView, model, dtype: str, flavors, acceptance: AcceptanceChoice) -> pd.DataFrame:
-    """The three simulations on one device, in the CSV's columns."""
-
-    latency = RooflineLatency(device.spec, model, dtype, device.params)
+    latency = view_latency(device, model, dtype, latency_choice)
     table = simulate({f: StepModel(model, latency, f) for f in flavors}, acceptance.model)
     table = table.assign(
         device=device.spec.key,
         model=model.name,
         dtype=dtype,
         acceptance_model=acceptance.label,
-        latency_model=latency_label(device.params),
+        latency_model=latency.label,
         source="predicted",
     )
     return table[CSV_COLUMNS]
@@ -339,4 +335,21 @@ def summary_lines(device: DeviceView, dtype: str, table: pd.DataFrame, draft: pd
         f"  draft model (c={draft['cost_ratio'].iloc[0]:g}), best per alpha: {', '.join(cells)}; Medusa at b=1, "
         f"s=1024: {versus}"
     )
+    return lines
+
+
+def optima_side_by_side(chosen: pd.DataFrame, datasheet: pd.DataFrame) -> list[str]:
+    """Where the chosen latency source's optima differ from the datasheet roofline's: one
+    line per (simulation, step, batch, context) whose best tree or speedup differs."""
+    key = ["simulation", "step", "batch", "seq_len"]
+    both = optima(chosen).merge(optima(datasheet), on=key, suffixes=("", "_datasheet"))
+    differ = both[(both["tree_size"] != both["tree_size_datasheet"])]
+    if differ.empty:
+        return ["  datasheet and measured-latency optima agree on every tree size"]
+    lines = [f"  where the datasheet roofline's optimum differs ({len(differ)} of {len(both)} settings):"]
+    for r in differ.itertuples():
+        lines.append(
+            f"    ({r.simulation}) {r.step} step b={r.batch} s={r.seq_len}: measured-latency n={r.tree_size} "
+            f"{r.speedup:.2f}x | datasheet n={r.tree_size_datasheet} {r.speedup_datasheet:.2f}x"
+        )
     return lines

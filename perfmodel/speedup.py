@@ -17,6 +17,7 @@ from perfmodel.acceptance import resolve_acceptance
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.dtypes import DTYPES, check_dtype, default_dtype
 from perfmodel.errors import PerfkitError
+from perfmodel.latency_source import LATENCY_CHOICES
 from perfmodel.models import load_model
 from perfmodel.simulations import (
     DEFAULT_DRAFT_COST,
@@ -25,6 +26,7 @@ from perfmodel.simulations import (
     device_table,
     draft_model_table,
     optima,
+    optima_side_by_side,
     summary_lines,
 )
 from reports.render import Renderer
@@ -76,6 +78,14 @@ def build_parser():
         default="both",
         help="step latency model: paper = the paper's simplified Llama block (Appendix G.3, reproduces its figures); "
         "full = the whole model step (all layers, LM head, Medusa heads, verification); both (default) draws both",
+    )
+    p.add_argument(
+        "--latency",
+        choices=LATENCY_CHOICES,
+        default="auto",
+        help="latency source: auto (default) = measured where the device was measured (shipped profiles or given "
+        "sweeps), calibrated on its measurements for other shapes, borrowed from a measured device of the same "
+        "architecture, else the datasheet roofline; or force one",
     )
     p.add_argument(
         "--acceptance",
@@ -130,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         device.spec.peak_flops(dtype)  # one clear line when the device lacks the dtype
         folder = f"{device.spec.key}-{model.name}-{dtype}"
         out = args.out if args.out and len(devices) == 1 else (args.out or DEFAULT_OUT) / folder
-        planned.append((device, dtype, out, device_table(device, model, dtype, flavors, acceptance)))
+        table = device_table(device, model, dtype, flavors, acceptance, args.latency)
+        compared = []
+        if not table["latency_model"].iloc[0].startswith("roofline latency"):
+            datasheet = device_table(device, model, dtype, flavors, acceptance, "datasheet")
+            compared = optima_side_by_side(table, datasheet)
+        planned.append((device, dtype, out, table, compared))
 
     if not planned:
         raise PerfkitError(f"no device has a {args.dtype} peak in its spec; skipped: {', '.join(skipped)}")
@@ -138,15 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     with Renderer(args.jobs) as renderer:
         figures = [
             submit_speedup_figures(renderer, d, model, dtype, table, draft, acceptance)
-            for d, dtype, _, table in planned
+            for d, dtype, _, table, _ in planned
         ]
-        for (device, dtype, out, table), pngs in zip(planned, figures):
+        for (device, dtype, out, table, compared), pngs in zip(planned, figures):
             out.mkdir(parents=True, exist_ok=True)
             print(
                 f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted; acceptance "
                 f"{acceptance.label}"
             )
-            for line in summary_lines(device, dtype, table, draft):
+            print(f"  latency: {table['latency_model'].iloc[0]}")
+            for line in summary_lines(device, dtype, table, draft) + compared:
                 print(line)
             written = []
             for name, png in pngs.items():
@@ -168,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  wrote {out}/: {', '.join(written)}")
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
-        rows = pd.concat([t for *_, t in planned], ignore_index=True)
+        rows = pd.concat([t for _, _, _, t, _ in planned], ignore_index=True)
         rows.to_csv(args.csv, index=False)
         print(f"csv: {args.csv} ({len(rows)} rows)")
     if skipped:

@@ -5,13 +5,15 @@ in a phase. Three inventories:
 
 - `paper`: the paper's simplified Llama block (Appendix G.3): XW_Q, XW_K, XW_V, QK^T, PV,
   XW_u, XW_g, XW_d, one layer, verification ignored. A preset for reproducing its figures.
-- `full`: everything a serving engine runs per step: per layer two norms, q/k/v, RoPE,
-  the KV-cache write, fused attention over the context plus the tree, o, two residual
-  adds, gate/up, SiLU-and-multiply, down; once the embedding, the final norm and the LM
-  head over every token; and for Medusa the heads (on one token per sequence), building
-  the candidates, verifying them, building the tree mask and moving the accepted KV entries.
-- `reference`: `full` as this toolkit's reference decoder runs it: it also builds the
-  attention mask and commits the accepted (one-token) path in plain decoding steps.
+- `full`: everything a serving engine runs per step: per layer two norms, the fused QKV
+  projection, RoPE, the KV-cache write, fused attention over the context plus the tree,
+  o, two residual adds, the fused gate+up projection, SiLU-and-multiply, down; once the
+  embedding, the final norm and the LM head over every token; and for Medusa the heads
+  (on one token per sequence), building the candidates, verifying them, building the tree
+  mask and moving the accepted KV entries.
+- `reference`: `full` as this toolkit's reference decoder runs it: separate q/k/v and
+  gate/up projections (as its checkpoint stores them), and it also builds the attention
+  mask and commits the accepted (one-token) path in plain decoding steps.
 
 Latency comes from a `LatencySource`: anything with `op_time(op, phase, batch, seq_len,
 candidates) -> seconds` (numpy arrays in, an array out). perfmodel.latency.RooflineLatency
@@ -66,13 +68,16 @@ def step_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[StepO
     if flavor == "paper":
         return tuple(StepOp(op) for op in ("q", "k", "v", "qk", "pv", "up", "gate", "down"))
     layers = model.num_layers
+    fused = flavor == "full"
     per_layer = (
         StepOp("norm", 2 * layers),
-        *(StepOp(op, layers) for op in ("q", "k", "v", "rope", "kv_write")),
+        *(StepOp(op, layers) for op in (("qkv",) if fused else ("q", "k", "v"))),
+        *(StepOp(op, layers) for op in ("rope", "kv_write")),
         StepOp("sdpa", layers, kv=True),
         StepOp("o", layers),
         StepOp("residual", 2 * layers),
-        *(StepOp(op, layers) for op in ("gate", "up", "act", "down")),
+        *(StepOp(op, layers) for op in (("gate_up",) if fused else ("gate", "up"))),
+        *(StepOp(op, layers) for op in ("act", "down")),
     )
     once = (StepOp("embed"), StepOp("norm", label="final_norm"), StepOp("lm_head"), StepOp("verify"))
     # The reference decoder builds the mask and commits the accepted path (a one-token

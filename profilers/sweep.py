@@ -4,6 +4,11 @@ One row per (op, phase, batch, seq_len, candidates) in the data-contract format,
 to --out as soon as it is measured: a sweep killed at any moment resumes on rerun with
 nothing lost or repeated, and a rerun of a complete sweep does nothing. Configurations
 that do not fit in memory are recorded as skipped, with the reason.
+
+On CUDA (or with --token-grid fine) linear ops are also timed on the fine token grid
+(perfmodel.grid.fine_token_grid: 1, 2, 4, 8, 16, ..., 512, then powers of two), to catch
+the steps of GEMM latency in the token count; those are prefill rows of one sequence,
+(batch 1, seq_len = tokens, candidates 1).
 """
 
 from __future__ import annotations
@@ -20,11 +25,11 @@ from perfmodel.contract import contract_fields
 from perfmodel.device_view import is_cpu_name
 from perfmodel.dtypes import check_dtype, default_dtype
 from perfmodel.errors import PerfkitError
-from perfmodel.grid import PAPER_GRID, QUICK_GRID, Grid, iter_points
+from perfmodel.grid import FINE_TOKEN_STEP, FINE_TOKENS_UP_TO, PAPER_GRID, QUICK_GRID, Grid, iter_points
 from perfmodel.hardware import resolve_spec
 from perfmodel.measurements import user_measurements_dir
 from perfmodel.models import ModelConfig, load_model
-from perfmodel.operators import DEFAULT_OPS, PHASES, STEP_OPS, op_cost
+from perfmodel.operators import DEFAULT_OPS, LINEAR_OPS, PHASES, STEP_OPS, op_cost
 from profilers.benchmarks import BENCH_DTYPES, OpBenchmark, check_bench_dtype
 from profilers.ceilings import measure_ceilings
 from profilers.device import (
@@ -46,6 +51,8 @@ from profilers.timer import (
 )
 
 GRIDS = {"paper": PAPER_GRID, "quick": QUICK_GRID}
+# fine: linear ops also at perfmodel.grid.fine_token_grid's token counts; coarse: the grid only.
+TOKEN_GRIDS = ("fine", "coarse")
 TIMER_MODES = ("auto", "events", "graph")
 # Below this, one kernel is short enough for launch overhead to matter: use a CUDA graph.
 GRAPH_BELOW_S = 50e-6
@@ -88,6 +95,37 @@ def default_timer(device: str, budget_s: float | None = None, target_noise: floa
             warmup=2, min_reps=5, target_noise=target_noise, budget_s=2.0 if budget_s is None else budget_s
         )
     return TimerConfig(warmup=1, min_reps=3, target_noise=target_noise, budget_s=0.4 if budget_s is None else budget_s)
+
+
+def default_grid(device: str) -> str:
+    """paper on CUDA; quick on a CPU, where a 7B model's ops take milliseconds to seconds."""
+    return "paper" if device == "cuda" else "quick"
+
+
+def default_token_grid(device: str) -> str:
+    """fine on CUDA, where linear ops take microseconds and their latency steps with the
+    token count; coarse on a CPU, so CPU sweeps stay short."""
+    return "fine" if device == "cuda" else "coarse"
+
+
+def with_token_grid(grid: Grid, device: str, token_grid: str | None = None) -> Grid:
+    """`grid` with linear ops on the fine token grid or not, as `token_grid` says (fine or
+    coarse; default: default_token_grid(device))."""
+    choice = token_grid or default_token_grid(device)
+    if choice not in TOKEN_GRIDS:
+        raise PerfkitError(f"token grid {choice!r}: choose from {', '.join(TOKEN_GRIDS)}")
+    return grid.with_fine_tokens(choice == "fine")
+
+
+def sweep_grid(
+    device: str, grid: str | None = None, token_grid: str | None = None, batches=None, seq_lens=None, candidates=None
+) -> Grid:
+    """The grid a sweep on `device` measures: the named grid (default: default_grid), any
+    axis given replaced, linear ops on the fine token grid or not (with_token_grid)."""
+    name = grid or default_grid(device)
+    if name not in GRIDS:
+        raise PerfkitError(f"grid {name!r}: choose from {', '.join(GRIDS)}")
+    return with_token_grid(GRIDS[name].narrowed(batches, seq_lens, candidates), device, token_grid)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -248,9 +286,10 @@ def run_sweep(config: SweepConfig, log=print) -> SweepResult:
         return summarize_result(config, journal, 0, 0, None, None)
 
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    fine = f", linear ops at {len(config.grid.linear_tokens)} token counts" if config.grid.linear_tokens else ""
     log(
         f"{info.name} ({info.key}), {config.model.name} {config.dtype}: {len(todo)} of {len(points)} configurations "
-        f"to measure, run {run_id}"
+        f"to measure{fine}, run {run_id}"
     )
     ceilings = None
     if config.ceilings:
@@ -280,7 +319,8 @@ def run_sweep(config: SweepConfig, log=print) -> SweepResult:
 
 def measure_now(gpu: str | None, spec_file, models: list[ModelConfig], dtype: str, grid: Grid, log=print) -> list[Path]:
     """--measure: quick sweeps of the device a command names (`cpu`: this machine's CPU;
-    a GPU name: the GPU here, which must be that one), stored for later commands."""
+    a GPU name: the GPU here, which must be that one), stored for later commands. Linear
+    ops get the device's default token grid (fine on a GPU)."""
 
     if is_cpu_name(gpu):
         return measure_and_store("cpu", models, dtype, grid, log=log)
@@ -288,13 +328,21 @@ def measure_now(gpu: str | None, spec_file, models: list[ModelConfig], dtype: st
 
 
 def measure_and_store(
-    device: str, models: list[ModelConfig], dtype: str, grid: Grid, wanted_key: str | None = None, log=print
+    device: str,
+    models: list[ModelConfig],
+    dtype: str,
+    grid: Grid,
+    wanted_key: str | None = None,
+    log=print,
+    token_grid: str | None = None,
 ) -> list[Path]:
     """Sweeps of this machine's device, one per model, kept in the user's measurements
     folder (<folder>/<device key>/<model>-<dtype>.csv), where every later command finds
     them as this device's stored measurements. Resumable: a rerun measures only what is
-    missing. `wanted_key`: the GPU the caller asked for, which must be the one here."""
+    missing. `wanted_key`: the GPU the caller asked for, which must be the one here.
+    `token_grid`: fine or coarse for linear ops (default: default_token_grid(device))."""
     check_device(device)
+    grid = with_token_grid(grid, device, token_grid)
     info = cuda_info()[0] if device == "cuda" else cpu_info()
     if wanted_key is not None and device == "cuda" and info.spec_key != wanted_key:
         raise PerfkitError(
@@ -358,6 +406,13 @@ def build_parser() -> Parser:
         help="paper: 49 (b, s) settings per op, q in {1,16,...,112}; quick: a few minutes on a CPU (default: paper "
         "on cuda, quick on cpu)",
     )
+    p.add_argument(
+        "--token-grid",
+        choices=TOKEN_GRIDS,
+        help=f"fine: linear ops ({' '.join(LINEAR_OPS)}) also at 1, 2, 4 and every {FINE_TOKEN_STEP} tokens up to "
+        f"{FINE_TOKENS_UP_TO}, then powers of two up to the longest sequence, as prefill rows of batch 1 (seq_len = "
+        "tokens), to catch the steps of GEMM latency; coarse: the grid only (default: fine on cuda, coarse on cpu)",
+    )
     p.add_argument("--batch", nargs="+", type=positive_int, metavar="B", help="custom batch sizes (replace the grid's)")
     p.add_argument("--seq", nargs="+", type=positive_int, metavar="S", help="custom sequence lengths")
     p.add_argument(
@@ -412,8 +467,8 @@ def config_from_args(args) -> SweepConfig:
     check_device(device)
     dtype = check_dtype(args.dtype or default_dtype(device))
     model = load_model(args.model)
-    grid_name = args.grid or ("paper" if device == "cuda" else "quick")
-    grid = GRIDS[grid_name].narrowed(args.batch, args.seq, args.candidates)
+    grid_name = args.grid or default_grid(device)
+    grid = sweep_grid(device, grid_name, args.token_grid, args.batch, args.seq, args.candidates)
     custom = "custom" if (args.batch or args.seq or args.candidates) else grid_name
     out = args.out or Path("perf-reports") / "sweeps" / f"{device}-{model.name}-{dtype}-{custom}.csv"
     timer = default_timer(device, args.budget, args.target_noise)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.dtypes import DTYPES, check_dtype
+from perfmodel.latency_source import LATENCY_CHOICES
 from perfmodel.models import load_model
 from reports.build import BuildConfig, build
 from reports.compare import CompareConfig, compare
@@ -138,6 +139,14 @@ def build_parser() -> Parser:
     )
     c.add_argument("--out", type=Path, metavar="DIR", help=f"output folder (default {DEFAULT_OUT}/compare/<model>)")
     c.add_argument("--jobs", type=positive_int, metavar="N", help="processes drawing figures (default: one per core)")
+    for sub in (b, c):
+        sub.add_argument(
+            "--latency",
+            choices=LATENCY_CHOICES,
+            default="auto",
+            help="latency source: auto (default: measured where the device was measured, else calibrated, borrowed "
+            "or the datasheet roofline), or force measured, calibrated or datasheet",
+        )
     return p
 
 
@@ -148,7 +157,7 @@ def model_name(model: str) -> str:
 
 def shared(args) -> dict:
     """The options build and compare share, as their configs name them."""
-    names = ("model", "dtype", "acceptance", "prompt_len", "response_len", "latency_ms", "jobs")
+    names = ("model", "dtype", "acceptance", "prompt_len", "response_len", "latency_ms", "jobs", "latency")
     return {name: getattr(args, name) for name in names}
 
 

@@ -82,8 +82,8 @@ def build(config: BuildConfig, log=print) -> Report:
     log(f"building the report for {where} ...")
 
     with Renderer(config.jobs) as renderer:
-        roof, tables, op_errors = submit_roofline_figures(renderer, view, [model], model, dtype, grid)
-        sims = speedup.device_table(view, model, dtype, FLAVORS, acceptance.choice)
+        roof, tables, op_errors = submit_roofline_figures(renderer, view, [model], model, dtype, grid, config.latency)
+        sims = speedup.device_table(view, model, dtype, FLAVORS, acceptance.choice, config.latency)
         draft = speedup.draft_model_table()
         speed_pngs = submit_speedup_figures(renderer, view, model, dtype, sims, draft, acceptance.choice)
         best = speedup.optima(sims)
@@ -133,6 +133,7 @@ def capacity_plan(model, view: DeviceView, dtype: str, acceptance: ReportAccepta
             prompt_len=config.prompt_len,
             response_len=config.response_len,
             latency_target_s=config.latency_ms / 1e3 if config.latency_ms else None,
+            latency=config.latency,
             acceptance=acceptance.choice.model,
             params=view.params,
         )

@@ -19,7 +19,7 @@ from perfmodel import simulations as speedup
 from perfmodel.device_view import DeviceView, resolve_view
 from perfmodel.dtypes import check_dtype, default_dtype
 from perfmodel.errors import PerfkitError
-from perfmodel.latency import RooflineLatency
+from perfmodel.latency_source import view_latency
 from perfmodel.models import load_model
 from perfmodel.plan_summary import device_paragraph, overall
 from perfmodel.planning import PlanResult
@@ -50,6 +50,7 @@ class CompareConfig:
     response_len: int = 256
     latency_ms: float | None = None
     jobs: int | None = None
+    latency: str = "auto"  # perfmodel.latency_source choice
 
 
 @dataclass
@@ -102,10 +103,10 @@ def device_rows(pairs, model) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def latency_rows(pairs, model) -> pd.DataFrame:
+def latency_rows(pairs, model, latency: str = "auto") -> pd.DataFrame:
     rows = []
     for view, dtype in pairs:
-        step = StepModel(model, RooflineLatency(view.spec, model, dtype, view.params), "full")
+        step = StepModel(model, view_latency(view, model, dtype, latency), "full")
         times = step.step_time(list(LATENCY_BATCHES), CONTEXT, 1)
         rows += [
             {"device": view.spec.key, "batch": b, "plain_step_ms": t * 1e3} for b, t in zip(LATENCY_BATCHES, times)
@@ -137,9 +138,9 @@ def compare(config: CompareConfig, log=print) -> Comparison:
     log(f"comparing {model.name} on {', '.join(keys)} ...")
 
     devices = device_rows(pairs, model)
-    latency = latency_rows(pairs, model)
+    latency = latency_rows(pairs, model, config.latency)
     sims = pd.concat(
-        [speedup.device_table(v, model, d, ("full",), acceptance.choice) for v, d in pairs],
+        [speedup.device_table(v, model, d, ("full",), acceptance.choice, config.latency) for v, d in pairs],
         ignore_index=True,
     )
     results = [capacity_plan(model, v, d, acceptance, config) for v, d in pairs]

@@ -10,7 +10,7 @@ import pandas as pd
 
 from perfmodel import simulations as speedup
 from perfmodel.acceptance import fit_error
-from perfmodel.latency import RooflineLatency
+from perfmodel.latency_source import view_latency
 from perfmodel.planning import PlanResult
 from perfmodel.step import StepModel
 from reports.report import FLAVORS, BuildConfig, Report
@@ -145,13 +145,14 @@ def input_items(report: Report, config: BuildConfig, validation: pd.DataFrame) -
     ]
 
 
-def plain_step_text(report: Report) -> str:
+def plain_step_text(report: Report, latency_choice: str = "auto") -> str:
     """The predicted plain decoding step of the whole model at batch 1, context 1024."""
     m = report.model
-    report_step = StepModel(m, RooflineLatency(report.view.spec, m, report.dtype, report.view.params), "full")
+    latency = view_latency(report.view, m, report.dtype, latency_choice)
+    report_step = StepModel(m, latency, "full")
     return (
         "Predicted plain decoding step of the whole model at batch 1, context 1024: "
-        f"{float(report_step.step_time(1, 1024, 1)) * 1e3:.2f} ms."
+        f"{float(report_step.step_time(1, 1024, 1)) * 1e3:.2f} ms (latency: {latency.label})."
     )
 
 

@@ -31,6 +31,7 @@ class BuildConfig:
     response_len: int = 256
     latency_ms: float | None = None
     jobs: int | None = None
+    latency: str = "auto"  # perfmodel.latency_source choice
     measure: bool = False  # first sweep this machine's device for the model (stored for later runs)
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 from perfmodel.contract import POINT_COLUMNS
 from perfmodel.device_view import DeviceView
 from perfmodel.latency import predict_table
+from perfmodel.latency_source import view_latency
 from perfmodel.operators import DEFAULT_OPS, OP_GROUPS
 from perfmodel.roofline_model import MAIN_PHASES, ceilings, matching_measurements, prediction_error, variation_studies
 from reports.html import Page
@@ -30,14 +31,15 @@ class PlannedFigure:
     points: pd.DataFrame
 
 
-def submit_roofline_figures(renderer, view: DeviceView, models, variation_model, dtype, grid):
+def submit_roofline_figures(renderer, view: DeviceView, models, variation_model, dtype, grid, latency: str = "auto"):
     """Submit every figure for rendering; return them with the tables behind them."""
     spec, params, measured = view.spec, view.params, view.measured
     lines = ceilings(view, dtype)
     tables, errors, figures = [], [], []
     main_ops = [op for group in OP_GROUPS.values() for op in group]
     for model in models:
-        predicted = predict_table(spec, model, dtype, grid, ops=DEFAULT_OPS, params=params)
+        source = view_latency(view, model, dtype, latency)
+        predicted = predict_table(spec, model, dtype, grid, ops=DEFAULT_OPS, params=params, latency=source)
         mine = matching_measurements(measured, spec, model, dtype)
         tables += [predicted, mine]
         errors.append(prediction_error(predicted, mine))
@@ -47,7 +49,10 @@ def submit_roofline_figures(renderer, view: DeviceView, models, variation_model,
         job = FigureJob(
             roofline_panels, dict(points=points, ceilings=lines, groups=OP_GROUPS, phases=MAIN_PHASES, title=title)
         )
-        caption = f"{title}: op groups qkv, qk/pv, up/gate/down in prefill and decode, coloured by batch."
+        caption = (
+            f"{title}: op groups qkv, qk/pv, up/gate/down in prefill and decode, coloured by batch. "
+            f"Predicted points' latency: {source.label}."
+        )
         figures.append(
             PlannedFigure(
                 f"{model.name}: operators in prefill and decode",
@@ -61,7 +66,14 @@ def submit_roofline_figures(renderer, view: DeviceView, models, variation_model,
     mine = matching_measurements(measured, spec, variation_model, dtype)
     for study in variation_studies(grid):
         predicted = predict_table(
-            spec, variation_model, dtype, study["grid"], ops=study["ops"], phases=("tree",), params=params
+            spec,
+            variation_model,
+            dtype,
+            study["grid"],
+            ops=study["ops"],
+            phases=("tree",),
+            params=params,
+            latency=view_latency(view, variation_model, dtype, latency),
         )
         points = pd.concat([predicted, mine.merge(predicted[POINT_COLUMNS], on=POINT_COLUMNS)], ignore_index=True)
         title = f"{variation_model.name} on {spec.name} ({dtype}): {study['what']}"

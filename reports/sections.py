@@ -84,7 +84,7 @@ def speedup_section(
         "Paper step: the App. G.3 "
         "simplified block (q, k, v, QK^T, PV, up, gate, down); "
         "full step: the whole model (norms, o, LM head, Medusa heads, verification). "
-        f"Acceptance: {report.acceptance.choice.label}. Latency: {speedup.latency_label(report.view.params)}."
+        f"Acceptance: {report.acceptance.choice.label}. Latency: {sims['latency_model'].iloc[0]}."
     )
     page.preformatted(
         "\n".join(line.removeprefix("  ") for line in speedup.summary_lines(device, report.dtype, sims, draft))
@@ -217,4 +217,4 @@ def error_section(page: Page, op_errors, report: Report, validation: pd.DataFram
 def inputs_section(page: Page, report: Report, config, validation: pd.DataFrame) -> None:
     page.heading("Inputs")
     page.bullets(prose.input_items(report, config, validation))
-    page.paragraph(prose.plain_step_text(report))
+    page.paragraph(prose.plain_step_text(report, config.latency))

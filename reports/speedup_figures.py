@@ -14,7 +14,7 @@ from matplotlib.lines import Line2D
 
 from perfmodel.acceptance import AcceptanceChoice
 from perfmodel.device_view import DeviceView
-from perfmodel.simulations import SIMULATIONS, STEP_LABELS, latency_label, optima, size_text
+from perfmodel.simulations import SIMULATIONS, STEP_LABELS, optima, size_text
 from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
 from reports.plotting import (
     SIZE_LABEL,
@@ -237,7 +237,8 @@ def submit_speedup_figures(
 ) -> dict:
     """Submit the device's four figures for rendering; returns file name -> function giving the PNG bytes."""
     where = f"{model.name} on {device.spec.name} ({dtype})"
-    subtitle = f"Predicted, not measured. Latency: {latency_label(device.params)}. Acceptance: {acceptance.label}."
+    latency = table["latency_model"].iloc[0]
+    subtitle = f"Predicted speedup (step latency: {latency}). Acceptance: {acceptance.label}."
     jobs = {}
     for sim in SIMULATIONS:
         rows = table[table["simulation"] == sim.key]

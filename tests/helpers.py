@@ -9,6 +9,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import matplotlib.image
+import yaml
+
+from hw_specs import SPEC_DIR
 
 
 def assert_png_shows_a_plot(path: Path) -> None:
@@ -178,3 +181,18 @@ def number(text: str) -> float:
 def numbers(text: str) -> list[float]:
     """Every number in a text, in order."""
     return [number(word) for word in NUMBER.findall(text)]
+
+
+def custom_spec(tmp_path: Path, **changes) -> Path:
+    """A spec file of one's own, the A40's with `changes` (None removes a field), named
+    "My Accelerator" in my_gpu.yaml (key my-gpu)."""
+    data = yaml.safe_load((SPEC_DIR / "a40.yaml").read_text())
+    data["name"] = "My Accelerator"
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path = tmp_path / "my_gpu.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path

@@ -1,11 +1,9 @@
-from pathlib import Path
-
 import pytest
-import yaml
 
 from hw_specs import SPEC_DIR
 from perfmodel.errors import PerfkitError
 from perfmodel.hardware import OPTIONAL_NUMBERS, find_spec, load_all_specs, load_spec_file, resolve_spec
+from tests.helpers import custom_spec
 
 # Datasheet figures (sources in each hw_specs/*.yaml): FP16 tensor TFLOP/s, FP32, bandwidth GB/s, memory GB,
 # L2 MB, SMs.
@@ -84,19 +82,6 @@ def test_missing_dtype_names_what_the_device_has():
     with pytest.raises(PerfkitError, match="no fp8 peak.*fp16, bf16"):
         find_spec("a100").peak_flops("fp8")
     assert find_spec("h100").peak_flops("fp8") == 1979e12
-
-
-def custom_spec(tmp_path: Path, **changes) -> Path:
-    data = yaml.safe_load((SPEC_DIR / "a40.yaml").read_text())
-    data["name"] = "My Accelerator"
-    for key, value in changes.items():
-        if value is None:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    path = tmp_path / "my_gpu.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def test_custom_spec_file_loads(tmp_path):

@@ -8,12 +8,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from perfmodel.allreduce import all_reduce_source, tp_comm_time_per_step
 from perfmodel.cli import run
 from perfmodel.errors import PerfkitError
+from perfmodel.latency_source import latency_source
 from perfmodel.memory import head_params, kv_bytes_per_token, weight_params
 from perfmodel.models import load_model
 from perfmodel.plan import benchmark, main
 from perfmodel.planning import BAND_COLUMNS, plan
+from perfmodel.step import StepModel
 from perfmodel.workload import Lengths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,10 +93,17 @@ def test_model_too_big_for_the_device_names_the_devices_it_needs():
     assert rows.loc["h200", "fits"] and set(result.bands["device"]) == {"h200"}
 
 
-def test_auto_tensor_parallel_and_devices_needed_count_every_device():
+def test_auto_tensor_parallel_picks_the_most_tokens_per_device_and_counts_every_device():
     row = plan("llama-2-70b", "a100", tensor_parallel=None, throughput_target=1_000).devices.iloc[0]
-    assert row["tensor_parallel"] == 2 and row["max_batch"] >= 1
-    assert row["devices_needed"] == 2 * math.ceil(1_000 / row["total_tokens_s"])
+    tp = row["tensor_parallel"]
+    assert row["devices_needed"] == tp * math.ceil(1_000 / row["total_tokens_s"])
+    with pytest.raises(PerfkitError, match="needs 2 devices"):
+        plan("llama-2-70b", "a100", tensor_parallel=1)
+    per_device = {}
+    for degree in (2, 4, 8):
+        fixed = plan("llama-2-70b", "a100", tensor_parallel=degree, throughput_target=1_000).devices.iloc[0]
+        per_device[degree] = fixed["total_tokens_s"] / degree
+    assert tp == max(per_device, key=per_device.get)
 
 
 def test_unmet_latency_target_is_a_message_not_a_crash():
@@ -233,3 +243,23 @@ def test_the_readme_example_runs_and_ends_as_the_readme_says(capsys):
     promised = re.search(r'# ends: "(.+)"', example).group(1)
     exec(compile(example, "README.md", "exec"), {})
     assert capsys.readouterr().out.rstrip().endswith(promised)
+
+
+def test_tensor_parallel_steps_pay_for_two_measured_all_reduces_per_layer():
+    shard = load_model("llama-2-70b").shard(4)
+    result = plan("llama-2-70b", "h100-sxm", tensor_parallel=4, batches=[8], sizes=[16])
+    row = result.devices.iloc[0]
+    assert "tp=4: 2 all-reduces per layer, measured" in row["latency_model"]
+    configs = result.configs.set_index("tree_size")
+    comm = tp_comm_time_per_step(shard, 4, 8 * 16, "fp16", all_reduce_source("h100-sxm"))
+    compute = StepModel(shard, latency_source("h100-sxm", shard)).step_time(8, result.workload.step_context, 16)
+    # 80 layers x 2 all-reduces of 8 x 16 tokens x 8192 x 2 bytes, on top of one shard's compute
+    assert comm > 0.05 * compute
+    assert configs.loc[16, "medusa_step_s"] == pytest.approx(float(compute) + float(comm))
+
+
+def test_auto_tensor_parallel_keeps_one_device_where_nothing_times_an_all_reduce():
+    result = plan(ROOT / "decoder" / "assets" / "bundled", "cpu", tensor_parallel=None)
+    assert result.devices.iloc[0]["tensor_parallel"] == 1
+    with pytest.raises(PerfkitError, match="no interconnect"):
+        plan(ROOT / "decoder" / "assets" / "bundled", "cpu", tensor_parallel=2)

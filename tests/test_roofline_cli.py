@@ -77,7 +77,10 @@ def test_custom_spec_and_strings_are_escaped(tmp_path):
 
 def test_measured_rows_are_overlaid_and_their_error_reported(tmp_path):
     out = tmp_path / "out"
-    assert run(main, ["--gpu", "h100", "--out", str(out), *SMALL]) == 0
+    # the datasheet roofline's predictions, so that measured rows given later are compared with them
+    # (under --latency auto, given measurements become the prediction itself)
+    small_datasheet = [*SMALL, "--latency", "datasheet"]
+    assert run(main, ["--gpu", "h100", "--out", str(out), *small_datasheet]) == 0
     predicted = read_table(out / "roofline.csv")
     measured = predicted[predicted["op"].isin(["up", "qk"])].copy()
     measured["time_s"] *= 1.25  # the prediction is 20% fast on every row
@@ -87,7 +90,11 @@ def test_measured_rows_are_overlaid_and_their_error_reported(tmp_path):
 
     out2 = tmp_path / "out2"
     assert (
-        run(main, ["--gpu", "h100", "--out", str(out2), "--measurements", str(tmp_path / "measured.csv"), *SMALL]) == 0
+        run(
+            main,
+            ["--gpu", "h100", "--out", str(out2), "--measurements", str(tmp_path / "measured.csv"), *small_datasheet],
+        )
+        == 0
     )
     table = read_table(out2 / "roofline.csv")
     assert (table["source"] == "measured").sum() == len(measured)

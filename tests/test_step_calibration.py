@@ -41,7 +41,11 @@ def test_paper_step_is_the_simplified_block_of_appendix_g():
 def test_full_step_counts_every_layer_and_adds_medusa_work_only_to_tree_steps():
     plain = {s.name: s.count for s in step_inventory(LLAMA, "full", medusa=False)}
     tree = {s.name: s.count for s in step_inventory(LLAMA, "full", medusa=True)}
-    assert plain["q"] == plain["down"] == 32 and plain["norm"] == 64 and plain["lm_head"] == 1
+    assert plain["qkv"] == plain["gate_up"] == plain["down"] == 32 and plain["norm"] == 64 and plain["lm_head"] == 1
+    # Engines fuse q/k/v and gate/up; the reference decoder runs them apart, as its checkpoint stores them.
+    assert not {"q", "k", "v", "gate", "up"} & set(plain)
+    reference = {s.name for s in step_inventory(LLAMA, "reference", medusa=False)}
+    assert {"q", "k", "v", "gate", "up"} <= reference and not {"qkv", "gate_up"} & reference
     assert set(tree) - set(plain) == {"medusa_heads", "candidates", "kv_move", "mask"}
     # The reference decoder builds its mask and commits the accepted path in plain steps too.
     reference_plain = {s.name for s in step_inventory(LLAMA, "reference", medusa=False)}
@@ -67,7 +71,7 @@ def test_step_time_broadcasts_and_matches_pointwise_calls():
 def test_breakdown_shares_sum_to_one_and_name_the_largest_op():
     df = roofline_step().breakdown(1, 1024, 64)
     assert df["share"].sum() == pytest.approx(1.0)
-    assert df.iloc[0]["op"] in ("up", "gate", "down")
+    assert df.iloc[0]["op"] in ("gate_up", "down")
 
 
 def test_bad_step_inputs_are_refused():

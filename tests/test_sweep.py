@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -12,9 +13,9 @@ import pytest
 from perfmodel.cli import run
 from perfmodel.contract import check_table
 from perfmodel.errors import PerfkitError
-from perfmodel.grid import Grid
+from perfmodel.grid import PAPER_GRID, QUICK_GRID, Grid, fine_token_grid
 from perfmodel.measurements import read_meta
-from perfmodel.operators import op_cost
+from perfmodel.operators import DEFAULT_OPS, op_cost
 from profilers import sweep as sweep_module
 from profilers.benchmarks import OpBenchmark
 from profilers.store import ROW_COLUMNS, Journal
@@ -141,7 +142,7 @@ def test_sigkill_midway_then_rerun_gives_every_row_exactly_once(tmp_path):
         "--out",
         str(out),
     ]
-    expected = 13 * 2 * (1 + 1 + 2)
+    expected = len(DEFAULT_OPS) * 2 * (1 + 1 + 2)  # every default op, 2 models, prefill + decode + 2 trees
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     while time.time() < deadline and (not out.exists() or out.read_text().count("\n") < 12):
@@ -221,3 +222,82 @@ def test_cpu_key_without_torch_matches_the_full_description():
 
     assert this_cpu_key() == cpu_info().key
     assert cpu_key("Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz", 8) == "cpu-intel-xeon-gold-6338-8c"
+
+
+def test_cuda_sweeps_default_to_the_fine_token_grid_and_cpu_sweeps_do_not():
+    assert sweep_module.sweep_grid("cuda") == PAPER_GRID.with_fine_tokens()
+    assert sweep_module.sweep_grid("cuda").linear_tokens == fine_token_grid(8192)
+    assert sweep_module.sweep_grid("cpu") == QUICK_GRID and QUICK_GRID.linear_tokens == ()
+    assert sweep_module.sweep_grid("cpu", token_grid="fine").linear_tokens == fine_token_grid(512)
+    assert sweep_module.sweep_grid("cuda", token_grid="coarse") == PAPER_GRID
+    narrowed = sweep_module.sweep_grid("cuda", "quick", None, [4], [64], [8])
+    assert narrowed == Grid((4,), (64,), (8,), fine_token_grid(64))
+    with pytest.raises(PerfkitError, match="token grid 'medium': choose from fine, coarse"):
+        sweep_module.sweep_grid("cpu", token_grid="medium")
+    with pytest.raises(PerfkitError, match="grid 'huge': choose from paper, quick"):
+        sweep_module.sweep_grid("cpu", "huge")
+    parser = sweep_module.build_parser()
+    assert parser.parse_args([]).token_grid is None  # resolved by device, not fixed by the parser
+    cpu = sweep_module.config_from_args(parser.parse_args(["--device", "cpu"]))
+    assert cpu.grid == QUICK_GRID and cpu.out.name == "cpu-llama-7b-fp32-quick.csv"
+    fine = sweep_module.config_from_args(parser.parse_args(["--device", "cpu", "--token-grid", "fine"]))
+    assert fine.grid == QUICK_GRID.with_fine_tokens() and fine.out == cpu.out  # one file: a fine rerun resumes it
+
+
+def test_measure_on_a_gpu_takes_the_fine_token_grid(monkeypatch):
+    grids = []
+    info = SimpleNamespace(key="h100-sxm", spec_key="h100-sxm", name="NVIDIA H100")
+    monkeypatch.setattr(sweep_module, "check_device", lambda device: device)
+    monkeypatch.setattr(sweep_module, "cuda_info", lambda: (info, None))
+    monkeypatch.setattr(sweep_module, "run_sweep", lambda config, log: grids.append(config.grid) or config)
+    sweep_module.measure_and_store("cuda", [TINY], "fp16", QUICK_GRID, log=lambda *_: None)
+    sweep_module.measure_and_store("cuda", [TINY], "fp16", QUICK_GRID, log=lambda *_: None, token_grid="coarse")
+    sweep_module.measure_and_store("cpu", [TINY], "fp32", QUICK_GRID, log=lambda *_: None)
+    assert grids == [QUICK_GRID.with_fine_tokens(), QUICK_GRID, QUICK_GRID]
+
+
+def test_a_fine_cpu_sweep_times_linear_ops_at_every_fine_token_count(tmp_path):
+    started = time.perf_counter()
+    fine = Grid(batches=(2,), seq_lens=(32,), candidates=(1,)).with_fine_tokens()
+    tokens = fine_token_grid(32)
+    assert tokens == (1, 2, 4, 8, 16, 24, 32)
+    changes = dict(ops=("up", "qk"), phases=("prefill", "decode"))
+    coarse = run_sweep(config(tmp_path, grid=fine.with_fine_tokens(False), **changes), log=lambda *_: None)
+    assert coarse.measured == 4  # (2, 32) for each op and phase
+    messages = []
+    result = run_sweep(config(tmp_path, grid=fine, **changes), log=messages.append)
+    assert result.measured == len(tokens) and "linear ops at 7 token counts" in messages[0]  # resumes: only new
+    rows = pd.read_csv(result.out)
+    check_table(rows)
+    assert len(rows) == 4 + len(tokens) and not rows.duplicated(KEYS).any() and set(rows["status"]) == {"ok"}
+    one = rows[(rows["op"] == "up") & (rows["batch"] == 1)]
+    assert set(one["phase"]) == {"prefill"} and set(one["candidates"]) == {1}
+    assert sorted(one["seq_len"]) == list(tokens)
+    assert (one["flops"] == 2 * one["seq_len"] * TINY.hidden_size * TINY.intermediate_size).all()
+    assert len(rows[rows["op"] == "qk"]) == 2  # attention keeps its grid
+    assert read_meta(result.out)["runs"][result.run_id]["grid"]["linear_tokens"] == list(tokens)
+    assert run_sweep(config(tmp_path, grid=fine, **changes), log=lambda *_: None).measured == 0
+    assert time.perf_counter() - started < 10
+
+
+def test_token_grid_on_the_command_line(tmp_path, capsys):
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(
+        json.dumps(
+            dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_hidden_layers=1, vocab_size=50)
+        )
+    )
+    out = tmp_path / "fine.csv"
+    common = ["--device", "cpu", "--model", str(model), "--batch", "1", "--seq", "16", "--ops", "up"]
+    options = ["--phases", "prefill", "--budget", "0.02", "--no-ceilings", "--no-progress", "--out", str(out)]
+    assert run(main, [*common, *options, "--token-grid", "fine"]) == 0
+    assert sorted(pd.read_csv(out)["seq_len"]) == [1, 2, 4, 8, 16]
+    assert run(main, [*common, *options, "--token-grid", "coarse", "--out", str(tmp_path / "coarse.csv")]) == 0
+    assert list(pd.read_csv(tmp_path / "coarse.csv")["seq_len"]) == [16]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*common, "--token-grid", "medium"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "--token-grid: invalid choice: 'medium' (choose from 'fine', 'coarse')" in err

@@ -1,0 +1,121 @@
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfmodel.errors import PerfkitError
+from perfmodel.hardware import find_spec
+from perfmodel.latency import RooflineLatency
+from perfmodel.latency_check import leave_one_model_out, summary
+from perfmodel.latency_source import latency_source
+from perfmodel.measurements import stored_profiles
+from perfmodel.models import load_model
+from perfmodel.speedup import main as speedup_main
+
+LLAMA = load_model("llama-7b")
+
+
+def shipped_gate_up_us(tokens: int) -> float:
+    """The shipped A100 profile's own median for Llama-2-7B's fused gate+up at tp 1."""
+    (path,) = [p for p in stored_profiles("a100-sxm") if "Llama-2-7b" in p.name]
+    rows = pd.read_csv(path)
+    pick = rows[(rows["op"] == "gate_up") & (rows["tp"] == 1) & (rows["seq_len"] == tokens)]
+    return float(pick["time_s"].median()) * 1e6
+
+
+def test_measured_shapes_come_back_as_measured_and_keep_the_staircase():
+    source = latency_source("a100-sxm", LLAMA)
+    assert source.mode == "measured" and source.linear_kind("gate_up") == "measured"
+    tokens = np.array([64, 72, 128, 136])
+    got = source.op_time("gate_up", "decode", tokens, 1024, 1) * 1e6  # decode: tokens = batch
+    assert got == pytest.approx([shipped_gate_up_us(t) for t in tokens], rel=1e-6)
+    # the step between 128 and 136 tokens (~157 -> ~205 us) is kept, not smoothed away
+    assert got[3] > 1.2 * got[2]
+    # prefill, decode and tree steps with the same token count run the same GEMM
+    assert float(source.op_time("gate_up", "tree", 2, 1024, 36)) * 1e6 == pytest.approx(
+        shipped_gate_up_us(72), rel=1e-6
+    )
+
+
+def test_an_unmeasured_shard_gets_a_calibrated_time():
+    shard = load_model("llama-2-70b").shard(4)
+    source = latency_source("a100-sxm", shard, "fp16")
+    t = float(source.op_time("gate_up", "prefill", 1, 512, 1))
+    assert source.linear_kind("gate_up") == "calibrated"
+    # an 8192 x 14336 fp16 GEMM over 512 tokens: between the datasheet roofline and 3x it
+    roofline = float(RooflineLatency(find_spec("a100-sxm"), shard, "fp16").op_time("gate_up", "prefill", 1, 512, 1))
+    assert roofline < t < 3 * roofline
+
+
+def test_calibrated_mode_predicts_a_measured_shape_from_its_neighbours_only():
+    tokens = np.arange(8, 513, 8)
+    measured = latency_source("a100-sxm", LLAMA).op_time("gate_up", "decode", tokens, 1024, 1)
+    calibrated = latency_source("a100-sxm", LLAMA, source="calibrated").op_time("gate_up", "decode", tokens, 1024, 1)
+    error = np.abs(calibrated / measured - 1)
+    assert error.max() > 0  # not the measured curve itself
+    assert np.median(error) < 0.10
+
+
+def test_the_speedup_csv_names_the_shipped_a100_measurements(tmp_path, capsys):
+    assert speedup_main(["--gpu", "a100-sxm", "--model", "llama-7b", "--out", str(tmp_path)]) == 0
+    table = pd.read_csv(tmp_path / "speedup.csv")
+    (label,) = set(table["latency_model"])
+    assert label.startswith("measured on a100-sxm") and "vidur" in label
+    out = capsys.readouterr().out
+    # the measured optimum of (a) sits below the A100's step at 72 tokens; the datasheet's does not
+    assert "(a) paper step b=1 s=1024: measured-latency n=64" in out
+    best = table[table["best"] & (table["simulation"] == "a") & (table["step"] == "paper")]
+    assert best["tree_size"].tolist() == [64]
+
+
+def test_the_datasheet_source_is_the_roofline():
+    spec = find_spec("a100-sxm")
+    source = latency_source(spec, LLAMA, source="datasheet")
+    assert source.mode == "datasheet" and source.label.startswith("roofline latency")
+    expected = RooflineLatency(spec, LLAMA, "fp16").op_time("gate_up", "decode", 8, 1024, 1)
+    assert float(source.op_time("gate_up", "decode", 8, 1024, 1)) == pytest.approx(float(expected))
+
+
+def test_bad_choices_are_one_line_errors():
+    with pytest.raises(PerfkitError, match="unknown latency source 'smooth'; choose from: auto, measured"):
+        latency_source("a100-sxm", LLAMA, source="smooth")
+    with pytest.raises(PerfkitError, match="no fp16 measurements of l40s .* measured devices: a100-sxm, h100-sxm"):
+        latency_source("l40s", LLAMA, source="measured")
+
+
+def test_shards_split_heads_and_mlp_and_replicate_few_kv_heads():
+    llama3 = load_model("llama-3-8b")
+    assert (llama3.shard(2).num_heads, llama3.shard(2).num_kv_heads, llama3.shard(2).intermediate_size) == (
+        16,
+        4,
+        7168,
+    )
+    assert llama3.shard(16).num_kv_heads == 1 and llama3.shard(16).num_heads == 2
+    with pytest.raises(PerfkitError, match=r"tp=3 does not split it .* choose from: 1, 2, 4, 8"):
+        load_model("llama-2-70b").shard(3)
+    assert LLAMA.shard(1) is LLAMA
+
+
+def test_leave_one_model_out_error_on_the_shipped_profiles():
+    # The README's table: the A100's two models share k = 4096, the H100's share no dimension.
+    table = summary(pd.concat([leave_one_model_out(d) for d in ("a100-sxm", "h100-sxm")], ignore_index=True))
+    a100 = table[table["device"] == "a100-sxm"]
+    h100 = table[table["device"] == "h100-sxm"]
+    assert len(a100) == len(h100) == 2
+    assert (a100["median_error"] <= 0.05).all() and (a100["p90_error"] <= 0.13).all()
+    assert (h100["median_error"] <= 0.08).all() and (h100["p90_error"] <= 0.22).all()
+    assert not math.isnan(table["median_error"].sum())
+
+
+def test_a_device_without_measurements_borrows_from_its_architecture_and_says_so():
+    pcie = latency_source("a100-pcie", LLAMA)
+    assert pcie.mode == "borrowed" and pcie.label.startswith("borrowed: a100-sxm's calibration")
+    sxm = latency_source("a100-sxm", LLAMA)
+    tokens = np.arange(8, 65, 8)
+    # the SXM card's measured staircase on the PCIe card's own roofline: 1,935 vs 2,039 GB/s,
+    # so about 5% slower where the GEMM is a weight read
+    ratio = pcie.op_time("gate_up", "decode", tokens, 1024, 1) / sxm.op_time("gate_up", "decode", tokens, 1024, 1)
+    assert ratio == pytest.approx(np.full(len(tokens), 2039 / 1935), rel=0.02)
+    # a device of an architecture nobody measured keeps the datasheet roofline
+    assert latency_source("l40s", LLAMA).mode == "datasheet"
