@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from decoder.acceptance import SCHEMES, AcceptanceConfig
+from decoder.auto_tree import auto_tree, default_tree_name
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder
 from decoder.tree import TREE_NAMES, resolve_tree
@@ -29,6 +30,11 @@ class Streamer:
         self.shown = text
 
 
+def say(text: str) -> None:
+    """Notes go to stderr, so stdout carries the generated text only."""
+    print(text, file=sys.stderr)
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.generate", description=__doc__)
     p.add_argument("--prompt", required=True, help="text to continue")
@@ -46,7 +52,12 @@ def build_parser() -> Parser:
         metavar="N",
         help="tokens to generate after the prompt (default %(default)s)",
     )
-    p.add_argument("--tree", default="default", metavar="NAME|FILE", help=TREE_NAMES)
+    p.add_argument(
+        "--tree",
+        metavar="auto|NAME|FILE",
+        help=f"auto (the performance model's best tree for this machine, or plain decoding where no tree beats it; "
+        f"the default where the checkpoint records head accuracies), {TREE_NAMES}",
+    )
     p.add_argument(
         "--acceptance",
         choices=SCHEMES,
@@ -75,12 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     if not args.prompt or not ids:
         raise PerfkitError("empty prompt: give some text to continue")
     tree = None
+    decoder = Decoder(ckpt)
     if not args.no_medusa:
         if ckpt.heads is None:
             raise PerfkitError(f"{ckpt.folder} has no Medusa heads; use --no-medusa or --heads DIR")
-        tree = resolve_tree(args.tree, ckpt)
+        name = args.tree or default_tree_name(ckpt)
+        if name == "auto":
+            choice, tree = auto_tree(
+                decoder, ckpt, 1, len(ids) + args.max_new_tokens // 2, args.max_new_tokens, log=say
+            )
+            say(f"--tree auto: {choice.describe()}")
+        else:
+            tree = resolve_tree(name, ckpt)
     sys.stdout.write(args.prompt)
-    result = Decoder(ckpt).generate(
+    result = decoder.generate(
         [ids],
         args.max_new_tokens,
         tree=tree,

@@ -19,73 +19,17 @@ import numpy as np
 import torch
 
 from decoder.acceptance import SCHEMES, AcceptanceConfig
-from decoder.checkpoint import Checkpoint, load_checkpoint
-from decoder.corpus import sample_prompts, split_corpus
+from decoder.auto_tree import auto_tree, default_tree_name
+from decoder.checkpoint import load_checkpoint
 from decoder.heads import topk_accuracy
-from decoder.medusa import STEP_PARTS, Decoder, DecodeResult
+from decoder.medusa import STEP_PARTS, Decoder
+from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
 from decoder.tree import TREE_NAMES, resolve_tree
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.errors import PerfkitError
 from perfmodel.trees import HEAD_TOP_K, expected_acceptance, greedy_tree
 
 DEFAULT_SIZES = (1, 4, 16, 64)  # plus the measured tree's own size
-
-
-def heldout_prompts(ckpt: Checkpoint, count: int, length: int, seed: int) -> list[list[int]]:
-    if ckpt.tokenizer is None:
-        raise PerfkitError(f"{ckpt.folder} has no tokenizer.json, needed to encode the held-out prompts")
-    _, heldout, _ = split_corpus()
-    documents = [e.ids for e in ckpt.tokenizer.encode_batch(heldout)]
-    return sample_prompts(documents, count, length, seed)
-
-
-def decode_batches(decoder: Decoder, prompts, batch: int, max_new: int, **kwargs) -> DecodeResult:
-    """Decode the prompts `batch` at a time; one result with everything concatenated."""
-    total = DecodeResult([], [], [])
-    for start in range(0, len(prompts), batch):
-        _append(total, decoder.generate(prompts[start : start + batch], max_new, **kwargs))
-    return total
-
-
-def decode_interleaved(
-    decoder: Decoder, prompts, batch: int, max_new: int, settings: dict, rounds: int = 1, **kwargs
-) -> dict:
-    """Decode the prompts with every setting (name -> generate() keyword arguments), one
-    batch of prompts at a time through all settings in turn, `rounds` times over.
-
-    A shared or virtual machine drifts in speed by 10-20% over seconds; settings timed one
-    after another would each catch a different phase of it. Taking them in turn on every
-    batch (in an order rotated from batch to batch) lets each see the same machine, so
-    their ratios (the speedups) hold even where the absolute times wander.
-    Returns name -> DecodeResult over all rounds."""
-    if rounds < 1:
-        raise PerfkitError(f"rounds must be >= 1, got {rounds}")
-    names = list(settings)
-    totals = {name: DecodeResult([], [], []) for name in names}
-    turn = 0
-    for _ in range(rounds):
-        for start in range(0, len(prompts), batch):
-            chunk = prompts[start : start + batch]
-            for name in names[turn % len(names) :] + names[: turn % len(names)]:
-                part = decoder.generate(chunk, max_new, **kwargs, **settings[name])
-                _append(totals[name], part)
-            turn += 1
-    return totals
-
-
-def _append(total: DecodeResult, part: DecodeResult) -> None:
-    total.tokens += part.tokens
-    total.accepted += part.accepted
-    total.tree_sizes += part.tree_sizes
-    total.prefill_s += part.prefill_s
-    total.decode_s += part.decode_s
-    for phase in STEP_PARTS:
-        total.times[phase] += part.times[phase]
-
-
-def mean_accepted(result: DecodeResult) -> float:
-    steps = [a for row in result.accepted for a in row]
-    return sum(steps) / len(steps)
 
 
 def head_accuracy(decoder: Decoder, prompts, outputs) -> np.ndarray:
@@ -121,11 +65,17 @@ def measure(args) -> dict:
     accuracy = head_accuracy(
         decoder, prompts, decode_batches(decoder, prompts, args.batch, args.new_tokens, **run_kwargs).tokens
     )
-    tree = resolve_tree(args.tree, ckpt, accuracy)
     nodes = args.dynamic if args.dynamic else 0
-    wanted = sorted(
-        set(args.sizes) | ({tree.size} if not nodes and tree == greedy_tree(accuracy, tree.size - 1) else set())
-    )
+    name = args.tree or ("default" if nodes else default_tree_name(ckpt))
+    auto = None
+    if name == "auto":
+        auto, tree = auto_tree(decoder, ckpt, args.batch, args.prompt_len + args.new_tokens // 2, args.new_tokens)
+        print(f"--tree auto: {auto.describe()}", file=sys.stderr)
+    else:
+        tree = resolve_tree(name, ckpt, accuracy)
+    tree_size = 1 if tree is None else tree.size
+    own_size = not nodes and (tree is None or tree == greedy_tree(accuracy, tree.size - 1))
+    wanted = sorted(set(args.sizes) | ({tree_size} if own_size else set()))
     sized_trees = {size: greedy_tree(accuracy, size - 1) for size in wanted}
     # Every run timed in turn, prompt batch by prompt batch, so their tokens/s ratios see the same machine.
     settings = {"plain": {}, "medusa": {"tree": None if nodes else tree, "dynamic_nodes": nodes}}
@@ -145,6 +95,7 @@ def measure(args) -> dict:
                 "mean_accepted_tokens": round(mean_accepted(result), 4),
                 "predicted_from_accuracy": round(expected_acceptance(sized, accuracy), 4),
                 "tokens_per_s": round(result.tokens_per_s, 1),
+                "wall_speedup": round(result.tokens_per_s / baseline.tokens_per_s, 3),
                 "steps": result.steps,
                 "lossless": result.tokens == baseline.tokens
                 if not acceptance.samples and acceptance.scheme == "greedy"
@@ -157,9 +108,18 @@ def measure(args) -> dict:
         "model": str(ckpt.folder),
         "acceptance": acceptance.__dict__,
         "tree": {
-            "name": f"dynamic-{nodes}" if nodes else args.tree,
-            "size": nodes + 1 if nodes else tree.size,
-            "paths": None if nodes else [list(p) for p in tree.paths],
+            "name": f"dynamic-{nodes}" if nodes else name,
+            "size": nodes + 1 if nodes else tree_size,
+            "paths": None if nodes else [list(p) for p in tree.paths] if tree is not None else [],
+        },
+        "auto": None
+        if auto is None
+        else {
+            "chosen_size": auto.size,
+            "decodes_plainly": not auto.speculate,
+            "predicted_speedup": round(auto.speedup, 4),
+            "latency": auto.latency,
+            "predicted": auto.table.round(6).to_dict(orient="records"),
         },
         "dynamic": bool(nodes),
         "batch": args.batch,
@@ -173,6 +133,7 @@ def measure(args) -> dict:
         "tokens_per_s_medusa": round(medusa.tokens_per_s, 1),
         "tokens_per_s_baseline": round(baseline.tokens_per_s, 1),
         "wall_speedup": round(medusa.tokens_per_s / baseline.tokens_per_s, 3),
+        "best_fixed_tree": max(sizes, key=lambda row: row["wall_speedup"])["tree_size"],
         "steps_medusa": medusa.steps,
         "steps_baseline": baseline.steps,
         "step_time_split_s": {p: round(medusa.times[p], 4) for p in STEP_PARTS},
@@ -193,7 +154,12 @@ def build_parser() -> Parser:
         "--model", default="bundled", metavar="DIR|bundled", help="checkpoint folder (default: the bundled model)"
     )
     p.add_argument("--heads", metavar="DIR", help="Medusa heads folder, when apart from the model")
-    p.add_argument("--tree", default="default", metavar="NAME|FILE", help=TREE_NAMES)
+    p.add_argument(
+        "--tree",
+        metavar="auto|NAME|FILE",
+        help=f"auto (the performance model's best tree for this machine, batch and context, or plain decoding where "
+        f"no tree beats it; the default where the checkpoint records head accuracies), {TREE_NAMES}",
+    )
     p.add_argument(
         "--acceptance",
         choices=SCHEMES,
@@ -264,8 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     for row in report["per_tree_size"]:
         print(
             f"  tree size {row['tree_size']:>3}: {row['mean_accepted_tokens']:.2f} tokens/step (predicted from "
-            f"accuracies {row['predicted_from_accuracy']:.2f}), {row['tokens_per_s']:.0f} tokens/s"
+            f"accuracies {row['predicted_from_accuracy']:.2f}), {row['tokens_per_s']:.0f} tokens/s "
+            f"(x{row['wall_speedup']:.2f})"
         )
+    best = next(r for r in report["per_tree_size"] if r["tree_size"] == report["best_fixed_tree"])
+    print(
+        f"  best tree in this run: {best['tree_size']} tokens (x{best['wall_speedup']:.2f}); "
+        f"the run's tree ({report['tree']['name']}): x{report['wall_speedup']:.2f}"
+    )
     return 0
 
 

@@ -29,8 +29,9 @@ import pandas as pd
 import torch
 
 from decoder.checkpoint import load_checkpoint
-from decoder.measure import decode_batches, decode_interleaved, head_accuracy, heldout_prompts, mean_accepted
+from decoder.measure import head_accuracy
 from decoder.medusa import Decoder
+from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
 from perfmodel.calibration import MeasuredLatency
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.contract import write_table

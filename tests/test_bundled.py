@@ -3,8 +3,8 @@
 import pytest
 
 from decoder.checkpoint import load_checkpoint
-from decoder.measure import heldout_prompts
 from decoder.medusa import Decoder
+from decoder.runs import heldout_prompts
 
 
 @pytest.fixture(scope="module")

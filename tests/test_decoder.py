@@ -229,7 +229,7 @@ def test_bad_input(decoder, tmp_path):
 
 
 def test_interleaved_decoding_gives_every_setting_every_prompt_in_every_round(decoder):
-    from decoder.measure import decode_batches, decode_interleaved
+    from decoder.runs import decode_batches, decode_interleaved
 
     tree = greedy_tree(np.full((4, 10), 0.3), 6)
     settings = {"plain": {}, "tree": {"tree": tree}}

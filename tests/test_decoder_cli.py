@@ -144,3 +144,28 @@ def test_missing_checkpoint_and_empty_prompt(quick_model, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert run(generate.main, ["--model", str(out), "--prompt", ""]) == 1
     assert "empty prompt" in capsys.readouterr().err
+
+
+def test_tree_auto_runs_the_models_choice_and_keeps_its_calibration(quick_model, tmp_path, capsys):
+    out, _ = quick_model
+    args = ["--model", str(out), "--prompts", "4", "--batch", "2", "--new-tokens", "16", "--prompt-len", "16"]
+    args += ["--sizes", "1", "3", "--tree", "auto"]
+    assert run(measure.main, [*args, "--out", str(tmp_path / "first.json")]) == 0
+    first = json.loads((tmp_path / "first.json").read_text())
+    predicted = first["auto"]["predicted"]
+    best = max(predicted, key=lambda row: (row["speedup"], -row["tree_size"]))
+    assert first["auto"]["chosen_size"] == best["tree_size"] == first["tree"]["size"]
+    assert first["auto"]["decodes_plainly"] == (best["tree_size"] == 1)
+    assert "calibrating the decoder's step time" in capsys.readouterr().out
+    # the calibration is kept per machine and model: the second run reuses it
+    assert run(measure.main, [*args, "--out", str(tmp_path / "second.json")]) == 0
+    assert "calibrating" not in capsys.readouterr().out
+    second = json.loads((tmp_path / "second.json").read_text())
+    assert second["auto"]["predicted"] == predicted
+
+
+def test_generate_says_which_tree_auto_chose(quick_model, capsys):
+    out, _ = quick_model
+    assert run(generate.main, ["--model", str(out), "--prompt", "def main(", "--max-new-tokens", "8"]) == 0
+    err = capsys.readouterr().err
+    assert "--tree auto: " in err and ("decoding plainly" in err or "predicted" in err)

@@ -1,0 +1,66 @@
+"""Decoding runs the measurements share: held-out prompts, prompts decoded a batch at a
+time, and several settings decoded in turn so their timings see the same machine."""
+
+from __future__ import annotations
+
+from decoder.checkpoint import Checkpoint
+from decoder.corpus import sample_prompts, split_corpus
+from decoder.medusa import STEP_PARTS, Decoder, DecodeResult
+from perfmodel.errors import PerfkitError
+
+
+def heldout_prompts(ckpt: Checkpoint, count: int, length: int, seed: int) -> list[list[int]]:
+    if ckpt.tokenizer is None:
+        raise PerfkitError(f"{ckpt.folder} has no tokenizer.json, needed to encode the held-out prompts")
+    _, heldout, _ = split_corpus()
+    documents = [e.ids for e in ckpt.tokenizer.encode_batch(heldout)]
+    return sample_prompts(documents, count, length, seed)
+
+
+def decode_batches(decoder: Decoder, prompts, batch: int, max_new: int, **kwargs) -> DecodeResult:
+    """Decode the prompts `batch` at a time; one result with everything concatenated."""
+    total = DecodeResult([], [], [])
+    for start in range(0, len(prompts), batch):
+        _append(total, decoder.generate(prompts[start : start + batch], max_new, **kwargs))
+    return total
+
+
+def decode_interleaved(
+    decoder: Decoder, prompts, batch: int, max_new: int, settings: dict, rounds: int = 1, **kwargs
+) -> dict:
+    """Decode the prompts with every setting (name -> generate() keyword arguments), one
+    batch of prompts at a time through all settings in turn, `rounds` times over.
+
+    A shared or virtual machine drifts in speed by 10-20% over seconds; settings timed one
+    after another would each catch a different phase of it. Taking them in turn on every
+    batch (in an order rotated from batch to batch) lets each see the same machine, so
+    their ratios (the speedups) hold even where the absolute times wander.
+    Returns name -> DecodeResult over all rounds."""
+    if rounds < 1:
+        raise PerfkitError(f"rounds must be >= 1, got {rounds}")
+    names = list(settings)
+    totals = {name: DecodeResult([], [], []) for name in names}
+    turn = 0
+    for _ in range(rounds):
+        for start in range(0, len(prompts), batch):
+            chunk = prompts[start : start + batch]
+            for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                part = decoder.generate(chunk, max_new, **kwargs, **settings[name])
+                _append(totals[name], part)
+            turn += 1
+    return totals
+
+
+def _append(total: DecodeResult, part: DecodeResult) -> None:
+    total.tokens += part.tokens
+    total.accepted += part.accepted
+    total.tree_sizes += part.tree_sizes
+    total.prefill_s += part.prefill_s
+    total.decode_s += part.decode_s
+    for phase in STEP_PARTS:
+        total.times[phase] += part.times[phase]
+
+
+def mean_accepted(result: DecodeResult) -> float:
+    steps = [a for row in result.accepted for a in row]
+    return sum(steps) / len(steps)
