@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from perfmodel.errors import PerfkitError
-from perfmodel.validate import ValidateConfig, main
+from perfmodel.trees import expected_acceptance, greedy_tree
+from perfmodel.validate import ValidateConfig, batch_acceptance, main
 
 
 def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsys):
@@ -15,6 +16,9 @@ def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsy
             "--sizes",
             "2",
             "8",
+            "--batch",
+            "1",
+            "2",
             "--prompts",
             "2",
             "--new-tokens",
@@ -29,7 +33,10 @@ def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsy
     )
     assert code == 0
     df = pd.read_csv(out)
-    assert list(df["tree_size"]) == [2, 8]
+    assert list(df["tree_size"]) == [2, 8, 2, 8] and list(df["batch"]) == [1, 1, 2, 2]
+    # a batch steps until its slowest sequence is done: it makes less of each step than one sequence alone
+    assert (df["measured_batch_acceptance"] <= df["measured_acceptance"] + 1e-9).all()
+    assert (df["predicted_batch_acceptance"] <= df["predicted_acceptance"] + 1e-9).all()
     for column in ("predicted_speedup", "measured_speedup", "predicted_acceptance", "measured_acceptance", "error"):
         assert df[column].notna().all()
     assert (df["measured_speedup"] > 0).all() and df["lossless"].all()
@@ -37,12 +44,13 @@ def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsy
     assert np.isfinite(df["error"]).all()
     np.testing.assert_allclose(df["error"], df["predicted_speedup"] / df["measured_speedup"] - 1, rtol=1e-9, atol=1e-12)
     # host overhead is calibrated once on plain decoding: the same seconds added to every tree's operators
-    np.testing.assert_allclose(
-        df["predicted_step_s"] - df["ops_step_s"],
-        (df["predicted_step_s"] - df["ops_step_s"]).iloc[0],
-        rtol=1e-9,
-        atol=1e-12,
-    )
+    for _, one in df.groupby("batch"):
+        np.testing.assert_allclose(
+            one["predicted_step_s"] - one["ops_step_s"],
+            (one["predicted_step_s"] - one["ops_step_s"]).iloc[0],
+            rtol=1e-9,
+            atol=1e-12,
+        )
     # Loose enough for a loaded 2-core machine (the shipped runs are within 15%); a model
     # that ignored the tree's extra work (speedup = acceptance) is 60-90% off here.
     assert (df["error"].abs() < 0.5).all(), df[["tree_size", "predicted_speedup", "measured_speedup", "error"]]
@@ -82,3 +90,13 @@ def test_validate_refuses_bad_settings():
         ValidateConfig(device="tpu")
     with pytest.raises(PerfkitError, match="threads must be >= 1"):
         ValidateConfig(threads=0)
+
+
+def test_a_batch_takes_as_many_steps_as_its_slowest_prompt():
+    tree = greedy_tree(np.full((2, 3), 0.5), 3)
+    easy, hard = np.full((2, 3), 0.6), np.full((2, 3), 0.1)
+    a_easy, a_hard = expected_acceptance(tree, easy), expected_acceptance(tree, hard)
+    # alone, total tokens over total steps: the harmonic mean
+    assert batch_acceptance(tree, [easy, hard], 1, 90) == pytest.approx(2 / (1 / a_easy + 1 / a_hard))
+    # together, both wait for the hard one
+    assert batch_acceptance(tree, [easy, hard], 2, 90) == pytest.approx(a_hard)
