@@ -19,10 +19,8 @@ import pandas as pd
 
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.hardware import resolve_spec
-from perfmodel.latency_source import GemmTable, LatencyModel, gemm_rows, measured_devices
+from perfmodel.latency_source import GemmTable, gemm_rows, measured_devices
 from perfmodel.measurements import stored_profiles
-from perfmodel.models import load_model
-from perfmodel.operators import Matmul
 
 MAX_TOKENS = 1024
 
@@ -37,12 +35,10 @@ def leave_one_model_out(device: str, max_tokens: int = MAX_TOKENS) -> pd.DataFra
         if not len(train):
             continue
         table = GemmTable.of(train, spec, "fp16", f"all but {held_out}")
-        # the model argument is only used for non-linear ops, which this check does not time
-        source = LatencyModel(spec, load_model("llama-7b"), "fp16", "measured", table, None, table.params)
         test = gemm_rows(rows)
         test = test[test["m"] <= max_tokens]
         for (k, n), part in test.groupby(["k", "n"]):
-            predicted = source.gemm_time(Matmul(1, part["m"].to_numpy(), k, n, weight=True))
+            predicted = table.predict(k, n, part["m"].to_numpy(dtype=float), spec, "fp16")
             out.append(
                 part.assign(
                     device=spec.key,

@@ -138,6 +138,11 @@ class GemmTable:
         tokens, seconds = self.curves[(k, n)]
         return np.interp(m, tokens, seconds / roofline_gemm(k, n, tokens, spec, dtype, self.params))
 
+    def predict(self, k: int, n: int, m, spec: HardwareSpec, dtype: str) -> np.ndarray:
+        """Seconds of a (k, n) GEMM over m tokens on `spec`: its roofline with the fitted
+        efficiencies, times the measured staircase (exact at measured points)."""
+        return roofline_gemm(k, n, m, spec, dtype, self.params) * self.staircase(k, n, m, self.spec, dtype)
+
     def staircase(self, k: int, n: int, m, spec: HardwareSpec, dtype: str) -> np.ndarray:
         """The measured / fitted ratio at m tokens: the shape's own where it was measured
         (so measured points come back exactly), else that of the nearest measured shapes
@@ -207,8 +212,7 @@ class LatencyModel:
         m = np.asarray(matmul.m, dtype=float)
         k, n = int(matmul.k), int(matmul.n)
         table = self.table if self.mode != "calibrated" else self.table.without(k, n)
-        fitted = roofline_gemm(k, n, m, self.spec, self.dtype, self.params)
-        return fitted * table.staircase(k, n, m, table.spec, self.dtype)
+        return table.predict(k, n, m, self.spec, self.dtype)
 
     def op_time(self, op: str, phase: str, batch, seq_len, candidates) -> np.ndarray:
         kernels = op_kernels(op, phase, self.model, np.asarray(batch), np.asarray(seq_len), np.asarray(candidates))

@@ -17,7 +17,7 @@ from perfmodel.acceptance import resolve_acceptance
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.dtypes import DTYPES, check_dtype, default_dtype
 from perfmodel.errors import PerfkitError
-from perfmodel.latency_source import LATENCY_CHOICES
+from perfmodel.latency_source import LATENCY_CHOICES, view_latency
 from perfmodel.models import load_model
 from perfmodel.simulations import (
     DEFAULT_DRAFT_COST,
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out if args.out and len(devices) == 1 else (args.out or DEFAULT_OUT) / folder
         table = device_table(device, model, dtype, flavors, acceptance, args.latency)
         compared = []
-        if not table["latency_model"].iloc[0].startswith("roofline latency"):
+        if view_latency(device, model, dtype, args.latency).mode != "datasheet":
             datasheet = device_table(device, model, dtype, flavors, acceptance, "datasheet")
             compared = optima_side_by_side(table, datasheet)
         planned.append((device, dtype, out, table, compared))

@@ -24,6 +24,7 @@ from perfmodel.device_view import DeviceView, is_cpu_name, resolve_view
 from perfmodel.dtypes import check_dtype, default_dtype
 from perfmodel.errors import PerfkitError
 from perfmodel.grid import PAPER_GRID, QUICK_GRID
+from perfmodel.latency_source import view_latency
 from perfmodel.measurements import stored_closed_loops
 from perfmodel.models import ModelConfig, load_model
 from perfmodel.planning import PlanResult, plan
@@ -75,7 +76,7 @@ def build(config: BuildConfig, log=print) -> Report:
     view, model, dtype, acceptance, validation = load_inputs(config, log)
     if callable(config.out):
         config = replace(config, out=config.out(view.spec.key))
-    report = Report(view, model, dtype, acceptance)
+    report = Report(view, model, dtype, acceptance, view_latency(view, model, dtype, config.latency))
     spec = view.spec
     grid = QUICK_GRID if view.is_cpu else PAPER_GRID
     where = f"{model.name} on {spec.name} ({dtype})"
@@ -189,7 +190,10 @@ def extra_jobs(where, report: Report, sims, planned, tree, validation, config) -
             tree_figure, dict(tree=tree.tree, accuracy=tree.accuracy, title=title, subtitle=subtitle)
         )
     if isinstance(planned, PlanResult):
-        subtitle = f"Predicted, not measured. {planned.summary().splitlines()[0]} Acceptance: {planned.acceptance}."
+        subtitle = (
+            f"Predicted, not measured. {planned.summary().splitlines()[0]} Acceptance: {planned.acceptance}. "
+            f"Latency: {planned.devices['latency_model'].iloc[0]}."
+        )
         jobs["capacity"] = FigureJob(
             capacity_figure,
             dict(

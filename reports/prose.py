@@ -24,6 +24,10 @@ def intro_text(report: Report, validation: pd.DataFrame) -> str:
         measured.append(f"{len(report.view.measured)} operator timings")
     if report.view.ceilings:
         measured.append("empirical ceilings")
+    if report.latency is not None and report.latency.mode in ("measured", "calibrated"):
+        measured.append(f"measured operator profiles ({report.latency.table.origin})")
+    if report.latency is not None and report.latency.mode == "borrowed":
+        measured.append(f"{report.latency.table.spec.key}'s measured operator profiles, borrowed (same architecture)")
     if report.acceptance.measured:
         measured.append("an acceptance record")
     if len(validation):
@@ -145,10 +149,10 @@ def input_items(report: Report, config: BuildConfig, validation: pd.DataFrame) -
     ]
 
 
-def plain_step_text(report: Report, latency_choice: str = "auto") -> str:
+def plain_step_text(report: Report) -> str:
     """The predicted plain decoding step of the whole model at batch 1, context 1024."""
     m = report.model
-    latency = view_latency(report.view, m, report.dtype, latency_choice)
+    latency = report.latency or view_latency(report.view, m, report.dtype)
     report_step = StepModel(m, latency, "full")
     return (
         "Predicted plain decoding step of the whole model at batch 1, context 1024: "

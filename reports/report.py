@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.device_view import DeviceView
+from perfmodel.latency_source import LatencyModel
 from perfmodel.models import ModelConfig
 from reports.sources import ReportAcceptance
 
@@ -43,6 +44,7 @@ class Report:
     model: ModelConfig
     dtype: str
     acceptance: ReportAcceptance
+    latency: LatencyModel | None = None  # the step latency source (perfmodel.latency_source)
     html: Path | None = None
     figures: list[str] = field(default_factory=list)  # PNG file names, in page order
     facts: list[str] = field(default_factory=list)  # the "at a glance" sentences

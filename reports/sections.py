@@ -217,4 +217,4 @@ def error_section(page: Page, op_errors, report: Report, validation: pd.DataFram
 def inputs_section(page: Page, report: Report, config, validation: pd.DataFrame) -> None:
     page.heading("Inputs")
     page.bullets(prose.input_items(report, config, validation))
-    page.paragraph(prose.plain_step_text(report, config.latency))
+    page.paragraph(prose.plain_step_text(report))
