@@ -97,19 +97,23 @@ def calibration_for(ckpt: Checkpoint, decoder: Decoder, batch: int, context: int
 
 
 def calibrate(
-    decoder: Decoder, ckpt: Checkpoint, batch: int, context: int, new_tokens: int, accuracy, log=print
+    decoder: Decoder, ckpt: Checkpoint, batch: int, context: int, new_tokens: int, accuracy, log=print, sizes=None
 ) -> dict[str, dict[int, float]]:
     """Time this decoder's steps with plain decoding and the greedy tree of every candidate
-    size, interleaved, at `batch` prompts of about `context` tokens each decoding
-    `new_tokens`. Returns seconds per step and the batch efficiency (tokens per sequence and
-    step over the tokens each active sequence accepted per step) per tree size."""
+    size (`sizes`, plain decoding's 1 among them; default CALIBRATION_SIZES), interleaved, at
+    `batch` prompts of about `context` tokens each decoding `new_tokens`. Returns seconds
+    per step and the batch efficiency (tokens per sequence and step over the tokens each
+    active sequence accepted per step) per tree size."""
     heads = len(ckpt.heads)
-    sizes = [n for n in CALIBRATION_SIZES if n == 1 or n - 1 <= heads * HEAD_TOP_K]
+    if sizes is None:
+        sizes = [n for n in CALIBRATION_SIZES if n == 1 or n - 1 <= heads * HEAD_TOP_K]
+    elif 1 not in sizes:
+        raise PerfkitError(f"calibration sizes need plain decoding (size 1); got {list(sizes)}")
     settings = {n: {"tree": greedy_tree(accuracy, n - 1) if n > 1 else None} for n in sizes}
     prompts = heldout_prompts(ckpt, batch * CALIBRATION_PROMPTS, context_bucket(context), seed=1)
     log(
-        f"calibrating the decoder's step time on this machine for --tree auto (batch {batch}, context "
-        f"{context_bucket(context)}; once, kept for later runs)"
+        f"calibrating the decoder's step time on this machine (batch {batch}, context {context_bucket(context)}, "
+        f"tree sizes {', '.join(map(str, sizes))})"
     )
     kwargs = dict(acceptance=AcceptanceConfig("greedy"), topk=HEAD_TOP_K)
     decoder.generate(prompts[:batch], 4, **kwargs, **settings[sizes[-1]])  # warm-up, not timed

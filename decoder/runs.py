@@ -26,7 +26,7 @@ def decode_batches(decoder: Decoder, prompts, batch: int, max_new: int, **kwargs
 
 
 def decode_interleaved(
-    decoder: Decoder, prompts, batch: int, max_new: int, settings: dict, rounds: int = 1, **kwargs
+    decoder: Decoder, prompts, batch: int, max_new: int, settings: dict, rounds: int = 1, progress=None, **kwargs
 ) -> dict:
     """Decode the prompts with every setting (name -> generate() keyword arguments), one
     batch of prompts at a time through all settings in turn, `rounds` times over.
@@ -35,6 +35,7 @@ def decode_interleaved(
     after another would each catch a different phase of it. Taking them in turn on every
     batch (in an order rotated from batch to batch) lets each see the same machine, so
     their ratios (the speedups) hold even where the absolute times wander.
+    `progress()`, if given, is called after every batch of prompts.
     Returns name -> DecodeResult over all rounds."""
     if rounds < 1:
         raise PerfkitError(f"rounds must be >= 1, got {rounds}")
@@ -48,6 +49,8 @@ def decode_interleaved(
                 part = decoder.generate(chunk, max_new, **kwargs, **settings[name])
                 _append(totals[name], part)
             turn += 1
+            if progress is not None:
+                progress()
     return totals
 
 

@@ -96,6 +96,11 @@ def stored_devices(roots: list[Path] | None = None) -> list[str]:
     return sorted(found)
 
 
+def stored_tree_ablations(roots: list[Path] | None = None) -> list[Path]:
+    """Stored decoder.ablation CSVs of every device (<root>/<device>/tree-ablation/*.csv)."""
+    return [path for root in roots or measurement_roots() for path in sorted(root.glob("*/tree-ablation/*.csv"))]
+
+
 def stored_closed_loops(device_key: str, roots: list[Path] | None = None) -> list[Path]:
     """Stored perfmodel.validate CSVs of a device (<root>/<device>/closed-loop/*.csv)."""
     return [

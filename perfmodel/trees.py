@@ -181,6 +181,38 @@ def optimal_tree(accuracy, nodes: int) -> Tree:
     return Tree(tuple(build(0, min(nodes, max_nodes(heads, topk)), ())))
 
 
+def dense_tree(top_ks) -> Tree:
+    """The dense tree of the paper's Fig. 4: head d's top-s_d under every node of depth
+    d - 1, so the Cartesian product of the heads' top-k predictions, s_1 + s_1 s_2 + ... nodes."""
+    top_ks = [int(s) for s in top_ks]
+    if not top_ks or any(s < 1 for s in top_ks):
+        raise PerfkitError(f"a dense tree takes each head's top-k, k >= 1 for at least one head; got {top_ks}")
+    level: list[TreePath] = [()]
+    paths: list[TreePath] = []
+    for s in top_ks:
+        level = [parent + (r,) for parent in level for r in range(s)]
+        paths += level
+    return Tree(tuple(paths))
+
+
+def random_dense_settings(count: int, heads: int, topk: int, node_limit: int, seed: int = 0) -> list[tuple[int, ...]]:
+    """`count` distinct top-k settings (s_1, ..., s_depth) drawn at random, as the paper's
+    Fig. 4 samples its dense trees: depth 1 to `heads`, each s_d in 1..topk, at most
+    `node_limit` nodes."""
+    rng = np.random.default_rng(seed)
+    found: dict[tuple[int, ...], None] = {}
+    for _ in range(10_000):
+        if len(found) == count:
+            break
+        depth = int(rng.integers(1, heads + 1))
+        setting = tuple(int(s) for s in rng.integers(1, topk + 1, size=depth))
+        if sum(int(np.prod(setting[:d])) for d in range(1, depth + 1)) <= node_limit:
+            found.setdefault(setting, None)
+    if len(found) < count:
+        raise PerfkitError(f"only {len(found)} dense trees of at most {node_limit} nodes exist here; asked for {count}")
+    return list(found)
+
+
 def max_nodes(heads: int, topk: int) -> int:
     """Nodes of the complete tree: topk + topk^2 + ... + topk^heads."""
     return sum(topk**d for d in range(1, heads + 1))

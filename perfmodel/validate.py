@@ -12,12 +12,22 @@ The closed loop, on this machine and the bundled model (or any checkpoint):
 4. prediction per tree size n: acceptance / (step(n) / step(1)), step(n) = the sum of its
    op latencies + the host overhead (Python, module calls and dispatch between the ops):
    the one calibrated constant, the plain step minus its ops, never from a Medusa run.
+   The acceptance is each prompt's, and a batch steps until its slowest prompt is done
+   (perfmodel.batching simulates the step counts).
+
+Acceptance schemes and trees: `--acceptance typical` predicts from the scheme's own
+record, head accuracies against what typical acceptance emits (an untimed typical pass
+with the largest tree); `--dynamic` runs, beside every static tree, the dynamic tree of the
+same node count (built each step from the heads' probabilities), predicted from those
+probabilities mapped to hit rates measured on the plain pass, its step priced with the
+measured cost of building the tree.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import statistics
 import sys
 import time
 from contextlib import contextmanager
@@ -28,10 +38,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from decoder.acceptance import AcceptanceConfig
 from decoder.checkpoint import load_checkpoint
 from decoder.measure import head_accuracy
-from decoder.medusa import Decoder
+from decoder.medusa import Decoder, dynamic_tree
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
+from decoder.tree import tree_buffers
+from perfmodel.batching import acceptance_survival, batch_acceptance, dynamic_survival, probability_calibration
 from perfmodel.calibration import MeasuredLatency
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.contract import write_table
@@ -59,6 +72,7 @@ PROBE_LEAD, PROBE_STEPS = 8, 32
 # model: the cache flushed by the model's weight bytes between calls; all: evict everything
 # (the paper's method for a 7B model on a GPU, whose weights never fit in L2).
 FLUSH_MODES = ("none", "model", "all")
+VALIDATED_SCHEMES = ("greedy", "typical")  # rejection sampling's baseline samples too: no fixed text to compare
 
 
 @dataclass(frozen=True)
@@ -75,8 +89,12 @@ class ValidateConfig:
     flush: str = "none"  # cache state of the operator timings: none (warm), model, all
     threads: int = 1  # CPU threads for the decoder and the operator timings alike
     seed: int = 0
+    acceptance: str = "greedy"  # greedy or typical
+    dynamic: bool = False  # also run the dynamic tree of every size
 
     def __post_init__(self) -> None:
+        if self.acceptance not in VALIDATED_SCHEMES:
+            raise PerfkitError(f"acceptance must be one of {', '.join(VALIDATED_SCHEMES)}, got {self.acceptance!r}")
         if self.flush not in FLUSH_MODES:
             raise PerfkitError(f"flush must be one of {', '.join(FLUSH_MODES)}, got {self.flush!r}")
         if self.device not in ("cpu", "cuda"):
@@ -139,55 +157,117 @@ def measure_ops(
     return pd.DataFrame(rows), (long.median_s - short.median_s) / PROBE_STEPS
 
 
-def run_decoder(decoder, prompts, config: ValidateConfig, log):
+@dataclass
+class DecoderRuns:
+    """What the decoding runs give the prediction and the comparison."""
+
+    accuracy: np.ndarray  # a_k^(i) of the scheme's record, all prompts
+    per_prompt: list[np.ndarray]  # the same, each prompt's own
+    step_probs: list[np.ndarray]  # per prompt (positions, heads, topk): the heads' top-k probabilities
+    calibrate: object  # heads' probability -> hit rate, measured on the record (dynamic trees)
+    runs: list[dict]  # one row per (tree kind, size), plain decoding first
+
+
+def head_predictions(decoder, prompt, output) -> tuple[np.ndarray, np.ndarray]:
+    """At each position where a step could start in one decoded prompt: the heads' top-k
+    probabilities (positions, heads, topk), and whether each was the token that came
+    (NaN where that token lies past the end)."""
+    row = torch.tensor([prompt + output], device=decoder.device)
+    with torch.inference_mode():
+        logits = decoder.heads(decoder.model.hidden(row))[:, 0].float()  # (heads, T, V)
+    top = torch.softmax(logits, -1).topk(HEAD_TOP_K, dim=-1)
+    width, first = row.shape[1], len(prompt) - 1  # the step after the prompt's last token is the first
+    positions = np.arange(first, width - 1)
+    probs = top.values[:, positions].permute(1, 0, 2).cpu().numpy()
+    hits = np.full(probs.shape, np.nan)
+    for k in range(probs.shape[1]):
+        target = positions + k + 2  # head k at t names token t + k + 2
+        inside = target < width
+        hits[inside, k] = (top.indices[k, positions[inside]] == row[0, target[inside], None]).cpu().numpy()
+    return probs, hits
+
+
+def run_decoder(decoder, prompts, config: ValidateConfig, log) -> DecoderRuns:
     """Head accuracies, then measured Medusa runs per tree size against plain decoding.
 
     A first plain pass measures the heads' accuracies (which choose the trees and predict
-    their acceptance); then plain decoding and every tree are timed interleaved, batch by
-    batch (decoder.measure.decode_interleaved), so machine drift cancels in the speedups."""
+    their acceptance); with typical acceptance, an untimed typical pass with the largest
+    tree then gives the scheme's own record. Plain decoding and every tree are timed
+    interleaved, batch by batch (decoder.runs.decode_interleaved), so machine drift
+    cancels in the speedups."""
 
+    scheme = AcceptanceConfig(config.acceptance, seed=config.seed)
+    kwargs = dict(topk=HEAD_TOP_K, acceptance=scheme)
     log(f"plain decoding of {len(prompts)} held-out prompts for the heads' accuracies ...")
-    first = decode_batches(decoder, prompts, config.batch, config.new_tokens, topk=HEAD_TOP_K)
-    accuracy = head_accuracy(decoder, prompts, first.tokens)
-    # each prompt's own accuracies: a batch steps until its slowest sequence is done
-    per_prompt = [head_accuracy(decoder, [p], [o]) for p, o in zip(prompts, first.tokens)]
+    outputs = decode_batches(decoder, prompts, config.batch, config.new_tokens, **kwargs).tokens
+    accuracy = head_accuracy(decoder, prompts, outputs)
+    if config.acceptance != "greedy":
+        log(f"{config.acceptance} acceptance with the largest tree, for the scheme's own record ...")
+        largest = greedy_tree(accuracy, max(config.sizes) - 1)
+        outputs = decode_batches(decoder, prompts, config.batch, config.new_tokens, tree=largest, **kwargs).tokens
+        accuracy = head_accuracy(decoder, prompts, outputs)
+    per_prompt = [head_accuracy(decoder, [p], [o]) for p, o in zip(prompts, outputs)]
+    predictions = [head_predictions(decoder, p, o) for p, o in zip(prompts, outputs)]
     trees = {size: greedy_tree(accuracy, size - 1) for size in config.sizes}
-    settings = {1: {}} | {size: {"tree": tree} for size, tree in trees.items()}
+    settings = {("plain", 1): {}} | {("static", size): {"tree": tree} for size, tree in trees.items()}
+    if config.dynamic:
+        settings |= {("dynamic", size): {"dynamic_nodes": size - 1} for size in config.sizes}
     for setting in settings.values():  # warm-up of every shape, untimed
-        decoder.generate(prompts[: config.batch], 8, topk=HEAD_TOP_K, **setting)
+        decoder.generate(prompts[: config.batch], 8, **kwargs, **setting)
+    kinds = " and dynamic" if config.dynamic else ""
     log(
-        f"timing plain decoding and {len(trees)} trees ({', '.join(map(str, trees))} tokens) interleaved, "
-        f"{config.rounds} round(s) ..."
+        f"timing plain decoding and static{kinds} trees of {', '.join(map(str, trees))} tokens interleaved, "
+        f"{config.acceptance} acceptance, {config.rounds} round(s) ..."
     )
-    results = decode_interleaved(
-        decoder, prompts, config.batch, config.new_tokens, settings, config.rounds, topk=HEAD_TOP_K
-    )
-    baseline = results[1]
+    results = decode_interleaved(decoder, prompts, config.batch, config.new_tokens, settings, config.rounds, **kwargs)
+    baseline = results[("plain", 1)]
     runs = [
         {
+            "tree_kind": kind,
             "tree_size": size,
-            "tree": trees.get(size),
+            "tree": trees.get(size) if kind == "static" else None,
             "measured_acceptance": mean_accepted(result),
             "batch_acceptance": result.new_tokens / (result.steps * config.batch),
             "measured_step_s": result.decode_s / result.steps,
             "measured_speedup": result.tokens_per_s / baseline.tokens_per_s,
-            "lossless": result.tokens == baseline.tokens,
+            "lossless": result.tokens == baseline.tokens if config.acceptance == "greedy" else None,
             **{f"measured_{phase}_s": seconds / result.steps for phase, seconds in result.times.items()},
         }
-        for size, result in results.items()
+        for (kind, size), result in results.items()
     ]
-    return accuracy, per_prompt, runs
+    step_probs = [probs for probs, _ in predictions]
+    calibrate = probability_calibration(np.concatenate(step_probs), np.concatenate([h for _, h in predictions]))
+    return DecoderRuns(accuracy, per_prompt, step_probs, calibrate, runs)
 
 
-def batch_acceptance(tree, per_prompt, batch: int, new_tokens: int) -> float:
-    """Tokens per sequence and step that a batch of `batch` prompts makes of a tree: every
-    prompt p needs new_tokens / acc_p steps (acc_p from its own head accuracies), and a batch
-    takes as many steps as its slowest prompt. At batch 1 it is the harmonic mean of acc_p
-    (tokens/s are total tokens over total time); at larger batches it is lower still."""
-    acc = np.array([expected_acceptance(tree, a) for a in per_prompt])
-    steps = new_tokens / acc
-    chunks = [steps[i : i + batch] for i in range(0, len(steps), batch)]
-    return len(chunks) * new_tokens / sum(c.max() for c in chunks)
+def predicted_acceptance(run: dict, runs: DecoderRuns, config: ValidateConfig) -> tuple[float, float]:
+    """(tokens per step of one sequence, tokens per sequence and step of the batch) predicted
+    for one run from the record: head accuracies for a static tree, calibrated per-position
+    probabilities for a dynamic one."""
+    if run["tree_kind"] == "plain":
+        return 1.0, 1.0
+    if run["tree_kind"] == "static":
+        survivals = [acceptance_survival(run["tree"], a) for a in runs.per_prompt]
+        alone = expected_acceptance(run["tree"], runs.accuracy)
+    else:
+        survivals = [dynamic_survival(p, run["tree_size"] - 1, runs.calibrate) for p in runs.step_probs]
+        alone = float(np.mean([s.sum() for s in survivals]))
+    return alone, batch_acceptance(survivals, config.batch, config.new_tokens, config.seed)
+
+
+def dynamic_build_s(decoder, step_probs: list[np.ndarray], nodes: int, repeats: int = 200) -> float:
+    """Median seconds to build one sequence's dynamic tree and its buffers, as the decoder
+    does every step, on recorded head probabilities."""
+    probs = np.concatenate(step_probs)
+    rng = np.random.default_rng(0)
+    heads, times = probs.shape[1], []
+    for i in rng.choice(len(probs), size=min(repeats, len(probs)), replace=False):
+        padded = torch.zeros(heads, 2 * HEAD_TOP_K)  # topk of a full distribution, as in the decoder
+        padded[:, :HEAD_TOP_K] = torch.from_numpy(probs[i])
+        started = time.perf_counter()
+        tree_buffers(dynamic_tree(padded, nodes, HEAD_TOP_K), heads, HEAD_TOP_K, decoder.device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def predicted_phases(step: StepModel, batch: int, context: int, sizes, host_s: float) -> dict[str, np.ndarray]:
@@ -218,33 +298,44 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
         ckpt, config.batch, max(1, config.context - PROBE_LEAD - PROBE_STEPS // 2), config.seed + 1
     )
     with torch_threads(config.threads):
-        accuracy, per_prompt, runs = run_decoder(decoder, prompts, config, log)
+        decoded = run_decoder(decoder, prompts, config, log)
         rows, plain_step_s = measure_ops(
             StepModel(model, _Nothing(), "reference"), config, dtype, decoder, probe_prompts, log
         )
+        build_s = {
+            r["tree_size"]: dynamic_build_s(decoder, decoded.step_probs, r["tree_size"] - 1)
+            for r in decoded.runs
+            if r["tree_kind"] == "dynamic"
+        }
     step = StepModel(model, MeasuredLatency(rows, model.name, dtype), "reference")
+    runs = decoded.runs
     sizes = np.array([r["tree_size"] for r in runs])
     ops_plain = float(step.step_time(config.batch, config.context, 1))
     ops_tree = step.step_time(config.batch, config.context, sizes)
     host = plain_step_s - ops_plain
+    # a dynamic tree is built on the host for every sequence of every step
+    tree_build = np.array([build_s.get(r["tree_size"], 0.0) if r["tree_kind"] == "dynamic" else 0.0 for r in runs])
+    tree_build = tree_build * config.batch
     table = pd.DataFrame(runs).drop(columns="tree")
     decoded_plain_step_s = float(table["measured_step_s"].iloc[0])
-    table["predicted_acceptance"] = [expected_acceptance(r["tree"], accuracy) if r["tree"] else 1.0 for r in runs]
-    table["predicted_batch_acceptance"] = [
-        batch_acceptance(r["tree"], per_prompt, config.batch, config.new_tokens) if r["tree"] else 1.0 for r in runs
-    ]
+    acceptance = [predicted_acceptance(r, decoded, config) for r in runs]
+    table["predicted_acceptance"] = [alone for alone, _ in acceptance]
+    table["predicted_batch_acceptance"] = [batch for _, batch in acceptance]
     table["measured_batch_acceptance"] = [r["batch_acceptance"] for r in runs]
     table = table.assign(**predicted_phases(step, config.batch, config.context, sizes, host))
+    table["predicted_candidates_s"] += tree_build
     table["ops_step_s"] = ops_tree
-    table["predicted_step_s"] = ops_tree + host
+    table["dynamic_tree_build_s"] = tree_build
+    table["predicted_step_s"] = ops_tree + host + tree_build
     table["predicted_speedup"] = table["predicted_batch_acceptance"] / (table["predicted_step_s"] / plain_step_s)
     table["ops_only_speedup"] = table["predicted_batch_acceptance"] / (ops_tree / ops_plain)
     table["error"] = (table["predicted_speedup"] - table["measured_speedup"]) / table["measured_speedup"]
-    table["batch"], table["context"] = config.batch, config.context
+    table["batch"], table["context"], table["acceptance_scheme"] = config.batch, config.context, config.acceptance
     # Which device and model the comparison describes, so reports can match it to theirs.
     table["device"], table["model"], table["dtype"] = rows["device"].iloc[0], model.name, dtype
     phases = table[[c for c in table.columns if c.endswith("_s") and c.split("_", 1)[1][:-2] in DECODER_PHASE_OPS]]
-    table = table[table["tree_size"] > 1].reset_index(drop=True)
+    phases = phases.assign(tree_kind=table["tree_kind"], tree_size=sizes)
+    table = table[table["tree_kind"] != "plain"].reset_index(drop=True)
     summary = {
         "threads": config.threads,
         "plain_step_s": plain_step_s,
@@ -253,12 +344,14 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
         "host_overhead_s": host,
         "max_abs_error": float(table["error"].abs().max()),
         "within_target": bool((table["error"].abs() <= TARGET_ERROR).all()),
-        "phases": phases.assign(tree_size=sizes),
+        "phases": phases,
     }
     columns = [
         "device",
         "model",
         "dtype",
+        "acceptance_scheme",
+        "tree_kind",
         "tree_size",
         "batch",
         "context",
@@ -273,21 +366,40 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
         "measured_speedup",
         "error",
         "ops_only_speedup",
+        "dynamic_tree_build_s",
         "lossless",
-        *phases.columns,
+        *[c for c in phases.columns if c.endswith("_s")],
     ]
     return table[columns], rows, summary
 
 
 def phase_table(phases: pd.DataFrame) -> pd.DataFrame:
     """One 'measured / predicted' ms column per decoder phase, one row per tree size."""
-    out = pd.DataFrame({"tree_size": phases["tree_size"]})
+    out = pd.DataFrame({"tree": phases["tree_kind"], "tree_size": phases["tree_size"]})
     for phase in DECODER_PHASE_OPS:
         out[phase] = [
             f"{m * 1e3:.2f} / {p * 1e3:.2f}"
             for m, p in zip(phases[f"measured_{phase}_s"], phases[f"predicted_{phase}_s"])
         ]
     return out
+
+
+def dynamic_against_static(table: pd.DataFrame) -> pd.DataFrame:
+    """Per node count: the dynamic tree's measured and predicted speedup over the static
+    tree's, and what building it costs per step."""
+    key = ["batch", "tree_size"]
+    static = table[table["tree_kind"] == "static"].set_index(key)
+    dynamic = table[table["tree_kind"] == "dynamic"].set_index(key)
+    out = pd.DataFrame(
+        {
+            "measured_dynamic_over_static": dynamic["measured_speedup"] / static["measured_speedup"],
+            "predicted_dynamic_over_static": dynamic["predicted_speedup"] / static["predicted_speedup"],
+            "measured_acceptance_gain": dynamic["measured_batch_acceptance"] / static["measured_batch_acceptance"],
+            "measured_extra_step_ms": (dynamic["measured_step_s"] - static["measured_step_s"]) * 1e3,
+            "tree_build_ms": dynamic["dynamic_tree_build_s"] * 1e3,
+        }
+    )
+    return out.reset_index()
 
 
 @contextmanager
@@ -380,6 +492,17 @@ def build_parser() -> Parser:
         help="cache state of the operator timings: none = warm (default), model = flush the model's size, all = "
         "evict the last-level cache",
     )
+    p.add_argument(
+        "--acceptance",
+        choices=VALIDATED_SCHEMES,
+        default="greedy",
+        help="acceptance scheme of every Medusa run; typical is predicted from its own record (default %(default)s)",
+    )
+    p.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="also run the dynamic tree (built each step from the heads' probabilities) of every size",
+    )
     p.add_argument("--csv", type=Path, metavar="FILE", help="write the per-tree comparison here")
     p.add_argument("--ops-csv", type=Path, metavar="FILE", help="write the measured operator rows here")
     return p
@@ -403,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
             rounds=args.rounds,
             flush=args.flush,
             threads=args.threads,
+            acceptance=args.acceptance,
+            dynamic=args.dynamic,
         )
         log(f"--- batch {batch}")
         table, rows, summary = validate(config, log)
@@ -420,7 +545,8 @@ def main(argv: list[str] | None = None) -> int:
     within = bool((table["error"].abs() <= TARGET_ERROR).all())
     print(
         f"max |predicted - measured| / measured over every batch and tree size = {abs(worst['error']) * 100:.1f}% "
-        f"(batch {worst['batch']}, tree {worst['tree_size']}; {'within' if within else 'NOT within'} the "
+        f"(batch {worst['batch']}, {worst['tree_kind']} tree {worst['tree_size']}; "
+        f"{'within' if within else 'NOT within'} the "
         f"{TARGET_ERROR:.0%} target); {time.perf_counter() - started:.0f} s"
     )
     if args.csv:
@@ -435,6 +561,7 @@ def print_batch(table: pd.DataFrame, summary: dict) -> None:
         error_pct=table["error"] * 100,
     )[
         [
+            "tree_kind",
             "tree_size",
             "predicted_acceptance",
             "measured_acceptance",
@@ -454,6 +581,8 @@ def print_batch(table: pd.DataFrame, summary: dict) -> None:
         "size 1 is plain decoding):"
     )
     print(phase_table(summary["phases"]).to_string(index=False))
+    if (table["tree_kind"] == "dynamic").any():
+        print(dynamic_against_static(table).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(
         f"{summary['threads']} CPU thread(s); plain step: {summary['plain_step_s'] * 1e3:.2f} ms timed with the "
         "operators "

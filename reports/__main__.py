@@ -78,6 +78,14 @@ def build_parser() -> Parser:
         help="python -m perfmodel.validate --csv files (default: the device's shipped closed-loop runs)",
     )
     b.add_argument(
+        "--ablation",
+        type=Path,
+        nargs="+",
+        default=(),
+        metavar="FILE",
+        help="python -m decoder.ablation --csv files, the paper's Fig. 4 (default: the shipped ones for the model)",
+    )
+    b.add_argument(
         "--prompt-len",
         type=positive_int,
         default=512,
@@ -180,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             spec=args.spec,
             measurements=tuple(args.measurements),
             validation=tuple(args.validation),
+            ablation=tuple(args.ablation),
             measure=args.measure,
             **shared(args),
         )

@@ -25,10 +25,11 @@ from perfmodel.dtypes import check_dtype, default_dtype
 from perfmodel.errors import PerfkitError
 from perfmodel.grid import PAPER_GRID, QUICK_GRID
 from perfmodel.latency_source import view_latency
-from perfmodel.measurements import stored_closed_loops
+from perfmodel.measurements import stored_closed_loops, stored_tree_ablations
 from perfmodel.models import ModelConfig, load_model
 from perfmodel.planning import PlanResult, plan
 from profilers.sweep import measure_now
+from reports.ablation_figures import tree_ablation_figure
 from reports.acceptance_figures import Curve, acceptance_figure, tree_figure
 from reports.capacity_figures import capacity_figure
 from reports.html import Page
@@ -36,6 +37,7 @@ from reports.render import FigureJob, Renderer
 from reports.report import FLAVORS, BuildConfig, Report
 from reports.roofline_page import describe_device, submit_roofline_figures
 from reports.sections import (
+    ablation_section,
     acceptance_section,
     capacity_section,
     error_section,
@@ -48,6 +50,7 @@ from reports.sections import (
 )
 from reports.sources import (
     ReportAcceptance,
+    load_ablation,
     load_validation,
     recommended_tree,
     report_acceptance,
@@ -55,7 +58,9 @@ from reports.sources import (
 from reports.speedup_figures import closed_loop_figure, submit_speedup_figures
 
 
-def load_inputs(config: BuildConfig, log=print) -> tuple[DeviceView, ModelConfig, str, ReportAcceptance, pd.DataFrame]:
+def load_inputs(
+    config: BuildConfig, log=print
+) -> tuple[DeviceView, ModelConfig, str, ReportAcceptance, pd.DataFrame, pd.DataFrame]:
     model = load_model(config.model)
     files = list(config.measurements)
     if config.measure:
@@ -68,12 +73,13 @@ def load_inputs(config: BuildConfig, log=print) -> tuple[DeviceView, ModelConfig
     validation = load_validation(
         list(config.validation) or stored_closed_loops(view.spec.key), view.spec.key, model.name
     )
-    return view, model, dtype, acceptance, validation
+    ablation = load_ablation(list(config.ablation) or stored_tree_ablations(), view.spec.key, model.name)
+    return view, model, dtype, acceptance, validation, ablation
 
 
 def build(config: BuildConfig, log=print) -> Report:
     started = time.perf_counter()
-    view, model, dtype, acceptance, validation = load_inputs(config, log)
+    view, model, dtype, acceptance, validation, ablation = load_inputs(config, log)
     if callable(config.out):
         config = replace(config, out=config.out(view.spec.key))
     report = Report(view, model, dtype, acceptance, view_latency(view, model, dtype, config.latency))
@@ -94,6 +100,8 @@ def build(config: BuildConfig, log=print) -> Report:
         )
         planned = capacity_plan(model, view, dtype, acceptance, config)
         jobs = extra_jobs(where, report, sims, planned, tree, validation, config)
+        if len(ablation):
+            jobs["tree-ablation"] = ablation_job(ablation, report)
         extra_pngs = {name: renderer.submit(job) for name, job in jobs.items()}
 
         config.out.mkdir(parents=True, exist_ok=True)
@@ -114,9 +122,10 @@ def build(config: BuildConfig, log=print) -> Report:
         speedup_section(page, figure, report, sims, draft, speed_pngs, extra_pngs, validation)
         acceptance_section(page, figure, report, extra_pngs)
         tree_section(page, figure, report, tree, best, extra_pngs)
+        ablation_section(page, figure, report, ablation, extra_pngs)
         capacity_section(page, figure, planned, extra_pngs)
         error_section(page, op_errors, report, validation)
-        inputs_section(page, report, config, validation)
+        inputs_section(page, report, config, validation, ablation)
         report.html = page.write(config.out / "report.html")
     size = report.html.stat().st_size
     elapsed = time.perf_counter() - started
@@ -169,6 +178,20 @@ def acceptance_curves(acceptance: ReportAcceptance) -> dict[str, Curve]:
     if log is not PAPER_ACCEPTANCE:
         curves[f"paper's fit {PAPER_ACCEPTANCE.b:.3f} ln n (Vicuna-7B)"] = log_curve(PAPER_ACCEPTANCE)
     return curves
+
+
+def ablation_job(ablation: pd.DataFrame, report: Report) -> FigureJob:
+    first = ablation.iloc[0]
+    device = first["device"]
+    elsewhere = "" if device == report.view.spec.key else f", not on {report.view.spec.key}"
+    title = f"Tree ablation (Medusa paper Fig. 4), measured and predicted: {report.model.name} on {device}"
+    subtitle = (
+        f"python -m decoder.ablation ({', '.join(sorted(set(ablation['file'])))}): the reference decoder, greedy "
+        f"acceptance, batch {first['batch']}, {first['prompts']} held-out prompts of {first['prompt_len']} tokens, "
+        f"{first['new_tokens']} new tokens each; speedups timed on {device}{elsewhere}. Predicted: tokens per step "
+        "from the heads' top-k accuracies, step time from a separate calibration of the decoder's steps."
+    )
+    return FigureJob(tree_ablation_figure, dict(table=ablation, title=title, subtitle=subtitle))
 
 
 def extra_jobs(where, report: Report, sims, planned, tree, validation, config) -> dict[str, FigureJob]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfmodel import simulations as speedup
+from perfmodel.ablation import dense_against_sparse
 from perfmodel.acceptance import fit_error
 from perfmodel.latency_source import view_latency
 from perfmodel.planning import PlanResult
@@ -120,6 +121,35 @@ def acceptance_error_text(acceptance: ReportAcceptance, table: pd.DataFrame) -> 
     )
 
 
+def ablation_text(ablation: pd.DataFrame, device_key: str) -> str:
+    """The tree ablation in three sentences: the best trees, dense against sparse, the error."""
+    best = {kind: rows.loc[rows["measured_speedup"].idxmax()] for kind, rows in ablation.groupby("kind")}
+    said = [
+        f"Fastest {kind} tree: {row['setting']} ({row['nodes']} candidates), {row['measured_acceptance']:.2f} "
+        f"tokens per step and {row['measured_speedup']:.2f}x plain decoding (measured)."
+        for kind, row in sorted(best.items(), reverse=True)
+    ]
+    versus = dense_against_sparse(ablation)
+    if len(versus):
+        said.append(
+            f"At the same number of candidates, the {len(versus)} dense trees within the sparse trees' range accept "
+            f"{-versus['acceptance_vs_sparse'].median():.0%} fewer tokens per step than the sparse curve "
+            f"(median; {versus['speedup_vs_sparse'].median():+.0%} in speedup)."
+        )
+    device = ablation["device"].iloc[0]
+    said.append(
+        f"Prediction error over the {len(ablation)} trees, |predicted - measured| / measured: tokens per step at "
+        f"most {ablation['acceptance_error'].abs().max():.1%}, speedup at most "
+        f"{ablation['speedup_error'].abs().max():.1%}."
+    )
+    if device != device_key:
+        said.append(
+            f"Measured on {device}, not on this device: the tokens per step carry over (they are the model's), "
+            "the speedups do not."
+        )
+    return " ".join(said)
+
+
 def shown_path(path) -> str:
     """A path relative to the working folder where it is under it (no home folders in reports)."""
     path = Path(path)
@@ -129,8 +159,8 @@ def shown_path(path) -> str:
         return path.name
 
 
-def input_items(report: Report, config: BuildConfig, validation: pd.DataFrame) -> list[str]:
-    """The device, model, measurements, acceptance, closed-loop runs and workload the page used."""
+def input_items(report: Report, config: BuildConfig, validation: pd.DataFrame, ablation: pd.DataFrame) -> list[str]:
+    """The device, model, measurements, acceptance, closed-loop runs, tree ablation and workload the page used."""
     m = report.model
     spec_text = "built from measured ceilings" if report.view.is_cpu else "hw_specs/" + report.view.spec.key + ".yaml"
     record_path = report.acceptance.record_path
@@ -144,6 +174,7 @@ def input_items(report: Report, config: BuildConfig, validation: pd.DataFrame) -
         f"Operator measurements: {measurement_note(report)}.",
         f"Acceptance: {acceptance_text}.",
         f"Closed-loop runs: {runs_text}.",
+        f"Tree ablation: {', '.join(sorted(set(ablation['file']))) if len(ablation) else 'none'}.",
         f"Workload for capacity planning: prompts {config.prompt_len} tokens, responses {config.response_len} tokens"
         + (f", latency target {config.latency_ms:g} ms/token." if config.latency_ms else ", no latency target."),
     ]

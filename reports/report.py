@@ -28,6 +28,7 @@ class BuildConfig:
     measurements: tuple[Path, ...] = ()
     acceptance: str | None = None  # a decoder.measure record, "paper", or None (the checkpoint's own, else paper)
     validation: tuple[Path, ...] = ()  # perfmodel.validate CSVs (default: the device's shipped ones)
+    ablation: tuple[Path, ...] = ()  # decoder.ablation CSVs (default: the shipped ones)
     prompt_len: int = 512
     response_len: int = 256
     latency_ms: float | None = None

@@ -162,6 +162,26 @@ def tree_section(page: Page, figure: FigureWriter, report: Report, tree, best, e
     page.table(tables.best_per_batch(best))
 
 
+def ablation_section(page: Page, figure: FigureWriter, report: Report, ablation: pd.DataFrame, extra_pngs) -> None:
+    page.heading("Tree ablation (Medusa paper Fig. 4)")
+    if not len(ablation):
+        page.paragraph(
+            f"No tree ablation of {report.model.name}. python -m decoder.ablation --csv FILE decodes held-out prompts "
+            "with random dense trees and the greedy sparse trees on this machine (then --ablation FILE here).",
+            note=True,
+        )
+        return
+    page.paragraph(prose.ablation_text(ablation, report.view.spec.key))
+    figure(
+        "tree-ablation",
+        extra_pngs["tree-ablation"],
+        "measured (filled) and predicted (hollow): (a) tokens per step and (b) speedup against the number of "
+        "candidates, for random dense trees and the greedy sparse trees.",
+        ("measured", "predicted"),
+    )
+    page.table(tables.percent(tables.ablation_table(ablation)), summary=f"every tree ({len(ablation)})")
+
+
 def capacity_section(page: Page, figure: FigureWriter, planned, extra_pngs) -> None:
     page.heading("Capacity planning")
     if not isinstance(planned, PlanResult):
@@ -214,7 +234,7 @@ def error_section(page: Page, op_errors, report: Report, validation: pd.DataFram
         )
 
 
-def inputs_section(page: Page, report: Report, config, validation: pd.DataFrame) -> None:
+def inputs_section(page: Page, report: Report, config, validation: pd.DataFrame, ablation: pd.DataFrame) -> None:
     page.heading("Inputs")
-    page.bullets(prose.input_items(report, config, validation))
+    page.bullets(prose.input_items(report, config, validation, ablation))
     page.paragraph(prose.plain_step_text(report))

@@ -4,7 +4,9 @@ and the closed-loop comparisons (perfmodel.validate) of its device and model.
 Acceptance, in order: `--acceptance FILE` (a decoder.measure record), else the record a
 checkpoint folder carries (acceptance-*.json beside its weights), else the Medusa paper's
 acc(n) = 0.477 ln n for Vicuna-7B. Closed-loop files, in order: `--validation FILE`, else
-those shipped in profilers/measurements/<device>/closed-loop/ for the model.
+those shipped in profilers/measurements/<device>/closed-loop/ for the model. Tree ablations
+(the paper's Fig. 4, decoder.ablation): `--ablation FILE`, else those shipped in
+profilers/measurements/<device>/tree-ablation/.
 """
 
 from __future__ import annotations
@@ -20,6 +22,16 @@ from perfmodel.errors import PerfkitError
 from perfmodel.models import resolve_model_path
 from perfmodel.trees import VICUNA_7B_ORDER, Tree, vicuna_7b_prefix
 
+ABLATION_COLUMNS = (
+    "device",
+    "model",
+    "kind",
+    "nodes",
+    "predicted_acceptance",
+    "measured_acceptance",
+    "predicted_speedup",
+    "measured_speedup",
+)
 VALIDATION_COLUMNS = (
     "device",
     "model",
@@ -111,19 +123,37 @@ def recommended_tree(size: int, acceptance: ReportAcceptance, at_edge: bool = Fa
     return RecommendedTree(vicuna_7b_prefix(nodes), None, size, note, at_edge)
 
 
-def load_validation(paths: list[Path], device_key: str, model_name: str) -> pd.DataFrame:
-    """The closed-loop rows of `paths` that describe this device and model."""
+def _read_tables(paths: list[Path], columns: tuple[str, ...], command: str) -> pd.DataFrame:
+    """The CSV files a command wrote, one table with each row's file name."""
     frames = []
     for path in paths:
         try:
             table = pd.read_csv(path)
         except (OSError, ValueError) as exc:
-            raise PerfkitError(f"{path}: cannot read a perfmodel.validate CSV ({exc})") from None
-        missing = [c for c in VALIDATION_COLUMNS if c not in table.columns]
+            raise PerfkitError(f"{path}: cannot read a {command} CSV ({exc})") from None
+        missing = [c for c in columns if c not in table.columns]
         if missing:
-            raise PerfkitError(f"{path}: not a perfmodel.validate --csv file (missing {', '.join(missing)})")
+            raise PerfkitError(f"{path}: not a {command} CSV (missing {', '.join(missing)})")
         frames.append(table.assign(file=path.name))
     if not frames:
-        return pd.DataFrame(columns=[*VALIDATION_COLUMNS, "file"])
-    table = pd.concat(frames, ignore_index=True)
+        return pd.DataFrame(columns=[*columns, "file"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def load_validation(paths: list[Path], device_key: str, model_name: str) -> pd.DataFrame:
+    """The closed-loop rows of `paths` that describe this device and model."""
+    table = _read_tables(paths, VALIDATION_COLUMNS, "perfmodel.validate --csv")
     return table[(table["device"] == device_key) & (table["model"] == model_name)].reset_index(drop=True)
+
+
+def load_ablation(paths: list[Path], device_key: str, model_name: str) -> pd.DataFrame:
+    """The tree-ablation rows (decoder.ablation) of this model: this device's where it has
+    any, else another device's (tokens per step do not depend on the device; the section says
+    whose speedups they are)."""
+    table = _read_tables(paths, ABLATION_COLUMNS, "python -m decoder.ablation")
+    table = table[table["model"] == model_name]
+    own = table[table["device"] == device_key]
+    if len(own):
+        return own.reset_index(drop=True)
+    first = sorted(set(table["device"]))[:1]
+    return table[table["device"].isin(first)].reset_index(drop=True)

@@ -84,5 +84,24 @@ def acceptance_errors(acceptance: ReportAcceptance) -> pd.DataFrame:
     return table
 
 
+ABLATION_COLUMNS = [
+    "kind",
+    "setting",
+    "nodes",
+    "depth",
+    "measured_acceptance",
+    "predicted_acceptance",
+    "acceptance_error",
+    "measured_speedup",
+    "predicted_speedup",
+    "speedup_error",
+]
+
+
+def ablation_table(ablation: pd.DataFrame) -> pd.DataFrame:
+    """Every tree of a tree ablation, sparse then dense, by number of candidates."""
+    return ablation.sort_values(["kind", "nodes"], ascending=[False, True])[ABLATION_COLUMNS].round(3)
+
+
 def closed_loop_table(validation: pd.DataFrame) -> pd.DataFrame:
     return validation[CLOSED_LOOP_COLUMNS]

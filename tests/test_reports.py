@@ -30,6 +30,7 @@ SECTIONS = [
     "Speedup",
     "Acceptance",
     "Recommended tree",
+    "Tree ablation",
     "Capacity planning",
     "Prediction error",
     "Inputs",

@@ -96,3 +96,25 @@ def test_every_prefix_of_the_vicuna_tree_is_a_tree():
     assert vicuna_7b_prefix(63) == VICUNA_7B_TREE
     with pytest.raises(PerfkitError, match="1..63 nodes, asked for 64"):
         vicuna_7b_prefix(64)
+
+
+def test_dense_tree_is_the_cartesian_product_of_the_heads_top_k():
+    from perfmodel.trees import dense_tree
+
+    tree = dense_tree([3, 2, 1])
+    assert len(tree.paths) == 3 + 3 * 2 + 3 * 2 * 1 and tree.depth == 3
+    assert (2, 1, 0) in tree.paths and tree.max_rank == 2
+    with pytest.raises(PerfkitError, match=r"k >= 1.*\[2, 0\]"):
+        dense_tree([2, 0])
+
+
+def test_random_dense_settings_are_distinct_and_within_the_node_limit():
+    from perfmodel.trees import dense_tree, random_dense_settings
+
+    settings = random_dense_settings(12, 4, 10, 128, seed=3)
+    assert len(set(settings)) == 12
+    assert all(1 <= len(s) <= 4 and all(1 <= k <= 10 for k in s) for s in settings)
+    assert all(len(dense_tree(s).paths) <= 128 for s in settings)
+    assert random_dense_settings(12, 4, 10, 128, seed=3) == settings  # seeded
+    with pytest.raises(PerfkitError, match="only 3 dense trees of at most 2 nodes"):
+        random_dense_settings(5, 2, 10, 2)

@@ -5,8 +5,7 @@ import pandas as pd
 import pytest
 
 from perfmodel.errors import PerfkitError
-from perfmodel.trees import expected_acceptance, greedy_tree
-from perfmodel.validate import ValidateConfig, batch_acceptance, main
+from perfmodel.validate import ValidateConfig, main
 
 
 def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsys):
@@ -34,6 +33,7 @@ def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsy
     assert code == 0
     df = pd.read_csv(out)
     assert list(df["tree_size"]) == [2, 8, 2, 8] and list(df["batch"]) == [1, 1, 2, 2]
+    assert set(df["tree_kind"]) == {"static"} and set(df["acceptance_scheme"]) == {"greedy"}
     # a batch steps until its slowest sequence is done: it makes less of each step than one sequence alone
     assert (df["measured_batch_acceptance"] <= df["measured_acceptance"] + 1e-9).all()
     assert (df["predicted_batch_acceptance"] <= df["predicted_acceptance"] + 1e-9).all()
@@ -90,13 +90,21 @@ def test_validate_refuses_bad_settings():
         ValidateConfig(device="tpu")
     with pytest.raises(PerfkitError, match="threads must be >= 1"):
         ValidateConfig(threads=0)
+    with pytest.raises(PerfkitError, match="acceptance must be one of greedy, typical, got 'rejection'"):
+        ValidateConfig(acceptance="rejection")
 
 
-def test_a_batch_takes_as_many_steps_as_its_slowest_prompt():
-    tree = greedy_tree(np.full((2, 3), 0.5), 3)
-    easy, hard = np.full((2, 3), 0.6), np.full((2, 3), 0.1)
-    a_easy, a_hard = expected_acceptance(tree, easy), expected_acceptance(tree, hard)
-    # alone, total tokens over total steps: the harmonic mean
-    assert batch_acceptance(tree, [easy, hard], 1, 90) == pytest.approx(2 / (1 / a_easy + 1 / a_hard))
-    # together, both wait for the hard one
-    assert batch_acceptance(tree, [easy, hard], 2, 90) == pytest.approx(a_hard)
+def test_validate_typical_acceptance_and_dynamic_trees(tmp_path, capsys):
+    out = tmp_path / "schemes.csv"
+    args = ["--sizes", "4", "--prompts", "2", "--new-tokens", "12", "--budget", "0.02", "--rounds", "1"]
+    assert main([*args, "--acceptance", "typical", "--dynamic", "--csv", str(out)]) == 0
+    df = pd.read_csv(out).set_index("tree_kind")
+    assert set(df.index) == {"static", "dynamic"} and set(df["acceptance_scheme"]) == {"typical"}
+    # typical acceptance is not greedy decoding's text, so nothing is claimed lossless
+    assert df["lossless"].isna().all()
+    # only the dynamic tree pays for building a tree every step, and its prediction carries it
+    assert df.loc["static", "dynamic_tree_build_s"] == 0 and df.loc["dynamic", "dynamic_tree_build_s"] > 0
+    assert df.loc["dynamic", "predicted_candidates_s"] > df.loc["static", "predicted_candidates_s"]
+    assert np.isfinite(df["error"]).all() and (df["predicted_acceptance"] > 1).all()
+    printed = capsys.readouterr().out
+    assert "measured_dynamic_over_static" in printed and "tree_build_ms" in printed

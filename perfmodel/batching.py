@@ -1,0 +1,107 @@
+"""Tokens per sequence and step when prompts decode together, and how a step's accepted
+length is distributed.
+
+A batch of prompts takes tree steps until its slowest sequence has all its tokens; the
+sequences that finish first wait. Its tokens per sequence and step are therefore set by
+the expected *maximum* of the prompts' step counts, which is larger than the maximum of
+their expected step counts (the two differ most where prompts are alike and many).
+Accepted lengths are drawn per step from each prompt's survival curve
+s[d] = P(at least d tokens past the root accepted), so the count also carries the last
+step's cut (a step never emits past the token budget).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from perfmodel.errors import PerfkitError
+from perfmodel.trees import Tree, greedy_tree, path_value
+
+DRAWS = 2000  # simulated generations per prompt: the batch acceptance to about 0.3%
+
+
+def acceptance_survival(tree: Tree, accuracy) -> np.ndarray:
+    """s[d], d = 0..depth, for a static tree under the independence model: at most one node
+    per depth is the model's own token, so s[d] is the sum of the depth-d nodes' values."""
+    accuracy = np.asarray(accuracy, dtype=float)
+    survival = np.zeros(tree.depth + 1)
+    survival[0] = 1.0
+    for path in tree.paths:
+        survival[len(path)] += path_value(path, accuracy)
+    return np.minimum.accumulate(np.clip(survival, 0.0, 1.0))
+
+
+def dynamic_survival(step_probs: np.ndarray, nodes: int, calibrate: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Mean s[d] of the dynamic tree of `nodes` nodes over decoding positions.
+
+    step_probs: (positions, heads, topk) the heads' top-k probabilities at each position,
+    from which the decoder builds that step's tree (the greedy construction on them);
+    calibrate maps them to how often such a prediction is right, which values the tree's
+    nodes as the static model values them with head accuracies."""
+    step_probs = np.asarray(step_probs, dtype=float)
+    if step_probs.ndim != 3 or not len(step_probs):
+        raise PerfkitError(f"step_probs must be (positions, heads, topk) with positions > 0, got {step_probs.shape}")
+    heads = step_probs.shape[1]
+    total = np.zeros(heads + 1)
+    for probs in step_probs:
+        survival = acceptance_survival(greedy_tree(probs, nodes), calibrate(probs))
+        total[: len(survival)] += survival
+    return total / len(step_probs)
+
+
+def probability_calibration(probs: np.ndarray, hits: np.ndarray, bins: int = 20) -> Callable[[np.ndarray], np.ndarray]:
+    """p -> how often a head's prediction of probability p is the model's token, per head.
+
+    probs, hits: (positions, heads, topk) top-k probabilities and whether each was right
+    (NaN hits, past the end of a sequence, are left out). Per head, predictions are binned by
+    probability into equal-count bins and the hit rate read off by interpolation between
+    the bins' mean probabilities (a small model's heads are far from calibrated)."""
+    probs, hits = np.asarray(probs, dtype=float), np.asarray(hits, dtype=float)
+    if probs.shape != hits.shape or probs.ndim != 3:
+        raise PerfkitError(f"probs and hits must both be (positions, heads, topk); got {probs.shape}, {hits.shape}")
+    curves = []
+    for k in range(probs.shape[1]):
+        p, h = probs[:, k].ravel(), hits[:, k].ravel()
+        keep = ~np.isnan(h)
+        p, h = p[keep], h[keep]
+        if not len(p):
+            raise PerfkitError(f"head {k + 1} has no positions with a known token to calibrate on")
+        order = np.argsort(p)
+        groups = np.array_split(order, min(bins, len(p)))
+        curves.append((np.array([p[g].mean() for g in groups]), np.array([h[g].mean() for g in groups])))
+
+    def calibrate(step: np.ndarray) -> np.ndarray:
+        step = np.asarray(step, dtype=float)
+        return np.stack([np.interp(step[k], *curves[k]) for k in range(step.shape[0])])
+
+    return calibrate
+
+
+def simulated_steps(survivals: Sequence[np.ndarray], new_tokens: int, draws: int = DRAWS, seed: int = 0) -> np.ndarray:
+    """(prompts, draws) steps each prompt takes to emit `new_tokens` tokens, every step
+    accepting 1 + d tokens with probability s[d] - s[d + 1]."""
+    if new_tokens < 1:
+        raise PerfkitError(f"new_tokens must be >= 1, got {new_tokens}")
+    rng = np.random.default_rng(seed)
+    out = np.empty((len(survivals), draws), dtype=np.int64)
+    for i, survival in enumerate(survivals):
+        tail = np.asarray(survival, dtype=float)[1:]
+        if (tail < 0).any() or (tail > 1).any() or (np.diff(tail) > 1e-12).any():
+            raise PerfkitError(f"survival curve must fall from 1 within [0, 1], got {np.round(survival, 4).tolist()}")
+        uniform = rng.random((draws, new_tokens))
+        lengths = 1 + (uniform[..., None] < tail).sum(-1)
+        out[i] = (np.cumsum(lengths, axis=1) < new_tokens).sum(axis=1) + 1
+    return out
+
+
+def batch_acceptance(survivals: Sequence[np.ndarray], batch: int, new_tokens: int, seed: int = 0) -> float:
+    """Tokens per sequence and step of prompts decoded `batch` at a time, in order, each
+    emitting `new_tokens`: chunks x new_tokens over the expected sum of every chunk's
+    slowest step count. At batch 1 this is total tokens over total steps."""
+    if batch < 1:
+        raise PerfkitError(f"batch must be >= 1, got {batch}")
+    steps = simulated_steps(survivals, new_tokens, seed=seed)
+    chunks = [steps[i : i + batch].max(axis=0).mean() for i in range(0, len(steps), batch)]
+    return len(chunks) * new_tokens / sum(chunks)
