@@ -10,6 +10,9 @@ Stages (intermediate results kept in --work, so an interrupted run resumes):
    from them as the default tree.
 The result (fp16 weights, ~11 MB) is written in the Hugging Face layout with the heads
 in the reference layout, plus training.json with the costs and figures of each stage.
+
+--medusa2 runs Medusa-2 on such a checkpoint instead (decoder.medusa2): LoRA on the
+backbone trained jointly with the heads, on the original model's continuations.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import dataclasses
 import json
 import math
 import platform
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -259,6 +263,14 @@ def measure_accuracy(model: Transformer, heads: MedusaHeads, sequences: torch.Te
     return topk_accuracy(logits, sequences, HEAD_TOP_K, mask)
 
 
+def training_texts(config: TrainConfig) -> tuple[list[str], list[str], dict]:
+    """The corpus split a model of `config` is trained and measured on (--quick keeps a few files)."""
+    train_texts, heldout_texts, corpus = split_corpus()
+    if config.max_files:
+        train_texts, heldout_texts = train_texts[: config.max_files], heldout_texts[: max(2, config.max_files // 10)]
+    return train_texts, heldout_texts, corpus
+
+
 def build(config: TrainConfig, out: Path, work: Path, log=print) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     card: dict = {
@@ -268,9 +280,7 @@ def build(config: TrainConfig, out: Path, work: Path, log=print) -> dict:
         "threads": torch.get_num_threads(),
     }
     t0 = time.perf_counter()
-    train_texts, heldout_texts, corpus = split_corpus()
-    if config.max_files:
-        train_texts, heldout_texts = train_texts[: config.max_files], heldout_texts[: max(2, config.max_files // 10)]
+    train_texts, heldout_texts, corpus = training_texts(config)
     card["corpus"] = corpus
 
     tokenizer_file = work / "tokenizer.json"
@@ -335,13 +345,20 @@ def build(config: TrainConfig, out: Path, work: Path, log=print) -> dict:
 
 
 DEFAULT_OUT = Path("perf-reports") / "trained"
+DEFAULT_WORK = Path("perf-reports") / "train-work"
+MEDUSA2_OUT = Path("perf-reports") / "trained-medusa2"
+MEDUSA2_WORK = Path("perf-reports") / "medusa2-work"
 
 
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.train", description=__doc__.split("\n\n")[0])
     target = p.add_mutually_exclusive_group()
     target.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, metavar="DIR", help="checkpoint folder to write (default %(default)s)"
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help=f"checkpoint folder to write (default %(default)s; {MEDUSA2_OUT} with --medusa2)",
     )
     target.add_argument(
         "--install", action="store_true", help=f"replace the bundled model ({BUNDLED}) with the one trained"
@@ -349,9 +366,9 @@ def build_parser() -> Parser:
     p.add_argument(
         "--work",
         type=Path,
-        default=Path("perf-reports") / "train-work",
+        default=DEFAULT_WORK,
         metavar="DIR",
-        help="intermediate results, for resuming (default %(default)s)",
+        help=f"intermediate results, for resuming (default %(default)s; {MEDUSA2_WORK} with --medusa2)",
     )
     p.add_argument(
         "--seed",
@@ -364,11 +381,54 @@ def build_parser() -> Parser:
     p.add_argument(
         "--quick", action="store_true", help="a tiny model on 30 files in about a minute, to try the pipeline"
     )
+    p.add_argument(
+        "--medusa2",
+        action="store_true",
+        help="Medusa-2 instead: LoRA on the backbone trained jointly with the heads of a Medusa-1 checkpoint (--model)"
+        ", on the original model's continuations; with --quick, a few sequences for one epoch",
+    )
+    p.add_argument(
+        "--model",
+        metavar="DIR|bundled",
+        help="the Medusa-1 checkpoint --medusa2 starts from (default: the bundled model)",
+    )
     return p
 
 
+def medusa2_main(parser: Parser, args, argv: list[str] | None) -> int:
+    from decoder import medusa2  # here, not at the top: decoder.medusa2 builds on this module
+
+    if args.install:
+        parser.error("--install replaces the bundled Medusa-1 model; write Medusa-2 with --out DIR")
+    if args.steps:
+        parser.error("--steps sets the backbone's steps; --medusa2 trains for the epochs of its config")
+    config = dataclasses.replace(medusa2.QUICK if args.quick else medusa2.Medusa2Config(), seed=args.seed)
+    out = MEDUSA2_OUT if args.out == DEFAULT_OUT else args.out
+    work = MEDUSA2_WORK if args.work == DEFAULT_WORK else args.work
+    command = shlex.join(["python", "-m", "decoder.train", *(sys.argv[1:] if argv is None else argv)])
+    started = time.perf_counter()
+    card = medusa2.build_medusa2(config, args.model or "bundled", out, work, command)
+    figures = card["medusa2"]
+    default = next(
+        r for r in figures["expected_tokens_per_step"] if r["tree_tokens"] == card["default_tree"]["nodes"] + 1
+    )
+    quality = figures["quality"]
+    print(
+        f"wrote {out} ({card['assets_bytes'] / 1e6:.1f} MB) in {time.perf_counter() - started:.0f} s: expected tokens "
+        f"per step with a {default['tree_tokens']}-token tree {default['medusa1']} (Medusa-1) -> {default['medusa2']} "
+        f"(Medusa-2); held-out loss {quality['heldout_loss_original']} -> {quality['heldout_loss_medusa2']}; greedy "
+        f"tokens identical to the original's {quality['greedy_agreement']['tokens_identical']:.1%}"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.medusa2:
+        return medusa2_main(parser, args, argv)
+    if args.model is not None:
+        parser.error("--model picks the checkpoint --medusa2 starts from; without --medusa2 a model is trained anew")
     config = QUICK if args.quick else TrainConfig()
     config = dataclasses.replace(config, seed=args.seed, **({"steps": args.steps} if args.steps else {}))
     out = BUNDLED if args.install else args.out

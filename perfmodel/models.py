@@ -18,14 +18,17 @@ from perfmodel.jsonfile import read_json
 DEFAULT_MEDUSA_HEADS = 4  # the reference Vicuna trees are 4 deep; a checkpoint's config overrides it
 TOOLKIT_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_MODEL = TOOLKIT_ROOT / "decoder" / "assets" / "bundled"  # trained by python -m decoder.train
+MEDUSA2_MODEL = TOOLKIT_ROOT / "decoder" / "assets" / "medusa2"  # python -m decoder.train --medusa2 on the bundled one
 
 
 def resolve_model_path(text: str | Path) -> Path | None:
-    """The file or folder a model argument names, or None: `bundled`, a path from the
-    working folder, else the same path inside the toolkit's folder (so the README's
-    `decoder/assets/bundled` works from anywhere)."""
+    """The file or folder a model argument names, or None: `bundled` (or `medusa2`, its
+    Medusa-2 version), a path from the working folder, else the same path inside the
+    toolkit's folder (so the README's `decoder/assets/bundled` works from anywhere)."""
     if str(text) == "bundled":
         return BUNDLED_MODEL
+    if str(text) == "medusa2":
+        return MEDUSA2_MODEL
     path = Path(text).expanduser()
     if path.exists():
         return path

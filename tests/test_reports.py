@@ -245,6 +245,15 @@ def test_measured_inputs_are_shown_and_compared(bundled_cpu):
     inputs = {b.split(":")[0]: b for b in page.section("Inputs").bullets}
     assert csv.name in inputs["Closed-loop runs"] and "acceptance-greedy.json" in inputs["Acceptance"]
 
+    # the paper's Fig. 4 on the bundled model: measured on another CPU, which the section says
+    (ablation_csv,) = (ROOT / "profilers" / "measurements").glob("*/tree-ablation/*bundled*.csv")
+    ablation = page.section("Tree ablation")
+    assert ablation.figures[0].badges == ["measured", "predicted"] and (bundled_cpu / "tree-ablation.png").exists()
+    trees = ablation.table("kind", "setting", "nodes", "measured_acceptance", "acceptance_error")
+    assert len(trees.rows) == len(pd.read_csv(ablation_csv))
+    assert ablation_csv.parent.parent.name in ablation.paragraphs[0] and "not on this device" in ablation.paragraphs[0]
+    assert ablation_csv.name in inputs["Tree ablation"]
+
     # the shipped sweep is of llama-7b: named as an input, not used for the bundled model's operators
     rooflines = [s for s in page.sections if s.heading.startswith("Rooflines") or "variations" in s.heading]
     assert len(rooflines) == 2 and all(f.badges == ["predicted"] for s in rooflines for f in s.figures)
