@@ -30,7 +30,7 @@ from decoder.corpus import sample_prompts
 from decoder.heads import MedusaHeads, medusa_loss
 from decoder.lora import adapters_off, add_lora, lora_parameters, merged
 from decoder.model import Transformer
-from decoder.train import TrainConfig, distill, encode, heldout_loss, measure_accuracy, training_texts
+from decoder.stages import TrainConfig, distill, encode, heldout_loss, measure_accuracy, training_texts
 from perfmodel.errors import PerfkitError
 from perfmodel.models import TOOLKIT_ROOT
 from perfmodel.trees import expected_acceptance, greedy_tree

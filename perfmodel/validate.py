@@ -163,8 +163,8 @@ class DecoderRuns:
 
     accuracy: np.ndarray  # a_k^(i) of the scheme's record, all prompts
     per_prompt: list[np.ndarray]  # the same, each prompt's own
-    step_probs: list[np.ndarray]  # per prompt (positions, heads, topk): the heads' top-k probabilities
-    calibrate: object  # heads' probability -> hit rate, measured on the record (dynamic trees)
+    step_probs: list[np.ndarray]  # per prompt (positions, heads, topk): the heads' top-k probabilities (--dynamic)
+    calibrate: object  # heads' probability -> hit rate, measured on the record (--dynamic, else None)
     runs: list[dict]  # one row per (tree kind, size), plain decoding first
 
 
@@ -207,7 +207,6 @@ def run_decoder(decoder, prompts, config: ValidateConfig, log) -> DecoderRuns:
         outputs = decode_batches(decoder, prompts, config.batch, config.new_tokens, tree=largest, **kwargs).tokens
         accuracy = head_accuracy(decoder, prompts, outputs)
     per_prompt = [head_accuracy(decoder, [p], [o]) for p, o in zip(prompts, outputs)]
-    predictions = [head_predictions(decoder, p, o) for p, o in zip(prompts, outputs)]
     trees = {size: greedy_tree(accuracy, size - 1) for size in config.sizes}
     settings = {("plain", 1): {}} | {("static", size): {"tree": tree} for size, tree in trees.items()}
     if config.dynamic:
@@ -235,8 +234,11 @@ def run_decoder(decoder, prompts, config: ValidateConfig, log) -> DecoderRuns:
         }
         for (kind, size), result in results.items()
     ]
-    step_probs = [probs for probs, _ in predictions]
-    calibrate = probability_calibration(np.concatenate(step_probs), np.concatenate([h for _, h in predictions]))
+    step_probs, calibrate = [], None
+    if config.dynamic:  # only a dynamic tree is predicted from the heads' per-step probabilities
+        predictions = [head_predictions(decoder, p, o) for p, o in zip(prompts, outputs)]
+        step_probs = [probs for probs, _ in predictions]
+        calibrate = probability_calibration(np.concatenate(step_probs), np.concatenate([h for _, h in predictions]))
     return DecoderRuns(accuracy, per_prompt, step_probs, calibrate, runs)
 
 

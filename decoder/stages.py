@@ -1,0 +1,124 @@
+"""What the Medusa-1 pipeline (decoder.train) and Medusa-2 (decoder.medusa2) share: the
+training configuration of the bundled model, its corpus split, self-distillation, and the
+measurements of a backbone and its heads on held-out text."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from decoder.checkpoint import Checkpoint
+from decoder.corpus import sample_prompts, split_corpus
+from decoder.heads import MedusaHeads, topk_accuracy
+from decoder.medusa import Decoder
+from decoder.model import LlamaConfig, Transformer
+from perfmodel.trees import HEAD_TOP_K
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    intermediate_size: int = 640
+    layers: int = 4
+    attention_heads: int = 8
+    kv_heads: int = 4
+    seq_len: int = 256
+    batch: int = 16
+    steps: int = 2000
+    lr: float = 2e-3
+    warmup: int = 100
+    medusa_heads: int = 4
+    distill_prompts: int = 4096
+    distill_prompt_len: int = 32
+    distill_new: int = 96
+    eval_prompts: int = 256
+    head_epochs: int = 4
+    head_batch: int = 32
+    head_lr: float = 1e-3
+    tree_nodes: int = 48
+    max_files: int | None = None
+
+    def model_config(self, eos: int) -> LlamaConfig:
+        return LlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.attention_heads,
+            num_key_value_heads=self.kv_heads,
+            max_position_embeddings=4096,
+            tie_word_embeddings=True,
+            eos_token_id=eos,
+        )
+
+
+# Minutes, not hours: for the tests and for trying the pipeline end to end.
+QUICK = TrainConfig(
+    vocab_size=384,
+    hidden_size=64,
+    intermediate_size=128,
+    layers=2,
+    attention_heads=4,
+    kv_heads=2,
+    seq_len=64,
+    batch=8,
+    steps=30,
+    warmup=5,
+    distill_prompts=64,
+    distill_prompt_len=16,
+    distill_new=24,
+    eval_prompts=16,
+    head_epochs=2,
+    head_batch=16,
+    tree_nodes=8,
+    max_files=30,
+)
+
+
+def encode(tokenizer, texts: list[str]) -> list[list[int]]:
+    return [e.ids for e in tokenizer.encode_batch(texts)]
+
+
+def heldout_loss(model: Transformer, documents: list[list[int]], config: TrainConfig) -> float:
+    windows = sample_prompts(documents, 64, config.seq_len + 1, seed=config.seed + 1)
+    batch = torch.tensor(windows)
+    with torch.inference_mode():
+        logits = model(batch[:, :-1])
+    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)))
+
+
+def distill(model: Transformer, prompts: list[list[int]], new_tokens: int, log, what: str) -> torch.Tensor:
+    """The backbone's greedy continuations of `prompts`: (N, prompt + new) tokens."""
+    decoder = Decoder(Checkpoint(Path("."), model.config, model, None, None, None, {}))
+    rows = []
+    from tqdm import tqdm
+
+    for start in tqdm(range(0, len(prompts), 128), desc=what, unit="batch", disable=None, file=sys.stderr):
+        chunk = prompts[start : start + 128]
+        result = decoder.generate(chunk, new_tokens)
+        rows += [p + t for p, t in zip(chunk, result.tokens)]
+    return torch.tensor(rows)
+
+
+def measure_accuracy(model: Transformer, heads: MedusaHeads, sequences: torch.Tensor, prompt_len: int) -> np.ndarray:
+    """a_k^(i): how often rank i of head k names the model's own token k+1 steps ahead."""
+    with torch.inference_mode():
+        logits = heads(model.hidden(sequences))
+    mask = torch.zeros_like(sequences, dtype=torch.bool)
+    mask[:, prompt_len:] = True
+    return topk_accuracy(logits, sequences, HEAD_TOP_K, mask)
+
+
+def training_texts(config: TrainConfig) -> tuple[list[str], list[str], dict]:
+    """The corpus split a model of `config` is trained and measured on (--quick keeps a few files)."""
+    train_texts, heldout_texts, corpus = split_corpus()
+    if config.max_files:
+        train_texts, heldout_texts = train_texts[: config.max_files], heldout_texts[: max(2, config.max_files // 10)]
+    return train_texts, heldout_texts, corpus
