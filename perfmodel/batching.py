@@ -79,21 +79,56 @@ def probability_calibration(probs: np.ndarray, hits: np.ndarray, bins: int = 20)
     return calibrate
 
 
-def simulated_steps(survivals: Sequence[np.ndarray], new_tokens: int, draws: int = DRAWS, seed: int = 0) -> np.ndarray:
-    """(prompts, draws) steps each prompt takes to emit `new_tokens` tokens, every step
-    accepting 1 + d tokens with probability s[d] - s[d + 1]."""
+def simulated_tokens(
+    survivals: Sequence[np.ndarray], new_tokens: int, draws: int = DRAWS, seed: int = 0
+) -> list[np.ndarray]:
+    """Per prompt, (draws, new_tokens) tokens accepted after each step (cumulative), every
+    step accepting 1 + d tokens with probability s[d] - s[d + 1]; a prompt is done at the
+    first step that reaches `new_tokens` (new_tokens steps always suffice)."""
     if new_tokens < 1:
         raise PerfkitError(f"new_tokens must be >= 1, got {new_tokens}")
     rng = np.random.default_rng(seed)
-    out = np.empty((len(survivals), draws), dtype=np.int64)
-    for i, survival in enumerate(survivals):
+    out = []
+    for survival in survivals:
         tail = np.asarray(survival, dtype=float)[1:]
         if (tail < 0).any() or (tail > 1).any() or (np.diff(tail) > 1e-12).any():
             raise PerfkitError(f"survival curve must fall from 1 within [0, 1], got {np.round(survival, 4).tolist()}")
         uniform = rng.random((draws, new_tokens))
-        lengths = 1 + (uniform[..., None] < tail).sum(-1)
-        out[i] = (np.cumsum(lengths, axis=1) < new_tokens).sum(axis=1) + 1
+        out.append(np.cumsum(1 + (uniform[..., None] < tail).sum(-1), axis=1))
     return out
+
+
+def simulated_steps(survivals: Sequence[np.ndarray], new_tokens: int, draws: int = DRAWS, seed: int = 0) -> np.ndarray:
+    """(prompts, draws) steps each prompt takes to emit `new_tokens` tokens."""
+    tokens = simulated_tokens(survivals, new_tokens, draws, seed)
+    return np.stack([(cum < new_tokens).sum(axis=1) + 1 for cum in tokens]) if tokens else np.empty((0, draws), int)
+
+
+def attended_context(
+    survivals: Sequence[np.ndarray], batch: int, prompt_len: int, new_tokens: int, draws: int = DRAWS, seed: int = 0
+) -> float:
+    """Cached tokens the attention of a batch's tree steps spans, on average over its steps,
+    where every sequence is padded to the batch's longest (decoder.medusa runs each step
+    over kv_len = max(lengths) + tree): prompt_len plus the tokens the leading sequence has
+    committed before the step, a finished one keeping its length. A batch of one attends
+    to its own prefix; the more prompts and the more their acceptance differs, the further
+    ahead the leader and the longer every step's attention."""
+    if batch < 1:
+        raise PerfkitError(f"batch must be >= 1, got {batch}")
+    tokens = simulated_tokens(survivals, new_tokens, draws, seed)
+    total = steps = 0.0
+    for start in range(0, len(tokens), batch):
+        committed, done_at = [], []
+        for cum in tokens[start : start + batch]:
+            finished = (cum < new_tokens).sum(axis=1)  # index of the step that reaches the budget
+            before = np.concatenate([np.zeros((cum.shape[0], 1), cum.dtype), cum[:, :-1]], axis=1)
+            committed.append(np.minimum(before, cum[np.arange(len(cum)), finished][:, None]))
+            done_at.append(finished + 1)
+        leader = np.max(committed, axis=0)  # (draws, new_tokens)
+        running = np.arange(new_tokens)[None, :] < np.max(done_at, axis=0)[:, None]
+        total += (leader * running).sum()
+        steps += running.sum()
+    return prompt_len + total / steps
 
 
 def batch_acceptance(survivals: Sequence[np.ndarray], batch: int, new_tokens: int, seed: int = 0) -> float:

@@ -42,6 +42,7 @@ from profilers.device import (
 )
 from profilers.store import Journal, record_run
 from profilers.timer import (
+    InterleavedSampler,
     TimerConfig,
     cache_flusher,
     time_cuda_events,
@@ -197,14 +198,22 @@ class Sweeper:
         self, points: list[tuple[str, str, int, int, int]], run_id: str, extra_calls=()
     ) -> tuple[list[dict], list]:
         """Rows for many (op, phase, b, s, q) points, and wall-clock Timings of
-        `extra_calls` (whole decoding steps, say) taken in the same rounds. On a CPU every
-        sample is taken in turn (timer.time_interleaved), so a machine drifting in speed
-        over the run slows every point alike; GPUs, steady under a fixed clock, time each
-        point apart with their own timers, and the extra calls after them."""
+        `extra_calls` (whole decoding steps, say) taken in the same rounds, all timed now
+        (see `interleaved` to spread the rounds over other work)."""
+        timing = self.interleaved(points, run_id, extra_calls)
+        timing.sample_share(1)
+        return timing.finish()
+
+    def interleaved(
+        self, points: list[tuple[str, str, int, int, int]], run_id: str, extra_calls=()
+    ) -> InterleavedPoints:
+        """The points and extra calls ready to be timed in rounds (InterleavedPoints): on a
+        CPU every sample is taken in turn (timer.InterleavedSampler), so a machine drifting
+        in speed slows every point alike; GPUs, steady under a fixed clock, time each point
+        apart with their own timers when the rounds finish."""
         extra_calls = list(extra_calls)
         if self.info.kind != "cpu":
-            rows = [self.measure(*point, run_id) for point in points]
-            return rows, time_interleaved(extra_calls, self.config.timer) if extra_calls else []
+            return InterleavedPoints(self, points, run_id, extra_calls, None, [])
         benches = [self.benchmark(*point) for point in points]
         need = sum(bench.bytes_needed() for bench in benches)
         if need > 0.9 * self.free_bytes():
@@ -213,11 +222,8 @@ class Sweeper:
                 f"{self.free_bytes() / 1e9:.1f} GB free"
             )
         calls = [bench.build(1, self.weights)[0] for bench in benches]
-        before = self.state()
-        timings = time_interleaved(calls + extra_calls, self.config.timer, self.flush)
-        state = worst_state(before, self.state())
-        rows = [self.row(bench, timing, "", run_id, state) for bench, timing in zip(benches, timings)]
-        return rows, timings[len(benches) :]
+        sampler = InterleavedSampler(calls + extra_calls, self.config.timer, self.flush)
+        return InterleavedPoints(self, points, run_id, extra_calls, sampler, benches)
 
     def benchmark(self, op: str, phase: str, b: int, s: int, q: int) -> OpBenchmark:
         cfg = self.config
@@ -252,6 +258,42 @@ class Sweeper:
         )
         row.update(state)
         return row
+
+
+class InterleavedPoints:
+    """Operator points (and extra calls) timed in rounds that the caller spreads over
+    other work: `sample_share(shares)` after each of `shares` pieces of it spends that
+    share of the timer's budget (budget_s per call) on rounds, and `finish()` gives the
+    rows and the extra calls' Timings. The calls then see the machine as that work saw it,
+    which matters where their times are compared with that work's (a closed loop's
+    prediction against its decoding runs). On a GPU the rounds are no-ops and `finish()`
+    times every point apart, then the extra calls in turn."""
+
+    def __init__(self, sweeper: Sweeper, points, run_id: str, extra_calls: list, sampler, benches: list):
+        self.sweeper, self.points, self.run_id = sweeper, list(points), run_id
+        self.extra_calls, self.sampler, self.benches = extra_calls, sampler, benches
+        self.before = sweeper.state()
+
+    def sample_share(self, shares: int) -> None:
+        if self.sampler is None:
+            return
+        if shares < 1:
+            raise PerfkitError(f"shares must be >= 1, got {shares}")
+        timer = self.sweeper.config.timer
+        self.sampler.sample_for(timer.budget_s * len(self.sampler.calls) / shares)
+
+    def finish(self) -> tuple[list[dict], list]:
+        sweeper = self.sweeper
+        if self.sampler is None:
+            rows = [sweeper.measure(*point, self.run_id) for point in self.points]
+            extra = time_interleaved(self.extra_calls, sweeper.config.timer) if self.extra_calls else []
+            return rows, extra
+        while self.sampler.rounds < sweeper.config.timer.min_reps:
+            self.sampler.round()
+        timings = self.sampler.timings()
+        state = worst_state(self.before, sweeper.state())
+        rows = [sweeper.row(bench, timing, "", self.run_id, state) for bench, timing in zip(self.benches, timings)]
+        return rows, timings[len(self.benches) :]
 
 
 def worst_state(before: dict, after: dict) -> dict:

@@ -2,7 +2,8 @@
 
 Three ways to take one sample of a call:
 - wall: perf_counter around the call (CPU; torch CPU ops return when done); several
-  calls can be sampled in turn (time_interleaved) so a drifting machine slows all alike;
+  calls can be sampled in turn (InterleavedSampler, time_interleaved) so a drifting
+  machine slows all alike, and their rounds spread over other work the caller times;
 - cuda-events: CUDA events around each call, the L2 flushed by a large memset before it
   (outside the timed region; it also hides the CPU's launch latency behind GPU work);
 - cuda-graph: the call captured once per operand copy into one CUDA graph, replayed, and
@@ -109,6 +110,58 @@ def time_wall(
     return repeat_until_stable(take, config, "wall", clock)
 
 
+class InterleavedSampler:
+    """Wall-clock samples of several calls taken in turn, a round at a time: each round
+    times every call once, in a fresh random order.
+
+    A machine whose speed drifts over seconds (a virtual machine's neighbours, a laptop's
+    clock) would give calls timed one after another each its own phase of the drift, off
+    by 10-30% against each other. In turn, every call sees the same machine, so their
+    ratios hold. Rounds are taken on demand, so a caller can spread them over other work
+    it times (decoding runs, say) and the calls see the machine that work saw."""
+
+    def __init__(
+        self,
+        calls: Sequence[Callable[[], object]],
+        config: TimerConfig,
+        flush: Callable[[], object] = lambda: None,
+        seed: int = 0,
+        clock: Clock = time.perf_counter,
+    ):
+        self.calls, self.config, self.flush, self.clock = list(calls), config, flush, clock
+        self.rng = np.random.default_rng(seed)
+        self.samples: list[list[float]] = [[] for _ in self.calls]
+        for fn in self.calls:
+            warm_up(fn, config, clock)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.samples[0]) if self.samples else 0
+
+    def round(self) -> None:
+        for i in self.rng.permutation(len(self.calls)):
+            self.flush()
+            t0 = self.clock()
+            self.calls[i]()
+            self.samples[i].append(self.clock() - t0)
+
+    def sample_for(self, seconds: float) -> None:
+        """Rounds until `seconds` have passed (one at least), up to max_reps in all."""
+        started = self.clock()
+        while self.rounds < self.config.max_reps:
+            self.round()
+            if self.clock() - started >= seconds:
+                break
+
+    def settled(self) -> bool:
+        return all(summarize(s, "wall").noise <= self.config.target_noise for s in self.samples)
+
+    def timings(self) -> list[Timing]:
+        if self.rounds == 0:
+            raise PerfkitError("no round of samples taken yet")
+        return [summarize(s, "wall-interleaved") for s in self.samples]
+
+
 def time_interleaved(
     calls: Sequence[Callable[[], object]],
     config: TimerConfig,
@@ -116,31 +169,18 @@ def time_interleaved(
     seed: int = 0,
     clock: Clock = time.perf_counter,
 ) -> list[Timing]:
-    """Wall-clock timings of several calls sampled in turn: each round times every call
-    once, in a fresh random order.
-
-    A machine whose speed drifts over seconds (a virtual machine's neighbours, a laptop's
-    clock) would give calls timed one after another each its own phase of the drift, off
-    by 10-30% against each other. In turn, every call sees the same machine, so their
-    ratios hold. Rounds go on until every call meets the noise target (after min_reps), or
-    max_reps, or the budget (budget_s per call, as time_wall spends it) is spent."""
-    rng = np.random.default_rng(seed)
-    for fn in calls:
-        warm_up(fn, config, clock)
-    samples: list[list[float]] = [[] for _ in calls]
+    """Wall-clock timings of several calls sampled in turn (InterleavedSampler), rounds
+    on end until every call meets the noise target (after min_reps), or max_reps, or the
+    budget (budget_s per call, as time_wall spends it) is spent."""
+    sampler = InterleavedSampler(calls, config, flush, seed, clock)
     started = clock()
-    for round_ in range(config.max_reps):
-        for i in rng.permutation(len(calls)):
-            flush()
-            t0 = clock()
-            calls[i]()
-            samples[i].append(clock() - t0)
-        if round_ + 1 < config.min_reps:
+    while sampler.rounds < config.max_reps:
+        sampler.round()
+        if sampler.rounds < config.min_reps:
             continue
-        settled = all(summarize(s, "wall").noise <= config.target_noise for s in samples)
-        if settled or clock() - started >= config.budget_s * len(calls):
+        if sampler.settled() or clock() - started >= config.budget_s * len(calls):
             break
-    return [summarize(s, "wall-interleaved") for s in samples]
+    return sampler.timings()
 
 
 def time_cuda_events(

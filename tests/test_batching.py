@@ -5,6 +5,7 @@ import pytest
 
 from perfmodel.batching import (
     acceptance_survival,
+    attended_context,
     batch_acceptance,
     dynamic_survival,
     probability_calibration,
@@ -77,3 +78,15 @@ def test_bad_inputs_are_refused():
         batch_acceptance([np.array([1.0])], 0, 10)
     with pytest.raises(PerfkitError, match="positions, heads, topk"):
         probability_calibration(np.zeros((3, 2)), np.zeros((3, 2)))
+
+
+def test_a_batch_attends_to_its_leading_sequence_as_the_decoder_pads_to_it():
+    fast, slow = np.array([1.0, 1.0]), np.array([1.0])  # 2 tokens a step; 1 token a step
+    # fast commits 0 then 2 before its two steps, then keeps 4; slow commits 0, 1, 2, 3
+    assert attended_context([fast, slow], 2, 10, 4, draws=3) == pytest.approx(10 + (0 + 2 + 4 + 4) / 4)
+    # alone, each attends to its own prefix: 2 + 6 cached tokens over 2 + 4 steps
+    assert attended_context([fast, slow], 1, 10, 4, draws=3) == pytest.approx(10 + 8 / 6)
+    # prompts that advance alike have no leader: the batch attends to what one would alone
+    assert attended_context([slow, slow], 2, 10, 4) == attended_context([slow], 1, 10, 4) == 11.5
+    with pytest.raises(PerfkitError, match="batch must be >= 1, got 0"):
+        attended_context([slow], 0, 10, 4)

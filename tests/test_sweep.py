@@ -301,3 +301,32 @@ def test_token_grid_on_the_command_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
     assert "--token-grid: invalid choice: 'medium' (choose from 'fine', 'coarse')" in err
+
+
+def test_interleaved_points_spread_their_rounds_over_the_callers_work():
+    from profilers.device import cpu_info
+
+    sweeper = sweep_module.Sweeper(config(Path("unused")), cpu_info())
+    points = [("up", "decode", 1, 8, 1), ("sdpa", "tree", 2, 12, 4)]
+    extra = []
+    timing = sweeper.interleaved(points, "run", extra_calls=[lambda: extra.append(1)])
+    assert timing.sampler.rounds == 0  # built and warmed up, nothing sampled yet
+    for _ in range(4):  # four pieces of the caller's work, a quarter of the budget after each
+        timing.sample_share(4)
+    rounds = timing.sampler.rounds
+    assert rounds >= 4  # a round at least after every piece
+    rows, (extra_timing,) = timing.finish()
+    assert [(r["op"], r["phase"], r["batch"], r["seq_len"], r["candidates"]) for r in rows] == points
+    assert all(r["status"] == "ok" and r["reps"] == rounds and r["time_s"] > 0 for r in rows)
+    check_table(pd.DataFrame(rows))
+    assert extra_timing.reps == rounds and len(extra) == FAST.warmup + rounds
+    with pytest.raises(PerfkitError, match="shares must be >= 1, got 0"):
+        timing.sample_share(0)
+
+
+def test_interleaved_points_finish_with_min_reps_when_the_caller_took_no_rounds():
+    from profilers.device import cpu_info
+
+    sweeper = sweep_module.Sweeper(config(Path("unused")), cpu_info())
+    rows, extra = sweeper.interleaved([("up", "decode", 1, 8, 1)], "run").finish()
+    assert rows[0]["reps"] == FAST.min_reps and extra == []

@@ -4,7 +4,15 @@ import numpy as np
 import pytest
 
 from perfmodel.errors import PerfkitError
-from profilers.timer import TimerConfig, repeat_until_stable, summarize, time_interleaved, time_wall, warm_up
+from profilers.timer import (
+    InterleavedSampler,
+    TimerConfig,
+    repeat_until_stable,
+    summarize,
+    time_interleaved,
+    time_wall,
+    warm_up,
+)
 
 # Durations are powers of two so that sums and differences of fake clock readings are
 # exact and the timings can be compared with ==.
@@ -156,6 +164,42 @@ def test_interleaved_rounds_stop_when_the_budget_of_every_call_is_spent():
     timings = time_interleaved(calls, TimerConfig(warmup=0, min_reps=2, max_reps=1000, budget_s=0.25), clock=clock)
     assert [t.reps for t in timings] == [8, 8]  # 0.5 s (0.25 s per call) spent after 8 rounds
     assert clock.now == 0.5
+
+
+def test_rounds_on_demand_spread_over_other_work_see_what_that_work_saw():
+    """A machine twice as slow while some other work ran: rounds taken between pieces of
+    that work sample both phases, as the work itself did; rounds taken all after it see
+    only the last phase."""
+    clock = FakeClock()
+    slow = [1]
+
+    def op():
+        clock.now += MS * slow[0]
+
+    config = TimerConfig(warmup=0, min_reps=1, max_reps=1000, budget_s=60)
+    spread = InterleavedSampler([op], config, clock=clock)
+    for phase in (1, 2, 2, 1):  # four pieces of other work, the middle two on a slow machine
+        slow[0] = phase
+        spread.sample_for(8 * MS * phase)  # as long as 8 calls of the phase
+    assert spread.rounds == 32
+    assert spread.timings()[0].median_s == pytest.approx(1.5 * MS)  # half of the samples fast, half slow
+    after = InterleavedSampler([op], config, clock=clock)
+    after.sample_for(32 * MS)
+    assert after.timings()[0].median_s == MS
+
+
+def test_sampling_for_a_time_takes_one_round_at_least_and_never_past_max_reps():
+    clock = FakeClock()
+    sampler = InterleavedSampler(
+        [clock.op(MS), clock.op(MS)], TimerConfig(warmup=1, min_reps=1, max_reps=5), clock=clock
+    )
+    assert sampler.rounds == 0 and clock.now == 2 * MS  # the warm-up ran, nothing sampled
+    with pytest.raises(PerfkitError, match="no round"):
+        sampler.timings()
+    sampler.sample_for(0)
+    assert sampler.rounds == 1
+    sampler.sample_for(3600)
+    assert sampler.rounds == 5 and [t.reps for t in sampler.timings()] == [5, 5]
 
 
 def test_real_clock_smoke():

@@ -108,3 +108,47 @@ def test_validate_typical_acceptance_and_dynamic_trees(tmp_path, capsys):
     assert np.isfinite(df["error"]).all() and (df["predicted_acceptance"] > 1).all()
     printed = capsys.readouterr().out
     assert "measured_dynamic_over_static" in printed and "tree_build_ms" in printed
+
+
+def test_operator_rounds_are_taken_between_the_batches_of_the_decoding_runs():
+    from decoder.checkpoint import load_checkpoint
+    from decoder.medusa import Decoder
+    from decoder.runs import heldout_prompts
+    from perfmodel.validate import acceptance_record, step_contexts, timed_runs
+
+    ckpt = load_checkpoint("bundled")
+    config = ValidateConfig(sizes=(4,), batch=2, prompts=3, prompt_len=16, new_tokens=6, rounds=2)
+    decoder, prompts = Decoder(ckpt), heldout_prompts(ckpt, 3, 16, 0)
+    record = acceptance_record(decoder, prompts, config, lambda text: None)
+    calls = []
+    runs = timed_runs(decoder, prompts, config, record, lambda text: None, between=calls.append)
+    # two rounds over three prompts two at a time: four batches, each followed by its share
+    assert calls == [4, 4, 4, 4]
+    assert [(r["tree_kind"], r["tree_size"]) for r in runs] == [("plain", 1), ("static", 4)]
+    # plain steps attend to the mean context; a batch's tree steps to its leader's, never less than alone
+    contexts = step_contexts(record, config)
+    assert contexts["plain", 1] == config.context and 16 <= contexts["static", 4] <= 16 + 6
+
+
+def test_calibration_notes_explain_a_negative_offset_and_warn_only_of_drift():
+    from perfmodel.validate import calibration_notes
+
+    steady = {
+        "plain_step_s": 4e-3,
+        "decoded_plain_step_s": 4.1e-3,
+        "ops_plain_step_s": 4.4e-3,
+        "host_overhead_s": -4e-4,
+    }
+    (note,) = calibration_notes(steady)
+    assert note.startswith("note:") and "10% more than the step itself" in note
+    drifted = {**steady, "decoded_plain_step_s": 4.6e-3, "ops_plain_step_s": 3.8e-3, "host_overhead_s": 2e-4}
+    (warning,) = calibration_notes(drifted)
+    assert warning.startswith("warning:") and "differ by +15%" in warning
+
+
+def test_every_batch_size_decodes_enough_batches_of_prompts_by_default():
+    assert [ValidateConfig(batch=b).decode_rounds for b in (1, 2, 4, 8, 16)] == [2, 2, 4, 8, 16]
+    assert ValidateConfig(batch=3, prompts=10).decode_rounds == 4  # 4 batches a pass, 16 in 4 passes
+    assert ValidateConfig(batch=8, rounds=1).decode_rounds == 1  # as asked
+    with pytest.raises(PerfkitError, match="rounds must be >= 1, got 0"):
+        ValidateConfig(rounds=0)
