@@ -203,6 +203,7 @@ class AcceptanceRecord:
     step_probs: list[np.ndarray]  # per prompt (positions, heads, topk): the heads' top-k probabilities (--dynamic)
     calibrate: object  # heads' probability -> hit rate, measured on the record (--dynamic, else None)
     settings: dict  # (tree kind, size) -> decoder.generate keyword arguments, plain decoding first
+    survivals: dict = dataclasses.field(default_factory=dict)  # (tree kind, size) -> each prompt's s[d]
 
 
 def head_predictions(decoder, prompt, output) -> tuple[np.ndarray, np.ndarray]:
@@ -224,12 +225,17 @@ def head_predictions(decoder, prompt, output) -> tuple[np.ndarray, np.ndarray]:
     return probs, hits
 
 
+def decode_kwargs(config: ValidateConfig) -> dict:
+    """decoder.generate's keyword arguments every pass of the run shares."""
+    return dict(topk=HEAD_TOP_K, acceptance=AcceptanceConfig(config.acceptance, seed=config.seed))
+
+
 def acceptance_record(decoder, prompts, config: ValidateConfig, log) -> AcceptanceRecord:
     """The untimed passes: plain decoding for the heads' accuracies, which choose the trees
     and predict their acceptance; with typical acceptance, then a typical pass with the
     largest tree for the scheme's own record; with --dynamic, the heads' per-step
     probabilities and how often each probability was right."""
-    kwargs = dict(topk=HEAD_TOP_K, acceptance=AcceptanceConfig(config.acceptance, seed=config.seed))
+    kwargs = decode_kwargs(config)
     log(f"plain decoding of {len(prompts)} held-out prompts for the heads' accuracies ...")
     outputs = decode_batches(decoder, prompts, config.batch, config.new_tokens, **kwargs).tokens
     accuracy = head_accuracy(decoder, prompts, outputs)
@@ -246,7 +252,9 @@ def acceptance_record(decoder, prompts, config: ValidateConfig, log) -> Acceptan
         predictions = [head_predictions(decoder, p, o) for p, o in zip(prompts, outputs)]
         step_probs = [probs for probs, _ in predictions]
         calibrate = probability_calibration(np.concatenate(step_probs), np.concatenate([h for _, h in predictions]))
-    return AcceptanceRecord(accuracy, per_prompt, step_probs, calibrate, settings)
+    record = AcceptanceRecord(accuracy, per_prompt, step_probs, calibrate, settings)
+    record.survivals = {(kind, n): prompt_survivals(kind, n, record) for kind, n in settings if kind != "plain"}
+    return record
 
 
 def timed_runs(
@@ -258,7 +266,7 @@ def timed_runs(
     (decoder.runs.decode_interleaved), so machine drift cancels in the speedups;
     `between(shares)` runs after each of the `shares` batches (the operator timings'
     rounds)."""
-    kwargs = dict(topk=HEAD_TOP_K, acceptance=AcceptanceConfig(config.acceptance, seed=config.seed))
+    kwargs = decode_kwargs(config)
     for setting in record.settings.values():  # warm-up of every shape, untimed
         decoder.generate(prompts[: config.batch], 8, **kwargs, **setting)
     sizes = ", ".join(str(n) for kind, n in record.settings if kind == "static")
@@ -306,7 +314,7 @@ def predicted_acceptance(kind: str, size: int, record: AcceptanceRecord, config:
     """(tokens per step of one sequence, tokens per sequence and step of the batch)."""
     if kind == "plain":
         return 1.0, 1.0
-    survivals = prompt_survivals(kind, size, record)
+    survivals = record.survivals[kind, size]
     if kind == "static":
         alone = expected_acceptance(record.settings[kind, size]["tree"], record.accuracy)
     else:
@@ -322,9 +330,7 @@ def step_contexts(record: AcceptanceRecord, config: ValidateConfig) -> dict[tupl
     return {
         (kind, size): config.context
         if kind == "plain"
-        else round(
-            attended_context(prompt_survivals(kind, size, record), config.batch, config.prompt_len, config.new_tokens)
-        )
+        else round(attended_context(record.survivals[kind, size], config.batch, config.prompt_len, config.new_tokens))
         for kind, size in record.settings
     }
 
