@@ -33,7 +33,7 @@ from decoder.measure import head_accuracy
 from decoder.medusa import Decoder
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
 from perfmodel.ablation import dense_against_sparse
-from perfmodel.batching import acceptance_survival, batch_acceptance
+from perfmodel.batching import acceptance_survival, batch_acceptance, simulated_tokens
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.cpu_identity import this_cpu_key
 from perfmodel.errors import PerfkitError
@@ -137,7 +137,8 @@ def ablation(config: AblationConfig, log=print) -> pd.DataFrame:
     for (kind, setting), tree in trees.items():
         result = runs[(kind, setting)]
         survivals = [acceptance_survival(tree, a) for a in per_prompt]
-        acceptance = batch_acceptance(survivals, config.batch, config.new_tokens, config.seed)
+        generations = simulated_tokens(survivals, config.new_tokens, seed=config.seed)
+        acceptance = batch_acceptance(generations, config.batch, config.new_tokens)
         step = predicted_step(tree.size)
         rows.append(
             {

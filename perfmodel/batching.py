@@ -5,9 +5,18 @@ A batch of prompts takes tree steps until its slowest sequence has all its token
 sequences that finish first wait. Its tokens per sequence and step are therefore set by
 the expected *maximum* of the prompts' step counts, which is larger than the maximum of
 their expected step counts (the two differ most where prompts are alike and many).
-Accepted lengths are drawn per step from each prompt's survival curve
-s[d] = P(at least d tokens past the root accepted), so the count also carries the last
-step's cut (a step never emits past the token budget).
+
+Both measures take each prompt's generations: (draws, new_tokens) tokens emitted after
+each step, cumulative. Two sources give them:
+- a replay (replayed_tokens): greedy verification is deterministic, so a static tree's
+  steps can be walked through the heads' recorded predictions along the prompt's own
+  plain continuation (accepted_lengths), every step starting where the last one stopped;
+  this keeps what an average hides: heads right together, and stretches of text easier
+  than others (a prompt whose hard part falls where its steps start is slower);
+- a simulation (simulated_tokens) from each prompt's survival curve
+  s[d] = P(at least d tokens past the root accepted), steps drawn independently, where
+  no recorded walk exists (head accuracies only, typical acceptance, dynamic trees).
+Either way the count carries the last step's cut (a step never emits past the budget).
 """
 
 from __future__ import annotations
@@ -98,28 +107,71 @@ def simulated_tokens(
     return out
 
 
-def simulated_steps(survivals: Sequence[np.ndarray], new_tokens: int, draws: int = DRAWS, seed: int = 0) -> np.ndarray:
+def accepted_lengths(tree: Tree, hits: np.ndarray) -> np.ndarray:
+    """Per position of a decoded sequence, the tokens past the root a greedy step with
+    `tree` starting there accepts, from the heads' recorded predictions.
+
+    hits: (positions, heads, topk), 1 where head k's rank-r prediction at that position was
+    the token that came, 0 where not, NaN where that token lies past the end (a miss: the
+    budget cuts the step there anyway). Greedy verification accepts the longest tree path
+    whose every node is its head's right prediction; a head has at most one right rank, so
+    the path is the right ranks' prefix, cut where it leaves the tree."""
+    hits = np.asarray(hits, dtype=float)
+    if hits.ndim != 3:
+        raise PerfkitError(f"hits must be (positions, heads, topk), got shape {hits.shape}")
+    right = np.nan_to_num(hits, nan=0.0) == 1
+    ranks = np.where(right.any(-1), right.argmax(-1), -1)  # (positions, heads)
+    nodes = set(tree.paths)
+    lengths = np.zeros(len(hits), dtype=np.int64)
+    for position, row in enumerate(ranks[:, : tree.depth].tolist()):
+        depth = 0
+        while depth < len(row) and row[depth] >= 0 and tuple(row[: depth + 1]) in nodes:
+            depth += 1
+        lengths[position] = depth
+    return lengths
+
+
+def replayed_tokens(lengths: Sequence[np.ndarray], new_tokens: int) -> list[np.ndarray]:
+    """Per prompt, (1, new_tokens) tokens emitted after each step (cumulative), walked
+    through the prompt's recorded positions: a step starting after the i-th new token
+    (lengths[i], accepted_lengths) emits 1 + lengths[i] tokens and the next step starts
+    after them. Past the budget a step counts one token, as simulated_tokens does."""
+    if new_tokens < 1:
+        raise PerfkitError(f"new_tokens must be >= 1, got {new_tokens}")
+    out = []
+    for accepted in lengths:
+        accepted = np.asarray(accepted, dtype=np.int64)
+        if len(accepted) < new_tokens:
+            raise PerfkitError(f"a replay of {new_tokens} tokens needs as many recorded positions, got {len(accepted)}")
+        emitted, cum = 0, np.empty(new_tokens, dtype=np.int64)
+        for step in range(new_tokens):
+            emitted += 1 + (int(accepted[emitted]) if emitted < new_tokens else 0)
+            cum[step] = emitted
+        out.append(cum[None, :])
+    return out
+
+
+def step_counts(generations: Sequence[np.ndarray], new_tokens: int) -> np.ndarray:
     """(prompts, draws) steps each prompt takes to emit `new_tokens` tokens."""
-    tokens = simulated_tokens(survivals, new_tokens, draws, seed)
-    return np.stack([(cum < new_tokens).sum(axis=1) + 1 for cum in tokens]) if tokens else np.empty((0, draws), int)
+    if not len(generations):
+        return np.empty((0, 0), dtype=np.int64)
+    return np.stack([(cum < new_tokens).sum(axis=1) + 1 for cum in generations])
 
 
-def attended_context(
-    survivals: Sequence[np.ndarray], batch: int, prompt_len: int, new_tokens: int, draws: int = DRAWS, seed: int = 0
-) -> float:
+def attended_context(generations: Sequence[np.ndarray], batch: int, prompt_len: int, new_tokens: int) -> float:
     """Cached tokens the attention of a batch's tree steps spans, on average over its steps,
     where every sequence is padded to the batch's longest (decoder.medusa runs each step
     over kv_len = max(lengths) + tree): prompt_len plus the tokens the leading sequence has
     committed before the step, a finished one keeping its length. A batch of one attends
     to its own prefix; the more prompts and the more their acceptance differs, the further
-    ahead the leader and the longer every step's attention."""
+    ahead the leader and the longer every step's attention. generations: per prompt,
+    (draws, new_tokens) cumulative tokens (replayed_tokens, simulated_tokens)."""
     if batch < 1:
         raise PerfkitError(f"batch must be >= 1, got {batch}")
-    tokens = simulated_tokens(survivals, new_tokens, draws, seed)
     total = steps = 0.0
-    for start in range(0, len(tokens), batch):
+    for start in range(0, len(generations), batch):
         committed, done_at = [], []
-        for cum in tokens[start : start + batch]:
+        for cum in generations[start : start + batch]:
             finished = (cum < new_tokens).sum(axis=1)  # index of the step that reaches the budget
             before = np.concatenate([np.zeros((cum.shape[0], 1), cum.dtype), cum[:, :-1]], axis=1)
             committed.append(np.minimum(before, cum[np.arange(len(cum)), finished][:, None]))
@@ -131,12 +183,14 @@ def attended_context(
     return prompt_len + total / steps
 
 
-def batch_acceptance(survivals: Sequence[np.ndarray], batch: int, new_tokens: int, seed: int = 0) -> float:
+def batch_acceptance(generations: Sequence[np.ndarray], batch: int, new_tokens: int) -> float:
     """Tokens per sequence and step of prompts decoded `batch` at a time, in order, each
     emitting `new_tokens`: chunks x new_tokens over the expected sum of every chunk's
-    slowest step count. At batch 1 this is total tokens over total steps."""
+    slowest step count. At batch 1 this is total tokens over total steps.
+    generations: per prompt, (draws, new_tokens) cumulative tokens, every prompt the same
+    number of draws (replayed_tokens, simulated_tokens)."""
     if batch < 1:
         raise PerfkitError(f"batch must be >= 1, got {batch}")
-    steps = simulated_steps(survivals, new_tokens, seed=seed)
+    steps = step_counts(generations, new_tokens)
     chunks = [steps[i : i + batch].max(axis=0).mean() for i in range(0, len(steps), batch)]
     return len(chunks) * new_tokens / sum(chunks)

@@ -2,7 +2,10 @@
 
 The closed loop, on this machine and the bundled model (or any checkpoint):
 1. plain decoding of held-out prompts: the heads' top-k accuracies a_k^(i) on its output,
-   which choose the greedy tree of each size and predict its acceptance;
+   which choose the greedy tree of each size, and the heads' predictions at every
+   position of it, through which each tree's greedy steps are replayed (exactly the
+   decoder's: verification is deterministic and the text is the plain pass's) for its
+   acceptance; what the accuracies alone predict (heads independent) is shown beside;
 2. measured speedups: plain decoding and Medusa with every tree, timed interleaved
    prompt by prompt (decoder.measure.decode_interleaved), so a drifting machine slows
    all of them alike;
@@ -18,10 +21,10 @@ The closed loop, on this machine and the bundled model (or any checkpoint):
    sequence to the batch's longest, which runs ahead of the mean in a batch of prompts
    that accept at different rates (perfmodel.batching.attended_context).
    The acceptance is each prompt's, and a batch steps until its slowest prompt is done
-   (perfmodel.batching simulates the step counts).
+   (perfmodel.batching counts the steps).
 
-Acceptance schemes and trees: `--acceptance typical` predicts from the scheme's own
-record, head accuracies against what typical acceptance emits (an untimed typical pass
+Acceptance schemes and trees: `--acceptance typical` predicts (simulates) from the
+scheme's own record, head accuracies against what typical acceptance emits (an untimed typical pass
 with the largest tree); `--dynamic` runs, beside every static tree, the dynamic tree of the
 same node count (built each step from the heads' probabilities), predicted from those
 probabilities mapped to hit rates measured on the plain pass, its step priced with the
@@ -51,10 +54,13 @@ from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, me
 from decoder.tree import tree_buffers
 from perfmodel.batching import (
     acceptance_survival,
+    accepted_lengths,
     attended_context,
     batch_acceptance,
     dynamic_survival,
     probability_calibration,
+    replayed_tokens,
+    simulated_tokens,
 )
 from perfmodel.calibration import MeasuredLatency
 from perfmodel.cli import Parser, positive_int, run
@@ -63,7 +69,7 @@ from perfmodel.errors import PerfkitError
 from perfmodel.grid import QUICK_GRID
 from perfmodel.models import load_model
 from perfmodel.step import StepModel
-from perfmodel.trees import HEAD_TOP_K, expected_acceptance, greedy_tree
+from perfmodel.trees import HEAD_TOP_K, greedy_tree
 from profilers.device import cpu_info, cuda_info
 from profilers.sweep import SweepConfig, Sweeper, default_timer
 
@@ -200,10 +206,13 @@ class AcceptanceRecord:
 
     accuracy: np.ndarray  # a_k^(i) of the scheme's record, all prompts
     per_prompt: list[np.ndarray]  # the same, each prompt's own
+    hits: list[np.ndarray]  # per prompt (positions, heads, topk): which head predictions came (greedy, else [])
     step_probs: list[np.ndarray]  # per prompt (positions, heads, topk): the heads' top-k probabilities (--dynamic)
     calibrate: object  # heads' probability -> hit rate, measured on the record (--dynamic, else None)
     settings: dict  # (tree kind, size) -> decoder.generate keyword arguments, plain decoding first
     survivals: dict = dataclasses.field(default_factory=dict)  # (tree kind, size) -> each prompt's s[d]
+    # (tree kind, size) -> each prompt's generations (perfmodel.batching), what the prediction uses
+    generations: dict = dataclasses.field(default_factory=dict)
 
 
 def head_predictions(decoder, prompt, output) -> tuple[np.ndarray, np.ndarray]:
@@ -231,10 +240,12 @@ def decode_kwargs(config: ValidateConfig) -> dict:
 
 
 def acceptance_record(decoder, prompts, config: ValidateConfig, log) -> AcceptanceRecord:
-    """The untimed passes: plain decoding for the heads' accuracies, which choose the trees
-    and predict their acceptance; with typical acceptance, then a typical pass with the
-    largest tree for the scheme's own record; with --dynamic, the heads' per-step
-    probabilities and how often each probability was right."""
+    """The untimed passes: plain decoding for the heads' accuracies, which choose the trees,
+    and, with greedy acceptance, the heads' predictions at every position, which a static
+    tree's steps are replayed through; with typical acceptance, then a typical pass with
+    the largest tree for the scheme's own record (its acceptance simulated from accuracies:
+    what it emits depends on the tree); with --dynamic, the heads' per-step probabilities
+    and how often each probability was right."""
     kwargs = decode_kwargs(config)
     log(f"plain decoding of {len(prompts)} held-out prompts for the heads' accuracies ...")
     outputs = decode_batches(decoder, prompts, config.batch, config.new_tokens, **kwargs).tokens
@@ -246,14 +257,20 @@ def acceptance_record(decoder, prompts, config: ValidateConfig, log) -> Acceptan
         accuracy = head_accuracy(decoder, prompts, outputs)
     per_prompt = [head_accuracy(decoder, [p], [o]) for p, o in zip(prompts, outputs)]
     settings = {("plain", 1): {}} | {("static", n): {"tree": greedy_tree(accuracy, n - 1)} for n in config.sizes}
+    greedy = config.acceptance == "greedy"
+    predictions = (
+        [head_predictions(decoder, p, o) for p, o in zip(prompts, outputs)] if greedy or config.dynamic else []
+    )
+    hits = [h for _, h in predictions] if greedy else []
     step_probs, calibrate = [], None
     if config.dynamic:  # only a dynamic tree is predicted from the heads' per-step probabilities
         settings |= {("dynamic", n): {"dynamic_nodes": n - 1} for n in config.sizes}
-        predictions = [head_predictions(decoder, p, o) for p, o in zip(prompts, outputs)]
         step_probs = [probs for probs, _ in predictions]
         calibrate = probability_calibration(np.concatenate(step_probs), np.concatenate([h for _, h in predictions]))
-    record = AcceptanceRecord(accuracy, per_prompt, step_probs, calibrate, settings)
-    record.survivals = {(kind, n): prompt_survivals(kind, n, record) for kind, n in settings if kind != "plain"}
+    record = AcceptanceRecord(accuracy, per_prompt, hits, step_probs, calibrate, settings)
+    medusa = [(kind, n) for kind, n in settings if kind != "plain"]
+    record.survivals = {(kind, n): prompt_survivals(kind, n, record) for kind, n in medusa}
+    record.generations = {(kind, n): prompt_generations(kind, n, record, config) for kind, n in medusa}
     return record
 
 
@@ -310,16 +327,36 @@ def prompt_survivals(kind: str, size: int, record: AcceptanceRecord) -> list[np.
     return [dynamic_survival(p, size - 1, record.calibrate) for p in record.step_probs]
 
 
+def prompt_generations(kind: str, size: int, record: AcceptanceRecord, config: ValidateConfig) -> list[np.ndarray]:
+    """Each prompt's tokens after every step (perfmodel.batching): a static tree under
+    greedy acceptance replayed through the heads' recorded predictions (the decoder's
+    steps exactly: greedy verification is deterministic and lossless, so its text is the
+    plain pass's); otherwise simulated from the prompt's survival curve."""
+    if kind == "static" and record.hits:
+        tree = record.settings[kind, size]["tree"]
+        return replayed_tokens([accepted_lengths(tree, h) for h in record.hits], config.new_tokens)
+    return simulated_tokens(record.survivals[kind, size], config.new_tokens, seed=config.seed)
+
+
 def predicted_acceptance(kind: str, size: int, record: AcceptanceRecord, config: ValidateConfig) -> tuple[float, float]:
     """(tokens per step of one sequence, tokens per sequence and step of the batch)."""
     if kind == "plain":
         return 1.0, 1.0
-    survivals = record.survivals[kind, size]
-    if kind == "static":
-        alone = expected_acceptance(record.settings[kind, size]["tree"], record.accuracy)
-    else:
-        alone = float(np.mean([s.sum() for s in survivals]))
-    return alone, batch_acceptance(survivals, config.batch, config.new_tokens, config.seed)
+    generations = record.generations[kind, size]
+    return (
+        batch_acceptance(generations, 1, config.new_tokens),
+        batch_acceptance(generations, config.batch, config.new_tokens),
+    )
+
+
+def accuracy_acceptance(kind: str, size: int, record: AcceptanceRecord, config: ValidateConfig) -> float:
+    """Tokens per sequence and step of the batch from the head accuracies alone, heads
+    independent and steps alike (what perfmodel predicts from a checkpoint's accuracies);
+    NaN for a dynamic tree, which has no fixed tree to value."""
+    if kind != "static":
+        return float("nan")
+    generations = simulated_tokens(record.survivals[kind, size], config.new_tokens, seed=config.seed)
+    return batch_acceptance(generations, config.batch, config.new_tokens)
 
 
 def step_contexts(record: AcceptanceRecord, config: ValidateConfig) -> dict[tuple[str, int], int]:
@@ -330,7 +367,7 @@ def step_contexts(record: AcceptanceRecord, config: ValidateConfig) -> dict[tupl
     return {
         (kind, size): config.context
         if kind == "plain"
-        else round(attended_context(record.survivals[kind, size], config.batch, config.prompt_len, config.new_tokens))
+        else round(attended_context(record.generations[kind, size], config.batch, config.prompt_len, config.new_tokens))
         for kind, size in record.settings
     }
 
@@ -414,6 +451,13 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
     table["predicted_speedup"] = table["predicted_batch_acceptance"] / (table["predicted_step_s"] / plain_step_s)
     table["ops_only_speedup"] = table["predicted_batch_acceptance"] / (ops_tree / ops_plain)
     table["error"] = (table["predicted_speedup"] - table["measured_speedup"]) / table["measured_speedup"]
+    # The same prediction with the acceptance head accuracies alone give (the planner's input
+    # for a checkpoint), to show what a replay of the heads' record adds.
+    table["accuracy_batch_acceptance"] = [
+        accuracy_acceptance(r["tree_kind"], r["tree_size"], record, config) for r in runs
+    ]
+    accuracy_speedup = table["accuracy_batch_acceptance"] / (table["predicted_step_s"] / plain_step_s)
+    table["accuracy_error"] = accuracy_speedup / table["measured_speedup"] - 1
     table["batch"], table["context"], table["acceptance_scheme"] = config.batch, config.context, config.acceptance
     # Which device and model the comparison describes, so reports can match it to theirs.
     table["device"], table["model"], table["dtype"] = rows["device"].iloc[0], model.name, dtype
@@ -450,6 +494,8 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
         "predicted_speedup",
         "measured_speedup",
         "error",
+        "accuracy_batch_acceptance",
+        "accuracy_error",
         "ops_only_speedup",
         "dynamic_tree_build_s",
         "lossless",
@@ -669,6 +715,7 @@ def print_batch(table: pd.DataFrame, summary: dict) -> None:
         predicted_step_ms=table["predicted_step_s"] * 1e3,
         measured_step_ms=table["measured_step_s"] * 1e3,
         error_pct=table["error"] * 100,
+        accuracy_error_pct=table["accuracy_error"] * 100,
     )[
         [
             "tree_kind",
@@ -682,6 +729,7 @@ def print_batch(table: pd.DataFrame, summary: dict) -> None:
             "predicted_speedup",
             "measured_speedup",
             "error_pct",
+            "accuracy_error_pct",
             "lossless",
         ]
     ]

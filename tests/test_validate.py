@@ -37,6 +37,12 @@ def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsy
     # a batch steps until its slowest sequence is done: it makes less of each step than one sequence alone
     assert (df["measured_batch_acceptance"] <= df["measured_acceptance"] + 1e-9).all()
     assert (df["predicted_batch_acceptance"] <= df["predicted_acceptance"] + 1e-9).all()
+    # Greedy steps replayed through the heads' predictions on the plain pass are the decoder's
+    # steps, prompt by prompt, at every batch: the acceptance carries no error of its own.
+    np.testing.assert_allclose(df["predicted_batch_acceptance"], df["measured_batch_acceptance"], rtol=1e-12)
+    np.testing.assert_allclose(df["predicted_acceptance"], df["measured_acceptance"], rtol=1e-12)
+    # beside it, what the head accuracies alone predict, and the speedup error that would give
+    assert df["accuracy_batch_acceptance"].notna().all() and np.isfinite(df["accuracy_error"]).all()
     for column in ("predicted_speedup", "measured_speedup", "predicted_acceptance", "measured_acceptance", "error"):
         assert df[column].notna().all()
     assert (df["measured_speedup"] > 0).all() and df["lossless"].all()
