@@ -8,7 +8,7 @@ same trees over plain decoding on this machine.
 Every tree is measured: held-out prompts decoded plainly and with each tree in turn, batch
 by batch (decoder.runs.decode_interleaved), greedy acceptance. Every tree is also
 predicted by the performance model: its tokens per step from the heads' top-k accuracies
-on a first plain pass (each prompt's own, perfmodel.batching), its step time from a
+on a first plain pass (each prompt's own, perfmodel.acceptance.batching), its step time from a
 separate calibration of this decoder's steps by tree size (decoder.auto_tree.calibrate,
 interpolated in the number of tokens), never from the runs it is compared with.
 """
@@ -32,13 +32,14 @@ from decoder.checkpoint import load_checkpoint
 from decoder.measure import head_accuracy
 from decoder.medusa import Decoder
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
-from perfmodel.ablation import dense_against_sparse
-from perfmodel.batching import acceptance_survival, batch_acceptance, simulated_tokens
+from perfmodel.acceptance.ablation import dense_against_sparse
+from perfmodel.acceptance.batching import acceptance_survival, batch_acceptance, simulated_tokens
+from perfmodel.acceptance.trees import dense_tree, greedy_tree, random_dense_settings
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, batch_size, positive_int, run
-from perfmodel.cpu_identity import this_cpu_key
-from perfmodel.errors import PerfkitError
-from perfmodel.models import load_model
-from perfmodel.trees import HEAD_TOP_K, dense_tree, greedy_tree, random_dense_settings
+from perfmodel.hardware.cpu_identity import this_cpu_key
+from perfmodel.models.config import load_model
+from perfmodel.models.operators import HEAD_TOP_K
 
 SPARSE_NODES = (4, 8, 16, 24, 32, 48, 64, 96, 128)
 # Where the step time is calibrated; a tree of any other size is priced by interpolation.

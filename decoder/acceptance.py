@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from decoder.tree import TreeBuffers
-from perfmodel.errors import PerfkitError
+from perfmodel.base.errors import PerfkitError
 
 SCHEMES = ("greedy", "typical", "rejection")
 

@@ -6,7 +6,7 @@ held-out prompts plainly and with the greedy tree of each candidate size, interl
 model, batch and context (rounded up to a power of two), with a progress bar, and is kept
 under $MEDUSA_PERFKIT_HOME (~/.cache/medusa-perfkit) for later runs, keyed by the weights'
 content. The heads' accuracies are the checkpoint's own (its decoder.measure record, else
-those recorded at training). perfmodel.tree_choice then picks the size with the best
+those recorded at training). perfmodel.planning.tree_choice then picks the size with the best
 predicted speedup, or plain decoding where no tree beats it.
 
 Step times taken on a busy machine mislead the choice: a loaded CPU stretched the plain
@@ -36,13 +36,14 @@ from decoder.acceptance import AcceptanceConfig
 from decoder.checkpoint import Checkpoint, sha256, weight_files
 from decoder.medusa import Decoder
 from decoder.runs import decode_interleaved, heldout_prompts
-from perfmodel.cpu_identity import this_cpu_key
-from perfmodel.errors import PerfkitError
-from perfmodel.jsonfile import read_json
-from perfmodel.measurements import HOME_VARIABLE, user_measurements_dir
-from perfmodel.outputs import writable_dir
-from perfmodel.tree_choice import TreeChoice, choose_tree
-from perfmodel.trees import HEAD_TOP_K, greedy_tree
+from perfmodel.acceptance.trees import greedy_tree
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.jsonfile import read_json
+from perfmodel.base.outputs import writable_dir
+from perfmodel.hardware.cpu_identity import this_cpu_key
+from perfmodel.measured.store import HOME_VARIABLE, user_measurements_dir
+from perfmodel.models.operators import HEAD_TOP_K
+from perfmodel.planning.tree_choice import TreeChoice, choose_tree
 
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CALIBRATION_PROMPTS = 2  # batches of prompts per size and round

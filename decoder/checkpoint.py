@@ -31,11 +31,17 @@ from safetensors import SafetensorError
 
 from decoder.heads import MedusaHeads
 from decoder.model import LlamaConfig, Transformer
+from perfmodel.acceptance.trees import Tree, load_tree
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.jsonfile import read_json
 from perfmodel.cli import Parser, run
-from perfmodel.errors import PerfkitError
-from perfmodel.jsonfile import read_json
-from perfmodel.models import BUNDLED_MODEL, parse_hf_config, parse_medusa_config, read_config_json, resolve_model_path
-from perfmodel.trees import Tree, load_tree
+from perfmodel.models.config import (
+    BUNDLED_MODEL,
+    parse_hf_config,
+    parse_medusa_config,
+    read_config_json,
+    resolve_model_path,
+)
 
 HEADS_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 TREE_FILE = "medusa_tree.json"

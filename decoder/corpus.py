@@ -12,7 +12,7 @@ import random
 import sysconfig
 from pathlib import Path
 
-from perfmodel.errors import PerfkitError
+from perfmodel.base.errors import PerfkitError
 
 EXCLUDED_PARTS = {"test", "tests", "site-packages", "idlelib", "lib2to3", "turtledemo", "__pycache__", "ensurepip"}
 HELDOUT_ONE_IN = 20

@@ -9,8 +9,8 @@ from decoder.auto_tree import auto_tree, default_tree_name
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder, check_context
 from decoder.tree import TREE_NAMES, resolve_tree
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, positive_int, run
-from perfmodel.errors import PerfkitError
 
 
 class Streamer:

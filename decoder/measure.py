@@ -25,10 +25,11 @@ from decoder.heads import topk_accuracy
 from decoder.medusa import STEP_PARTS, Decoder, check_context
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
 from decoder.tree import TREE_NAMES, resolve_tree
+from perfmodel.acceptance.trees import expected_acceptance, greedy_tree
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import writable_file
 from perfmodel.cli import Parser, batch_size, positive_int, run
-from perfmodel.errors import PerfkitError
-from perfmodel.outputs import writable_file
-from perfmodel.trees import HEAD_TOP_K, expected_acceptance, greedy_tree
+from perfmodel.models.operators import HEAD_TOP_K
 
 DEFAULT_SIZES = (1, 4, 16, 64)  # plus the measured tree's own size
 

@@ -24,8 +24,9 @@ from decoder.acceptance import ACCEPT, AcceptanceConfig, next_token
 from decoder.checkpoint import Checkpoint
 from decoder.model import KVCache
 from decoder.tree import TreeBuffers, tree_buffers
-from perfmodel.errors import PerfkitError
-from perfmodel.trees import HEAD_TOP_K, Tree, greedy_tree
+from perfmodel.acceptance.trees import Tree, greedy_tree
+from perfmodel.base.errors import PerfkitError
+from perfmodel.models.operators import HEAD_TOP_K
 
 # Where a Medusa step's time goes (timed per step); not the operator phases prefill/decode/tree.
 STEP_PARTS = ("candidates", "forward", "verification", "kv_update")

@@ -36,9 +36,9 @@ from decoder.heads import MedusaHeads, medusa_loss
 from decoder.lora import adapters_off, add_lora, lora_parameters, merged
 from decoder.model import Transformer
 from decoder.stages import TrainConfig, as_shipped, distill, encode, heldout_loss, measure_accuracy, training_texts
-from perfmodel.errors import PerfkitError
-from perfmodel.models import TOOLKIT_ROOT
-from perfmodel.trees import expected_acceptance, greedy_tree
+from perfmodel.acceptance.trees import expected_acceptance, greedy_tree
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.paths import TOOLKIT_ROOT
 
 
 @dataclass(frozen=True)

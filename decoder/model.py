@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perfmodel.errors import PerfkitError
-from perfmodel.models import HFConfig, head_size, parse_hf_config
+from perfmodel.base.errors import PerfkitError
+from perfmodel.models.config import HFConfig, head_size, parse_hf_config
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class LlamaConfig:
 
     @classmethod
     def from_hf(cls, cfg: HFConfig | dict) -> LlamaConfig:
-        """From a config.json parsed by perfmodel.models (or its dict, parsed here the same
+        """From a config.json parsed by perfmodel.models.config (or its dict, parsed here the same
         way), so the decoder runs exactly the shapes the cost model counts."""
         if isinstance(cfg, dict):
             cfg = parse_hf_config(cfg)

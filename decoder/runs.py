@@ -6,7 +6,7 @@ from __future__ import annotations
 from decoder.checkpoint import Checkpoint
 from decoder.corpus import sample_prompts, split_corpus
 from decoder.medusa import STEP_PARTS, Decoder, DecodeResult
-from perfmodel.errors import PerfkitError
+from perfmodel.base.errors import PerfkitError
 
 
 def heldout_prompts(ckpt: Checkpoint, count: int, length: int, seed: int) -> list[list[int]]:

@@ -17,7 +17,7 @@ from decoder.corpus import sample_prompts, split_corpus
 from decoder.heads import MedusaHeads, topk_accuracy
 from decoder.medusa import Decoder
 from decoder.model import LlamaConfig, Transformer
-from perfmodel.trees import HEAD_TOP_K
+from perfmodel.models.operators import HEAD_TOP_K
 
 
 @dataclass(frozen=True)

@@ -50,11 +50,11 @@ from decoder.stages import (
     measure_accuracy,
     training_texts,
 )
+from perfmodel.acceptance.trees import expected_acceptance, greedy_tree
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.jsonfile import read_json
+from perfmodel.base.outputs import writable_dir
 from perfmodel.cli import Parser, positive_int, run
-from perfmodel.errors import PerfkitError
-from perfmodel.jsonfile import read_json
-from perfmodel.outputs import writable_dir
-from perfmodel.trees import expected_acceptance, greedy_tree
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):

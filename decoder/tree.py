@@ -1,6 +1,6 @@
 """Tree buffers: the tensors one Medusa step needs for a tree of candidate paths.
 
-For a Tree (perfmodel.trees) of T tokens (root first, then nodes by depth):
+For a Tree (perfmodel.acceptance.trees) of T tokens (root first, then nodes by depth):
 - mask (T, T): token i attends to token j iff j is i or an ancestor of i;
 - depths (T,): position id offset of each token from the prefix;
 - node_head, node_rank (T,): which head and which of its top-k ranks proposes each node
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from perfmodel.errors import PerfkitError
-from perfmodel.trees import MC_SIM_7B_63_TREE, VICUNA_7B_TREE, Tree, greedy_tree, load_tree
+from perfmodel.acceptance.trees import MC_SIM_7B_63_TREE, VICUNA_7B_TREE, Tree, greedy_tree, load_tree
+from perfmodel.base.errors import PerfkitError
 
 TREE_NAMES = "default, vicuna-7b, mc-sim-7b-63, greedy-N, chain-N, or a file/list of paths"
 # The reference implementation's published trees, by name (vicuna-7b is its vicuna_7b_stage2).

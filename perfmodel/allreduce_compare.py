@@ -1,5 +1,5 @@
 """Command line: the ring all-reduce model against the measured tables, its fitted constants,
-and the import of Vidur's tables. A thin entry module over perfmodel.allreduce.
+and the import of Vidur's tables. A thin entry module over perfmodel.latency.allreduce.
 
     python -m perfmodel.allreduce_compare [--compare]       # model error per table and worker count
     python -m perfmodel.allreduce_compare --fit             # refit latency and efficiency
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perfmodel.allreduce import (
+from perfmodel.cli import Parser, run
+from perfmodel.latency.allreduce import (
     DECODE_BYTES,
     RING_CONSTANTS,
     SHIPPED_TABLES,
@@ -20,7 +21,6 @@ from perfmodel.allreduce import (
     significant,
     table_path,
 )
-from perfmodel.cli import Parser, run
 
 
 def build_parser() -> Parser:

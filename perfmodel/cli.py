@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from perfmodel.errors import PerfkitError
+from perfmodel.base.errors import PerfkitError
 
 
 class Parser(argparse.ArgumentParser):
@@ -19,7 +19,7 @@ class Parser(argparse.ArgumentParser):
 # The largest sizes a command line takes: a batch of 2^20 sequences (a 7B model's KV cache
 # for that many 1-token sequences alone is 0.5 TB) and 2^24 tokens (beyond the longest
 # context windows published). Whether a model's costs at a grid's largest point fit int64
-# depends on the model: perfmodel.grid.check_arithmetic says.
+# depends on the model: perfmodel.models.grid.check_arithmetic says.
 MAX_BATCH = 1 << 20
 MAX_TOKENS = 1 << 24
 MAX_COUNT = (1 << 31) - 1  # any other count (processes, prompts, steps): a signed 32-bit int
@@ -60,24 +60,6 @@ def run(main: Callable[[list[str] | None], int | None], argv: list[str] | None =
         return 130
 
 
-def flops_text(flops_per_s: float, unit: str = "FLOP/s") -> str:
-    """A rate with three significant digits in the unit that keeps them: a CPU's 0.0017
-    TFLOP/s reads 1.70 GFLOP/s, not 0.00 TFLOP/s."""
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
-        if flops_per_s >= scale:
-            return f"{flops_per_s / scale:.3g} {prefix}{unit}"
-    return f"{flops_per_s / 1e3:.3g} k{unit}"
-
-
-def bytes_text(nbytes: float) -> str:
-    """A size with three significant digits in the unit that keeps them (1 GB = 1e9 bytes,
-    as device specs give memory): a small model's 4.19 MB, not 0.0 GB."""
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {prefix}B"
-    return f"{nbytes:.3g} B"
-
-
 TP_HELP = (
     "devices per model replica, tensor parallel (default 1; auto: the capacity plan's choice, the degree up to 8 "
     "with the most tokens/s per device among those that fit)"
@@ -86,7 +68,7 @@ TP_HELP = (
 
 def tp_degree(text: str) -> int | None:
     """The --tp option of every command that takes it: a positive integer, or auto (None:
-    perfmodel.planning picks the degree)."""
+    perfmodel.planning.capacity picks the degree)."""
     if text == "auto":
         return None
     try:

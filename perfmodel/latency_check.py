@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.cli import Parser, positive_int, run
-from perfmodel.hardware import resolve_spec
-from perfmodel.latency_source import GemmTable, gemm_rows, measured_devices
-from perfmodel.measurements import stored_profiles
+from perfmodel.hardware.specs import resolve_spec
+from perfmodel.latency.source import GemmTable, gemm_rows, measured_devices
+from perfmodel.measured.store import stored_profiles
 
 MAX_TOKENS = 1024
 

@@ -1,6 +1,6 @@
 """Capacity planning: what fits on a device, which Medusa tree to run at each batch, how fast.
 
-The command-line entry of perfmodel.planning (which holds the planning model and its
+The command-line entry of perfmodel.planning.capacity (which holds the planning model and its
 documentation): `python -m perfmodel.plan --model llama-7b --gpu a100 h100 --latency-ms 30`
 prints the devices table, the bands per device and the plan in words; `--benchmark` times
 plan() over more than 10,000 configurations. `from perfmodel.plan import plan` keeps
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfmodel.base.dtypes import DTYPES
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import TP_HELP, Parser, batch_size, run, tp_degree
-from perfmodel.dtypes import DTYPES
-from perfmodel.errors import PerfkitError
-from perfmodel.hardware import load_all_specs
-from perfmodel.latency_source import LATENCY_CHOICES
-from perfmodel.memory import DEFAULT_RESERVE
-from perfmodel.planning import BAND_SHOWN, DEFAULT_BATCHES, PlanResult, plan
-from perfmodel.workload import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN
+from perfmodel.hardware.specs import load_all_specs
+from perfmodel.latency.source import LATENCY_CHOICES
+from perfmodel.planning.capacity import BAND_SHOWN, DEFAULT_BATCHES, PlanResult, plan
+from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN
+from perfmodel.planning.memory import DEFAULT_RESERVE
 
 __all__ = ["PlanResult", "plan", "main"]
 

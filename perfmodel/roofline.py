@@ -3,7 +3,7 @@
 Draws, for each model, the op groups qkv, qk/pv and up/gate/down in prefill and decode
 over the paper's grid (Figs 9-17), and the Medusa variation studies (Figs 18-20), as PNGs
 and one self-contained HTML page, and writes the full grid as a data-contract CSV. The
-lines and studies are perfmodel.roofline_model; the page is reports.roofline_page.
+lines and studies are perfmodel.latency.roofline_table; the page is reports.roofline_page.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfmodel.base.dtypes import DTYPES, check_dtype, default_dtype
+from perfmodel.base.outputs import writable_dir, writable_file
 from perfmodel.cli import Parser, batch_size, positive_int, run, token_count
-from perfmodel.contract import write_table
-from perfmodel.device_view import device_key, is_cpu_name, resolve_view
-from perfmodel.dtypes import DTYPES, check_dtype, default_dtype
-from perfmodel.grid import PAPER_GRID, QUICK_GRID, check_arithmetic
-from perfmodel.latency_source import LATENCY_CHOICES
-from perfmodel.models import load_model
-from perfmodel.operators import DEFAULT_OPS
-from perfmodel.outputs import writable_dir, writable_file
-from perfmodel.roofline_model import DEFAULT_MODELS
+from perfmodel.latency.roofline_table import DEFAULT_MODELS
+from perfmodel.latency.source import LATENCY_CHOICES
+from perfmodel.measured.contract import write_table
+from perfmodel.measured.device_view import device_key, is_cpu_name, resolve_view
+from perfmodel.models.config import load_model
+from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, check_arithmetic
+from perfmodel.models.operators import DEFAULT_OPS
 from profilers.sweep import measure_now
 from reports.render import Renderer
 from reports.roofline_page import submit_roofline_figures, write_page

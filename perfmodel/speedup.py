@@ -1,6 +1,6 @@
 """python -m perfmodel.speedup: the paper's three simulations (Appendix G.3) and the
 draft-model comparison on any device, drawn (PNG) and written (CSV). The model is
-perfmodel.simulations; the figures are reports.speedup_figures.
+perfmodel.planning.simulations; the figures are reports.speedup_figures.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfmodel.acceptance import resolve_acceptance
+from perfmodel.acceptance.rates import resolve_acceptance
+from perfmodel.base.dtypes import DTYPES, check_dtype, default_dtype
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import TP_HELP, Parser, positive_int, run, tp_degree
-from perfmodel.dtypes import DTYPES, check_dtype, default_dtype
-from perfmodel.errors import PerfkitError
-from perfmodel.latency_source import LATENCY_CHOICES, view_latency
-from perfmodel.models import load_model
-from perfmodel.planning import serving_plan
-from perfmodel.simulations import (
+from perfmodel.latency.source import LATENCY_CHOICES, view_latency
+from perfmodel.models.config import load_model
+from perfmodel.planning.capacity import serving_plan
+from perfmodel.planning.simulations import (
     DEFAULT_DRAFT_COST,
     best_trees,
     choose_devices,

@@ -9,7 +9,7 @@ The closed loop, on this machine and the bundled model (or any checkpoint):
 2. measured speedups: plain decoding and Medusa with every tree, timed interleaved
    prompt by prompt (decoder.measure.decode_interleaved), so a drifting machine slows
    all of them alike;
-3. operator latencies: every op of the reference decoder's step (perfmodel.step, flavor
+3. operator latencies: every op of the reference decoder's step (perfmodel.latency.step, flavor
    `reference`) timed by the profilers at the run's batch, mean context and each tree
    size, and the decoder's own plain step, all sampled in turn in the same rounds, and
    those rounds taken between the batches of step 2, so that the prediction and the
@@ -19,9 +19,9 @@ The closed loop, on this machine and the bundled model (or any checkpoint):
    the one calibrated constant, the plain step minus its ops, never from a Medusa run.
    A tree step's ops are timed at the context its attention spans: the decoder pads every
    sequence to the batch's longest, which runs ahead of the mean in a batch of prompts
-   that accept at different rates (perfmodel.batching.attended_context).
+   that accept at different rates (perfmodel.acceptance.batching.attended_context).
    The acceptance is each prompt's, and a batch steps until its slowest prompt is done
-   (perfmodel.batching counts the steps).
+   (perfmodel.acceptance.batching counts the steps).
 
 Acceptance schemes and trees: `--acceptance typical` predicts (simulates) from the
 scheme's own record, head accuracies against what typical acceptance emits (an untimed typical pass
@@ -52,7 +52,7 @@ from decoder.measure import head_accuracy
 from decoder.medusa import Decoder, dynamic_tree
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
 from decoder.tree import tree_buffers
-from perfmodel.batching import (
+from perfmodel.acceptance.batching import (
     acceptance_survival,
     accepted_lengths,
     attended_context,
@@ -62,14 +62,15 @@ from perfmodel.batching import (
     replayed_tokens,
     simulated_tokens,
 )
-from perfmodel.calibration import MeasuredLatency
+from perfmodel.acceptance.trees import greedy_tree
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, batch_size, positive_int, run
-from perfmodel.contract import write_table
-from perfmodel.errors import PerfkitError
-from perfmodel.grid import QUICK_GRID
-from perfmodel.models import load_model
-from perfmodel.step import StepModel
-from perfmodel.trees import HEAD_TOP_K, greedy_tree
+from perfmodel.latency.calibration import MeasuredLatency
+from perfmodel.latency.step import StepModel
+from perfmodel.measured.contract import write_table
+from perfmodel.models.config import load_model
+from perfmodel.models.grid import QUICK_GRID
+from perfmodel.models.operators import HEAD_TOP_K
 from profilers.device import cpu_info, cuda_info
 from profilers.sweep import SweepConfig, Sweeper, default_timer
 
@@ -211,7 +212,7 @@ class AcceptanceRecord:
     calibrate: object  # heads' probability -> hit rate, measured on the record (--dynamic, else None)
     settings: dict  # (tree kind, size) -> decoder.generate keyword arguments, plain decoding first
     survivals: dict = dataclasses.field(default_factory=dict)  # (tree kind, size) -> each prompt's s[d]
-    # (tree kind, size) -> each prompt's generations (perfmodel.batching), what the prediction uses
+    # (tree kind, size) -> each prompt's generations (perfmodel.acceptance.batching), what the prediction uses
     generations: dict = dataclasses.field(default_factory=dict)
 
 
@@ -320,7 +321,7 @@ def timed_runs(
 
 
 def prompt_survivals(kind: str, size: int, record: AcceptanceRecord) -> list[np.ndarray]:
-    """Each prompt's s[d] (perfmodel.batching) for one Medusa run: from its head accuracies
+    """Each prompt's s[d] (perfmodel.acceptance.batching) for one Medusa run: from its head accuracies
     for a static tree, from calibrated per-position probabilities for a dynamic one."""
     if kind == "static":
         return [acceptance_survival(record.settings[kind, size]["tree"], a) for a in record.per_prompt]
@@ -328,7 +329,7 @@ def prompt_survivals(kind: str, size: int, record: AcceptanceRecord) -> list[np.
 
 
 def prompt_generations(kind: str, size: int, record: AcceptanceRecord, config: ValidateConfig) -> list[np.ndarray]:
-    """Each prompt's tokens after every step (perfmodel.batching): a static tree under
+    """Each prompt's tokens after every step (perfmodel.acceptance.batching): a static tree under
     greedy acceptance replayed through the heads' recorded predictions (the decoder's
     steps exactly: greedy verification is deterministic and lossless, so its text is the
     plain pass's); otherwise simulated from the prompt's survival curve."""
@@ -362,7 +363,7 @@ def accuracy_acceptance(kind: str, size: int, record: AcceptanceRecord, config: 
 def step_contexts(record: AcceptanceRecord, config: ValidateConfig) -> dict[tuple[str, int], int]:
     """Cached tokens each run's steps attend to, on average: the mean context for plain
     decoding (every sequence a token a step, so none leads); for a tree, the batch's
-    leading sequence's (perfmodel.batching.attended_context), which the reference decoder
+    leading sequence's (perfmodel.acceptance.batching.attended_context), which the reference decoder
     pads the others to."""
     return {
         (kind, size): config.context

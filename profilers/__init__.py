@@ -1,3 +1,3 @@
 """Measurement on real hardware: timers, device metadata, empirical ceilings and operator sweeps.
 
-Built on perfmodel.operators, so benchmarks run exactly the shapes the cost model counts."""
+Built on perfmodel.models.operators, so benchmarks run exactly the shapes the cost model counts."""

@@ -1,4 +1,4 @@
-"""Operator microbenchmarks built from perfmodel.operators, never from a copy of the shapes.
+"""Operator microbenchmarks built from perfmodel.models.operators, never from a copy of the shapes.
 
 Each kernel of an op becomes real torch work on tensors of exactly the counted shapes:
 a linear layer is torch.mm of (m, k) activations by a (k, n) weight, attention the
@@ -19,17 +19,18 @@ from decoder.medusa import build_candidates, commit_path
 from decoder.medusa import tree_attention_mask as decoder_tree_mask  # the decoder's batched mask, not the benchmark's
 from decoder.model import KVCache, LlamaConfig, RMSNorm, apply_rope, rope_cos_sin
 from decoder.tree import tree_buffers
-from perfmodel.dtypes import element_bytes
-from perfmodel.errors import PerfkitError
-from perfmodel.models import ModelConfig
-from perfmodel.operators import (
+from perfmodel.acceptance.trees import Tree
+from perfmodel.base.dtypes import element_bytes
+from perfmodel.base.errors import PerfkitError
+from perfmodel.models.config import ModelConfig
+from perfmodel.models.operators import (
+    HEAD_TOP_K,
     Elementwise,
     FusedAttention,
     Kernel,
     op_kernels,
     query_len,
 )
-from perfmodel.trees import HEAD_TOP_K, Tree
 
 BENCH_DTYPES = ("fp16", "bf16", "fp32")
 

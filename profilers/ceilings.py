@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import time
 
-from perfmodel.cli import flops_text
-from perfmodel.errors import PerfkitError
-from perfmodel.measured_ceilings import Ceilings
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.units import flops_text
+from perfmodel.hardware.ceilings import Ceilings
 from profilers.device import DeviceInfo, available_bytes
 from profilers.timer import TimerConfig, Timing, time_cuda_events, time_wall
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pynvml
 
-from perfmodel.cpu_identity import cpu_key, cpu_model_name, read_cpuinfo
-from perfmodel.errors import PerfkitError
-from perfmodel.hardware import find_spec, normalize_name
+from perfmodel.base.errors import PerfkitError
+from perfmodel.hardware.cpu_identity import cpu_key, cpu_model_name, read_cpuinfo
+from perfmodel.hardware.specs import find_spec, normalize_name
 
 DEVICES = ("cpu", "cuda")
 

@@ -15,7 +15,7 @@ becomes one measured row of the data contract:
   exactly num_tokens tokens. (Attention is not in these files.)
 - model: one tensor-parallel shard, `ModelConfig.shard(tp)` of the profile's shapes, named
   `<model>@tp<tp>` (the model itself at tp 1), with the shard's shapes as extra columns;
-  flops and bytes come from perfmodel.operators, so imported and predicted rows are costed
+  flops and bytes come from perfmodel.models.operators, so imported and predicted rows are costed
   by the one operator table. num_layers is not in the profile and is set to 1: every op
   imported is per layer (or the embedding), and none of their costs depends on it.
 - time_s: the median over Vidur's repeats; noise: std / median of the same repeats (the
@@ -54,12 +54,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, run
-from perfmodel.contract import contract_fields, write_table
-from perfmodel.errors import PerfkitError
-from perfmodel.hardware import find_spec
-from perfmodel.models import ModelConfig
-from perfmodel.operators import cost_of, op_kernels
+from perfmodel.hardware.specs import find_spec
+from perfmodel.measured.contract import contract_fields, write_table
+from perfmodel.models.config import ModelConfig
+from perfmodel.models.operators import cost_of, op_kernels
 
 VIDUR_REPO = "github.com/microsoft/vidur"
 VIDUR_COMMIT = "7d47513363ec447a741ac5e47241580b47724fbf"

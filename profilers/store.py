@@ -1,5 +1,5 @@
 """Writing measurements: an append-only journal per sweep, and its run metadata. Where
-stored measurements live and how they are read is `perfmodel.measurements`.
+stored measurements live and how they are read is `perfmodel.measured.store`.
 
 A sweep appends each finished row to a CSV at once (flushed and fsynced), so a sweep
 killed at any moment keeps every finished row; on rerun the rows already there are
@@ -24,9 +24,9 @@ from pathlib import Path
 import pandas as pd
 from filelock import FileLock, Timeout
 
-from perfmodel.contract import COLUMNS, KEY_COLUMNS, plural, read_csv_lines, warn
-from perfmodel.errors import PerfkitError
-from perfmodel.measurements import meta_path, read_meta
+from perfmodel.base.errors import PerfkitError
+from perfmodel.measured.contract import COLUMNS, KEY_COLUMNS, plural, read_csv_lines, warn
+from perfmodel.measured.store import meta_path, read_meta
 
 # Beyond the data contract: how each row was measured, and the device's state around it.
 EXTRA_COLUMNS = [

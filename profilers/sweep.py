@@ -6,7 +6,7 @@ nothing lost or repeated, and a rerun of a complete sweep does nothing. Configur
 that do not fit in memory are recorded as skipped, with the reason.
 
 On CUDA (or with --token-grid fine) linear ops are also timed on the fine token grid
-(perfmodel.grid.fine_token_grid: 1, 2, 4, 8, 16, ..., 512, then powers of two), to catch
+(perfmodel.models.grid.fine_token_grid: 1, 2, 4, 8, 16, ..., 512, then powers of two), to catch
 the steps of GEMM latency in the token count; those are prefill rows of one sequence,
 (batch 1, seq_len = tokens, candidates 1).
 """
@@ -20,17 +20,17 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from perfmodel.base.dtypes import check_dtype, default_dtype
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import writable_file
 from perfmodel.cli import Parser, batch_size, positive_int, run, token_count
-from perfmodel.contract import contract_fields
-from perfmodel.device_view import is_cpu_name
-from perfmodel.dtypes import check_dtype, default_dtype
-from perfmodel.errors import PerfkitError
-from perfmodel.grid import FINE_TOKEN_STEP, FINE_TOKENS_UP_TO, PAPER_GRID, QUICK_GRID, Grid, iter_points
-from perfmodel.hardware import resolve_spec
-from perfmodel.measurements import user_measurements_dir
-from perfmodel.models import ModelConfig, load_model
-from perfmodel.operators import DEFAULT_OPS, LINEAR_OPS, PHASES, STEP_OPS, op_cost
-from perfmodel.outputs import writable_file
+from perfmodel.hardware.specs import resolve_spec
+from perfmodel.measured.contract import contract_fields
+from perfmodel.measured.device_view import is_cpu_name
+from perfmodel.measured.store import user_measurements_dir
+from perfmodel.models.config import ModelConfig, load_model
+from perfmodel.models.grid import FINE_TOKEN_STEP, FINE_TOKENS_UP_TO, PAPER_GRID, QUICK_GRID, Grid, iter_points
+from perfmodel.models.operators import DEFAULT_OPS, LINEAR_OPS, PHASES, STEP_OPS, op_cost
 from profilers.benchmarks import BENCH_DTYPES, OpBenchmark, check_bench_dtype
 from profilers.ceilings import measure_ceilings
 from profilers.device import (
@@ -53,7 +53,7 @@ from profilers.timer import (
 )
 
 GRIDS = {"paper": PAPER_GRID, "quick": QUICK_GRID}
-# fine: linear ops also at perfmodel.grid.fine_token_grid's token counts; coarse: the grid only.
+# fine: linear ops also at perfmodel.models.grid.fine_token_grid's token counts; coarse: the grid only.
 TOKEN_GRIDS = ("fine", "coarse")
 TIMER_MODES = ("auto", "events", "graph")
 # Below this, one kernel is short enough for launch overhead to matter: use a CUDA graph.

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmodel.errors import PerfkitError
+from perfmodel.base.errors import PerfkitError
 
 Clock = Callable[[], float]
 

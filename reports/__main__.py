@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from perfmodel.base.dtypes import DTYPES, check_dtype
 from perfmodel.cli import TP_HELP, Parser, positive_int, run, tp_degree
-from perfmodel.dtypes import DTYPES, check_dtype
-from perfmodel.latency_source import LATENCY_CHOICES
-from perfmodel.models import load_model
+from perfmodel.latency.source import LATENCY_CHOICES
+from perfmodel.models.config import load_model
 from reports.build import BuildConfig, build
 from reports.compare import CompareConfig, compare
 

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullLocator
 
-from perfmodel.trees import Tree, path_value
+from perfmodel.acceptance.trees import Tree, path_value
 from reports.figure_layout import fit_bottom, header, legend_below, suptitle
 from reports.plotting import PLAIN, subplots
 

@@ -18,17 +18,17 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from perfmodel import simulations as speedup
-from perfmodel.acceptance import PAPER_ACCEPTANCE, HeadAccuracyAcceptance
-from perfmodel.device_view import DeviceView, is_cpu_name, resolve_view
-from perfmodel.dtypes import check_dtype, default_dtype
-from perfmodel.errors import PerfkitError
-from perfmodel.grid import PAPER_GRID, QUICK_GRID
-from perfmodel.latency_source import view_latency
-from perfmodel.measurements import stored_closed_loops, stored_tree_ablations
-from perfmodel.models import ModelConfig, load_model
-from perfmodel.outputs import writable_dir
-from perfmodel.planning import PlanResult, plan, serving_plan
+from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, HeadAccuracyAcceptance
+from perfmodel.base.dtypes import check_dtype, default_dtype
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import writable_dir
+from perfmodel.latency.source import view_latency
+from perfmodel.measured.device_view import DeviceView, is_cpu_name, resolve_view
+from perfmodel.measured.store import stored_closed_loops, stored_tree_ablations
+from perfmodel.models.config import ModelConfig, load_model
+from perfmodel.models.grid import PAPER_GRID, QUICK_GRID
+from perfmodel.planning import simulations
+from perfmodel.planning.capacity import PlanResult, plan, serving_plan
 from profilers.sweep import measure_now
 from reports.ablation_figures import tree_ablation_figure
 from reports.acceptance_figures import Curve, acceptance_figure, tree_figure
@@ -109,10 +109,10 @@ def build(config: BuildConfig, log=print) -> Report:
 
     with Renderer(config.jobs) as renderer, staged(config.out) as folder:
         roof, tables, op_errors = submit_roofline_figures(renderer, view, [model], model, dtype, grid, config.latency)
-        sims = speedup.device_table(view, model, dtype, FLAVORS, acceptance.choice, config.latency, tp)
-        draft = speedup.draft_model_table()
+        sims = simulations.device_table(view, model, dtype, FLAVORS, acceptance.choice, config.latency, tp)
+        draft = simulations.draft_model_table()
         speed_pngs = submit_speedup_figures(renderer, view, model, dtype, sims, draft, acceptance.choice)
-        best = speedup.optima(sims)
+        best = simulations.optima(sims)
         head = best[(best["simulation"] == "a") & (best["step"] == "full")].iloc[0]
         tree = (
             recommended_tree(int(head["tree_size"]), acceptance, bool(head["at_edge"])) if head["speculate"] else None

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfmodel import roofline_model as roofline
-from perfmodel import simulations as speedup
-from perfmodel.device_view import DeviceView, resolve_view
-from perfmodel.dtypes import check_dtype, default_dtype
-from perfmodel.errors import PerfkitError
-from perfmodel.latency_source import view_latency
-from perfmodel.models import load_model
-from perfmodel.outputs import writable_dir
-from perfmodel.plan_summary import device_paragraph, overall
-from perfmodel.planning import PlanResult
-from perfmodel.step import StepModel
+from perfmodel.base.dtypes import check_dtype, default_dtype
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import writable_dir
+from perfmodel.latency import roofline_table
+from perfmodel.latency.source import view_latency
+from perfmodel.latency.step import StepModel
+from perfmodel.measured.device_view import DeviceView, resolve_view
+from perfmodel.models.config import load_model
+from perfmodel.planning import simulations
+from perfmodel.planning.capacity import PlanResult
+from perfmodel.planning.result import device_paragraph, overall
 from reports.build import capacity_plan
 from reports.capacity_figures import capacity_figure
 from reports.compare_figures import (
@@ -37,7 +37,7 @@ from reports.output_folder import staged
 from reports.render import FigureJob, Renderer
 from reports.sources import report_acceptance
 
-# perfmodel.latency_source modes, as a figure's subtitle names them (the full label is in the page's table)
+# perfmodel.latency.source modes, as a figure's subtitle names them (the full label is in the page's table)
 MODE_TEXT = {
     "measured": "measured operator times",
     "calibrated": "calibrated on its measurements",
@@ -59,7 +59,7 @@ class CompareConfig:
     response_len: int = 256
     latency_ms: float | None = None
     jobs: int | None = None
-    latency: str = "auto"  # perfmodel.latency_source choice
+    latency: str = "auto"  # perfmodel.latency.source choice
 
 
 @dataclass
@@ -104,7 +104,7 @@ def device_rows(pairs, model) -> pd.DataFrame:
                 "datasheet_tflops": None if view.is_cpu else spec.peak_tflops[dtype],
                 "datasheet_gb_s": None if view.is_cpu else spec.memory_bandwidth_gb_s,
                 "datasheet_ridge": None if view.is_cpu else spec.ridge_point(dtype),
-                "model_ridge": speedup.ridge(view, dtype),
+                "model_ridge": simulations.ridge(view, dtype),
                 "measured_tflops": peak,
                 "measured_gb_s": bandwidth,
             }
@@ -125,7 +125,7 @@ def latency_rows(pairs, model, latency: str = "auto") -> pd.DataFrame:
 
 def best_per_batch(sims: pd.DataFrame) -> pd.DataFrame:
     """Rows batch, columns device: 'n=40, 1.49x' or 'plain' (whole-model step, s=1024)."""
-    best = speedup.optima(sims[(sims["simulation"] == "b") & (sims["step"] == "full")])
+    best = simulations.optima(sims[(sims["simulation"] == "b") & (sims["step"] == "full")])
     best = best.assign(
         cell=[
             f"n{'>=' if r.at_edge else '='}{r.tree_size}, {r.speedup:.2f}x" if r.speculate else "plain (1.00x)"
@@ -150,7 +150,7 @@ def compare(config: CompareConfig, log=print) -> Comparison:
     devices = device_rows(pairs, model)
     latency = latency_rows(pairs, model, config.latency)
     sims = pd.concat(
-        [speedup.device_table(v, model, d, ("full",), acceptance.choice, config.latency) for v, d in pairs],
+        [simulations.device_table(v, model, d, ("full",), acceptance.choice, config.latency) for v, d in pairs],
         ignore_index=True,
     )
     results = [capacity_plan(model, v, d, acceptance, config) for v, d in pairs]
@@ -169,7 +169,7 @@ def compare(config: CompareConfig, log=print) -> Comparison:
         f"Latency: {latency_modes(sources)} (each source in full in the page's ceilings table). "
         f"Acceptance: {acceptance.choice.label}."
     )
-    ceilings = {v.spec.key: roofline.ceilings(v, d) for v, d in pairs}
+    ceilings = {v.spec.key: roofline_table.ceilings(v, d) for v, d in pairs}
     kinds = (
         "Datasheet, predicted and measured"
         if any(c.label.startswith("measured") for lines in ceilings.values() for c in lines)
@@ -253,13 +253,15 @@ def compare(config: CompareConfig, log=print) -> Comparison:
         figure("compare-capacity", "predicted: per-token latency and throughput per batch for every device.")
         result.html = config.out / page.write(folder / "compare.html").name  # there once staged() swaps it in
 
-    best = speedup.optima(sims[sims["simulation"] == "a"])
+    best = simulations.optima(sims[sims["simulation"] == "a"])
     for key in keys:
         row = best[best["device"] == key].iloc[0]
-        lost = speedup.loses_from(speedup.optima(sims[(sims["simulation"] == "b") & (sims["device"] == key)]), "batch")
+        lost = simulations.loses_from(
+            simulations.optima(sims[(sims["simulation"] == "b") & (sims["device"] == key)]), "batch"
+        )
         plain_ms = latency[(latency["device"] == key) & (latency["batch"] == 1)]["plain_step_ms"].iloc[0]
         tree = (
-            f"best tree {speedup.size_text(row)} ({row['speedup']:.2f}x) at b=1"
+            f"best tree {simulations.size_text(row)} ({row['speedup']:.2f}x) at b=1"
             if row["speculate"]
             else "no tree pays at b=1"
         )

@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
-from perfmodel.roofline_model import Ceiling
+from perfmodel.latency.roofline_table import Ceiling
 from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
 from reports.plotting import (
     PLAIN,

@@ -7,7 +7,7 @@ files of the previous one that it does not write again (a figure that no longer 
 and never touches a file it did not write (a user's notes beside the report).
 
 The staging folder is inside the target, not beside it, so the one folder proven writable
-(perfmodel.outputs.writable_dir) is the only one written, and every move stays on one file
+(perfmodel.base.outputs.writable_dir) is the only one written, and every move stays on one file
 system (os.replace, atomic per file).
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from perfmodel.outputs import writable_dir
+from perfmodel.base.outputs import writable_dir
 
 MANIFEST = ".medusa-perfkit-files.json"
 STAGING_PREFIX = ".medusa-perfkit-staging-"

@@ -9,14 +9,14 @@ from pathlib import Path
 import pandas as pd
 
 from hw_specs import SPEC_DIR
-from perfmodel import simulations as speedup
-from perfmodel.ablation import dense_against_sparse
-from perfmodel.acceptance import fit_error
-from perfmodel.allreduce import all_reduce_source
-from perfmodel.latency_source import view_latency
-from perfmodel.planning import PlanResult
-from perfmodel.step import StepModel
-from perfmodel.tensor_parallel import TensorParallelStep
+from perfmodel.acceptance.ablation import dense_against_sparse
+from perfmodel.acceptance.rates import fit_error
+from perfmodel.latency.allreduce import all_reduce_source
+from perfmodel.latency.source import view_latency
+from perfmodel.latency.step import StepModel
+from perfmodel.latency.tensor_parallel import TensorParallelStep
+from perfmodel.planning import simulations
+from perfmodel.planning.capacity import PlanResult
 from reports.report import FLAVORS, BuildConfig, Report
 from reports.sources import ReportAcceptance
 
@@ -59,23 +59,23 @@ def glance_facts(report: Report, sims: pd.DataFrame, planned: PlanResult | str, 
     with why the predictions differ from them; then the ridge, whether to speculate per step
     model (each marked where the measurement disagrees), and capacity."""
     device = report.view
-    best = speedup.optima(sims)
-    ridge = speedup.ridge(device, report.dtype)
+    best = simulations.optima(sims)
+    ridge = simulations.ridge(device, report.dtype)
     facts = closed_loop_facts(report, sims, validation)
     measured_pays = measured_pays_at(validation)
     facts.append(f"Ridge of the latency model's roofline: {ridge:.0f} FLOP/byte (predicted).")
     for step in FLAVORS:
         row = best[(best["simulation"] == "a") & (best["step"] == step)].iloc[0]
         facts.append(
-            f"Batch {row['batch']}, context {row['seq_len']}, {speedup.STEP_LABELS[step]}: "
-            f"{speedup.verdict(row).split(': ', 1)[1]} "
+            f"Batch {row['batch']}, context {row['seq_len']}, {simulations.STEP_LABELS[step]}: "
+            f"{simulations.verdict(row).split(': ', 1)[1]} "
             f"({predicted_against(measured_pays, {int(row['batch']): bool(row['speculate'])})})."
         )
         rows = best[(best["simulation"] == "b") & (best["step"] == step)]
-        lost = speedup.loses_from(rows, "batch")
+        lost = simulations.loses_from(rows, "batch")
         pays = {int(b): lost is None or b < lost for b in measured_pays}
         facts.append(
-            f"Context {rows['seq_len'].iloc[0]}, {speedup.STEP_LABELS[step]}: "
+            f"Context {rows['seq_len'].iloc[0]}, {simulations.STEP_LABELS[step]}: "
             + (
                 f"do not speculate from batch {lost} on"
                 if lost
@@ -147,7 +147,7 @@ def closed_loop_facts(report: Report, sims: pd.DataFrame, validation: pd.DataFra
         (None: the context each was measured at)."""
         return pd.concat(
             [
-                speedup.speedup_table(
+                simulations.speedup_table(
                     step,
                     report.acceptance.choice.model,
                     batch,

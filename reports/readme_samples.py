@@ -24,9 +24,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, run
-from perfmodel.errors import PerfkitError
-from perfmodel.measurements import HOME_VARIABLE
+from perfmodel.measured.store import HOME_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

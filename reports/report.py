@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfmodel.device_view import DeviceView
-from perfmodel.latency_source import LatencyModel
-from perfmodel.models import ModelConfig
+from perfmodel.latency.source import LatencyModel
+from perfmodel.measured.device_view import DeviceView
+from perfmodel.models.config import ModelConfig
 from reports.sources import ReportAcceptance
 
 FLAVORS = ("paper", "full")  # the step models simulated: the paper's simplified block, the whole model
@@ -33,9 +33,9 @@ class BuildConfig:
     response_len: int = 256
     latency_ms: float | None = None
     jobs: int | None = None
-    latency: str = "auto"  # perfmodel.latency_source choice
+    latency: str = "auto"  # perfmodel.latency.source choice
     measure: bool = False  # first sweep this machine's device for the model (stored for later runs)
-    tp: int | None = 1  # tensor-parallel degree, None: the capacity plan's choice (perfmodel.planning.serving_plan)
+    tp: int | None = 1  # tensor-parallel degree; None: the capacity plan's choice (planning.capacity.serving_plan)
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Report:
     model: ModelConfig
     dtype: str
     acceptance: ReportAcceptance
-    latency: LatencyModel | None = None  # the step latency source (perfmodel.latency_source)
+    latency: LatencyModel | None = None  # the step latency source (perfmodel.latency.source)
     tp: int = 1  # tensor-parallel degree the page is priced at (the latency is the shard's)
     html: Path | None = None
     figures: list[str] = field(default_factory=list)  # PNG file names, in page order

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullLocator
 
-from perfmodel.roofline_model import Ceiling
+from perfmodel.latency.roofline_table import Ceiling
 from reports.figure_layout import fit_bottom, legend_below, suptitle
 from reports.plotting import PLAIN, level_colors, subplots
 

@@ -11,13 +11,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfmodel.cli import flops_text
-from perfmodel.contract import POINT_COLUMNS
-from perfmodel.device_view import DeviceView
-from perfmodel.latency import predict_table
-from perfmodel.latency_source import view_latency
-from perfmodel.operators import DEFAULT_OPS, OP_GROUPS
-from perfmodel.roofline_model import MAIN_PHASES, ceilings, matching_measurements, prediction_error, variation_studies
+from perfmodel.base.units import flops_text
+from perfmodel.latency.roofline import predict_table
+from perfmodel.latency.roofline_table import (
+    MAIN_PHASES,
+    ceilings,
+    matching_measurements,
+    prediction_error,
+    variation_studies,
+)
+from perfmodel.latency.source import view_latency
+from perfmodel.measured.contract import POINT_COLUMNS
+from perfmodel.measured.device_view import DeviceView
+from perfmodel.models.operators import DEFAULT_OPS, OP_GROUPS
 from reports.html import Page
 from reports.render import FigureJob
 from reports.roofline_figures import roofline_panels, variation_figure

@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from perfmodel import simulations as speedup
-from perfmodel.planning import PlanResult
-from perfmodel.trees import export_tree
+from perfmodel.acceptance.trees import export_tree
+from perfmodel.planning import simulations
+from perfmodel.planning.capacity import PlanResult
 from reports import prose, tables
 from reports.html import Page
 from reports.report import Report
@@ -96,7 +96,7 @@ def speedup_section(
             ("measured", "predicted"),
         )
     page.preformatted(
-        "\n".join(line.removeprefix("  ") for line in speedup.summary_lines(device, report.dtype, sims, draft))
+        "\n".join(line.removeprefix("  ") for line in simulations.summary_lines(device, report.dtype, sims, draft))
     )
     for name, png in speed_pngs.items():
         caption = next(text for prefix, text in SPEEDUP_CAPTIONS.items() if name.startswith(prefix))

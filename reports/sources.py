@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfmodel.acceptance import ACCEPTANCE_PRESETS, AcceptanceChoice, HeadAccuracyAcceptance, resolve_acceptance
-from perfmodel.errors import PerfkitError
-from perfmodel.models import resolve_model_path
-from perfmodel.trees import VICUNA_7B_ORDER, Tree, vicuna_7b_prefix
+from perfmodel.acceptance.rates import ACCEPTANCE_PRESETS, AcceptanceChoice, HeadAccuracyAcceptance, resolve_acceptance
+from perfmodel.acceptance.trees import VICUNA_7B_ORDER, Tree, vicuna_7b_prefix
+from perfmodel.base.errors import PerfkitError
+from perfmodel.models.config import resolve_model_path
 
 ABLATION_COLUMNS = (
     "device",
@@ -69,7 +69,7 @@ def checkpoint_record(model: str) -> Path | None:
 
 def report_acceptance(acceptance: str | None, model: str) -> ReportAcceptance:
     """`acceptance` (a preset such as "paper", or a record) as
-    perfmodel.acceptance.resolve_acceptance reads it; None: the checkpoint's own record, else
+    perfmodel.acceptance.rates.resolve_acceptance reads it; None: the checkpoint's own record, else
     the paper's preset."""
     if acceptance in ACCEPTANCE_PRESETS:
         return ReportAcceptance(resolve_acceptance(acceptance), None, None)

@@ -12,9 +12,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from perfmodel.acceptance import AcceptanceChoice
-from perfmodel.device_view import DeviceView
-from perfmodel.simulations import SIMULATIONS, STEP_LABELS, optima, size_text
+from perfmodel.acceptance.rates import AcceptanceChoice
+from perfmodel.measured.device_view import DeviceView
+from perfmodel.planning.simulations import SIMULATIONS, STEP_LABELS, optima, size_text
 from reports.figure_layout import Label, fit_bottom, header, legend_below, place_labels
 from reports.plotting import (
     SIZE_LABEL,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfmodel.planning import BAND_SHOWN, PlanResult
+from perfmodel.planning.capacity import BAND_SHOWN, PlanResult
 from reports.sources import ReportAcceptance
 
 POINT_COLUMNS = ["op", "phase", "batch", "seq_len", "candidates", "intensity", "tflops", "time_s", "source"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from helpers import assert_png_shows_a_plot
 
-from perfmodel.measurements import HOME_VARIABLE
-from perfmodel.models import ModelConfig
+from perfmodel.measured.store import HOME_VARIABLE
+from perfmodel.models.config import ModelConfig
 
 # Small shapes with GQA and two Medusa heads, shared by the benchmark and sweep tests: every
 # op builds in milliseconds.

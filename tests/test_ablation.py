@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from decoder.ablation import AblationConfig, main
-from perfmodel.ablation import dense_against_sparse
-from perfmodel.errors import PerfkitError
-from perfmodel.trees import Tree
+from perfmodel.acceptance.ablation import dense_against_sparse
+from perfmodel.acceptance.trees import Tree
+from perfmodel.base.errors import PerfkitError
 
 
 def test_ablation_measures_and_predicts_dense_and_sparse_trees(tmp_path, capsys):

@@ -1,5 +1,5 @@
-"""One acceptance policy (perfmodel.acceptance.resolve_acceptance) and one best-tree rule
-(perfmodel.simulations.pick_best), shared by the speedup simulations, the capacity plan and
+"""One acceptance policy (perfmodel.acceptance.rates.resolve_acceptance) and one best-tree rule
+(perfmodel.planning.simulations.pick_best), shared by the speedup simulations, the capacity plan and
 the reports."""
 
 import json
@@ -10,8 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfmodel import simulations
-from perfmodel.acceptance import (
+from perfmodel.acceptance.rates import (
     PAPER_ACCEPTANCE,
     AcceptanceChoice,
     HeadAccuracyAcceptance,
@@ -21,9 +20,10 @@ from perfmodel.acceptance import (
     models_from_record,
     resolve_acceptance,
 )
-from perfmodel.errors import PerfkitError
-from perfmodel.planning import plan
-from perfmodel.simulations import best_sizes, mark_best, optima, pick_best
+from perfmodel.base.errors import PerfkitError
+from perfmodel.planning import simulations
+from perfmodel.planning.capacity import plan
+from perfmodel.planning.simulations import best_sizes, mark_best, optima, pick_best
 from reports.sources import report_acceptance
 
 ROOT = Path(__file__).resolve().parents[1]

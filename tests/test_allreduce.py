@@ -7,7 +7,9 @@ import yaml
 
 from hw_specs import SPEC_DIR
 from perfmodel import allreduce_compare
-from perfmodel.allreduce import (
+from perfmodel.base.errors import PerfkitError
+from perfmodel.hardware.specs import find_spec, load_all_specs, load_spec_file
+from perfmodel.latency.allreduce import (
     DECODE_BYTES,
     RING_CONSTANTS,
     SHIPPED_TABLES,
@@ -24,9 +26,7 @@ from perfmodel.allreduce import (
     table_path,
     tp_comm_time_per_step,
 )
-from perfmodel.errors import PerfkitError
-from perfmodel.hardware import find_spec, load_all_specs, load_spec_file
-from perfmodel.models import load_model
+from perfmodel.models.config import load_model
 from tests.helpers import custom_spec
 
 SHIPPED = [(device, topology) for device, tables in SHIPPED_TABLES.items() for topology in tables]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from perfmodel.batching import (
+from perfmodel.acceptance.batching import (
     acceptance_survival,
     accepted_lengths,
     attended_context,
@@ -14,8 +14,8 @@ from perfmodel.batching import (
     simulated_tokens,
     step_counts,
 )
-from perfmodel.errors import PerfkitError
-from perfmodel.trees import Tree, expected_acceptance, greedy_tree
+from perfmodel.acceptance.trees import Tree, expected_acceptance, greedy_tree
+from perfmodel.base.errors import PerfkitError
 
 
 def simulated(survivals, new_tokens, draws=2000):

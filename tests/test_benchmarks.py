@@ -3,10 +3,10 @@ import math
 import pytest
 import torch
 
-from perfmodel.dtypes import element_bytes
-from perfmodel.errors import PerfkitError
-from perfmodel.operators import DEFAULT_OPS, PHASES, STEP_OPS, Matmul, op_cost, step_operands
-from perfmodel.step import FLAVORS, step_inventory
+from perfmodel.base.dtypes import element_bytes
+from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.step import FLAVORS, step_inventory
+from perfmodel.models.operators import DEFAULT_OPS, PHASES, STEP_OPS, Matmul, op_cost, step_operands
 from profilers.benchmarks import OpBenchmark, tree_attention_mask
 from tests.conftest import TINY
 

@@ -10,8 +10,8 @@ from decoder.heads import MedusaHeads, medusa_loss
 from decoder.medusa import Decoder, dynamic_tree
 from decoder.model import KVCache, LlamaConfig, Transformer
 from decoder.tree import tree_buffers
-from perfmodel.errors import PerfkitError
-from perfmodel.trees import VICUNA_7B_TREE, Tree, expected_acceptance, greedy_tree
+from perfmodel.acceptance.trees import VICUNA_7B_TREE, Tree, expected_acceptance, greedy_tree
+from perfmodel.base.errors import PerfkitError
 
 CONFIG = LlamaConfig(
     vocab_size=48,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from decoder.medusa import dynamic_tree
-from perfmodel.trees import greedy_tree
+from perfmodel.acceptance.trees import greedy_tree
 
 
 @pytest.mark.parametrize("seed", range(40))

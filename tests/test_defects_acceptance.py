@@ -17,13 +17,13 @@ import pytest
 
 from perfmodel import plan as plan_cli
 from perfmodel import speedup as speedup_cli
-from perfmodel.acceptance import PAPER_ACCEPTANCE, resolve_acceptance
-from perfmodel.device_view import resolve_devices
-from perfmodel.dtypes import default_dtype
-from perfmodel.errors import PerfkitError
-from perfmodel.models import load_model
-from perfmodel.planning import plan
-from perfmodel.simulations import device_table, loses_from, optima
+from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, resolve_acceptance
+from perfmodel.base.dtypes import default_dtype
+from perfmodel.base.errors import PerfkitError
+from perfmodel.measured.device_view import resolve_devices
+from perfmodel.models.config import load_model
+from perfmodel.planning.capacity import plan
+from perfmodel.planning.simulations import device_table, loses_from, optima
 from reports.sources import report_acceptance
 
 ROOT = Path(__file__).resolve().parents[1]

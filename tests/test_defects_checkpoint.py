@@ -15,9 +15,9 @@ import pytest
 from decoder import generate, train
 from decoder.checkpoint import load_checkpoint
 from decoder.model import LlamaConfig
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
-from perfmodel.errors import PerfkitError
-from perfmodel.models import BUNDLED_MODEL, MEDUSA2_MODEL, load_model, parse_hf_config
+from perfmodel.models.config import BUNDLED_MODEL, MEDUSA2_MODEL, load_model, parse_hf_config
 
 MANIFEST = "checksums.sha256"
 CHECKPOINT_FILES = {

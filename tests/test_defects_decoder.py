@@ -20,10 +20,10 @@ from decoder.medusa import Decoder
 from decoder.model import LlamaConfig, Transformer
 from decoder.runs import heldout_prompts
 from decoder.tree import resolve_tree, tree_buffers
+from perfmodel.acceptance.trees import Tree
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
-from perfmodel.errors import PerfkitError
-from perfmodel.measurements import HOME_VARIABLE
-from perfmodel.trees import Tree
+from perfmodel.measured.store import HOME_VARIABLE
 
 # The calibration auto_tree asks for in these tests: batch 1, 16-token prompts, 8 new tokens.
 BATCH, CONTEXT, NEW = 1, 16, 8

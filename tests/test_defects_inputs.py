@@ -15,14 +15,14 @@ import pandas as pd
 import pytest
 from filelock import FileLock
 
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
-from perfmodel.contract import read_table
-from perfmodel.errors import PerfkitError
-from perfmodel.grid import PAPER_GRID
-from perfmodel.hardware import find_spec
-from perfmodel.latency import predict_table
-from perfmodel.measurements import measured_rows
-from perfmodel.models import load_model
+from perfmodel.hardware.specs import find_spec
+from perfmodel.latency.roofline import predict_table
+from perfmodel.measured.contract import read_table
+from perfmodel.measured.store import measured_rows
+from perfmodel.models.config import load_model
+from perfmodel.models.grid import PAPER_GRID
 from perfmodel.roofline import main as roofline_main
 from profilers.store import Journal
 from profilers.sweep import main as sweep_main

@@ -9,16 +9,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfmodel import simulations
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
-from perfmodel.device_view import resolve_view
-from perfmodel.errors import PerfkitError
-from perfmodel.latency_source import view_latency
-from perfmodel.models import load_model
-from perfmodel.planning import plan
+from perfmodel.latency.source import view_latency
+from perfmodel.latency.step import StepModel
+from perfmodel.latency.tensor_parallel import tensor_parallel_steps
+from perfmodel.measured.device_view import resolve_view
+from perfmodel.models.config import load_model
+from perfmodel.planning import simulations
+from perfmodel.planning.capacity import plan
 from perfmodel.speedup import main as speedup_main
-from perfmodel.step import StepModel
-from perfmodel.tensor_parallel import tensor_parallel_steps
 from reports.__main__ import main as reports_main
 from reports.build import capacity_plan
 from reports.report import BuildConfig

@@ -22,10 +22,10 @@ import yaml
 
 from hw_specs import SPEC_DIR
 from perfmodel.cli import run
-from perfmodel.contract import read_table, write_table
-from perfmodel.device_view import resolve_view
-from perfmodel.latency_source import view_latency
-from perfmodel.models import load_model
+from perfmodel.latency.source import view_latency
+from perfmodel.measured.contract import read_table, write_table
+from perfmodel.measured.device_view import resolve_view
+from perfmodel.models.config import load_model
 from perfmodel.roofline import main as roofline_main
 from reports.__main__ import main
 from tests.helpers import custom_spec, number, parse_page

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from perfmodel.errors import PerfkitError
-from perfmodel.grid import PAPER_GRID, QUICK_GRID, Grid, fine_token_grid, iter_blocks, iter_points
-from perfmodel.operators import ATTENTION_OPS, LINEAR_OPS, PHASES, op_kernels
+from perfmodel.base.errors import PerfkitError
+from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, Grid, fine_token_grid, iter_blocks, iter_points
+from perfmodel.models.operators import ATTENTION_OPS, LINEAR_OPS, PHASES, op_kernels
 from tests.conftest import TINY
 
 EVERY_8_TO_512 = tuple(range(8, 513, 8))

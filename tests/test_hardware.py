@@ -1,8 +1,8 @@
 import pytest
 
 from hw_specs import SPEC_DIR
-from perfmodel.errors import PerfkitError
-from perfmodel.hardware import OPTIONAL_NUMBERS, find_spec, load_all_specs, load_spec_file, resolve_spec
+from perfmodel.base.errors import PerfkitError
+from perfmodel.hardware.specs import OPTIONAL_NUMBERS, find_spec, load_all_specs, load_spec_file, resolve_spec
 from tests.helpers import custom_spec
 
 # Datasheet figures (sources in each hw_specs/*.yaml): FP16 tensor TFLOP/s, FP32, bandwidth GB/s, memory GB,

@@ -14,10 +14,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
-from perfmodel.contract import COLUMNS, KEY_COLUMNS, check_table, read_table
-from perfmodel.errors import PerfkitError
-from perfmodel.measurements import MEASUREMENTS_DIR, stored_devices, stored_sweeps
+from perfmodel.measured.contract import COLUMNS, KEY_COLUMNS, check_table, read_table
+from perfmodel.measured.store import MEASUREMENTS_DIR, stored_devices, stored_sweeps
 from profilers.imports import SHARD_COLUMNS, VIDUR_COMMIT, build_parser, import_vidur, main
 
 DATA = Path(__file__).resolve().parent / "data" / "vidur"

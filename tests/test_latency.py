@@ -1,12 +1,13 @@
 import pytest
 
-from perfmodel.contract import COLUMNS
-from perfmodel.errors import PerfkitError
-from perfmodel.grid import PAPER_GRID, Grid
-from perfmodel.hardware import find_spec
-from perfmodel.latency import RooflineParams, op_time, predict_table
-from perfmodel.models import load_model
-from perfmodel.operators import OPS, op_kernels
+from perfmodel.base.errors import PerfkitError
+from perfmodel.hardware.efficiencies import RooflineParams
+from perfmodel.hardware.specs import find_spec
+from perfmodel.latency.roofline import op_time, predict_table
+from perfmodel.measured.contract import COLUMNS
+from perfmodel.models.config import load_model
+from perfmodel.models.grid import PAPER_GRID, Grid
+from perfmodel.models.operators import OPS, op_kernels
 
 A100 = find_spec("a100")
 LLAMA_7B = load_model("llama-7b")

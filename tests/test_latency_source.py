@@ -4,13 +4,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfmodel.errors import PerfkitError
-from perfmodel.hardware import find_spec
-from perfmodel.latency import RooflineLatency
+from perfmodel.base.errors import PerfkitError
+from perfmodel.hardware.specs import find_spec
+from perfmodel.latency.roofline import RooflineLatency
+from perfmodel.latency.source import latency_source
 from perfmodel.latency_check import leave_one_model_out, summary
-from perfmodel.latency_source import latency_source
-from perfmodel.measurements import stored_profiles
-from perfmodel.models import load_model
+from perfmodel.measured.store import stored_profiles
+from perfmodel.models.config import load_model
 from perfmodel.speedup import main as speedup_main
 
 LLAMA = load_model("llama-7b")

@@ -5,14 +5,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfmodel import measurements
 from perfmodel.cli import run
-from perfmodel.contract import read_table, write_table
-from perfmodel.hardware import find_spec
-from perfmodel.latency import predict_table
-from perfmodel.measurements import HOME_VARIABLE, meta_path, user_measurements_dir
-from perfmodel.models import load_model
-from perfmodel.operators import DEFAULT_OPS
+from perfmodel.hardware.specs import find_spec
+from perfmodel.latency.roofline import predict_table
+from perfmodel.measured import store as measurements
+from perfmodel.measured.contract import read_table, write_table
+from perfmodel.measured.store import HOME_VARIABLE, meta_path, user_measurements_dir
+from perfmodel.models.config import load_model
+from perfmodel.models.operators import DEFAULT_OPS
 from perfmodel.roofline import main
 from profilers import sweep
 from profilers.device import cpu_info

@@ -14,7 +14,7 @@ from decoder.medusa import Decoder
 from decoder.model import LlamaConfig, Transformer
 from decoder.runs import heldout_prompts
 from perfmodel.cli import run
-from perfmodel.models import BUNDLED_MODEL, MEDUSA2_MODEL
+from perfmodel.models.config import BUNDLED_MODEL, MEDUSA2_MODEL
 
 TINY = LlamaConfig(
     vocab_size=97,

@@ -9,10 +9,10 @@ from safetensors.torch import load_file
 
 from decoder.checkpoint import load_checkpoint
 from decoder.model import LlamaConfig
-from perfmodel.errors import PerfkitError
-from perfmodel.memory import head_params, weight_params
-from perfmodel.models import BUNDLED_MODEL, load_model, parse_hf_config, read_hf_config
-from perfmodel.planning import plan
+from perfmodel.base.errors import PerfkitError
+from perfmodel.models.config import BUNDLED_MODEL, load_model, parse_hf_config, read_hf_config
+from perfmodel.planning.capacity import plan
+from perfmodel.planning.memory import head_params, weight_params
 
 TINY = {
     "vocab_size": 32000,

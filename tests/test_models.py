@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from perfmodel.errors import PerfkitError
-from perfmodel.models import ModelConfig, from_hf_config, load_model
+from perfmodel.base.errors import PerfkitError
+from perfmodel.models.config import ModelConfig, from_hf_config, load_model
 
 # The models' published config.json shapes: (h, i, n, n_kv, layers, vocab).
 PUBLISHED_SHAPES = {

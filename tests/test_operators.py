@@ -3,9 +3,9 @@ import math
 import numpy as np
 import pytest
 
-from perfmodel.errors import PerfkitError
-from perfmodel.models import load_model
-from perfmodel.operators import OPS, PHASES, op_cost, op_kernels
+from perfmodel.base.errors import PerfkitError
+from perfmodel.models.config import load_model
+from perfmodel.models.operators import OPS, PHASES, op_cost, op_kernels
 
 LLAMA_7B = load_model("llama-7b")
 LLAMA_33B = load_model("llama-33b")

@@ -8,16 +8,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from perfmodel.allreduce import all_reduce_source, tp_comm_time_per_step
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
-from perfmodel.errors import PerfkitError
-from perfmodel.latency_source import latency_source
-from perfmodel.memory import head_params, kv_bytes_per_token, weight_params
-from perfmodel.models import load_model
+from perfmodel.latency.allreduce import all_reduce_source, tp_comm_time_per_step
+from perfmodel.latency.source import latency_source
+from perfmodel.latency.step import StepModel
+from perfmodel.models.config import load_model
 from perfmodel.plan import benchmark, main
-from perfmodel.planning import BAND_COLUMNS, plan
-from perfmodel.step import StepModel
-from perfmodel.workload import Lengths
+from perfmodel.planning.capacity import BAND_COLUMNS, plan
+from perfmodel.planning.lengths import Lengths
+from perfmodel.planning.memory import head_params, kv_bytes_per_token, weight_params
 
 ROOT = Path(__file__).resolve().parents[1]
 

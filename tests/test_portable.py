@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from perfmodel import measurements
 from perfmodel.cli import run
-from perfmodel.cpu_identity import CPU_NAME_VARIABLE, this_cpu_key
-from perfmodel.device_view import resolve_view, stand_in_key
-from perfmodel.measurements import HOME_VARIABLE, stored_devices
-from perfmodel.models import load_model
+from perfmodel.hardware.cpu_identity import CPU_NAME_VARIABLE, this_cpu_key
+from perfmodel.measured import store as measurements
+from perfmodel.measured.device_view import resolve_view, stand_in_key
+from perfmodel.measured.store import HOME_VARIABLE, stored_devices
+from perfmodel.models.config import load_model
 from profilers.device import cpu_info
 from reports.__main__ import main as reports_main
 

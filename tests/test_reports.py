@@ -407,7 +407,7 @@ def test_report_renders_in_a_real_browser(a100, bundled_cpu, tmp_path):
 
 
 def test_recommended_tree_comes_from_head_accuracies_when_measured():
-    from perfmodel.trees import greedy_tree, vicuna_7b_prefix
+    from perfmodel.acceptance.trees import greedy_tree, vicuna_7b_prefix
     from reports.sources import recommended_tree, report_acceptance
 
     measured = report_acceptance(None, str(BUNDLED))  # the checkpoint's own record

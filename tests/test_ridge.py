@@ -1,10 +1,10 @@
 import pytest
 
-from perfmodel.device_view import DeviceView
-from perfmodel.hardware import find_spec, ridge
-from perfmodel.latency import RooflineParams
-from perfmodel.roofline_model import Ceiling
-from perfmodel.simulations import ridge as model_ridge
+from perfmodel.hardware.efficiencies import RooflineParams
+from perfmodel.hardware.specs import find_spec, ridge
+from perfmodel.latency.roofline_table import Ceiling
+from perfmodel.measured.device_view import DeviceView
+from perfmodel.planning.simulations import ridge as model_ridge
 
 
 def test_every_ridge_is_peak_over_bandwidth_of_its_own_roofline():

@@ -9,8 +9,8 @@ import yaml
 
 from hw_specs import SPEC_DIR
 from perfmodel.cli import run
-from perfmodel.contract import read_table, write_table
-from perfmodel.operators import DEFAULT_OPS
+from perfmodel.measured.contract import read_table, write_table
+from perfmodel.models.operators import DEFAULT_OPS
 from perfmodel.roofline import main
 from tests.helpers import assert_png_shows_a_plot, number, parse_page
 

@@ -7,12 +7,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfmodel.acceptance import PAPER_ACCEPTANCE, LogAcceptance, draft_model_improvement, draft_model_tokens
+from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, LogAcceptance, draft_model_improvement, draft_model_tokens
 from perfmodel.cli import run
-from perfmodel.hardware import resolve_spec
-from perfmodel.latency import RooflineLatency
-from perfmodel.models import load_model
-from perfmodel.simulations import (
+from perfmodel.hardware.specs import resolve_spec
+from perfmodel.latency.roofline import RooflineLatency
+from perfmodel.latency.step import StepModel
+from perfmodel.models.config import load_model
+from perfmodel.planning.simulations import (
     CSV_COLUMNS,
     SIMULATION_BATCHES,
     SIMULATION_SEQS,
@@ -26,7 +27,6 @@ from perfmodel.simulations import (
     verdict,
 )
 from perfmodel.speedup import main
-from perfmodel.step import StepModel
 from tests.helpers import assert_png_shows_a_plot
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfmodel.acceptance import (
+from perfmodel.acceptance.rates import (
     PAPER_ACCEPTANCE,
     PAPER_LN_ACCEPTANCE,
     HeadAccuracyAcceptance,
@@ -17,14 +17,15 @@ from perfmodel.acceptance import (
     load_acceptance_record,
     models_from_record,
 )
-from perfmodel.calibration import MeasuredLatency, fit_roofline
-from perfmodel.contract import contract_fields
-from perfmodel.errors import PerfkitError
-from perfmodel.hardware import find_spec
-from perfmodel.latency import RooflineLatency, RooflineParams
-from perfmodel.models import load_model
-from perfmodel.operators import op_cost
-from perfmodel.step import StepModel, step_inventory
+from perfmodel.base.errors import PerfkitError
+from perfmodel.hardware.efficiencies import RooflineParams
+from perfmodel.hardware.specs import find_spec
+from perfmodel.latency.calibration import MeasuredLatency, fit_roofline
+from perfmodel.latency.roofline import RooflineLatency
+from perfmodel.latency.step import StepModel, step_inventory
+from perfmodel.measured.contract import contract_fields
+from perfmodel.models.config import load_model
+from perfmodel.models.operators import op_cost
 
 LLAMA = load_model("llama-7b")
 A100 = find_spec("a100")

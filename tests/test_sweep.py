@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
-from perfmodel.contract import check_table
-from perfmodel.errors import PerfkitError
-from perfmodel.grid import PAPER_GRID, QUICK_GRID, Grid, fine_token_grid
-from perfmodel.measurements import read_meta
-from perfmodel.operators import DEFAULT_OPS, op_cost
+from perfmodel.measured.contract import check_table
+from perfmodel.measured.store import read_meta
+from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, Grid, fine_token_grid
+from perfmodel.models.operators import DEFAULT_OPS, op_cost
 from profilers import sweep as sweep_module
 from profilers.benchmarks import OpBenchmark
 from profilers.store import ROW_COLUMNS, Journal
@@ -217,7 +217,7 @@ def test_clock_state_is_merged_pessimistically():
 
 
 def test_cpu_key_without_torch_matches_the_full_description():
-    from perfmodel.cpu_identity import cpu_key, this_cpu_key
+    from perfmodel.hardware.cpu_identity import cpu_key, this_cpu_key
     from profilers.device import cpu_info
 
     assert this_cpu_key() == cpu_info().key

@@ -3,7 +3,7 @@ import time
 import numpy as np
 import pytest
 
-from perfmodel.errors import PerfkitError
+from perfmodel.base.errors import PerfkitError
 from profilers.timer import (
     InterleavedSampler,
     TimerConfig,

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from perfmodel.errors import PerfkitError
-from perfmodel.tree_choice import choose_tree
-from perfmodel.trees import expected_acceptance, greedy_tree
+from perfmodel.acceptance.trees import expected_acceptance, greedy_tree
+from perfmodel.base.errors import PerfkitError
+from perfmodel.planning.tree_choice import choose_tree
 
 ACCURACY = np.array([[0.6, 0.1, 0.05], [0.4, 0.1, 0.05], [0.3, 0.1, 0.05], [0.2, 0.1, 0.05]])
 

@@ -3,8 +3,7 @@ import itertools
 import numpy as np
 import pytest
 
-from perfmodel.errors import PerfkitError
-from perfmodel.trees import (
+from perfmodel.acceptance.trees import (
     VICUNA_7B_TREE,
     Tree,
     expected_acceptance,
@@ -14,6 +13,7 @@ from perfmodel.trees import (
     max_nodes,
     optimal_tree,
 )
+from perfmodel.base.errors import PerfkitError
 
 
 def all_trees(heads: int, topk: int, nodes: int):
@@ -89,7 +89,7 @@ def test_bad_accuracy():
 
 
 def test_every_prefix_of_the_vicuna_tree_is_a_tree():
-    from perfmodel.trees import VICUNA_7B_ORDER, VICUNA_7B_TREE, vicuna_7b_prefix
+    from perfmodel.acceptance.trees import VICUNA_7B_ORDER, VICUNA_7B_TREE, vicuna_7b_prefix
 
     sizes = [vicuna_7b_prefix(n).size for n in range(1, len(VICUNA_7B_ORDER) + 1)]
     assert sizes == list(range(2, 65))
@@ -99,7 +99,7 @@ def test_every_prefix_of_the_vicuna_tree_is_a_tree():
 
 
 def test_dense_tree_is_the_cartesian_product_of_the_heads_top_k():
-    from perfmodel.trees import dense_tree
+    from perfmodel.acceptance.trees import dense_tree
 
     tree = dense_tree([3, 2, 1])
     assert len(tree.paths) == 3 + 3 * 2 + 3 * 2 * 1 and tree.depth == 3
@@ -109,7 +109,7 @@ def test_dense_tree_is_the_cartesian_product_of_the_heads_top_k():
 
 
 def test_random_dense_settings_are_distinct_and_within_the_node_limit():
-    from perfmodel.trees import dense_tree, random_dense_settings
+    from perfmodel.acceptance.trees import dense_tree, random_dense_settings
 
     settings = random_dense_settings(12, 4, 10, 128, seed=3)
     assert len(set(settings)) == 12

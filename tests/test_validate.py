@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfmodel.errors import PerfkitError
+from perfmodel.base.errors import PerfkitError
 from perfmodel.validate import ValidateConfig, main
 
 
@@ -61,7 +61,7 @@ def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsy
     # that ignored the tree's extra work (speedup = acceptance) is 60-90% off here.
     assert (df["error"].abs() < 0.5).all(), df[["tree_size", "predicted_speedup", "measured_speedup", "error"]]
     # reports match a closed-loop file to their device and model by these columns
-    from perfmodel.cpu_identity import this_cpu_key
+    from perfmodel.hardware.cpu_identity import this_cpu_key
 
     assert set(df["device"]) == {this_cpu_key()} and set(df["model"]) == {"bundled"} and set(df["dtype"]) == {"fp32"}
     # Acceptance predicted from head accuracies measured on the plain run, never from Medusa runs.

@@ -1,0 +1,217 @@
+"""Device specs: load and validate the YAML files in hw_specs/ (or a user's own file).
+
+A spec is data, never code: adding a device is adding one YAML file. Every number must
+carry a source, so a roofline can always say where its ceilings come from.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from hw_specs import SPEC_DIR
+from perfmodel.base.dtypes import DTYPES, check_dtype
+from perfmodel.base.errors import PerfkitError
+
+REQUIRED_NUMBERS = ("memory_gb", "memory_bandwidth_gb_s")
+OPTIONAL_NUMBERS = (
+    "memory_bus_width_bits",
+    "memory_clock_mhz",
+    "boost_clock_mhz",
+    "sm_count",
+    "l2_cache_mb",
+    # Per-GPU bidirectional GPU-to-GPU bandwidth as the datasheet gives it (NVLink, or PCIe
+    # where the card has no NVLink); perfmodel.latency.allreduce's ring model halves it per direction.
+    "interconnect_gb_s",
+)
+# Short name of that link (nvlink3, nvlink4, pcie4, pcie5): picks the ring model's fitted
+# latency and efficiency (perfmodel.latency.allreduce). Text, but it needs a source like a number.
+# architecture: the GPU generation and die (e.g. ampere-ga100); a device without measurements
+# borrows the latency calibration of a measured one of the same architecture.
+OPTIONAL_TEXT = ("interconnect", "architecture")
+# tf32 is a tensor-core mode for fp32 tensors, recorded for reference, not a storage dtype.
+PEAK_KEYS = DTYPES + ("tf32",)
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    key: str
+    name: str
+    memory_gb: float
+    memory_bandwidth_gb_s: float
+    peak_tflops: dict[str, float]
+    sources: dict[str, str]
+    aliases: tuple[str, ...] = ()
+    memory_bus_width_bits: float | None = None
+    memory_clock_mhz: float | None = None
+    boost_clock_mhz: float | None = None
+    sm_count: float | None = None
+    l2_cache_mb: float | None = None
+    interconnect_gb_s: float | None = None
+    interconnect: str | None = None
+    architecture: str | None = None
+    notes: str = ""
+    path: Path | None = field(default=None, compare=False)
+
+    @property
+    def bandwidth(self) -> float:
+        """DRAM bandwidth in bytes/s."""
+        return self.memory_bandwidth_gb_s * 1e9
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak in FLOP/s for `dtype`."""
+        check_dtype(dtype)
+        if dtype not in self.peak_tflops:
+            have = ", ".join(k for k in self.peak_tflops if k in DTYPES)
+            raise PerfkitError(f"{self.name} has no {dtype} peak in its spec; it has: {have}")
+        return self.peak_tflops[dtype] * 1e12
+
+    def ridge_point(self, dtype: str) -> float:
+        """The datasheet roofline's ridge (FLOP/byte) for `dtype`."""
+        return ridge(self.peak_flops(dtype), self.bandwidth)
+
+    @property
+    def computed_bandwidth_gb_s(self) -> float | None:
+        """2 x memory clock x bus width / 8: what the clocks imply, to cross-check the datasheet."""
+        if self.memory_clock_mhz is None or self.memory_bus_width_bits is None:
+            return None
+        return 2 * self.memory_clock_mhz * 1e6 * self.memory_bus_width_bits / 8 / 1e9
+
+    def source_of(self, name: str) -> str:
+        """The source for field `name` ('peak_tflops.fp16' falls back to 'peak_tflops')."""
+        while name:
+            if name in self.sources:
+                return self.sources[name]
+            name = name.rpartition(".")[0]
+        return ""
+
+
+def ridge(peak_flops: float, bandwidth: float) -> float:
+    """Operational intensity (FLOP/byte) where a roofline's bandwidth slope meets its compute
+    ceiling: peak FLOP/s over bytes/s. Below it a kernel is memory-bound, above it compute-bound."""
+    return peak_flops / bandwidth
+
+
+def normalize_name(name: str) -> str:
+    return re.sub(r"[\s_]+", "-", str(name).strip().lower())
+
+
+def parse_spec(data: object, path: Path) -> HardwareSpec:
+    """Validate the YAML content of one spec file; every error names the file and the field."""
+    where = str(path)
+    if not isinstance(data, dict):
+        raise PerfkitError(f"{where}: expected a mapping of fields, got {type(data).__name__}")
+
+    def number(name: str, value: object, positive: bool = False) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise PerfkitError(f"{where}: field {name!r} must be a number, got {value!r}")
+        if value < 0 or (positive and value == 0):
+            raise PerfkitError(f"{where}: field {name!r} must be positive, got {value!r}")
+        return float(value)
+
+    for name in ("name", "peak_tflops", "sources", *REQUIRED_NUMBERS):
+        if data.get(name) is None:
+            raise PerfkitError(f"{where}: missing field {name!r}")
+    unknown = set(data) - {
+        "name",
+        "aliases",
+        "peak_tflops",
+        "sources",
+        "notes",
+        *REQUIRED_NUMBERS,
+        *OPTIONAL_NUMBERS,
+        *OPTIONAL_TEXT,
+    }
+    if unknown:
+        raise PerfkitError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+
+    sources = data["sources"]
+    if not isinstance(sources, dict) or not all(isinstance(v, str) and v.strip() for v in sources.values()):
+        raise PerfkitError(f"{where}: field 'sources' must map field names to non-empty text")
+    peaks = data["peak_tflops"]
+    if not isinstance(peaks, dict) or not peaks:
+        raise PerfkitError(f"{where}: field 'peak_tflops' must map dtypes ({', '.join(PEAK_KEYS)}) to TFLOP/s")
+    for dtype in peaks:
+        if dtype not in PEAK_KEYS:
+            raise PerfkitError(f"{where}: field 'peak_tflops.{dtype}': unknown dtype; allowed: {', '.join(PEAK_KEYS)}")
+    peak_tflops = {str(k): number(f"peak_tflops.{k}", v, positive=True) for k, v in peaks.items()}
+
+    numbers = {n: number(n, data[n], positive=True) for n in REQUIRED_NUMBERS}
+    numbers.update({n: number(n, data[n], positive=True) for n in OPTIONAL_NUMBERS if data.get(n) is not None})
+    texts = {}
+    for name in OPTIONAL_TEXT:
+        if data.get(name) is not None:
+            if not isinstance(data[name], str) or not data[name].strip():
+                raise PerfkitError(f"{where}: field {name!r} must be a short name, got {data[name]!r}")
+            texts[name] = data[name].strip()
+    for name in [*numbers, *texts, *(f"peak_tflops.{k}" for k in peak_tflops)]:
+        if name not in sources and name.partition(".")[0] not in sources:
+            raise PerfkitError(f"{where}: field {name!r} has no entry in 'sources'")
+
+    aliases = data.get("aliases") or []
+    if not isinstance(aliases, list):
+        raise PerfkitError(f"{where}: field 'aliases' must be a list of names")
+    return HardwareSpec(
+        key=normalize_name(path.stem),
+        name=str(data["name"]),
+        aliases=tuple(str(a) for a in aliases),
+        peak_tflops=peak_tflops,
+        sources={str(k): str(v) for k, v in sources.items()},
+        notes=str(data.get("notes") or "").strip(),
+        path=path,
+        **numbers,
+        **texts,
+    )
+
+
+def load_spec_file(path: str | Path) -> HardwareSpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PerfkitError(f"cannot read spec file {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PerfkitError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    return parse_spec(data, path)
+
+
+def load_all_specs(spec_dir: Path = SPEC_DIR) -> dict[str, HardwareSpec]:
+    """Every shipped spec by key, sorted by key."""
+    return {s.key: s for s in sorted((load_spec_file(p) for p in spec_dir.glob("*.yaml")), key=lambda s: s.key)}
+
+
+def name_index(specs: dict[str, HardwareSpec]) -> dict[str, str]:
+    """Normalized key, name and alias -> spec key; two devices claiming one name is an error."""
+    index: dict[str, str] = {}
+    for spec in specs.values():
+        for name in {spec.key, normalize_name(spec.name), *map(normalize_name, spec.aliases)}:
+            if index.get(name, spec.key) != spec.key:
+                raise PerfkitError(f"device name {name!r} is claimed by both {index[name]} and {spec.key}")
+            index[name] = spec.key
+    return index
+
+
+def find_spec(name: str, spec_dir: Path = SPEC_DIR) -> HardwareSpec:
+    """The spec whose key, name or alias matches `name`; an unknown name lists the known ones."""
+    specs = load_all_specs(spec_dir)
+    index = name_index(specs)
+    wanted = normalize_name(name)
+    if wanted in index:
+        return specs[index[wanted]]
+    close = difflib.get_close_matches(wanted, list(index), n=1, cutoff=0.5)
+    hint = f"; closest match: {index[close[0]]}" if close else ""
+    raise PerfkitError(f"unknown device {name!r}; known devices: {', '.join(specs)}{hint} (or pass --spec FILE)")
+
+
+def resolve_spec(gpu: str | None = None, spec: str | Path | None = None) -> HardwareSpec:
+    """A device from `--gpu NAME` or `--spec FILE` (exactly one)."""
+    if (gpu is None) == (spec is None):
+        raise PerfkitError("give exactly one of a device name (--gpu) or a spec file (--spec)")
+    return find_spec(gpu) if gpu is not None else load_spec_file(spec)

@@ -1,0 +1,150 @@
+"""One decoding step of a whole model: which operators it runs, how often, and what it costs.
+
+A step is a list of `StepOp`s, each an operator of perfmodel.models.operators run `count` times
+in a phase. Three inventories:
+
+- `paper`: the paper's simplified Llama block (Appendix G.3): XW_Q, XW_K, XW_V, QK^T, PV,
+  XW_u, XW_g, XW_d, one layer, verification ignored. A preset for reproducing its figures.
+- `full`: everything a serving engine runs per step: per layer two norms, the fused QKV
+  projection, RoPE, the KV-cache write, fused attention over the context plus the tree,
+  o, two residual adds, the fused gate+up projection, SiLU-and-multiply, down; once the
+  embedding, the final norm and the LM head over every token; and for Medusa the heads
+  (on one token per sequence), building the candidates, verifying them, building the tree
+  mask and moving the accepted KV entries.
+- `reference`: `full` as this toolkit's reference decoder runs it: separate q/k/v and
+  gate/up projections (as its checkpoint stores them), and it also builds the attention
+  mask and commits the accepted (one-token) path in plain decoding steps.
+
+Latency comes from a `LatencySource`: anything with `op_time(op, phase, batch, seq_len,
+candidates) -> seconds` (numpy arrays in, an array out). perfmodel.latency.roofline.RooflineLatency
+predicts from a spec; perfmodel.latency.calibration.MeasuredLatency interpolates a measured sweep
+and FittedRoofline fits the roofline to one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.models.config import ModelConfig
+
+FLAVORS = ("paper", "full", "reference")
+
+
+class LatencySource(Protocol):
+    def op_time(self, op: str, phase: str, batch, seq_len, candidates) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class StepOp:
+    """`op` run `count` times per step.
+
+    `tokens` says what it runs on: "step" (the step's tokens: 1 per sequence in plain
+    decoding, the tree's q in a Medusa step) or "last" (one token per sequence, as the
+    Medusa heads read the last accepted token's hidden state). `kv` adds the step's own
+    tokens to the attended length (fused attention and the mask see the context plus the
+    tree); the paper's qk/pv attend to the s cached tokens only.
+    """
+
+    op: str
+    count: int = 1
+    tokens: str = "step"
+    kv: bool = False
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or self.op
+
+
+def step_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[StepOp, ...]:
+    """The ops of one plain (medusa=False) or Medusa tree (medusa=True) decoding step."""
+    if flavor not in FLAVORS:
+        raise PerfkitError(f"unknown step flavor {flavor!r}; choose from: {', '.join(FLAVORS)}")
+    if flavor == "paper":
+        return tuple(StepOp(op) for op in ("q", "k", "v", "qk", "pv", "up", "gate", "down"))
+    layers = model.num_layers
+    fused = flavor == "full"
+    per_layer = (
+        StepOp("norm", 2 * layers),
+        *(StepOp(op, layers) for op in (("qkv",) if fused else ("q", "k", "v"))),
+        *(StepOp(op, layers) for op in ("rope", "kv_write")),
+        StepOp("sdpa", layers, kv=True),
+        StepOp("o", layers),
+        StepOp("residual", 2 * layers),
+        *(StepOp(op, layers) for op in (("gate_up",) if fused else ("gate", "up"))),
+        *(StepOp(op, layers) for op in ("act", "down")),
+    )
+    once = (StepOp("embed"), StepOp("norm", label="final_norm"), StepOp("lm_head"), StepOp("verify"))
+    # The reference decoder builds the mask and commits the accepted path (a one-token
+    # path in plain decoding) in every step; an engine does so in Medusa steps only.
+    every_step = flavor == "reference"
+    mask = (StepOp("mask", kv=True),) if medusa or every_step else ()
+    heads = medusa and model.medusa_heads > 0
+    tree = (StepOp("medusa_heads", tokens="last"), StepOp("candidates")) if heads else ()
+    commit = (StepOp("kv_move"),) if heads or every_step else ()
+    return per_layer + once + mask + tree + commit
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """Step latency of a model from a latency source, for plain and Medusa steps."""
+
+    model: ModelConfig
+    latency: LatencySource
+    flavor: str = "full"
+
+    def __post_init__(self) -> None:
+        if self.flavor not in FLAVORS:
+            raise PerfkitError(f"unknown step flavor {self.flavor!r}; choose from: {', '.join(FLAVORS)}")
+
+    def calls(self, batch, seq_len, candidates=1):
+        """(step op, phase, batch, seq_len, candidates, where) for every op call of the
+        steps at the points given (broadcast arrays): the points each op runs at, and a
+        mask of the step points they belong to. candidates == 1 is a plain decoding step;
+        > 1 a Medusa tree step of that many tokens (root included) over a context of
+        seq_len cached tokens."""
+        b, s, q = (np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(batch, seq_len, candidates))
+        if (b < 1).any() or (s < 1).any() or (q < 1).any():
+            raise PerfkitError("batch, seq_len and candidates must all be >= 1")
+        medusa = q > 1
+        for kind, where in ((False, ~medusa), (True, medusa)):
+            if not where.any():
+                continue
+            bb, ss, qq = b[where], s[where], q[where]
+            phase = "tree" if kind else "decode"
+            for item in step_inventory(self.model, self.flavor, kind):
+                if item.tokens == "last":
+                    yield item, "decode", bb, ss, np.ones_like(qq), where
+                else:
+                    yield item, phase, bb, ss + qq if item.kv and kind else ss, qq if kind else np.ones_like(qq), where
+
+    def op_times(self, batch, seq_len, candidates=1) -> dict[str, np.ndarray]:
+        """Seconds per step spent in each op (summed over its count), broadcast over the
+        arrays given (see `calls`)."""
+        shape = np.broadcast(batch, seq_len, candidates).shape
+        out: dict[str, np.ndarray] = {}
+        for item, phase, b, s, q, where in self.calls(batch, seq_len, candidates):
+            full = out.setdefault(item.name, np.zeros(shape))
+            full[where] += item.count * np.asarray(self.latency.op_time(item.op, phase, b, s, q), dtype=float)
+        return out
+
+    def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
+        """Seconds per decoding step."""
+        return sum(self.op_times(batch, seq_len, candidates).values())
+
+    def overhead(self, batch, seq_len, candidates) -> np.ndarray:
+        """Medusa step latency over plain step latency (the paper's "overhead")."""
+        return self.step_time(batch, seq_len, candidates) / self.step_time(batch, seq_len, 1)
+
+    def breakdown(self, batch: int, seq_len: int, candidates: int = 1) -> pd.DataFrame:
+        """Per-op seconds of one step, largest first, with each op's share."""
+        times = {k: float(np.asarray(v).ravel()[0]) for k, v in self.op_times(batch, seq_len, candidates).items()}
+        total = sum(times.values())
+        df = pd.DataFrame({"op": list(times), "time_s": list(times.values())})
+        df["share"] = df["time_s"] / total
+        return df.sort_values("time_s", ascending=False, ignore_index=True)

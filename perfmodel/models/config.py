@@ -1,0 +1,284 @@
+"""Transformer shapes: the presets of the paper's models, and the one reader of HF config.json.
+
+`parse_hf_config` is the only code that knows config.json's key names: the cost model
+takes the shapes from it (`from_hf_config`), the decoder builds its model from it
+(decoder.model.LlamaConfig), so the two cannot read a checkpoint differently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.jsonfile import read_json
+from perfmodel.base.paths import TOOLKIT_ROOT
+
+DEFAULT_MEDUSA_HEADS = 4  # the reference Vicuna trees are 4 deep; a checkpoint's config overrides it
+BUNDLED_MODEL = TOOLKIT_ROOT / "decoder" / "assets" / "bundled"  # trained by python -m decoder.train
+MEDUSA2_MODEL = TOOLKIT_ROOT / "decoder" / "assets" / "medusa2"  # python -m decoder.train --medusa2 on the bundled one
+
+
+def resolve_model_path(text: str | Path) -> Path | None:
+    """The file or folder a model argument names, or None: `bundled` (or `medusa2`, its
+    Medusa-2 version), a path from the working folder, else the same path inside the
+    toolkit's folder (so the README's `decoder/assets/bundled` works from anywhere)."""
+    if str(text) == "bundled":
+        return BUNDLED_MODEL
+    if str(text) == "medusa2":
+        return MEDUSA2_MODEL
+    path = Path(text).expanduser()
+    if path.exists():
+        return path
+    inside = TOOLKIT_ROOT / path
+    return inside if not path.is_absolute() and inside.exists() else None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    num_layers: int
+    vocab_size: int
+    head_dim: int
+    medusa_heads: int = DEFAULT_MEDUSA_HEADS
+    # The LM head is the embedding matrix: its weights are stored (and read) once.
+    tie_word_embeddings: bool = False
+    # Longest context the model was trained for (max_position_embeddings); None: not known.
+    max_context: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise PerfkitError(
+                f"model {self.name}: tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}"
+            )
+        context = self.max_context
+        if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
+            raise PerfkitError(f"model {self.name}: max_context must be an integer >= 1 or None, got {context!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type != "int":
+                continue
+            smallest = 0 if f.name == "medusa_heads" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
+                raise PerfkitError(f"model {self.name}: {f.name} must be an integer >= {smallest}, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise PerfkitError(
+                f"model {self.name}: num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head (1 without GQA)."""
+        return self.num_heads // self.num_kv_heads
+
+    def with_medusa_heads(self, heads: int) -> ModelConfig:
+        return dataclasses.replace(self, medusa_heads=heads)
+
+    def shard(self, tp: int) -> ModelConfig:
+        """One device's share of the model under tensor parallelism of degree tp (Megatron
+        style): query heads and the MLP's intermediate size split tp ways; KV heads split
+        too, or are replicated (one per device) when there are fewer of them than tp. The
+        embeddings, norms and hidden size stay whole. tp=1 is the model itself."""
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise PerfkitError(f"model {self.name}: tensor-parallel degree must be a positive integer, got {tp!r}")
+        if tp == 1:
+            return self
+        kv_ok = self.num_kv_heads % tp == 0 or tp % self.num_kv_heads == 0
+        if self.num_heads % tp or self.intermediate_size % tp or not kv_ok:
+            raise PerfkitError(
+                f"model {self.name}: tp={tp} does not split it ({self.num_heads} query heads, {self.num_kv_heads} KV "
+                f"heads, intermediate size {self.intermediate_size}); choose from: "
+                f"{', '.join(map(str, self.tensor_parallel_degrees()))}"
+            )
+        return dataclasses.replace(
+            self,
+            name=f"{self.name}@tp{tp}",
+            num_heads=self.num_heads // tp,
+            num_kv_heads=max(1, self.num_kv_heads // tp),
+            intermediate_size=self.intermediate_size // tp,
+        )
+
+    def tensor_parallel_degrees(self, largest: int = 64) -> list[int]:
+        """The degrees up to `largest` that split the model evenly."""
+        n, kv, i = self.num_heads, self.num_kv_heads, self.intermediate_size
+        return [t for t in range(1, largest + 1) if not n % t and not i % t and (not kv % t or not t % kv)]
+
+
+def head_size(hidden_size: int, num_heads: int, source: object) -> int:
+    """hidden_size / num_heads, the head size a config implies when it names none: refused
+    when it does not divide, since rounding it would silently price (or run) a different model."""
+    if hidden_size % num_heads:
+        raise PerfkitError(
+            f"{source}: hidden_size {hidden_size} is not divisible by num_attention_heads {num_heads}; give a "
+            f"head_dim, or a hidden size that is a multiple of the head count"
+        )
+    return hidden_size // num_heads
+
+
+def _llama(name: str, h: int, i: int, n: int, n_kv: int, layers: int, vocab: int, context: int) -> ModelConfig:
+    return ModelConfig(
+        name, h, i, n, n_kv, layers, vocab, head_dim=head_size(h, n, f"model {name}"), max_context=context
+    )
+
+
+# Contexts are the max_position_embeddings of each family's Hugging Face config.json:
+# LLaMA-1 and the paper's Vicuna v1.3 2048, Llama-2 4096, Llama-3 8192, Mistral-7B 32768.
+PRESETS = {
+    m.name: m
+    for m in (
+        _llama("llama-7b", 4096, 11008, 32, 32, 32, 32000, 2048),
+        _llama("llama-13b", 5120, 13824, 40, 40, 40, 32000, 2048),
+        _llama("llama-33b", 6656, 17920, 52, 52, 60, 32000, 2048),
+        _llama("llama-2-70b", 8192, 28672, 64, 8, 80, 32000, 4096),
+        _llama("llama-3-8b", 4096, 14336, 32, 8, 32, 128256, 8192),
+        _llama("mistral-7b", 4096, 14336, 32, 8, 32, 32000, 32768),
+    )
+}
+ALIASES = {
+    "vicuna-7b": "llama-7b",
+    "vicuna-13b": "llama-13b",
+    "vicuna-33b": "llama-33b",
+    "llama-30b": "llama-33b",
+    "llama-2-7b": "llama-7b",
+    "llama-2-13b": "llama-13b",
+}
+# Aliases whose context differs from their preset's: same shapes (and measurements), longer context.
+ALIAS_CONTEXT = {"llama-2-7b": 4096, "llama-2-13b": 4096}
+
+
+@dataclass(frozen=True)
+class MedusaConfig:
+    """The Medusa keys of a config.json. Heads published apart from their base model come
+    with a config.json that holds little else, so these are read on their own."""
+
+    num_heads: int | None = None  # None: the file declares no heads
+    num_layers: int = 1  # residual blocks per head
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    """A Llama-family config.json as read by parse_hf_config, which fills absent keys with
+    transformers' defaults."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_theta: float
+    rope_type: str  # anything but "default" is a RoPE scaling scheme
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_id: int | None
+    medusa: MedusaConfig
+
+    def model_config(self, name: str) -> ModelConfig:
+        """The shapes the cost model needs (a file without Medusa keys gets the default heads)."""
+        heads = self.medusa.num_heads
+        return ModelConfig(
+            name=name,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_heads=self.num_attention_heads,
+            num_kv_heads=self.num_key_value_heads,
+            num_layers=self.num_hidden_layers,
+            vocab_size=self.vocab_size,
+            head_dim=self.head_dim,
+            medusa_heads=DEFAULT_MEDUSA_HEADS if heads is None else heads,
+            tie_word_embeddings=self.tie_word_embeddings,
+            max_context=self.max_position_embeddings,
+        )
+
+
+def read_config_json(path: str | Path) -> dict:
+    """The JSON object of a `config.json` (a file, or a folder holding one)."""
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    cfg = read_json(file, "model config")
+    if not isinstance(cfg, dict):
+        raise PerfkitError(f"{file}: expected a JSON object")
+    return cfg
+
+
+def parse_medusa_config(cfg: dict) -> MedusaConfig:
+    return MedusaConfig(cfg.get("medusa_num_heads"), cfg.get("medusa_num_layers", 1))
+
+
+def parse_hf_config(cfg: dict, source: str | Path = "config.json") -> HFConfig:
+    """Parse a config.json object; `source` names the file in errors."""
+
+    def get(key: str) -> object:
+        if cfg.get(key) is None:
+            raise PerfkitError(f"{source}: missing key {key!r}")
+        return cfg[key]
+
+    heads = get("num_attention_heads")
+    hidden = get("hidden_size")
+    if not isinstance(heads, int) or not isinstance(hidden, int) or heads <= 0:
+        raise PerfkitError(f"{source}: hidden_size and num_attention_heads must be positive integers")
+    # transformers >= 5 nests RoPE settings in rope_parameters; older files use rope_scaling.
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    tied = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise PerfkitError(f"{source}: tie_word_embeddings must be true or false, got {tied!r}")
+    eos = cfg.get("eos_token_id")
+    return HFConfig(
+        vocab_size=get("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=get("intermediate_size"),
+        num_hidden_layers=get("num_hidden_layers"),
+        num_attention_heads=heads,
+        num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or head_size(hidden, heads, source),
+        rope_theta=rope.get("rope_theta") or cfg.get("rope_theta", 10000.0),
+        rope_type=rope.get("rope_type", rope.get("type")) or "default",
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        tie_word_embeddings=tied,
+        bos_token_id=cfg.get("bos_token_id"),
+        # The decoder stops on a single end token: of several, the first.
+        eos_token_id=(eos[0] if eos else None) if isinstance(eos, list) else eos,
+        medusa=parse_medusa_config(cfg),
+    )
+
+
+def read_hf_config(path: str | Path) -> HFConfig:
+    """A config.json file, or the one in a folder, parsed."""
+    path = Path(path)
+    return parse_hf_config(read_config_json(path), path / "config.json" if path.is_dir() else path)
+
+
+def from_hf_config(path: str | Path) -> ModelConfig:
+    """Shapes from a Hugging Face `config.json` (a file, or a folder holding one)."""
+    path = Path(path)
+    name = path.name if path.is_dir() else (path.parent.name or path.stem)
+    return read_hf_config(path).model_config(name)
+
+
+def load_model(name_or_path: str | Path) -> ModelConfig:
+    """A preset by name or alias, or the shapes of a local config.json / checkpoint folder."""
+    text = str(name_or_path)
+    key = text.strip().lower().replace("_", "-")
+    if key in ALIAS_CONTEXT:
+        return dataclasses.replace(PRESETS[ALIASES[key]], max_context=ALIAS_CONTEXT[key])
+    key = ALIASES.get(key, key)
+    if key in PRESETS:
+        return PRESETS[key]
+    path = resolve_model_path(text)
+    if path is not None:
+        return from_hf_config(path)
+    names = [*PRESETS, *ALIASES, "bundled"]
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
+    hint = f"; closest match: {close[0]}" if close else ""
+    raise PerfkitError(f"unknown model {text!r}; known models: {', '.join(names)}{hint} (or a path to a config.json)")

@@ -1,0 +1,323 @@
+"""What each operator of a decoding step costs: matmul shapes, FLOPs, bytes, intensity.
+
+This is the single definition of every operator's shapes. The cost model counts them and
+the profilers build their benchmark tensors from them, so the two cannot disagree.
+
+Counting convention (paper Appendix G, Table 5; it reproduces the published intensities):
+a matmul (M x K)·(K x N) costs 2·M·N·K FLOPs; bytes = element size x (each input read
+once + the output written once). Attention is a batched matmul over b·n_kv key/value
+heads whose query rows are the group's n/n_kv heads times the query length, so GQA reads
+each K/V head once; K/V length is the context s in every phase (the paper's convention:
+tree candidates attend to the s cached tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfmodel.base.dtypes import element_bytes
+from perfmodel.base.errors import PerfkitError
+from perfmodel.models.config import ModelConfig
+
+OPS = ("q", "k", "v", "qkv", "qk", "pv", "o", "up", "gate", "gate_up", "down", "lm_head", "medusa_heads")
+# The fused forms serving engines run (one GEMM for q, k and v; one for gate and up), and
+# what each replaces.
+FUSED_LINEARS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+# Operators that are one GEMM against a weight: their time depends on the token count
+# (batch x query length) and the weight's shape only.
+LINEAR_OPS = ("q", "k", "v", "qkv", "o", "up", "gate", "gate_up", "down", "lm_head")
+# Attention as one fused kernel (torch scaled_dot_product_attention with the causal or
+# tree mask): measured beside the paper's plain qk/pv matmuls, reported as its own op.
+FUSED_OPS = ("sdpa",)
+# The rest of a decoding step: memory-bound elementwise work around the matmuls, and the
+# Medusa tree's own overhead (candidate top-k, verification, moving accepted KV entries).
+STEP_OPS = ("embed", "norm", "rope", "kv_write", "act", "residual", "mask", "candidates", "verify", "kv_move")
+ALL_OPS = OPS + FUSED_OPS + STEP_OPS
+DEFAULT_OPS = OPS + FUSED_OPS  # what sweeps and rooflines cover unless asked for more
+PHASES = ("prefill", "decode", "tree")
+# The paper's figure groups: XW_Q/XW_K/XW_V, QK^T/PV, XW_u/XW_g/XW_d.
+OP_GROUPS = {"qkv": ("q", "k", "v"), "qk/pv": ("qk", "pv"), "up/gate/down": ("up", "gate", "down")}
+ATTENTION_OPS = ("qk", "pv")
+
+# The reference implementation takes each head's top-10 (its Vicuna trees use ranks 0..9),
+# so heads are scored, trees built and candidates drawn over the same ten ranks.
+HEAD_TOP_K = 10
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """(batch, m, k) @ (batch, k, n) -> (batch, m, n).
+
+    `weight` marks a linear layer: the right operand is a (k, n) parameter shared by all
+    m token rows, and batch is 1. Dimensions may be numpy integer arrays (one element per
+    grid point) so a whole sweep is costed at once; the shape properties need ints.
+    """
+
+    batch: int
+    m: int
+    k: int
+    n: int
+    weight: bool = False
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.k * self.n
+
+    @property
+    def elements(self) -> int:
+        """Elements moved: both inputs read once, the output written once."""
+        return self.batch * (self.m * self.k + self.k * self.n + self.m * self.n)
+
+    @property
+    def left_shape(self) -> tuple[int, ...]:
+        return (self.m, self.k) if self.weight else (self.batch, self.m, self.k)
+
+    @property
+    def right_shape(self) -> tuple[int, ...]:
+        return (self.k, self.n) if self.weight else (self.batch, self.k, self.n)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (self.m, self.n) if self.weight else (self.batch, self.m, self.n)
+
+
+@dataclass(frozen=True)
+class FusedAttention:
+    """softmax(Q K^T / sqrt(d) + mask) V in one kernel, for `batch` sequences.
+
+    Q and the output are (batch, heads, q_len, d); K and V are (batch, kv_heads, kv_len, d).
+    The score matrix never reaches memory, so bytes are Q, K, V read and the output
+    written. `causal` (prefill) kernels skip the masked upper triangle, so they count
+    (kv_len + 1) / (2 kv_len) of the dense FLOPs; tree and decode masks are computed densely.
+    """
+
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    causal: bool = False
+
+    @property
+    def flops(self):
+        if self.causal:  # dense * (kv_len + 1) / (2 kv_len), exactly, without the cubic int64 intermediate
+            return 2 * self.batch * self.heads * self.q_len * (self.kv_len + 1) * self.head_dim
+        return 4 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
+
+    @property
+    def elements(self):
+        return self.batch * self.head_dim * (2 * self.heads * self.q_len + 2 * self.kv_heads * self.kv_len)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor of a step op: the shape a benchmark allocates (or the op returns), and
+    how many of its elements the op reads and writes. A gather reads some rows of its
+    table and a cache write fills some slots of the cache, so these need not be the size."""
+
+    shape: tuple
+    reads: int = 0
+    writes: int = 0
+
+
+def _read(*shape) -> Operand:
+    return Operand(shape, reads=math.prod(shape))
+
+
+def _written(*shape) -> Operand:
+    return Operand(shape, writes=math.prod(shape))
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """A memory-bound kernel reading `reads` and writing `writes` elements, `flops` of math.
+
+    `operands` names the tensors those elements belong to (see step_operands)."""
+
+    reads: int
+    writes: int
+    flops: int
+    operands: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def elements(self):
+        return self.reads + self.writes
+
+
+@dataclass(frozen=True)
+class OpCost:
+    flops: int
+    bytes: int
+    kernels: int
+
+    @property
+    def intensity(self):
+        """Operational intensity in FLOP/byte (nan for an op that moves no bytes); an
+        array when the cost is of many grid points."""
+        flops, moved = np.asarray(self.flops, dtype=float), np.asarray(self.bytes, dtype=float)
+        out = np.divide(flops, moved, out=np.full(np.broadcast(flops, moved).shape, np.nan), where=moved > 0)
+        return float(out) if out.ndim == 0 else out
+
+
+def query_len(phase: str, seq_len: int, candidates: int) -> int:
+    """Tokens each sequence feeds through the step: the prompt, one token, or the tree."""
+    return {"prefill": seq_len, "decode": 1, "tree": candidates}[phase]
+
+
+def check_point(op: str, phase: str, batch, seq_len, candidates) -> None:
+    """Validate one grid point, or arrays of them (ints or numpy integer arrays)."""
+    if op not in ALL_OPS:
+        raise PerfkitError(f"unknown op {op!r}; choose from: {', '.join(ALL_OPS)}")
+    if phase not in PHASES:
+        raise PerfkitError(f"unknown phase {phase!r}; choose from: {', '.join(PHASES)}")
+    for name, value in (("batch", batch), ("seq_len", seq_len), ("candidates", candidates)):
+        array = np.asarray(value)
+        if isinstance(value, bool) or array.dtype.kind not in "iu" or (array < 1).any():
+            bad = array[array < 1].flat[0].item() if array.dtype.kind in "iu" else value
+            raise PerfkitError(f"{name} must be a positive integer, got {bad!r}")
+    if phase != "tree" and (np.asarray(candidates) != 1).any():
+        raise PerfkitError(f"candidates={candidates} applies to the tree phase only; {phase} uses 1")
+    if op in (*FUSED_OPS, "mask") and phase == "tree" and (np.asarray(candidates) > np.asarray(seq_len)).any():
+        raise PerfkitError(
+            f"{op}: the tree's {candidates} candidates are part of the {seq_len} attended tokens, so need candidates "
+            "<= seq_len"
+        )
+
+
+Kernel = Matmul | FusedAttention | Elementwise
+
+
+def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidates=1) -> tuple[Kernel, ...]:
+    """The kernels (matmuls, or one fused attention) that operator `op` runs in `phase`.
+
+    batch, seq_len and candidates are ints, or numpy integer arrays of equal length.
+    """
+    check_point(op, phase, batch, seq_len, candidates)
+    h, d, i, v = model.hidden_size, model.head_dim, model.intermediate_size, model.vocab_size
+    q_width, kv_width = model.num_heads * d, model.num_kv_heads * d
+    tokens = batch * query_len(phase, seq_len, candidates)
+
+    def linear(k: int, n: int) -> Matmul:
+        return Matmul(1, tokens, k, n, weight=True)
+
+    if op in STEP_OPS:
+        return (step_kernel(op, model, batch, seq_len, query_len(phase, seq_len, candidates)),)
+    if op == "sdpa":
+        # K/V length is s, as for qk/pv; in a tree step the last q of the s tokens are the tree.
+        q_len = query_len(phase, seq_len, candidates)
+        return (
+            FusedAttention(batch, model.num_heads, model.num_kv_heads, q_len, seq_len, d, causal=phase == "prefill"),
+        )
+    if op in ATTENTION_OPS:
+        rows = model.group_size * query_len(phase, seq_len, candidates)
+        heads = batch * model.num_kv_heads
+        if op == "qk":
+            return (Matmul(heads, rows, d, seq_len),)
+        return (Matmul(heads, rows, seq_len, d),)
+    if op == "medusa_heads":
+        # Each head: a residual block h -> h (W1), then its own vocabulary projection (W2).
+        return tuple(m for _ in range(model.medusa_heads) for m in (linear(h, h), linear(h, v)))
+    shapes = {
+        "q": (h, q_width),
+        "k": (h, kv_width),
+        "v": (h, kv_width),
+        "qkv": (h, q_width + 2 * kv_width),
+        "o": (q_width, h),
+        "up": (h, i),
+        "gate": (h, i),
+        "gate_up": (h, 2 * i),
+        "down": (i, h),
+        "lm_head": (h, v),
+    }
+    return (linear(*shapes[op]),)
+
+
+def step_operands(op: str, model: ModelConfig, batch, seq_len, q_len) -> dict[str, Operand]:
+    """The tensors of a step op over batch x q_len tokens, in the decoder's layouts.
+
+    K/V length for `mask` is seq_len (the tree's own tokens included, as for sdpa); the
+    KV caches hold seq_len + q_len slots. `kv_move` counts the worst case of a whole
+    depth-limited path moved in every layer. Small index tensors the decoder derives
+    (positions, slots, tree buffers, the candidates' ids) are not counted.
+    """
+    h, i, d, v = model.hidden_size, model.intermediate_size, model.head_dim, model.vocab_size
+    b, q, n, n_kv = batch, q_len, model.num_heads, model.num_kv_heads
+    heads = max(model.medusa_heads, 1)
+    if op == "embed":
+        return {"ids": _read(b, q), "table": Operand((v, h), reads=b * q * h), "out": _written(b, q, h)}
+    if op == "norm":
+        return {"x": _read(b, q, h), "weight": _read(h), "out": _written(b, q, h)}
+    if op == "rope":
+        return {
+            "q": _read(b, n, q, d),
+            "k": _read(b, n_kv, q, d),
+            "cos": _read(b, 1, q, d),
+            "sin": _read(b, 1, q, d),
+            "q_out": _written(b, n, q, d),
+            "k_out": _written(b, n_kv, q, d),
+        }
+    if op in ("act", "residual"):
+        width = i if op == "act" else h
+        return {"x": _read(b, q, width), "y": _read(b, q, width), "out": _written(b, q, width)}
+    if op == "kv_write":
+        cache = (1, b, n_kv, seq_len + q, d)
+        return {
+            "k": _read(b, n_kv, q, d),
+            "v": _read(b, n_kv, q, d),
+            "cache_k": Operand(cache, writes=b * n_kv * q * d),
+            "cache_v": Operand(cache, writes=b * n_kv * q * d),
+        }
+    if op == "kv_move":
+        cache = (model.num_layers, b, n_kv, seq_len + q, d)
+        moved = model.num_layers * n_kv * d * b * np.minimum(q - 1, heads)
+        return {"cache_k": Operand(cache, moved, moved), "cache_v": Operand(cache, moved, moved)}
+    if op == "mask":
+        return {"out": _written(b, 1, q, seq_len)}
+    if op == "candidates":
+        return {"logits": _read(heads, b, v), "top_tokens": _written(heads, b, HEAD_TOP_K)}
+    if op == "verify":
+        return {"logits": _read(b, q, v), "prediction": _written(b, q)}
+    raise PerfkitError(f"{op!r} is not a step op; choose from: {', '.join(STEP_OPS)}")
+
+
+def step_kernel(op: str, model: ModelConfig, batch, seq_len, q_len) -> Elementwise:
+    """Element counts of the non-matmul work of a step over batch x q_len tokens: those
+    of its operands (step_operands), and the math done on them."""
+    h, i, d, v = model.hidden_size, model.intermediate_size, model.head_dim, model.vocab_size
+    tokens = batch * q_len
+    rotated = (model.num_heads + model.num_kv_heads) * d * tokens
+    heads = max(model.medusa_heads, 1)
+    operands = step_operands(op, model, batch, seq_len, q_len)
+    flops = {
+        "embed": 0,
+        "norm": 4 * tokens * h,
+        "rope": 3 * rotated,
+        "kv_write": 0,
+        "act": 5 * tokens * i,
+        "residual": tokens * h,
+        "mask": tokens * seq_len,
+        "candidates": heads * batch * v,
+        "verify": tokens * v,
+        "kv_move": 0,
+    }
+    reads = sum(o.reads for o in operands.values())
+    writes = sum(o.writes for o in operands.values())
+    return Elementwise(reads, writes, flops[op], operands)
+
+
+def cost_of(kernels: tuple[Kernel, ...], dtype: str) -> OpCost:
+    return OpCost(
+        flops=sum(k.flops for k in kernels),
+        bytes=element_bytes(dtype) * sum(k.elements for k in kernels),
+        kernels=len(kernels),
+    )
+
+
+def op_cost(
+    op: str, phase: str, model: ModelConfig, dtype: str, batch: int, seq_len: int, candidates: int = 1
+) -> OpCost:
+    return cost_of(op_kernels(op, phase, model, batch, seq_len, candidates), dtype)

@@ -1,0 +1,467 @@
+"""Capacity planning: what fits on a device, which Medusa tree to run at each batch, how fast.
+
+`plan(model, devices, ...)` answers, for one model on one or more devices, a dtype and a
+prompt/response length distribution:
+
+- memory fit: weights + Medusa heads + KV cache, and the largest batch that fits;
+- per batch (a "band"): the best tree size, or "none" where speculation loses to plain
+  decoding, its speedup, per-token latency, per-user and aggregate tokens/s;
+- per device: the recommended batch and tree (the most aggregate tokens/s that meets the
+  latency target), and the devices needed for a throughput target.
+
+`python -m perfmodel.plan --model llama-7b --gpu a100 h100 --latency-ms 30` prints the same.
+
+Modelling choices (each a simplification to keep in mind):
+
+- Lengths: an int, a (mean, p95) pair, a sequence of samples, or `Lengths`. The KV cache
+  is sized for p95 prompt + p95 response tokens per sequence (the longest sequence planned
+  for; summing the two p95s is conservative), plus the tree's tree_size - 1 speculative
+  tokens during a Medusa step. The step latency is taken at the mean context during
+  generation: mean prompt + mean response / 2.
+- Memory: weights = parameters x element bytes, from the model's shapes (embeddings, per
+  layer q/k/v/o/gate/up/down and two norms, final norm, an lm_head unless tied to the
+  embeddings); Medusa heads = medusa_heads x (h*h + h + h*V); KV per token = 2 x layers x
+  kv_heads x head_dim x element bytes, in the model's dtype (in tensor parallel, tp x a
+  shard's: KV heads are replicated where there are fewer than tp). `memory_reserve` (default
+  10%) of each device is kept for activations, logits, the CUDA context and
+  fragmentation, which are not counted.
+  Memory is in GB = 1e9 bytes, as the device specs give it.
+- Tensor parallelism (Megatron style): each of the tp devices runs its shard of the model
+  (ModelConfig.shard: query heads, KV heads and the MLP split tp ways), timed by the
+  device's latency source for that shard's shapes, plus two all-reduces per layer of
+  batch x tokens x hidden (perfmodel.latency.allreduce: measured tables where shipped, else a ring
+  model on the spec's interconnect). Weights are split evenly. `tensor_parallel=None` picks
+  the degree with the most tokens/s per device. A model that does not fit is told the
+  fewest devices that hold it among the degrees that split it and that the device can time
+  (tensor_parallel.usable_degrees), or that none does.
+- Batches: by default every power of two up to the max batch that fits, and that batch.
+- Latency: perfmodel.latency.source (measured > calibrated > borrowed > datasheet); the
+  devices table's `latency_model` names the one used.
+- Devices needed for a throughput target = tensor_parallel x ceil(target / the best
+  aggregate tokens/s of one replica that meets the latency target).
+
+A configuration is one (device, batch, tree size) point: its memory fit, step time,
+acceptance, per-token latency and tokens/s. `python -m perfmodel.plan --benchmark` times
+plan() over more than 10,000 of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, describe_acceptance, resolve_acceptance
+from perfmodel.base.dtypes import check_dtype, default_dtype
+from perfmodel.base.errors import PerfkitError
+from perfmodel.hardware.efficiencies import RooflineParams
+from perfmodel.hardware.specs import HardwareSpec
+from perfmodel.latency.source import LATENCY_CHOICES
+from perfmodel.latency.tensor_parallel import tensor_parallel_steps, usable_degrees
+from perfmodel.measured.device_view import DeviceView, resolve_devices
+from perfmodel.models.config import ModelConfig, load_model
+from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths, Workload
+from perfmodel.planning.memory import DEFAULT_RESERVE, GB, MemoryFit, memory_fit
+from perfmodel.planning.result import PlanResult
+from perfmodel.planning.simulations import CANDIDATE_SIZES, pick_best, speedup_table
+
+# batches=None plans every power of two up to the device's max batch, and that batch.
+DEFAULT_BATCHES = None
+
+
+def plan(
+    model: str | Path | ModelConfig,
+    devices,
+    dtype: str | None = None,
+    prompt_len=DEFAULT_PROMPT_LEN,
+    response_len=DEFAULT_RESPONSE_LEN,
+    latency_target_s: float | None = None,
+    throughput_target: float | None = None,
+    acceptance=PAPER_ACCEPTANCE,
+    batches=DEFAULT_BATCHES,
+    sizes=CANDIDATE_SIZES,
+    memory_reserve: float = DEFAULT_RESERVE,
+    tensor_parallel: int | None = 1,
+    params: RooflineParams | None = None,
+    latency: str = "auto",
+) -> PlanResult:
+    """Plan serving `model` on each of `devices` (see the module docstring for the model).
+
+    model: a preset name, a config.json path or a ModelConfig. devices: names (cpu: this
+    machine's CPU from its stored measurements), spec files, HardwareSpecs or DeviceViews,
+    one or many, resolved by perfmodel.measured.device_view.resolve_devices. dtype: the weights' and
+    KV cache's type, or None for each device's default (perfmodel.base.dtypes.default_dtype: fp32
+    on a CPU, fp16 on a GPU, as every command has it). prompt_len /
+    response_len: an int, a (mean, p95) pair or a list of samples. latency_target_s: seconds per output token per user.
+    throughput_target: output tokens/s in all. acceptance: "paper", a decoder.measure JSON
+    path or an acceptance model (tokens per step as a function of tree size), as
+    perfmodel.acceptance.rates.resolve_acceptance reads it. batches: batch sizes to evaluate (the
+    device's max batch is added where it is below the largest), or None (default): every
+    power of two up to the device's max batch, and the max batch itself, so the
+    recommendation may be any batch that fits. sizes: tree sizes (root
+    included) to search; 1 (plain decoding) is always included. tensor_parallel: devices
+    per model replica, or None (auto) for the degree that gives the most tokens/s per device
+    among those that fit and split the model (powers of two up to 8). params: the datasheet
+    roofline's efficiencies for every device, or None for each device's own (the public
+    defaults on a datasheet, none on a CPU's measured ceilings). latency: the latency source
+    (perfmodel.latency.source: auto = measured where the device was measured, else
+    calibrated, borrowed or datasheet; or force measured, calibrated or datasheet).
+
+    Raises PerfkitError for bad input, and when the model fits on none of the devices.
+    """
+    model = model if isinstance(model, ModelConfig) else load_model(model)
+    if dtype is not None:
+        check_dtype(dtype)
+    views = resolve_devices(devices)
+    dtypes = [dtype or default_dtype(view) for view in views]
+    workload = Workload(
+        Lengths.of(prompt_len, "prompt_len"),
+        Lengths.of(response_len, "response_len"),
+        latency_target_s,
+        throughput_target,
+    )
+    if isinstance(memory_reserve, bool) or not isinstance(memory_reserve, (int, float)) or not 0 <= memory_reserve < 1:
+        raise PerfkitError(f"memory_reserve must be a fraction in [0, 1), got {memory_reserve!r}")
+    if tensor_parallel is not None and (
+        isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1
+    ):
+        raise PerfkitError(f"tensor_parallel must be a positive integer or None (auto), got {tensor_parallel!r}")
+    batches = None if batches is None else positive_ints(batches, "batches")
+    sizes = np.union1d(positive_ints(sizes, "tree sizes"), [1]) if model.medusa_heads else np.array([1])
+    acceptance = resolve_acceptance(acceptance).model
+    accept = tabulated(acceptance, sizes)
+
+    if latency not in LATENCY_CHOICES:
+        raise PerfkitError(f"unknown latency source {latency!r}; choose from: {', '.join(LATENCY_CHOICES)}")
+    if tensor_parallel is not None:
+        model.shard(tensor_parallel)  # one line naming the degrees that split the model
+    rows, bands, configs = [], [], []
+    for view, view_dtype in zip(views, dtypes):
+        if params is not None:
+            view = dataclasses.replace(view, params=params)
+        setting = Setting(model, view, view_dtype, workload, accept, batches, sizes, memory_reserve, latency)
+        row, device_bands, device_configs = (
+            plan_device(setting, tensor_parallel) if tensor_parallel else plan_device_auto_tp(setting)
+        )
+        rows.append(row)
+        bands.append(device_bands)
+        configs.append(device_configs)
+    devices_df = pd.DataFrame(rows, columns=DEVICE_COLUMNS).astype(
+        {"batch": "Int64", "tree_size": "Int64", "devices_needed": "Int64"}
+    )
+    dtype = "/".join(dict.fromkeys(dtypes))  # one name, or each device's default where they differ
+    if not devices_df["fits"].any():
+        raise DoesNotFit(
+            f"{model.name} in {dtype} fits on none of the devices: "
+            + "; ".join(f"{r['device']}: {r['note'].removeprefix('does not fit: ')}" for r in rows),
+            {r["device"]: r["degree_to_fit"] for r in rows},
+        )
+    bands_df, configs_df = (
+        pd.concat([t for t in tables if t is not None], ignore_index=True) for tables in (bands, configs)
+    )
+    return PlanResult(model, dtype, workload, describe_acceptance(acceptance), devices_df, bands_df, configs_df)
+
+
+class DoesNotFit(PerfkitError):
+    """The model fits on none of the devices planned. degrees: per device key, the fewest
+    devices that hold it among the degrees usable there, or None where none does."""
+
+    def __init__(self, message: str, degrees: dict[str, int | None]):
+        super().__init__(message)
+        self.degrees = degrees
+
+
+def serving_plan(
+    model: ModelConfig,
+    view: DeviceView,
+    dtype: str,
+    tensor_parallel: int | None,
+    acceptance=PAPER_ACCEPTANCE,
+    latency: str = "auto",
+    prompt_len=DEFAULT_PROMPT_LEN,
+    response_len=DEFAULT_RESPONSE_LEN,
+    latency_target_s: float | None = None,
+) -> tuple[int, PlanResult | str]:
+    """The tensor-parallel degree to price `model` at on one device, and its capacity plan;
+    the one meaning of --tp for every command. tensor_parallel: that degree, or None for the
+    plan's choice (plan(tensor_parallel=None)).
+
+    Where the model does not fit at the degree but another degree usable on the device
+    holds it, a DoesNotFit error names that degree. Where no usable degree holds it, there
+    is nothing to advise: (the degree asked, or 1, and why it does not fit), for the caller
+    to say beside numbers that then price its steps as if it did."""
+    try:
+        result = plan(
+            model,
+            [view],
+            dtype,
+            prompt_len,
+            response_len,
+            latency_target_s,
+            acceptance=acceptance,
+            tensor_parallel=tensor_parallel,
+            latency=latency,
+        )
+    except DoesNotFit as exc:
+        if any(degree is not None for degree in exc.degrees.values()):
+            raise
+        return tensor_parallel or 1, str(exc)
+    return int(result.devices["tensor_parallel"].iloc[0]), result
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What one device's plan is of."""
+
+    model: ModelConfig
+    view: DeviceView
+    dtype: str
+    workload: Workload
+    accept: object
+    batches: np.ndarray | None
+    sizes: np.ndarray
+    reserve: float
+    latency: str
+
+
+# tensor_parallel=None tries these degrees (those that split the model and fit).
+AUTO_TP = (1, 2, 4, 8)
+
+
+def plan_device_auto_tp(setting: Setting):
+    """The tensor-parallel degree with the most tokens/s per device (meeting the latency
+    target where one is set) among those that fit; the smallest that fits when none does."""
+    usable = usable_degrees(setting.model, setting.view.spec)
+    degrees = [tp for tp in AUTO_TP if tp in usable]
+    tried = [plan_device(setting, tp) for tp in degrees]
+    fitting = [t for t in tried if t[0]["fits"]]
+    if not fitting:
+        return tried[-1]
+    meeting = [t for t in fitting if t[0]["meets_latency"]] or fitting
+
+    def per_device(t):
+        row, band, _ = t
+        best = row["total_tokens_s"] if row["meets_latency"] else band["total_tokens_s"].max()
+        return best / row["tensor_parallel"]
+
+    return max(meeting, key=per_device)
+
+
+def fit_degree(model: ModelConfig, spec: HardwareSpec, dtype: str, kv_tokens: int, reserve: float) -> int | None:
+    """The fewest devices of `spec` that hold the model and one sequence, among the degrees
+    that may be used there (tensor_parallel.usable_degrees); None where none does."""
+    for tp in usable_degrees(model, spec):
+        if memory_fit(model, spec, dtype, tp, kv_tokens, reserve).max_batch >= 1:
+            return tp
+    return None
+
+
+def batch_grid(batches: np.ndarray | None, max_batch: int) -> np.ndarray:
+    """The batches to plan: those given that fit, and the max batch where it is below the
+    largest given; by default (None) every power of two up to the max batch, and it."""
+    if batches is None:
+        powers = 2 ** np.arange(int(max_batch).bit_length(), dtype=np.int64)
+        return np.union1d(powers, [max_batch])
+    planned = batches[batches <= max_batch]
+    if max_batch < batches[-1] and max_batch not in planned:
+        planned = np.append(planned, max_batch)
+    return planned
+
+
+def does_not_fit(model: ModelConfig, setting: Setting, fit: MemoryFit) -> tuple[str, int | None]:
+    """Why the model does not fit at fit.tp, and the degree to use instead (one that splits
+    the model and that the device can time; None where there is none)."""
+    spec, w, reserve, tp = setting.view.spec, setting.workload, setting.reserve, fit.tp
+    where = f"{tp} devices" if tp > 1 else "one device"
+    if fit.weights + fit.heads > fit.usable:
+        why = (
+            f"weights + heads ({(fit.weights + fit.heads) / GB:,.1f} GB) exceed the {fit.usable / GB:,.1f} GB usable "
+            f"on {where}"
+        )
+    else:
+        why = (
+            f"one {w.kv_tokens:,}-token sequence needs {fit.kv_sequence / GB:,.2f} GB of KV cache, "
+            f"{fit.free / GB:,.2f} GB is left after the weights on {where}"
+        )
+    why = f"does not fit: {why} ({spec.memory_gb:g} GB each, less the {reserve:.0%} reserve)"
+    degree = fit_degree(model, spec, setting.dtype, w.kv_tokens, reserve)
+    if degree is None:
+        usable = usable_degrees(model, spec)
+        return (
+            f"{why}; no tensor-parallel degree holds it: {spec.key} can use {', '.join(map(str, usable))} (the degrees "
+            f"that split {model.name} and over which its all-reduces can be timed), and {max(usable)} device(s) hold "
+            "too little; use a device with more memory, a smaller dtype or shorter sequences"
+        ), None
+    auto = (
+        "None or auto picks the degree with the most tokens/s per device"
+        if degree <= max(AUTO_TP)
+        else f"auto tries {', '.join(map(str, AUTO_TP))} only"
+    )
+    return (
+        f"{why}; it needs {degree} devices in tensor parallel (tensor_parallel={degree} or --tp {degree}; {auto})",
+        degree,
+    )
+
+
+def plan_device(setting: Setting, tp: int):
+    """One device's row, bands and configurations at tensor-parallel degree tp."""
+    model, spec, dtype, w = setting.model, setting.view.spec, setting.dtype, setting.workload
+    accept, sizes = setting.accept, setting.sizes
+    fit = memory_fit(model, spec, dtype, tp, w.kv_tokens, setting.reserve)
+    row = dict(
+        device=spec.key,
+        name=spec.name,
+        tensor_parallel=tp,
+        memory_gb=spec.memory_gb * tp,
+        usable_gb=fit.usable / GB,
+        weights_gb=fit.weights / GB,
+        heads_gb=fit.heads / GB,
+        kv_mb_per_token=fit.kv_token / 1e6,
+        kv_mb_per_seq=fit.kv_sequence / 1e6,
+        max_batch=fit.max_batch,
+        fits=fit.max_batch >= 1,
+        latency_model="",
+    )
+    if fit.max_batch < 1:
+        note, degree = does_not_fit(model, setting, fit)
+        row.update(note=note, degree_to_fit=degree)
+        return row | NO_RECOMMENDATION, None, None
+
+    planned = batch_grid(setting.batches, fit.max_batch)
+    step = tensor_parallel_steps(setting.view, model, dtype, tp, setting.latency)["full"]
+    table = speedup_table(step, accept, planned, w.step_context, sizes).sort_values(
+        ["batch", "tree_size"], ignore_index=True
+    )
+    table.insert(0, "device", spec.key)
+    row["latency_model"] = step.label
+    kv = table["batch"] * fit.kv_token * (w.kv_tokens + table["tree_size"] - 1)
+    table["memory_gb"] = (fit.weights + fit.heads + kv) / GB
+    table["fits"] = table["memory_gb"] * GB <= fit.usable
+    table["per_token_s"] = table["medusa_step_s"] / table["acceptance"]
+    table["total_tokens_s"] = table["batch"] / table["per_token_s"]
+
+    # Best tree per batch among those whose KV fits (plain decoding always does): the most
+    # speedup (so the least time per token at that batch), ties to the smaller tree.
+    band = pick_best(table, ["batch"], eligible=table["fits"]).reset_index(drop=True)
+    band["tree"] = np.where(band["speculate"], band["tree_size"].astype(str), "none")
+    band["per_token_ms"] = band["per_token_s"] * 1e3
+    band["user_tokens_s"] = 1 / band["per_token_s"]
+    band["meets_latency"] = True if w.latency_target_s is None else band["per_token_s"] <= w.latency_target_s
+    band = band[BAND_COLUMNS]
+
+    ok = band[band["meets_latency"]]
+    fastest = band.loc[band["per_token_ms"].idxmin()]
+    row["best_ms"] = fastest["per_token_ms"]
+    if ok.empty:
+        tree = f"tree of {fastest['tree']}" if fastest["speculate"] else "no tree"
+        row.update(NO_RECOMMENDATION)
+        row["note"] = (
+            f"no batch meets {w.latency_target_s * 1e3:g} ms per token: the fastest is {fastest['per_token_ms']:.1f} "
+            f"ms/token at batch {fastest['batch']} ({tree})."
+        )
+        return row, band, table
+    pick = ok.loc[ok["total_tokens_s"].idxmax()]
+    replicas = 1 if w.throughput_target is None else math.ceil(w.throughput_target / pick["total_tokens_s"])
+    row.update(
+        batch=int(pick["batch"]),
+        tree=pick["tree"],
+        tree_size=int(pick["tree_size"]),
+        speculate=bool(pick["speculate"]),
+        speedup=pick["speedup"],
+        per_token_ms=pick["per_token_ms"],
+        user_tokens_s=pick["user_tokens_s"],
+        total_tokens_s=pick["total_tokens_s"],
+        meets_latency=True,
+        devices_needed=tp * replicas,
+        note="",
+    )
+    return row, band, table
+
+
+DEVICE_COLUMNS = [
+    "device",
+    "name",
+    "tensor_parallel",
+    "memory_gb",
+    "usable_gb",
+    "weights_gb",
+    "heads_gb",
+    "kv_mb_per_token",
+    "kv_mb_per_seq",
+    "max_batch",
+    "fits",
+    "batch",
+    "tree",
+    "tree_size",
+    "speculate",
+    "speedup",
+    "per_token_ms",
+    "user_tokens_s",
+    "total_tokens_s",
+    "meets_latency",
+    "devices_needed",
+    "best_ms",
+    "latency_model",
+    "note",
+]
+BAND_COLUMNS = [
+    "device",
+    "batch",
+    "tree",
+    "tree_size",
+    "speculate",
+    "speedup",
+    "acceptance",
+    "medusa_step_s",
+    "per_token_ms",
+    "user_tokens_s",
+    "total_tokens_s",
+    "memory_gb",
+    "meets_latency",
+]
+# The bands' columns a reader wants, in the CLI and the report.
+BAND_SHOWN = [
+    "batch",
+    "tree",
+    "speedup",
+    "acceptance",
+    "per_token_ms",
+    "user_tokens_s",
+    "total_tokens_s",
+    "memory_gb",
+    "meets_latency",
+]
+NO_RECOMMENDATION = dict(
+    batch=pd.NA,
+    tree="",
+    tree_size=pd.NA,
+    speculate=False,
+    speedup=np.nan,
+    per_token_ms=np.nan,
+    user_tokens_s=np.nan,
+    total_tokens_s=np.nan,
+    meets_latency=False,
+    devices_needed=pd.NA,
+)
+
+
+def tabulated(acceptance, sizes: np.ndarray):
+    """The acceptance model evaluated once per tree size, looked up afterwards (the
+    head-accuracy model builds a tree per call, too slow to call per configuration)."""
+    values = np.asarray(acceptance(sizes), dtype=float)
+
+    def lookup(n):
+        return values[np.searchsorted(sizes, n)]
+
+    return lookup
+
+
+def positive_ints(values, name: str) -> np.ndarray:
+    array = np.atleast_1d(np.asarray(values))
+    if array.size == 0 or array.dtype.kind not in "iu" or (array < 1).any():
+        raise PerfkitError(f"{name} must be positive integers, got {np.ravel(values)[:5].tolist()}")
+    return np.unique(array.astype(np.int64))

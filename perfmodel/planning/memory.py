@@ -1,0 +1,95 @@
+"""Memory a model needs on a device: weights, Medusa heads and KV cache, counted from the
+operator table (perfmodel.models.operators) so memory holds the same matrices the step's cost
+reads. GB = 1e9 bytes, as the device specs give memory."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from perfmodel.base.dtypes import element_bytes
+from perfmodel.hardware.specs import HardwareSpec
+from perfmodel.models.config import ModelConfig
+from perfmodel.models.operators import op_kernels
+
+GB = 1e9
+DEFAULT_RESERVE = 0.1
+
+
+LAYER_WEIGHT_OPS = ("q", "k", "v", "o", "up", "gate", "down")
+
+
+def linear_params(op: str, model: ModelConfig) -> int:
+    """Weights of operator `op`, shaped by the operator table (perfmodel.models.operators) so
+    memory counts the same matrices the step's cost reads."""
+    return sum(math.prod(m.right_shape) for m in op_kernels(op, "decode", model, 1, 1) if m.weight)
+
+
+def weight_params(model: ModelConfig) -> int:
+    """Parameters of the base model: embeddings, per layer the attention and MLP weights and
+    2 norms, the final norm, and the lm_head unless it is the embedding matrix (tied)."""
+    h = model.hidden_size
+    layer = sum(linear_params(op, model) for op in LAYER_WEIGHT_OPS) + 2 * h
+    lm_head = 0 if model.tie_word_embeddings else linear_params("lm_head", model)
+    return model.vocab_size * h + model.num_layers * layer + h + lm_head
+
+
+def head_params(model: ModelConfig) -> int:
+    """Medusa heads: each a residual block (h x h weight and its bias of h; the operator
+    table has no biases) and its own vocabulary projection (h x V)."""
+    return linear_params("medusa_heads", model) + model.medusa_heads * model.hidden_size
+
+
+def kv_bytes_per_token(model: ModelConfig, dtype: str) -> int:
+    """Key and value of every layer for one token."""
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * element_bytes(dtype)
+
+
+def replica_kv_bytes_per_token(model: ModelConfig, dtype: str, tp: int) -> int:
+    """Key and value of one token on all tp devices of a replica: each keeps its shard's KV
+    heads, so where the model has fewer KV heads than tp they are replicated, not split."""
+    return tp * kv_bytes_per_token(model.shard(tp), dtype)
+
+
+def usable_bytes(spec: HardwareSpec, reserve: float) -> float:
+    return spec.memory_gb * GB * (1 - reserve)
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """One replica of tp devices: what it holds, in bytes over all its devices, and the
+    largest batch of sequences of kv_tokens tokens that fits beside the weights."""
+
+    tp: int
+    weights: float
+    heads: float
+    kv_token: float
+    kv_tokens: int
+    usable: float
+
+    @property
+    def free(self) -> float:
+        return self.usable - self.weights - self.heads
+
+    @property
+    def kv_sequence(self) -> float:
+        return self.kv_token * self.kv_tokens
+
+    @property
+    def max_batch(self) -> int:
+        return max(0, int(self.free // self.kv_sequence))
+
+
+def memory_fit(
+    model: ModelConfig, spec: HardwareSpec, dtype: str, tp: int, kv_tokens: int, reserve: float
+) -> MemoryFit:
+    """Weights and heads split evenly over tp devices of `spec`, the KV cache as the shards
+    keep it (replica_kv_bytes_per_token); `reserve` of each device is kept free."""
+    return MemoryFit(
+        tp,
+        weight_params(model) * element_bytes(dtype),
+        head_params(model) * element_bytes(dtype),
+        replica_kv_bytes_per_token(model, dtype, tp),
+        kv_tokens,
+        usable_bytes(spec, reserve) * tp,
+    )

@@ -1,0 +1,133 @@
+"""A capacity plan: its tables (PlanResult) and the plan in words: per device, its memory
+fit, the best tree per batch band and the recommendation; then the answer over all
+devices (fewest devices for the throughput target, or the most tokens/s per replica)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from perfmodel.base.units import bytes_text
+from perfmodel.models.config import ModelConfig
+from perfmodel.planning.lengths import Workload
+from perfmodel.planning.memory import GB
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """The plan's tables and the inputs they answer.
+
+    devices: one row per device: memory, max batch, the recommended batch and tree, speeds
+             and devices needed (fits False with a `note` where the model does not fit).
+    bands:   one row per device x batch that fits: the best tree ("none" where plain
+             decoding wins), speedup, per-token latency, per-user and aggregate tokens/s.
+    configs: every (device, batch, tree size) configuration evaluated.
+    Memory and tokens/s are per replica: all `tensor_parallel` devices of it together.
+    """
+
+    model: ModelConfig
+    dtype: str
+    workload: Workload
+    acceptance: str
+    devices: pd.DataFrame = field(repr=False)
+    bands: pd.DataFrame = field(repr=False)
+    configs: pd.DataFrame = field(repr=False)
+
+    @property
+    def feasible(self) -> bool:
+        """True where some device fits and meets the latency target."""
+        return bool(self.devices["meets_latency"].any())
+
+    def summary(self) -> str:
+        """The plan in words."""
+        return plan_summary(self)
+
+
+def plan_summary(result: PlanResult) -> str:
+    """The inputs in a sentence, the acceptance, the targets, a paragraph per device and the
+    overall answer."""
+    w = result.workload
+    lines = [
+        f"{result.model.name} ({result.dtype}): prompts {w.prompt} tokens, responses {w.response}; KV cache sized "
+        f"for {w.kv_tokens:,} tokens "
+        f"per sequence, step latency at a {w.step_context:,}-token context.",
+        f"Acceptance: {result.acceptance}.",
+    ]
+    targets = []
+    if w.latency_target_s is not None:
+        targets.append(f"<= {w.latency_target_s * 1e3:g} ms per token per user")
+    if w.throughput_target is not None:
+        targets.append(f"{w.throughput_target:,.0f} tokens/s in all")
+    if targets:
+        lines.append("Target: " + " and ".join(targets) + ".")
+    paragraphs = [
+        device_paragraph(row, result.bands[result.bands["device"] == row.device], w)
+        for row in result.devices.itertuples()
+    ]
+    return "\n".join(lines) + "\n\n" + "\n\n".join([*paragraphs, overall(result.devices, w)])
+
+
+def tree_bands(bands: pd.DataFrame) -> str:
+    """'batch 1: tree 160 (2.01x), 2: 80 (1.74x); batch 16-256: none' for one device."""
+    parts, run_start, prev = [], None, None
+    for row in bands.itertuples():
+        if row.speculate:
+            if run_start is not None:
+                parts.append(none_run(run_start, prev))
+                run_start = None
+            parts.append(f"batch {row.batch:,}: tree {row.tree_size} ({row.speedup:.2f}x)")
+        elif run_start is None:
+            run_start = row.batch
+        prev = row.batch
+    if run_start is not None:
+        parts.append(none_run(run_start, prev))
+    return "; ".join(parts)
+
+
+def none_run(first: int, last: int) -> str:
+    batches = f"batch {first:,}" if first == last else f"batch {first:,}-{last:,}"
+    return f"{batches}: none (plain decoding is faster)"
+
+
+def device_paragraph(row, bands: pd.DataFrame, w: Workload) -> str:
+    tp = f" x{row.tensor_parallel} (tensor parallel)" if row.tensor_parallel > 1 else ""
+    head = f"{row.name} ({row.device}){tp}: "
+    if not row.fits:
+        return head + row.note
+    text = head + (
+        f"{bytes_text(row.weights_gb * GB)} of weights + {bytes_text(row.heads_gb * GB)} of Medusa heads; "
+        f"{bytes_text(row.kv_mb_per_seq * 1e6)} of KV cache per sequence -> max batch {row.max_batch:,}. "
+        f"Trees: {tree_bands(bands)}. "
+    )
+    if not row.meets_latency:
+        return text + row.note[0].upper() + row.note[1:]
+    tree = f"tree of {row.tree_size}" if row.speculate else "no tree"
+    text += (
+        f"Recommended: batch {row.batch:,}, {tree}: {row.per_token_ms:.1f} ms/token, "
+        f"{row.user_tokens_s:,.0f} tokens/s per user, {row.total_tokens_s:,.0f} tokens/s in all"
+    )
+    if w.throughput_target is not None:
+        text += f"; {row.devices_needed:,} device(s) for {w.throughput_target:,.0f} tokens/s"
+    return text + "."
+
+
+def overall(devices: pd.DataFrame, w: Workload) -> str:
+    fits = devices[devices["fits"]]
+    ok = fits[fits["meets_latency"]]
+    if ok.empty:
+        fastest = fits.loc[fits["best_ms"].idxmin()]
+        return (
+            f"No device meets {w.latency_target_s * 1e3:g} ms per token: the fastest is {fastest['device']} at "
+            f"{fastest['best_ms']:.1f} ms/token; relax the target, shorten the context or use a faster device."
+        )
+    if w.throughput_target is not None:
+        best = ok.loc[ok["devices_needed"].idxmin()]
+        return (
+            f"Fewest devices for {w.throughput_target:,.0f} tokens/s: {int(best['devices_needed'])} x {best['device']}."
+        )
+    best = ok.loc[ok["total_tokens_s"].idxmax()]
+    return (
+        f"Most tokens/s per replica: {best['device']} ({best['total_tokens_s']:,.0f} tokens/s at batch "
+        f"{best['batch']:,})."
+    )

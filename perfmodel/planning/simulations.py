@@ -1,0 +1,389 @@
+"""Medusa speedup: acceleration rate over step overhead, and the best tree size.
+
+speedup(n) = acc(n) / (T_step(n) / T_step(1)) for a tree of n tokens (root included), a
+step model (perfmodel.latency.step) and an acceptance model (perfmodel.acceptance.rates). n = 1 is plain
+decoding (speedup 1); where no n > 1 beats it, the answer is "do not speculate".
+
+`simulate` runs the paper's three simulations (Appendix G.3) on any device: (a) b=1,
+s=1024 over tree sizes; (b) s=1024 over batch; (c) b=4 over context length, for the
+paper's simplified step and the whole-model step. `draft_model_table` is speculative
+decoding with a draft model (Leviathan et al.), for comparison. The command line is
+`python -m perfmodel.speedup`; the figures are reports.speedup_figures'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.acceptance.rates import AcceptanceChoice, draft_model_improvement, draft_model_tokens
+from perfmodel.acceptance.trees import export_tree
+from perfmodel.base.errors import PerfkitError
+from perfmodel.hardware import specs as hardware
+from perfmodel.hardware.specs import load_all_specs
+from perfmodel.latency.step import StepModel
+from perfmodel.latency.tensor_parallel import tensor_parallel_steps
+from perfmodel.measured.device_view import DeviceView, resolve_devices
+
+# Tree sizes searched for the optimum: dense where trees are common, up to 256 tokens.
+CANDIDATE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+def speedup_table(step: StepModel, acceptance, batch, seq_len, sizes=CANDIDATE_SIZES) -> pd.DataFrame:
+    """One row per (batch, seq_len, tree size): step times, overhead, acceptance, speedup.
+
+    batch and seq_len are ints or 1-D sequences; every combination with every size is
+    evaluated in one vectorised pass.
+    """
+    batches = np.atleast_1d(np.asarray(batch, dtype=np.int64))
+    seqs = np.atleast_1d(np.asarray(seq_len, dtype=np.int64))
+    sizes = np.atleast_1d(np.asarray(sizes, dtype=np.int64))
+    if (sizes < 1).any():
+        raise PerfkitError(f"tree sizes must be >= 1, got {sizes.min()}")
+    b, s, n = (a.ravel() for a in np.meshgrid(batches, seqs, sizes, indexing="ij"))
+    plain = step.step_time(b, s, 1)
+    medusa = np.where(n > 1, step.step_time(b, s, n), plain)
+    acc = np.where(n > 1, acceptance(n), 1.0)
+    overhead = medusa / plain
+    return pd.DataFrame(
+        {
+            "batch": b,
+            "seq_len": s,
+            "tree_size": n,
+            "plain_step_s": plain,
+            "medusa_step_s": medusa,
+            "overhead": overhead,
+            "acceptance": acc,
+            "speedup": acc / overhead,
+            "tokens_per_s_per_seq": acc / medusa,
+        }
+    )
+
+
+def speculates(rows: pd.DataFrame) -> pd.Series:
+    """Whether each best row is a tree that beats plain decoding (False: "do not speculate")."""
+    return (rows["tree_size"] > 1) & (rows["speedup"] > 1.0)
+
+
+def pick_best(table: pd.DataFrame, by=("batch", "seq_len"), eligible=None) -> pd.DataFrame:
+    """The best row per group `by` of a speedup table: the highest speedup among the
+    `eligible` rows (a boolean mask; all by default), the smallest tree on ties, so plain
+    decoding (tree size 1, speedup 1) wins a tie with a tree. The rows keep the table's index
+    and order, with `speculate` False ("do not speculate") where no tree n > 1 beats speedup 1.
+    The one rule every best tree (simulations, plan bands) comes from."""
+    rows = table if eligible is None else table[np.asarray(eligible, dtype=bool)]
+    ordered = rows.sort_values([*by, "tree_size"], kind="stable")
+    best = table[table.index.isin(ordered.groupby(list(by), sort=False)["speedup"].idxmax())]
+    return best.assign(speculate=speculates(best))
+
+
+def best_sizes(table: pd.DataFrame) -> pd.DataFrame:
+    """The best tree size per (batch, seq_len) of a speedup_table (pick_best); `speculate`
+    is False (best size 1, speedup 1) where no tree beats plain decoding."""
+    return pick_best(table).reset_index(drop=True)
+
+
+def size_text(row) -> str:
+    """A best tree size, as '>= n' where it is the largest size searched (the curve may still
+    rise beyond it, so it is a bound, not an optimum)."""
+    return f">= {row['tree_size']}" if row.get("at_edge", False) else str(row["tree_size"])
+
+
+def verdict(row) -> str:
+    """A sentence a person can act on, for one row of best_sizes or optima."""
+    if not row["speculate"]:
+        return f"batch {row['batch']}, context {row['seq_len']}: do not speculate (no tree beats plain decoding)"
+    return (
+        f"batch {row['batch']}, context {row['seq_len']}: tree of {size_text(row)} tokens, "
+        f"{row['acceptance']:.2f} tokens/step at {row['overhead']:.2f}x step time -> {row['speedup']:.2f}x"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The paper's three simulations (Appendix G.3) for any device.
+# ---------------------------------------------------------------------------------------
+
+
+# Tree sizes of the simulation curves: every size to 16, then every 4th to 64 and every
+# 8th to 256 (16, 32, ..., 128 included), dense enough to place the optimum within 4-8 tokens.
+SIMULATION_SIZES = tuple(range(1, 17)) + tuple(range(20, 65, 4)) + tuple(range(72, 257, 8))
+SIMULATION_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+SIMULATION_SEQS = (128, 256, 512, 1024, 2048, 4096, 8192)
+STEP_LABELS = {"paper": "paper step (App. G.3 block)", "full": "full step (whole model)"}
+
+# Draft-model comparison (speculative decoding with a draft model, Leviathan et al. 2023).
+# c = draft step / target step: at batch 1 both steps are weight reads, so c is about the
+# parameter ratio plus launch overheads: 68M/7B is 0.01, 1B/7B is 0.14; 0.05 sits between
+# them (a draft of about 350M for a 7B target).
+DRAFT_ALPHAS = (0.6, 0.7, 0.8, 0.9)
+DRAFT_GAMMAS = tuple(range(1, 9))
+DEFAULT_DRAFT_COST = 0.05
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """One of the paper's simulated settings: a (batch, seq_len) grid swept over tree sizes."""
+
+    key: str  # a, b, c
+    name: str  # used in file names
+    batches: tuple[int, ...]
+    seqs: tuple[int, ...]
+    what: str
+    line_by: str | None = None  # the swept setting, drawn one line each
+
+
+SIMULATIONS = (
+    Simulation("a", "b1-s1024", (1,), (1024,), "b=1, s=1024"),
+    Simulation("b", "s1024-by-batch", SIMULATION_BATCHES, (1024,), "s=1024, batch 1..256", "batch"),
+    Simulation("c", "b4-by-seq", (4,), SIMULATION_SEQS, "b=4, s=128..8192", "seq_len"),
+)
+
+
+def mark_best(table: pd.DataFrame, by=("batch", "seq_len")) -> pd.DataFrame:
+    """`table` with a `best` column: True on the best row per group (pick_best)."""
+    return table.assign(best=table.index.isin(pick_best(table, by).index))
+
+
+def simulate(steps: dict[str, StepModel], acceptance, simulations=SIMULATIONS, sizes=SIMULATION_SIZES) -> pd.DataFrame:
+    """Every simulation for every step model: speedup_table rows with `simulation`, `step`
+    and `best` columns. steps maps a label ("paper", "full") to its StepModel."""
+    frames = []
+    for sim in simulations:
+        for label, step in steps.items():
+            table = speedup_table(step, acceptance, sim.batches, sim.seqs, sizes)
+            frames.append(table.assign(simulation=sim.key, step=label))
+    table = pd.concat(frames, ignore_index=True)
+    return mark_best(table, ("simulation", "step", "batch", "seq_len"))
+
+
+def optima(table: pd.DataFrame) -> pd.DataFrame:
+    """The best rows of a simulate() table (its `best` column, from pick_best), with
+    `speculate` as in pick_best and `at_edge` where the best size is the largest one
+    searched (a bound: a larger tree may do better)."""
+    best = table[table["best"]].reset_index(drop=True)
+    speculate = speculates(best)
+    return best.assign(speculate=speculate, at_edge=speculate & (best["tree_size"] == table["tree_size"].max()))
+
+
+def draft_model_table(alphas=DRAFT_ALPHAS, gammas=DRAFT_GAMMAS, cost_ratio: float = DEFAULT_DRAFT_COST) -> pd.DataFrame:
+    """Speculative decoding with a draft model: tokens per step E and walltime improvement
+    E / (c gamma + 1) for each (alpha, gamma), c = cost_ratio."""
+
+    a, g = (x.ravel() for x in np.meshgrid(np.asarray(alphas, dtype=float), np.asarray(gammas), indexing="ij"))
+    return pd.DataFrame(
+        {
+            "alpha": a,
+            "gamma": g,
+            "cost_ratio": float(cost_ratio),
+            "tokens_per_step": draft_model_tokens(a, g),
+            "improvement": draft_model_improvement(a, g, cost_ratio),
+        }
+    )
+
+
+def loses_from(best: pd.DataFrame, setting: str) -> int | None:
+    """The smallest value of `setting` (batch, seq_len) from which on no tree beats plain
+    decoding, or None when the largest value still speculates."""
+    rows = best.sort_values(setting)
+    if rows["speculate"].iloc[-1]:
+        return None
+    wins = rows.loc[rows["speculate"], setting]
+    return int(rows.loc[rows[setting] > (wins.max() if len(wins) else 0), setting].min())
+
+
+# ---------------------------------------------------------------------------------------
+# One device's simulations: its step models, acceptance, and what they print and draw.
+# ---------------------------------------------------------------------------------------
+
+CSV_COLUMNS = [
+    "device",
+    "model",
+    "dtype",
+    "simulation",
+    "step",
+    "batch",
+    "seq_len",
+    "tree_size",
+    "plain_step_s",
+    "medusa_step_s",
+    "overhead",
+    "acceptance",
+    "speedup",
+    "tokens_per_s_per_seq",
+    "best",
+    "max_context",
+    "beyond_context",
+    "acceptance_model",
+    "latency_model",
+    "source",
+]
+
+
+def choose_devices(gpus, spec_files, every: bool) -> list[DeviceView]:
+    """The devices asked for, each once: --all, --spec FILE ..., or --gpu NAME ... (cpu:
+    this machine's CPU from its stored measured ceilings)."""
+    return resolve_devices(list(load_all_specs().values()) if every else spec_files or gpus)
+
+
+def device_table(
+    device: DeviceView,
+    model,
+    dtype: str,
+    flavors,
+    acceptance: AcceptanceChoice,
+    latency_choice: str = "auto",
+    tp: int = 1,
+) -> pd.DataFrame:
+    """The three simulations on one device, in the CSV's columns; latency_choice is
+    perfmodel.latency.source's (auto: measured where the device was measured). tp > 1 prices
+    the model split over tp devices with its all-reduces, as the capacity plan does
+    (perfmodel.latency.tensor_parallel.tensor_parallel_steps)."""
+
+    steps = tensor_parallel_steps(device, model, dtype, tp, latency_choice, flavors)
+    table = simulate(steps, acceptance.model)
+    table = table.assign(
+        device=device.spec.key,
+        model=model.name,
+        dtype=dtype,
+        acceptance_model=acceptance.label,
+        latency_model=next(iter(steps.values())).label,
+        source="predicted",
+        **context_columns(table["seq_len"], model),
+    )
+    return table[CSV_COLUMNS]
+
+
+def context_columns(seq_len: pd.Series, model) -> dict:
+    """`max_context` (the model's trained context, NA when not known) and `beyond_context`:
+    the cached context alone is longer than the model was trained for. Such rows are kept,
+    as the paper's simulation (c) runs llama-7b to 8192, but the model could not run them."""
+    context = model.max_context
+    return {
+        "max_context": pd.array([context] * len(seq_len), dtype="Int64"),
+        "beyond_context": (seq_len > context).to_numpy() if context else np.zeros(len(seq_len), dtype=bool),
+    }
+
+
+def best_trees(best: pd.DataFrame, acceptance: AcceptanceChoice) -> list[dict]:
+    """Each optimum with its tree (paths of top-ranks, the reference implementation's
+    format) built from the record's head accuracies."""
+
+    cache: dict[int, list] = {}
+    out = []
+    for _, row in best.iterrows():
+        n = int(row["tree_size"])
+        if n not in cache:
+            cache[n] = [list(p) for p in export_tree(acceptance.trees.tree(n), "reference")] if n > 1 else []
+        out.append(
+            {
+                k: row[k].item() if hasattr(row[k], "item") else row[k]
+                for k in ("simulation", "step", "batch", "seq_len", "tree_size", "speedup", "speculate")
+            }
+            | {"tree": cache[n]}
+        )
+    return out
+
+
+def ridge(device: DeviceView, dtype: str) -> float:
+    """The latency model's ridge (FLOP/byte, efficiencies applied): a d x d projection over m tokens has an
+    intensity of about m, so the step turns compute-bound near batch x tree size = ridge."""
+
+    p = device.params
+    return hardware.ridge(
+        device.spec.peak_flops(dtype) * p.compute_efficiency, device.spec.bandwidth * p.memory_efficiency
+    )
+
+
+def summary_lines(device: DeviceView, dtype: str, table: pd.DataFrame, draft: pd.DataFrame) -> list[str]:
+    """What a person reads: the optimum of (a), where speculation stops paying in (b), the
+    optimum per context in (c), and the draft-model comparison."""
+    best = optima(table)
+    steps = list(dict.fromkeys(table["step"]))
+    width = max(len(f"{s} step:") for s in steps)
+    lines = [
+        f"  ridge of the latency model's roofline: {ridge(device, dtype):.0f} FLOP/B (linear layers turn "
+        "compute-bound near batch x tree size = ridge)"
+    ]
+    lines.append("  (a) b=1, s=1024:")
+    for step in steps:
+        row = best[(best["simulation"] == "a") & (best["step"] == step)].iloc[0]
+        edge = " (the largest size searched: a larger tree may do better)" if row["at_edge"] else ""
+        lines.append(f"      {f'{step} step:':<{width}} {verdict(row).split(': ', 1)[1]}{edge}")
+    lines.append("  (b) s=1024, best tree per batch:")
+    for step in steps:
+        rows = best[(best["simulation"] == "b") & (best["step"] == step)].sort_values("batch")
+        lost = loses_from(rows, "batch")
+        cells = [
+            f"b={r.batch} n{'>=' if r.at_edge else '='}{r.tree_size} {r.speedup:.2f}x"
+            if r.speculate
+            else f"b={r.batch} do not speculate"
+            for r in rows.itertuples()
+            if not lost or r.batch < lost
+        ]
+        end = (
+            f"do not speculate from batch {lost} on"
+            if lost
+            else f"speculation still pays at batch {rows['batch'].max()}"
+        )
+        lines.append(f"      {f'{step} step:':<{width}} {', '.join(cells)}; {end}")
+    lines.append("  (c) b=4, best tree per context length:")
+    for step in steps:
+        rows = best[(best["simulation"] == "c") & (best["step"] == step)].sort_values("seq_len")
+        cells = [
+            f"s={r.seq_len}{'*' if getattr(r, 'beyond_context', False) else ''} "
+            + (f"n{'>=' if r.at_edge else '='}{r.tree_size} {r.speedup:.2f}x" if r.speculate else "do not speculate")
+            for r in rows.itertuples()
+        ]
+        sizes = rows.loc[rows["speculate"], "tree_size"]
+        spread = (
+            "do not speculate at any length"
+            if not len(sizes)
+            else f"optimum {sizes.min()}"
+            + (f"..{sizes.max()} tokens" if sizes.max() > sizes.min() else " tokens at every length")
+        )
+        lines.append(f"      {f'{step} step:':<{width}} {', '.join(cells)}; {spread}")
+    lines += beyond_context_note(best[best["simulation"] == "c"])
+    tops = draft.loc[draft.groupby("alpha")["improvement"].idxmax()]
+    longest = draft["gamma"].max()  # best at the longest draft searched: a bound, longer may do better
+    cells = [
+        f"alpha {r.alpha:g} {r.improvement:.2f}x (gamma {'>= ' if r.gamma == longest else ''}{r.gamma})"
+        for r in tops.itertuples()
+    ]
+    medusa = best[best["simulation"] == "a"]
+    versus = ", ".join(f"{r.step} step {r.speedup:.2f}x" for r in medusa.itertuples())
+    lines.append(
+        f"  draft model (c={draft['cost_ratio'].iloc[0]:g}), best per alpha: {', '.join(cells)}; Medusa at b=1, "
+        f"s=1024: {versus}"
+    )
+    return lines
+
+
+def beyond_context_note(rows: pd.DataFrame) -> list[str]:
+    """The line that says which context lengths (marked *) the model was not trained for."""
+    if "beyond_context" not in rows or not rows["beyond_context"].any():
+        return []
+    beyond = ", ".join(map(str, sorted(set(rows.loc[rows["beyond_context"], "seq_len"]))))
+    model, context = rows["model"].iloc[0], rows["max_context"].iloc[0]
+    return [
+        f"      * s={beyond}: beyond {model}'s {context}-token context (max_position_embeddings); the model cannot "
+        "run there, kept because the paper's simulation (c) runs to 8192"
+    ]
+
+
+def optima_side_by_side(chosen: pd.DataFrame, datasheet: pd.DataFrame) -> list[str]:
+    """Where the chosen latency source's optima differ from the datasheet roofline's: one
+    line per (simulation, step, batch, context) whose best tree or speedup differs."""
+    key = ["simulation", "step", "batch", "seq_len"]
+    both = optima(chosen).merge(optima(datasheet), on=key, suffixes=("", "_datasheet"))
+    differ = both[(both["tree_size"] != both["tree_size_datasheet"])]
+    if differ.empty:
+        return ["  datasheet and measured-latency optima agree on every tree size"]
+    lines = [f"  where the datasheet roofline's optimum differs ({len(differ)} of {len(both)} settings):"]
+    for r in differ.itertuples():
+        lines.append(
+            f"    ({r.simulation}) {r.step} step b={r.batch} s={r.seq_len}: measured-latency n={r.tree_size} "
+            f"{r.speedup:.2f}x | datasheet n={r.tree_size_datasheet} {r.speedup_datasheet:.2f}x"
+        )
+    return lines
