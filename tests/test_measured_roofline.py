@@ -14,7 +14,7 @@ from perfmodel.measured.store import HOME_VARIABLE, meta_path, user_measurements
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import DEFAULT_OPS
 from perfmodel.roofline import main
-from profilers import sweep
+from profilers import sweep_runs
 from profilers.device import cpu_info
 from profilers.store import write_meta
 from profilers.timer import TimerConfig
@@ -46,7 +46,7 @@ def measured_cpu(tmp_path_factory, tiny_model):
     with pytest.MonkeyPatch.context() as patch:  # tiny shapes need only a short budget per configuration
         patch.setenv(HOME_VARIABLE, str(out / "home"))
         patch.setattr(
-            sweep, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=20, budget_s=0.05)
+            sweep_runs, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=20, budget_s=0.05)
         )
         assert run(main, ["--gpu", "cpu", "--measure", "--model", str(tiny_model), "--out", str(out), *GRID]) == 0
     return out

@@ -109,7 +109,7 @@ def test_report_measure_sweeps_this_cpu_and_stores_it(other_cpu, tmp_path, monke
     budget), stored, so the next command uses this machine's own data without --measure."""
     import json
 
-    from profilers import sweep
+    from profilers import sweep_runs
     from profilers.timer import TimerConfig
 
     folder = tmp_path / "tiny"
@@ -125,7 +125,7 @@ def test_report_measure_sweeps_this_cpu_and_stores_it(other_cpu, tmp_path, monke
     (folder / "config.json").write_text(json.dumps(config))
     monkeypatch.setenv(HOME_VARIABLE, str(tmp_path / "home"))
     monkeypatch.setattr(
-        sweep, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=10, budget_s=0.02)
+        sweep_runs, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=10, budget_s=0.02)
     )
     args = ["build", "--gpu", "cpu", "--model", str(folder), "--acceptance", "paper", "--jobs", "1"]
     assert reports_main([*args, "--measure", "--out", str(tmp_path / "first")]) == 0

@@ -16,10 +16,13 @@ from perfmodel.measured.contract import check_table
 from perfmodel.measured.store import read_meta
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, Grid, fine_token_grid
 from perfmodel.models.operators import DEFAULT_OPS, op_cost
-from profilers import sweep as sweep_module
+from profilers import sweep as sweep_command
+from profilers import sweep_runs, sweeper
 from profilers.benchmarks import OpBenchmark
 from profilers.store import ROW_COLUMNS, Journal
-from profilers.sweep import SweepConfig, main, run_sweep
+from profilers.sweep import main
+from profilers.sweep_runs import run_sweep
+from profilers.sweeper import SweepConfig
 from profilers.timer import TimerConfig
 from tests.conftest import TINY
 
@@ -209,7 +212,7 @@ def test_usage_errors_from_the_command_line(tmp_path):
 
 
 def test_clock_state_is_merged_pessimistically():
-    merged = sweep_module.worst_state(
+    merged = sweeper.worst_state(
         {"sm_clock_mhz": 1980, "temp_c": 60, "throttle": "gpu_idle"},
         {"sm_clock_mhz": 1755, "temp_c": 71, "throttle": "sw_power_cap"},
     )
@@ -225,34 +228,34 @@ def test_cpu_key_without_torch_matches_the_full_description():
 
 
 def test_cuda_sweeps_default_to_the_fine_token_grid_and_cpu_sweeps_do_not():
-    assert sweep_module.sweep_grid("cuda") == PAPER_GRID.with_fine_tokens()
-    assert sweep_module.sweep_grid("cuda").linear_tokens == fine_token_grid(8192)
-    assert sweep_module.sweep_grid("cpu") == QUICK_GRID and QUICK_GRID.linear_tokens == ()
-    assert sweep_module.sweep_grid("cpu", token_grid="fine").linear_tokens == fine_token_grid(512)
-    assert sweep_module.sweep_grid("cuda", token_grid="coarse") == PAPER_GRID
-    narrowed = sweep_module.sweep_grid("cuda", "quick", None, [4], [64], [8])
+    assert sweeper.sweep_grid("cuda") == PAPER_GRID.with_fine_tokens()
+    assert sweeper.sweep_grid("cuda").linear_tokens == fine_token_grid(8192)
+    assert sweeper.sweep_grid("cpu") == QUICK_GRID and QUICK_GRID.linear_tokens == ()
+    assert sweeper.sweep_grid("cpu", token_grid="fine").linear_tokens == fine_token_grid(512)
+    assert sweeper.sweep_grid("cuda", token_grid="coarse") == PAPER_GRID
+    narrowed = sweeper.sweep_grid("cuda", "quick", None, [4], [64], [8])
     assert narrowed == Grid((4,), (64,), (8,), fine_token_grid(64))
     with pytest.raises(PerfkitError, match="token grid 'medium': choose from fine, coarse"):
-        sweep_module.sweep_grid("cpu", token_grid="medium")
+        sweeper.sweep_grid("cpu", token_grid="medium")
     with pytest.raises(PerfkitError, match="grid 'huge': choose from paper, quick"):
-        sweep_module.sweep_grid("cpu", "huge")
-    parser = sweep_module.build_parser()
+        sweeper.sweep_grid("cpu", "huge")
+    parser = sweep_command.build_parser()
     assert parser.parse_args([]).token_grid is None  # resolved by device, not fixed by the parser
-    cpu = sweep_module.config_from_args(parser.parse_args(["--device", "cpu"]))
+    cpu = sweep_command.config_from_args(parser.parse_args(["--device", "cpu"]))
     assert cpu.grid == QUICK_GRID and cpu.out.name == "cpu-llama-7b-fp32-quick.csv"
-    fine = sweep_module.config_from_args(parser.parse_args(["--device", "cpu", "--token-grid", "fine"]))
+    fine = sweep_command.config_from_args(parser.parse_args(["--device", "cpu", "--token-grid", "fine"]))
     assert fine.grid == QUICK_GRID.with_fine_tokens() and fine.out == cpu.out  # one file: a fine rerun resumes it
 
 
 def test_measure_on_a_gpu_takes_the_fine_token_grid(monkeypatch):
     grids = []
     info = SimpleNamespace(key="h100-sxm", spec_key="h100-sxm", name="NVIDIA H100")
-    monkeypatch.setattr(sweep_module, "check_device", lambda device: device)
-    monkeypatch.setattr(sweep_module, "cuda_info", lambda: (info, None))
-    monkeypatch.setattr(sweep_module, "run_sweep", lambda config, log: grids.append(config.grid) or config)
-    sweep_module.measure_and_store("cuda", [TINY], "fp16", QUICK_GRID, log=lambda *_: None)
-    sweep_module.measure_and_store("cuda", [TINY], "fp16", QUICK_GRID, log=lambda *_: None, token_grid="coarse")
-    sweep_module.measure_and_store("cpu", [TINY], "fp32", QUICK_GRID, log=lambda *_: None)
+    monkeypatch.setattr(sweep_runs, "check_device", lambda device: device)
+    monkeypatch.setattr(sweep_runs, "cuda_info", lambda: (info, None))
+    monkeypatch.setattr(sweep_runs, "run_sweep", lambda config, log: grids.append(config.grid) or config)
+    sweep_runs.measure_and_store("cuda", [TINY], "fp16", QUICK_GRID, log=lambda *_: None)
+    sweep_runs.measure_and_store("cuda", [TINY], "fp16", QUICK_GRID, log=lambda *_: None, token_grid="coarse")
+    sweep_runs.measure_and_store("cpu", [TINY], "fp32", QUICK_GRID, log=lambda *_: None)
     assert grids == [QUICK_GRID.with_fine_tokens(), QUICK_GRID, QUICK_GRID]
 
 
@@ -304,10 +307,10 @@ def test_token_grid_on_the_command_line(tmp_path, capsys):
 def test_interleaved_points_spread_their_rounds_over_the_callers_work():
     from profilers.device import cpu_info
 
-    sweeper = sweep_module.Sweeper(config(Path("unused")), cpu_info())
+    timed = sweeper.Sweeper(config(Path("unused")), cpu_info())
     points = [("up", "decode", 1, 8, 1), ("sdpa", "tree", 2, 12, 4)]
     extra = []
-    timing = sweeper.interleaved(points, "run", extra_calls=[lambda: extra.append(1)])
+    timing = timed.interleaved(points, "run", extra_calls=[lambda: extra.append(1)])
     assert timing.sampler.rounds == 0  # built and warmed up, nothing sampled yet
     for _ in range(4):  # four pieces of the caller's work, a quarter of the budget after each
         timing.sample_share(4)
@@ -325,6 +328,6 @@ def test_interleaved_points_spread_their_rounds_over_the_callers_work():
 def test_interleaved_points_finish_with_min_reps_when_the_caller_took_no_rounds():
     from profilers.device import cpu_info
 
-    sweeper = sweep_module.Sweeper(config(Path("unused")), cpu_info())
-    rows, extra = sweeper.interleaved([("up", "decode", 1, 8, 1)], "run").finish()
+    timed = sweeper.Sweeper(config(Path("unused")), cpu_info())
+    rows, extra = timed.interleaved([("up", "decode", 1, 8, 1)], "run").finish()
     assert rows[0]["reps"] == FAST.min_reps and extra == []

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.validate import ValidateConfig, main
+from perfmodel.validate import main
+from profilers.closed_loop.config import ValidateConfig
 
 
 def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsys):
@@ -81,7 +82,7 @@ def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsy
 def test_validate_sets_its_thread_count_only_while_it_runs():
     import torch
 
-    from perfmodel.validate import torch_threads
+    from profilers.closed_loop.runs import torch_threads
 
     before = torch.get_num_threads()
     with torch_threads(1):
@@ -120,12 +121,14 @@ def test_operator_rounds_are_taken_between_the_batches_of_the_decoding_runs():
     from decoder.checkpoint import load_checkpoint
     from decoder.medusa import Decoder
     from decoder.runs import heldout_prompts
-    from perfmodel.validate import acceptance_record, step_contexts, timed_runs
+    from profilers.closed_loop.predict import step_contexts
+    from profilers.closed_loop.runs import timed_runs
+    from profilers.closed_loop.untimed import untimed_passes
 
     ckpt = load_checkpoint("bundled")
     config = ValidateConfig(sizes=(4,), batch=2, prompts=3, prompt_len=16, new_tokens=6, rounds=2)
     decoder, prompts = Decoder(ckpt), heldout_prompts(ckpt, 3, 16, 0)
-    record = acceptance_record(decoder, prompts, config, lambda text: None)
+    record = untimed_passes(decoder, prompts, config, lambda text: None)
     calls = []
     runs = timed_runs(decoder, prompts, config, record, lambda text: None, between=calls.append)
     # two rounds over three prompts two at a time: four batches, each followed by its share
@@ -137,7 +140,7 @@ def test_operator_rounds_are_taken_between_the_batches_of_the_decoding_runs():
 
 
 def test_calibration_notes_explain_a_negative_offset_and_warn_only_of_drift():
-    from perfmodel.validate import calibration_notes
+    from profilers.closed_loop.compare import calibration_notes
 
     steady = {
         "plain_step_s": 4e-3,
@@ -158,3 +161,16 @@ def test_every_batch_size_decodes_enough_batches_of_prompts_by_default():
     assert ValidateConfig(batch=8, rounds=1).decode_rounds == 1  # as asked
     with pytest.raises(PerfkitError, match="rounds must be >= 1, got 0"):
         ValidateConfig(rounds=0)
+
+
+def test_the_operator_points_a_closed_loop_times_need_no_latency_source():
+    from perfmodel.latency.step import op_points, step_inventory
+    from perfmodel.models.config import load_model
+
+    model = load_model("bundled")
+    points = op_points(model, "reference", 2, [40, 50], [1, 4])  # a plain step, and a 4-token tree step
+    assert len(points) == len(set(points))  # each point once, however many calls run at it
+    plain = {op for op, *point in points if point == ["decode", 2, 40, 1]}
+    assert plain == {item.op for item in step_inventory(model, "reference", medusa=False)}
+    assert ("sdpa", "tree", 2, 54, 4) in points  # fused attention spans the context and the tree
+    assert ("medusa_heads", "decode", 2, 50, 1) in points  # the heads read one token per sequence

@@ -90,6 +90,39 @@ def step_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[StepO
     return per_layer + once + mask + tree + commit
 
 
+def step_calls(model: ModelConfig, flavor: str, batch, seq_len, candidates=1):
+    """(step op, phase, batch, seq_len, candidates, where) for every op call of the
+    steps at the points given (broadcast arrays): the points each op runs at, and a
+    mask of the step points they belong to. candidates == 1 is a plain decoding step;
+    > 1 a Medusa tree step of that many tokens (root included) over a context of
+    seq_len cached tokens. What a step runs needs no latency source: a measurement lists
+    the calls it must time before it has any."""
+    b, s, q = (np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(batch, seq_len, candidates))
+    if (b < 1).any() or (s < 1).any() or (q < 1).any():
+        raise PerfkitError("batch, seq_len and candidates must all be >= 1")
+    medusa = q > 1
+    for kind, where in ((False, ~medusa), (True, medusa)):
+        if not where.any():
+            continue
+        bb, ss, qq = b[where], s[where], q[where]
+        phase = "tree" if kind else "decode"
+        for item in step_inventory(model, flavor, kind):
+            if item.tokens == "last":
+                yield item, "decode", bb, ss, np.ones_like(qq), where
+            else:
+                yield item, phase, bb, ss + qq if item.kv and kind else ss, qq if kind else np.ones_like(qq), where
+
+
+def op_points(model: ModelConfig, flavor: str, batch, seq_len, candidates=1) -> list[tuple[str, str, int, int, int]]:
+    """The distinct (op, phase, batch, seq_len, candidates) points the steps given run
+    their ops at, in order of first call: what timing those steps takes."""
+    points: dict[tuple[str, str, int, int, int], None] = {}
+    for item, phase, b, s, q, _ in step_calls(model, flavor, batch, seq_len, candidates):
+        for point in zip(b.tolist(), s.tolist(), q.tolist()):
+            points.setdefault((item.op, phase, *point), None)
+    return list(points)
+
+
 @dataclass(frozen=True)
 class StepModel:
     """Step latency of a model from a latency source, for plain and Medusa steps."""
@@ -103,25 +136,8 @@ class StepModel:
             raise PerfkitError(f"unknown step flavor {self.flavor!r}; choose from: {', '.join(FLAVORS)}")
 
     def calls(self, batch, seq_len, candidates=1):
-        """(step op, phase, batch, seq_len, candidates, where) for every op call of the
-        steps at the points given (broadcast arrays): the points each op runs at, and a
-        mask of the step points they belong to. candidates == 1 is a plain decoding step;
-        > 1 a Medusa tree step of that many tokens (root included) over a context of
-        seq_len cached tokens."""
-        b, s, q = (np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(batch, seq_len, candidates))
-        if (b < 1).any() or (s < 1).any() or (q < 1).any():
-            raise PerfkitError("batch, seq_len and candidates must all be >= 1")
-        medusa = q > 1
-        for kind, where in ((False, ~medusa), (True, medusa)):
-            if not where.any():
-                continue
-            bb, ss, qq = b[where], s[where], q[where]
-            phase = "tree" if kind else "decode"
-            for item in step_inventory(self.model, self.flavor, kind):
-                if item.tokens == "last":
-                    yield item, "decode", bb, ss, np.ones_like(qq), where
-                else:
-                    yield item, phase, bb, ss + qq if item.kv and kind else ss, qq if kind else np.ones_like(qq), where
+        """The op calls of the steps at the points given (step_calls)."""
+        return step_calls(self.model, self.flavor, batch, seq_len, candidates)
 
     def op_times(self, batch, seq_len, candidates=1) -> dict[str, np.ndarray]:
         """Seconds per step spent in each op (summed over its count), broadcast over the

@@ -1,0 +1,71 @@
+"""The closed loop run end to end: a checkpoint's decoder measured and its speedups
+predicted, batch size by batch size."""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from decoder.checkpoint import load_checkpoint
+from decoder.medusa import Decoder
+from decoder.runs import heldout_prompts
+from perfmodel.base.errors import PerfkitError
+from perfmodel.models.config import load_model
+from profilers.closed_loop.compare import print_batch
+from profilers.closed_loop.config import ValidateConfig
+from profilers.closed_loop.predict import Measured, priced_runs, step_contexts
+from profilers.closed_loop.runs import (
+    PROBE_LEAD,
+    PROBE_STEPS,
+    dynamic_build_s,
+    operator_rows,
+    operator_timing,
+    timed_runs,
+    torch_threads,
+)
+from profilers.closed_loop.untimed import untimed_passes
+
+
+def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """(per-tree comparison, measured op rows, summary)."""
+
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise PerfkitError("--device cuda: no CUDA device is visible to torch on this machine; use --device cpu")
+    ckpt = load_checkpoint(config.model)
+    if ckpt.heads is None:
+        raise PerfkitError(f"{ckpt.folder} has no Medusa heads to validate")
+    model = load_model(ckpt.folder)
+    dtype = "fp32"  # the reference decoder runs checkpoints in fp32
+    torch.manual_seed(config.seed)
+    decoder = Decoder(ckpt, config.device)
+    prompts = heldout_prompts(ckpt, config.prompts, config.prompt_len, config.seed)
+    probe_prompts = heldout_prompts(
+        ckpt, config.batch, max(1, config.context - PROBE_LEAD - PROBE_STEPS // 2), config.seed + 1
+    )
+    with torch_threads(config.threads):
+        record = untimed_passes(decoder, prompts, config, log)
+        contexts = step_contexts(record, config)
+        timing = operator_timing(model, config, dtype, decoder, probe_prompts, contexts, log)
+        runs = timed_runs(decoder, prompts, config, record, log, between=timing.sample_share)
+        rows, plain_step_s = operator_rows(timing)
+        build_s = {
+            r["tree_size"]: dynamic_build_s(decoder, record.step_probs, r["tree_size"] - 1)
+            for r in runs
+            if r["tree_kind"] == "dynamic"
+        }
+    table, summary = priced_runs(config, model, dtype, record, Measured(runs, rows, plain_step_s, contexts, build_s))
+    return table, rows, summary
+
+
+def run_batches(configs: list[ValidateConfig], log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every config's closed loop in turn, each batch's comparison printed as it finishes:
+    (the comparisons, the measured operator rows, each marked with its closed_loop_batch)."""
+    tables, all_rows = [], []
+    for config in configs:
+        log(f"--- batch {config.batch}")
+        table, rows, summary = validate(config, log)
+        tables.append(table)
+        all_rows.append(rows.assign(closed_loop_batch=config.batch))
+        print(f"batch {config.batch}:")
+        print_batch(table, summary)
+    return pd.concat(tables, ignore_index=True), pd.concat(all_rows, ignore_index=True)
