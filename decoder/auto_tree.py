@@ -36,6 +36,7 @@ from decoder.acceptance import AcceptanceConfig
 from decoder.checkpoint import Checkpoint, sha256, weight_files
 from decoder.medusa import Decoder
 from decoder.runs import decode_interleaved, heldout_prompts
+from perfmodel.acceptance.record import own_record
 from perfmodel.acceptance.trees import greedy_tree
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
@@ -64,13 +65,12 @@ MONOTONE_SLACK = 0.2
 
 
 def checkpoint_accuracy(ckpt: Checkpoint) -> np.ndarray | None:
-    """The heads' top-k accuracies the checkpoint carries: its decoder.measure record
-    (acceptance-greedy.json), else those recorded at training; None without either."""
-    record = ckpt.folder / "acceptance-greedy.json"
-    if record.exists():
-        accuracy = read_json(record, "acceptance record").get("head_topk_accuracy")
-        if accuracy:
-            return np.asarray(accuracy, dtype=float)
+    """The heads' top-k accuracies the checkpoint carries: its own decoder.measure record
+    (perfmodel.acceptance.record.own_record), else those recorded at training; None without
+    either."""
+    record = own_record(ckpt.folder)
+    if record is not None:
+        return record.accuracy
     recorded = ckpt.info.get("heldout_head_accuracy")
     return None if recorded is None else np.asarray(recorded, dtype=float)
 

@@ -16,30 +16,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.models.config import HFConfig, head_size, parse_hf_config
+from perfmodel.models.config import HFConfig, parse_hf_config
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int | None = None
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 2048
-    tie_word_embeddings: bool = False
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    medusa_num_heads: int = 0
-    medusa_num_layers: int = 1
+class LlamaConfig(HFConfig):
+    """A config.json the decoder can run: its fields are perfmodel.models.config.HFConfig's
+    (the one list, so the decoder runs exactly the shapes the cost model counts); this adds
+    only what the decoder implements: plain RoPE, query heads a multiple of the KV heads."""
 
     def __post_init__(self) -> None:
-        if self.head_dim is None:
-            object.__setattr__(self, "head_dim", head_size(self.hidden_size, self.num_attention_heads, "model config"))
+        super().__post_init__()
+        if self.rope_type != "default":
+            raise PerfkitError(f"config.json uses RoPE scaling {self.rope_type!r}; only plain RoPE is implemented")
         if self.num_attention_heads % self.num_key_value_heads:
             raise PerfkitError(
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads "
@@ -48,33 +37,19 @@ class LlamaConfig:
 
     @classmethod
     def from_hf(cls, cfg: HFConfig | dict) -> LlamaConfig:
-        """From a config.json parsed by perfmodel.models.config (or its dict, parsed here the same
-        way), so the decoder runs exactly the shapes the cost model counts."""
+        """From a config.json parsed by perfmodel.models.config (or its dict, parsed here the
+        same way)."""
         if isinstance(cfg, dict):
             cfg = parse_hf_config(cfg)
-        if cfg.rope_type != "default":
-            raise PerfkitError(f"config.json uses RoPE scaling {cfg.rope_type!r}; only plain RoPE is implemented")
-        return cls(
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_hidden_layers=cfg.num_hidden_layers,
-            num_attention_heads=cfg.num_attention_heads,
-            num_key_value_heads=cfg.num_key_value_heads,
-            head_dim=cfg.head_dim,
-            rope_theta=cfg.rope_theta,
-            rms_norm_eps=cfg.rms_norm_eps,
-            max_position_embeddings=cfg.max_position_embeddings,
-            tie_word_embeddings=cfg.tie_word_embeddings,
-            bos_token_id=cfg.bos_token_id,
-            eos_token_id=cfg.eos_token_id,
-            medusa_num_heads=cfg.medusa.num_heads or 0,
-            medusa_num_layers=cfg.medusa.num_layers,
-        )
+        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(HFConfig)})
 
     def to_hf(self) -> dict:
-        cfg = dataclasses.asdict(self)
+        """The config.json to save: plain RoPE needs no rope key, so rope_type is left out
+        (as transformers writes it); a model without heads says 0 rather than leaving the
+        cost model to assume the default heads."""
+        cfg = {k: v for k, v in dataclasses.asdict(self).items() if k != "rope_type"}
         cfg.update(
+            medusa_num_heads=self.medusa_num_heads or 0,
             architectures=["LlamaForCausalLM"],
             model_type="llama",
             hidden_act="silu",

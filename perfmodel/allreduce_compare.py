@@ -1,5 +1,6 @@
 """Command line: the ring all-reduce model against the measured tables, its fitted constants,
-and the import of Vidur's tables. A thin entry module over perfmodel.latency.allreduce.
+and the import of Vidur's tables. A thin entry module over perfmodel.latency.allreduce_fit
+and perfmodel.measured.vidur.
 
     python -m perfmodel.allreduce_compare [--compare]       # model error per table and worker count
     python -m perfmodel.allreduce_compare --fit             # refit latency and efficiency
@@ -11,16 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from perfmodel.cli import Parser, run
-from perfmodel.latency.allreduce import (
-    DECODE_BYTES,
-    RING_CONSTANTS,
-    SHIPPED_TABLES,
-    compare_tables,
-    fit_all,
-    import_vidur_all_reduce,
-    significant,
-    table_path,
-)
+from perfmodel.latency.allreduce import DECODE_BYTES, RING_CONSTANTS
+from perfmodel.latency.allreduce_fit import compare_tables, fit_all, significant
+from perfmodel.measured.vidur import SHIPPED_TABLES, import_vidur_all_reduce, table_path
 
 
 def build_parser() -> Parser:

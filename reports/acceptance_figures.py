@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullLocator
 
+from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import Tree, path_value
 from reports.figure_layout import fit_bottom, header, legend_below, suptitle
 from reports.plotting import PLAIN, subplots
@@ -106,7 +107,7 @@ def acceptance_curve(ax, measured: list[tuple[int, float]], curves: dict[str, Cu
     return handles
 
 
-def acceptance_figure(record: dict | None, curves: dict[str, Curve], title: str) -> Figure:
+def acceptance_figure(record: AcceptanceRecord | None, curves: dict[str, Curve], title: str) -> Figure:
     """With a record: its heat map, histogram and acceptance curve; without one, the curve alone."""
     if record is None:
         fig, ax = subplots(figsize=(8, 6))
@@ -115,9 +116,9 @@ def acceptance_figure(record: dict | None, curves: dict[str, Curve], title: str)
         fit_bottom(fig, [legend_below(fig, ax, handles, ncol=1, fontsize=8)])
         return fig
     fig, axes = subplots(1, 3, figsize=(16, 6.2), gridspec_kw={"width_ratios": [1.35, 1, 1.1]})
-    accuracy_heatmap(axes[0], np.asarray(record["head_topk_accuracy"], dtype=float))
-    histogram_handles = length_histogram(axes[1], record["accepted_length_histogram"])
-    measured = [(r["tree_size"], r["mean_accepted_tokens"]) for r in record["per_tree_size"]]
+    accuracy_heatmap(axes[0], record.accuracy)
+    histogram_handles = length_histogram(axes[1], record.accepted_length_histogram)
+    measured = list(zip(record.tree_sizes, record.tokens_per_step))
     handles = acceptance_curve(axes[2], measured, curves)
     fig.subplots_adjust(left=0.07, right=0.985, top=suptitle(fig, title), wspace=0.3)
     legends = [

@@ -2,7 +2,7 @@
 and the closed-loop comparisons (perfmodel.validate) of its device and model.
 
 Acceptance, in order: `--acceptance FILE` (a decoder.measure record), else the record a
-checkpoint folder carries (acceptance-*.json beside its weights), else the Medusa paper's
+checkpoint folder carries (perfmodel.acceptance.record.own_record_path), else the Medusa paper's
 acc(n) = 0.477 log2 n for Vicuna-7B (or another preset by name, ACCEPTANCE_PRESETS).
 Closed-loop files, in order: `--validation FILE`, else those shipped in
 profilers/measurements/<device>/closed-loop/ for the model. Tree ablations (the paper's
@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.acceptance.rates import ACCEPTANCE_PRESETS, AcceptanceChoice, HeadAccuracyAcceptance, resolve_acceptance
+from perfmodel.acceptance.record import AcceptanceRecord, own_record_path
 from perfmodel.acceptance.trees import VICUNA_7B_ORDER, Tree, vicuna_7b_prefix
 from perfmodel.base.errors import PerfkitError
-from perfmodel.models.config import resolve_model_path
 
 ABLATION_COLUMNS = (
     "device",
@@ -50,21 +50,12 @@ VALIDATION_COLUMNS = (
 @dataclass(frozen=True)
 class ReportAcceptance:
     choice: AcceptanceChoice  # what the speedups use
-    record: dict | None  # the measured record behind it, if any
+    record: AcceptanceRecord | None  # the measured record behind it, if any
     record_path: Path | None
 
     @property
     def measured(self) -> bool:
         return self.record is not None
-
-
-def checkpoint_record(model: str) -> Path | None:
-    """A checkpoint folder's own acceptance record (greedy preferred: it is lossless)."""
-    folder = resolve_model_path(model)
-    if folder is None or not folder.is_dir():
-        return None
-    records = sorted(folder.glob("acceptance-*.json"), key=lambda p: (p.name != "acceptance-greedy.json", p.name))
-    return records[0] if records else None
 
 
 def report_acceptance(acceptance: str | None, model: str) -> ReportAcceptance:
@@ -73,7 +64,7 @@ def report_acceptance(acceptance: str | None, model: str) -> ReportAcceptance:
     the paper's preset."""
     if acceptance in ACCEPTANCE_PRESETS:
         return ReportAcceptance(resolve_acceptance(acceptance), None, None)
-    path = Path(acceptance) if acceptance else checkpoint_record(model)
+    path = Path(acceptance) if acceptance else own_record_path(model)
     choice = resolve_acceptance(path)
     return ReportAcceptance(choice, choice.record, path)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from perfmodel.planning.capacity import BAND_SHOWN, PlanResult
+from perfmodel.planning.result import BAND_SHOWN, PlanResult
 from reports.sources import ReportAcceptance
 
 POINT_COLUMNS = ["op", "phase", "batch", "seq_len", "candidates", "intensity", "tflops", "time_s", "source"]
@@ -87,9 +87,8 @@ def operator_errors(op_errors: list[pd.DataFrame]) -> pd.DataFrame:
 
 def acceptance_errors(acceptance: ReportAcceptance) -> pd.DataFrame:
     """A measured record's tokens per step per tree size against each fitted model's."""
-    rows = acceptance.record["per_tree_size"]
-    sizes = np.array([r["tree_size"] for r in rows])
-    measured = np.array([r["mean_accepted_tokens"] for r in rows])
+    sizes = np.array(acceptance.record.tree_sizes)
+    measured = np.array(acceptance.record.tokens_per_step)
     table = pd.DataFrame({"tree_size": sizes, "measured_tokens_per_step": measured})
     for label, model in [("log_fit", acceptance.choice.curve), ("head_accuracy", acceptance.choice.trees)]:
         if model is not None:

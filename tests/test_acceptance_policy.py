@@ -16,10 +16,10 @@ from perfmodel.acceptance.rates import (
     HeadAccuracyAcceptance,
     LogAcceptance,
     closer_to_record,
-    load_acceptance_record,
     models_from_record,
     resolve_acceptance,
 )
+from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.base.errors import PerfkitError
 from perfmodel.planning import simulations
 from perfmodel.planning.capacity import plan
@@ -40,13 +40,13 @@ def test_paper_none_and_the_preset_are_the_papers_curve(value):
 @pytest.mark.parametrize("as_path", [str, Path])
 def test_a_record_uses_the_model_closer_to_its_measurements(as_path):
     choice = resolve_acceptance(as_path(RECORD))
-    log, heads = models_from_record(load_acceptance_record(RECORD))
+    log, heads = models_from_record(AcceptanceRecord.load(RECORD))
     used = closer_to_record(log, heads)
     assert type(choice.model) is type(used) and choice.model.error == used.error
     assert isinstance(choice.trees, HeadAccuracyAcceptance)  # the record's head accuracies shape trees
     assert isinstance(choice.log, LogAcceptance) and choice.log.error == log.error
     assert choice.label.startswith(f"{used.describe()} from {RECORD.name}; closer to the record than its ")
-    assert choice.record == load_acceptance_record(RECORD)
+    assert choice.record == AcceptanceRecord.load(RECORD)
 
 
 def test_a_model_from_python_is_used_as_is():
@@ -75,7 +75,7 @@ def test_plan_reads_acceptance_as_the_speedups_and_reports_do(tmp_path):
     from_record = plan("llama-7b", "a100", acceptance=RECORD)
     assert from_record.acceptance == resolve_acceptance(RECORD).model.describe()
     report = report_acceptance(str(RECORD), "llama-7b")
-    assert report.choice.label == resolve_acceptance(RECORD).label and report.record == load_acceptance_record(RECORD)
+    assert report.choice.label == resolve_acceptance(RECORD).label and report.record == AcceptanceRecord.load(RECORD)
     assert report_acceptance("paper", "llama-7b").choice.curve is PAPER_ACCEPTANCE
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"per_tree_size": [{"tree_size": 4}], "head_topk_accuracy": [[0.5]]}))

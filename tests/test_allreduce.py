@@ -12,20 +12,15 @@ from perfmodel.hardware.specs import find_spec, load_all_specs, load_spec_file
 from perfmodel.latency.allreduce import (
     DECODE_BYTES,
     RING_CONSTANTS,
-    SHIPPED_TABLES,
-    TABLE_COLUMNS,
     MeasuredAllReduce,
     RingAllReduce,
     all_reduce_source,
-    fit_all,
-    import_vidur_all_reduce,
     measured_source,
-    model_errors,
-    read_table,
     ring_all_reduce_time,
-    table_path,
     tp_comm_time_per_step,
 )
+from perfmodel.latency.allreduce_fit import fit_all, model_errors
+from perfmodel.measured.vidur import SHIPPED_TABLES, TABLE_COLUMNS, import_vidur_all_reduce, read_table, table_path
 from perfmodel.models.config import load_model
 from tests.helpers import custom_spec
 

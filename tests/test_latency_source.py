@@ -119,3 +119,37 @@ def test_a_device_without_measurements_borrows_from_its_architecture_and_says_so
     assert ratio == pytest.approx(np.full(len(tokens), 2039 / 1935), rel=0.02)
     # a device of an architecture nobody measured keeps the datasheet roofline
     assert latency_source("l40s", LLAMA).mode == "datasheet"
+
+
+def test_a_remembered_fit_predicts_exactly_what_a_fresh_fit_does(tmp_path, monkeypatch):
+    from perfmodel.latency.source import fit_params, gemm_rows, profile_rows
+
+    monkeypatch.setenv("MEDUSA_PERFKIT_HOME", str(tmp_path))
+    rows, _ = profile_rows("a100-sxm")
+    gemms = gemm_rows(rows[rows["dtype"] == "fp16"])
+    spec = find_spec("a100-sxm")
+    fresh = fit_params(gemms, spec, "fp16")
+    (remembered,) = (tmp_path / "fits").glob("*.json")
+    assert fit_params(gemms, spec, "fp16") == fresh  # read back bit for bit
+    # other measurements are another fit, not the remembered one
+    assert fit_params(gemms.iloc[::2], spec, "fp16") != fresh
+    assert len(list((tmp_path / "fits").glob("*.json"))) == 2
+    remembered.write_text("{not json")
+    assert fit_params(gemms, spec, "fp16") == fresh  # a damaged file is fitted again
+
+
+def test_an_unwritable_fit_folder_only_costs_the_fit(tmp_path):
+    from perfmodel.hardware.efficiencies import RooflineParams
+    from perfmodel.latency.fit import remembered_fit
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    calls = []
+
+    def fit():
+        calls.append(1)
+        return RooflineParams(0.8123456789012345, 0.7, 3.3e-6, label="x")
+
+    assert remembered_fit("k", fit, blocker / "fits") == fit() and len(calls) == 2
+    assert remembered_fit("k", fit, tmp_path / "fits") == remembered_fit("k", fit, tmp_path / "fits")
+    assert len(calls) == 3

@@ -15,9 +15,10 @@ from perfmodel.latency.source import latency_source
 from perfmodel.latency.step import StepModel
 from perfmodel.models.config import load_model
 from perfmodel.plan import benchmark, main
-from perfmodel.planning.capacity import BAND_COLUMNS, plan
+from perfmodel.planning.capacity import plan
 from perfmodel.planning.lengths import Lengths
 from perfmodel.planning.memory import head_params, kv_bytes_per_token, weight_params
+from perfmodel.planning.result import BAND_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,9 +14,9 @@ from perfmodel.acceptance.rates import (
     draft_model_improvement,
     draft_model_tokens,
     fit_log_acceptance,
-    load_acceptance_record,
     models_from_record,
 )
+from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import find_spec
@@ -141,12 +141,12 @@ def test_models_from_a_decoder_record(tmp_path):
     }
     path = tmp_path / "acc.json"
     path.write_text(json.dumps(record))
-    log, heads = models_from_record(load_acceptance_record(path))
+    log, heads = models_from_record(AcceptanceRecord.load(path))
     assert heads.error.max_abs_pct < 1.0  # 1.5, 1.7, 1.9 are exactly the greedy trees' values
     assert log.error.points == 4
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(PerfkitError, match="per_tree_size"):
-        load_acceptance_record(tmp_path / "bad.json")
+        AcceptanceRecord.load(tmp_path / "bad.json")
 
 
 def synthetic_rows(params: RooflineParams, grid=((1, 4, 16), (128, 1024), (1,))):

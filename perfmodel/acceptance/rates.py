@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import expected_acceptance, greedy_tree, optimal_tree
 from perfmodel.base.errors import PerfkitError
-from perfmodel.base.jsonfile import read_json
 
 PAPER_LOG_SLOPE = 0.477  # Medusa paper, Appendix G.3: acc_rate = 0.477 log(num_candidates)
 # The paper names no base. log2 is the reading its measurements support (docs/acceptance.md):
@@ -205,32 +205,18 @@ def draft_model_improvement(alpha, gamma, cost_ratio) -> np.ndarray:
     return draft_model_tokens(alpha, gamma) / (c * np.asarray(gamma) + 1)
 
 
-def load_acceptance_record(path) -> dict:
-    """A decoder.measure JSON record: needs per_tree_size and head_topk_accuracy."""
-
-    record = read_json(path, "acceptance record")
-    if not isinstance(record, dict):
-        raise PerfkitError(f"{path}: expected a JSON object written by python -m decoder.measure")
-    for key in ("per_tree_size", "head_topk_accuracy"):
-        if key not in record:
-            raise PerfkitError(f"{path}: missing {key!r}; write it with python -m decoder.measure")
-    return record
-
-
 def closer_to_record(log: LogAcceptance, heads: HeadAccuracyAcceptance):
     """Of a record's two models, the one with the smaller mean error against its measured
     tokens per step: the one every prediction from that record uses."""
     return heads if heads.error.mean_abs_pct < log.error.mean_abs_pct else log
 
 
-def models_from_record(record: dict) -> tuple[LogAcceptance, HeadAccuracyAcceptance]:
+def models_from_record(record: AcceptanceRecord) -> tuple[LogAcceptance, HeadAccuracyAcceptance]:
     """The log fit and the head-accuracy model of a decoder.measure record, each with its
     error against the record's measured tokens per step per tree size."""
-    rows = record["per_tree_size"]
-    sizes = [r["tree_size"] for r in rows]
-    measured = [r["mean_accepted_tokens"] for r in rows]
+    sizes, measured = record.tree_sizes, record.tokens_per_step
     log = fit_log_acceptance(sizes, measured, label="fitted to decoder.measure")
-    heads = HeadAccuracyAcceptance(np.asarray(record["head_topk_accuracy"])).checked_against(sizes, measured)
+    heads = HeadAccuracyAcceptance(np.asarray(record.head_topk_accuracy)).checked_against(sizes, measured)
     return log, heads
 
 
@@ -244,7 +230,7 @@ class AcceptanceChoice:
     label: str
     trees: object | None = None
     log: object | None = None
-    record: dict | None = field(default=None, repr=False, compare=False)  # the decoder.measure record, if any
+    record: AcceptanceRecord | None = field(default=None, repr=False, compare=False)  # the decoder.measure record
 
     @property
     def curve(self):
@@ -303,7 +289,7 @@ def resolve_acceptance(acceptance=None) -> AcceptanceChoice:
 
 def record_choice(path) -> AcceptanceChoice:
     """The acceptance of a decoder.measure record at `path` (see resolve_acceptance)."""
-    record = load_acceptance_record(path)
+    record = AcceptanceRecord.load(path)
     try:
         log, heads = models_from_record(record)
     except PerfkitError as exc:

@@ -1,12 +1,12 @@
 """Tensor-parallel all-reduce time: measured tables where they are shipped, a ring model
 from the spec's interconnect bandwidth elsewhere.
 
-Measured tables come from Vidur (github.com/microsoft/vidur, MIT licence), converted by
-`import_vidur_all_reduce` into `profilers/measurements/<device>/imported/all_reduce-*.csv`
-(provenance and the regeneration command: profilers/measurements/IMPORTED-ALLREDUCE.md).
-The ring model's latency and efficiency are fitted on those tables (`fit_ring`); the
-command `python -m perfmodel.allreduce_compare` prints the fits and the model's error
-against every table.
+Measured tables come from Vidur (github.com/microsoft/vidur, MIT licence), shipped converted
+under `profilers/measurements/<device>/imported/all_reduce-*.csv` and read by
+perfmodel.measured.vidur.
+The ring model's latency and efficiency are fitted on those tables
+(perfmodel.latency.allreduce_fit); the command `python -m perfmodel.allreduce_compare`
+prints the fits and the model's error against every table.
 
 Everything here is a pure function of its arguments and of the shipped data files.
 """
@@ -14,9 +14,7 @@ Everything here is a pure function of its arguments and of the shipped data file
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,27 +22,9 @@ import pandas as pd
 from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.specs import HardwareSpec, find_spec
-from perfmodel.measured.store import MEASUREMENTS_DIR
+from perfmodel.measured.vidur import SHIPPED_TABLES, read_table, table_path
 from perfmodel.models.config import ModelConfig
 
-VIDUR_COMMIT = "7d47513363ec447a741ac5e47241580b47724fbf"
-TABLE_COLUMNS = ["topology", "num_workers", "devices_per_node", "bytes", "time_s", "noise", "run_id"]
-VIDUR_COLUMNS = (
-    "time_stats.all_reduce.median",
-    "time_stats.all_reduce.std",
-    "rank",
-    "num_workers",
-    "size",
-    "devices_per_node",
-)
-
-# Measured tables shipped per device key: our topology name -> Vidur's network folder name.
-# Vidur's "a100"/"h100" network profiles belong to its A100/H100 node types; which cards the
-# pairwise node held Vidur does not say (see IMPORTED-ALLREDUCE.md).
-SHIPPED_TABLES = {
-    "a100-sxm": {"dgx": "a100_dgx", "pairwise_nvlink": "a100_pairwise_nvlink"},
-    "h100-sxm": {"dgx": "h100_dgx", "pairwise_nvlink": "h100_pairwise_nvlink"},
-}
 TOPOLOGY_TEXT = {
     "dgx": "8-GPU DGX node, NVSwitch",
     "pairwise_nvlink": "4-GPU node, NVLink within pairs, PCIe between them",
@@ -55,7 +35,6 @@ TOPOLOGIES = (*TOPOLOGY_TEXT, RING)
 # Message sizes typical of decoding: batch x query tokens x hidden x 2 bytes spans about
 # 8 KiB (1 token, hidden 4096) to tens of MiB (a few hundred tree tokens x batch, hidden 8192).
 DECODE_BYTES = (8 * 1024, 64 * 1024**2)
-SPLIT_BYTES = 1024**2  # errors are also reported below / from 1 MiB
 
 
 @dataclass(frozen=True)
@@ -67,89 +46,15 @@ class RingConstants:
     fitted_on: str
 
 
-# Fitted by `python -m perfmodel.allreduce_compare --fit` (fit_ring on the shipped tables,
+# Fitted by `python -m perfmodel.allreduce_compare --fit` (allreduce_fit: on the shipped tables,
 # single-node rows, message sizes DECODE_BYTES, every row weighted by its relative error),
 # rounded to 3 significant digits. tests/test_allreduce.py refits and checks them.
-RING_FIT_PLAN = {
-    # interconnect: (device, topology, link GB/s both directions as the datasheet gives it, workers)
-    "nvlink3": ("a100-sxm", "dgx", 600.0, (2, 4, 8)),
-    "nvlink4": ("h100-sxm", "dgx", 900.0, (2, 4, 8)),
-    # The pairwise node's 4-GPU ring crosses PCIe between its NVLink pairs, so its slowest hop
-    # is a PCIe x16 link: its rows time a PCIe ring (Gen4 for A100; Gen5 assumed for H100).
-    "pcie4": ("a100-sxm", "pairwise_nvlink", 64.0, (4,)),
-    "pcie5": ("h100-sxm", "pairwise_nvlink", 128.0, (4,)),
-}
 RING_CONSTANTS = {
     "nvlink3": RingConstants(3.37e-6, 0.476, "a100_dgx (NVSwitch), 2/4/8 GPUs, 600 GB/s"),
     "nvlink4": RingConstants(2.43e-6, 0.664, "h100_dgx (NVSwitch), 2/4/8 GPUs, 900 GB/s"),
     "pcie4": RingConstants(9.11e-6, 0.731, "a100_pairwise_nvlink, 4 GPUs, PCIe Gen4 x16 64 GB/s"),
     "pcie5": RingConstants(3.96e-6, 0.723, "h100_pairwise_nvlink, 4 GPUs, PCIe Gen5 x16 128 GB/s"),
 }
-
-
-# --- importing Vidur's tables -------------------------------------------------------------
-
-
-def import_vidur_all_reduce(path: str | Path, topology: str) -> pd.DataFrame:
-    """Vidur's `network/<topology>/all_reduce.csv` as a compact table (TABLE_COLUMNS).
-
-    Vidur's `size` column is in bytes: its profiler allocates `size` fp16 elements and
-    records `size * 2` ("# bytes", vidur/profiling/collectives/collectives_wrapper.py), and
-    its predictor turns it into tokens as size / hidden / 2. (Read as elements, the H100
-    tables would move more than NVLink's 450 GB/s per direction.) Times are the median of
-    Vidur's runs in ms; noise is std / median of the same runs.
-
-    Vidur keeps only rank 0's row (`gpu_id == 0` in vidur/profiling/collectives/main.py),
-    so the shipped tables have one rank. Should a file hold several, the slowest rank is
-    kept: an all-reduce ends when its slowest rank ends. Repeated rows of one rank (the
-    16 MiB size appears twice, at the seam of two of Vidur's size ranges) are measurements
-    of the same thing: their median is kept, with the larger noise.
-    """
-    path = Path(path)
-    raw = read_csv_with(path, VIDUR_COLUMNS, "Vidur all-reduce table")
-    if "collective" in raw.columns and set(raw["collective"]) != {"all_reduce"}:
-        raise PerfkitError(f"{path}: expected only all_reduce rows, got {sorted(set(raw['collective']))}")
-    median = raw["time_stats.all_reduce.median"].astype(float)
-    if not (np.isfinite(median) & (median > 0)).all():
-        raise PerfkitError(f"{path}: every time_stats.all_reduce.median must be a positive number of ms")
-    rows = pd.DataFrame(
-        {
-            "num_workers": raw["num_workers"].astype(int),
-            "devices_per_node": raw["devices_per_node"].astype(int),
-            "bytes": raw["size"].astype(int),
-            "rank": raw["rank"].astype(int),
-            "time_s": median / 1e3,
-            "noise": raw["time_stats.all_reduce.std"].astype(float).fillna(0.0) / median,
-        }
-    )
-    keys = ["num_workers", "devices_per_node", "bytes"]
-    per_rank = rows.groupby([*keys, "rank"], as_index=False).agg(time_s=("time_s", "median"), noise=("noise", "max"))
-    table = per_rank.groupby(keys, as_index=False).agg(time_s=("time_s", "max"), noise=("noise", "max"))
-    table.insert(0, "topology", topology)
-    table["run_id"] = f"vidur@{VIDUR_COMMIT[:7]}:network/{topology}/all_reduce.csv"
-    return table.sort_values(keys, ignore_index=True)[TABLE_COLUMNS]
-
-
-def table_path(device_key: str, topology: str) -> Path:
-    """Where the shipped table of a device and topology ('dgx', 'pairwise_nvlink') lives."""
-    return MEASUREMENTS_DIR / device_key / "imported" / f"all_reduce-{SHIPPED_TABLES[device_key][topology]}.csv"
-
-
-def read_table(path: str | Path) -> pd.DataFrame:
-    """A shipped (converted) all-reduce table."""
-    return read_csv_with(Path(path), TABLE_COLUMNS, "all-reduce table")
-
-
-def read_csv_with(path: Path, columns, what: str) -> pd.DataFrame:
-    """A CSV that must hold `columns`; one line naming the file otherwise."""
-    try:
-        table = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise PerfkitError(f"cannot read {what} {path}: {exc}") from None
-    missing = [c for c in columns if c not in table.columns]
-    if missing:
-        raise PerfkitError(f"{path}: not a {what}, missing column(s) {', '.join(missing)}")
-    return table
 
 
 # --- the two sources ------------------------------------------------------------------------
@@ -372,92 +277,3 @@ def tp_comm_time_per_step(model: ModelConfig, tp: int, tokens, dtype: str, sourc
         raise PerfkitError(f"tokens per step must be >= 0, got {t[bad].flat[0]:g}")
     nbytes = t * model.hidden_size * element_bytes(dtype)
     return _result(2 * model.num_layers * np.asarray(source.time(nbytes, tp)))
-
-
-# --- fitting and comparing the ring model against the tables ------------------------------------
-
-
-def _decode_rows(table: pd.DataFrame, workers=None, sizes: tuple[float, float] = DECODE_BYTES) -> pd.DataFrame:
-    rows = table[(table["devices_per_node"] == table["num_workers"]) & table["bytes"].between(*sizes)]
-    return rows if workers is None else rows[rows["num_workers"].isin(workers)]
-
-
-def fit_ring(
-    table: pd.DataFrame, link_gb_s: float, workers=None, sizes: tuple[float, float] = DECODE_BYTES
-) -> RingConstants:
-    """Latency per step and efficiency of the ring model that best fits a table's single-node
-    rows in `sizes` (bytes), by least squares on relative error: t = a x 2(n-1) + b x
-    2(n-1)/n x bytes / (link_gb_s / 2), efficiency = 1 / b. A negative latency is refitted at 0."""
-    rows = _decode_rows(table, workers, sizes)
-    if rows.empty:
-        raise PerfkitError("no single-node table rows in the size range to fit the ring model on")
-    n = rows["num_workers"].to_numpy(dtype=float)
-    t = rows["time_s"].to_numpy(dtype=float)
-    steps = 2 * (n - 1)
-    transfer = 2 * (n - 1) / n * rows["bytes"].to_numpy(dtype=float) / (link_gb_s * 1e9 / 2)
-    (latency, inverse_eff), *_ = np.linalg.lstsq(np.c_[steps / t, transfer / t], np.ones_like(t), rcond=None)
-    if latency < 0:
-        latency, inverse_eff = 0.0, float(np.sum(transfer / t) / np.sum((transfer / t) ** 2))
-    topologies = ", ".join(sorted(set(rows["topology"])))
-    counts = "/".join(map(str, sorted(set(rows["num_workers"]))))
-    return RingConstants(float(latency), float(1 / inverse_eff), f"{topologies}, {counts} GPUs, {link_gb_s:g} GB/s")
-
-
-def model_errors(table: pd.DataFrame, source, sizes: tuple[float, float] = DECODE_BYTES) -> pd.DataFrame:
-    """Per worker count: the relative error of `source` (model / measured - 1) over a table's
-    single-node rows in `sizes`: rows, median and p90 of |error|, median signed error, and
-    the median signed error below and from SPLIT_BYTES (the table has far more rows above:
-    Vidur's sizes are evenly spaced in bytes, while most decoding messages are below)."""
-    out = []
-    for workers, rows in _decode_rows(table, sizes=sizes).groupby("num_workers"):
-        err = np.asarray(source.time(rows["bytes"].to_numpy(), int(workers))) / rows["time_s"].to_numpy() - 1
-        small = rows["bytes"].to_numpy() < SPLIT_BYTES
-        out.append(
-            {
-                "workers": int(workers),
-                "rows": len(rows),
-                "median_abs_err": float(np.median(np.abs(err))),
-                "p90_abs_err": float(np.quantile(np.abs(err), 0.9)),
-                "median_err": float(np.median(err)),
-                "median_err_small": float(np.median(err[small])) if small.any() else np.nan,
-                "median_err_large": float(np.median(err[~small])) if (~small).any() else np.nan,
-            }
-        )
-    return pd.DataFrame(out)
-
-
-def compare_tables(sizes: tuple[float, float] = DECODE_BYTES) -> pd.DataFrame:
-    """The ring model of each shipped device (its spec, fitted constants) against each of its
-    tables, per worker count; and each PCIe fit against the rows it was fitted on."""
-    out = []
-    for device, tables in SHIPPED_TABLES.items():
-        model = RingAllReduce.for_spec(find_spec(device))
-        for topology, vidur in tables.items():
-            errors = model_errors(read_table(table_path(device, topology)), model, sizes)
-            errors.insert(0, "model", f"{find_spec(device).interconnect} {model.link_gb_s:g} GB/s")
-            errors.insert(0, "table", vidur)
-            out.append(errors)
-    for interconnect, (device, topology, link, workers) in RING_FIT_PLAN.items():
-        if not interconnect.startswith("pcie"):
-            continue
-        fit = RING_CONSTANTS[interconnect]
-        model = RingAllReduce(link, fit.latency_s, fit.efficiency, interconnect)
-        table = read_table(table_path(device, topology))
-        errors = model_errors(table[table["num_workers"].isin(workers)], model, sizes)
-        errors.insert(0, "model", f"{interconnect} {link:g} GB/s")
-        errors.insert(0, "table", SHIPPED_TABLES[device][topology])
-        out.append(errors)
-    return pd.concat(out, ignore_index=True)
-
-
-def fit_all(sizes: tuple[float, float] = DECODE_BYTES) -> dict[str, RingConstants]:
-    """fit_ring for every interconnect of RING_FIT_PLAN on the shipped tables."""
-    fits = {}
-    for interconnect, (device, topology, link, workers) in RING_FIT_PLAN.items():
-        fits[interconnect] = fit_ring(read_table(table_path(device, topology)), link, workers, sizes)
-    return fits
-
-
-def significant(x: float, digits: int = 3) -> float:
-    """`x` rounded to `digits` significant digits (how the fitted constants are stored)."""
-    return 0.0 if x == 0 else round(x, digits - 1 - math.floor(math.log10(abs(x))))

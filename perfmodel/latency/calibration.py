@@ -22,6 +22,7 @@ import pandas as pd
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec
+from perfmodel.latency.fit import ROWS_BOUNDS, fit_roofline_params
 from perfmodel.latency.roofline import RooflineLatency
 from perfmodel.models.config import ModelConfig
 
@@ -91,9 +92,6 @@ class MeasuredLatency:
             else:
                 values = np.log(values.reshape([len(a) for a in axes]))
             self.tables[(op, phase)] = _Table(axes, list(AXES), values)
-
-    def covers(self, op: str, phase: str) -> bool:
-        return (op, phase) in self.tables
 
     def op_time(self, op: str, phase: str, batch, seq_len, candidates) -> np.ndarray:
         if (op, phase) not in self.tables:
@@ -173,10 +171,8 @@ def predict_rows(rows: pd.DataFrame, latency) -> np.ndarray:
 def fit_roofline(
     rows: pd.DataFrame, spec: HardwareSpec, model: ModelConfig, dtype: str, holdout: float = 0.25, seed: int = 0
 ) -> tuple[RooflineLatency, FitReport]:
-    """A RooflineLatency whose parameters best fit `rows` in log time, and its error on a
-    random `holdout` share of the rows it was not fitted to."""
-    from scipy.optimize import least_squares
-
+    """A RooflineLatency whose parameters best fit `rows` in log time (perfmodel.latency.fit),
+    and its error on a random `holdout` share of the rows it was not fitted to."""
     rows = usable_rows(rows, model.name, dtype).reset_index(drop=True)
     if not 0 <= holdout < 1:
         raise PerfkitError(f"holdout must be in [0, 1), got {holdout}")
@@ -185,18 +181,14 @@ def fit_roofline(
     order = np.random.default_rng(seed).permutation(len(rows))
     n_held = int(round(holdout * len(rows))) if holdout else 0
     held, train = rows.iloc[order[:n_held]], rows.iloc[order[n_held:]]
-    measured = np.log(train["time_s"].to_numpy())
-
-    def latency(x) -> RooflineLatency:
-        return RooflineLatency(
-            spec, model, dtype, RooflineParams(x[0], x[1], x[2] * 1e-6, label="fitted to measurements")
-        )
-
-    def residuals(x):
-        return np.log(predict_rows(train.reset_index(drop=True), latency(x))) - measured
-
-    fit = least_squares(residuals, x0=[0.5, 0.5, 5.0], bounds=([1e-3, 1e-3, 0.0], [1.0, 1.0, 1e4]))
-    fitted = latency(fit.x)
+    train_rows = train.reset_index(drop=True)
+    params = fit_roofline_params(
+        lambda p: predict_rows(train_rows, RooflineLatency(spec, model, dtype, p)),
+        np.log(train["time_s"].to_numpy()),
+        ROWS_BOUNDS,
+        "fitted to measurements",
+    )
+    fitted = RooflineLatency(spec, model, dtype, params)
     check = held if len(held) else train
     err = np.abs(predict_rows(check.reset_index(drop=True), fitted) / check["time_s"].to_numpy() - 1) * 100
     report = FitReport(

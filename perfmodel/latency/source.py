@@ -11,7 +11,7 @@ GEMM's weight shape (k, n) and its token count m = batch x query length:
   linearly in tokens on the measured token grid (every 8 tokens in the shipped profiles),
   which keeps the steps;
 - **calibrated**: a shape not measured on this device: the roofline with its three
-  parameters fitted to the device's measured linear ops (perfmodel.latency.calibration.fit), times
+  parameters fitted to the device's measured linear ops (perfmodel.latency.fit), times
   the staircase of the nearest measured shapes (their measured / fitted ratio at the same
   token count, weighted by closeness in log k and log n). The steps come from the data;
   nothing about tiles is hard-coded;
@@ -32,21 +32,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec, load_all_specs, resolve_spec
+from perfmodel.latency.fit import GEMM_BOUNDS, fit_key, fit_roofline_params, remembered_fit
 from perfmodel.latency.roofline import RooflineLatency, kernel_time
 from perfmodel.measured.device_view import DeviceView
-from perfmodel.measured.store import stored_profiles
+from perfmodel.measured.store import stored_profiles, user_fits_dir
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, Matmul, op_kernels, query_len
 
 LATENCY_CHOICES = ("auto", "measured", "calibrated", "datasheet")
 # Shapes closer than this (in log k, log n) lend their staircase; 2 neighbours smooth one
-# shape's odd kernel choice (chosen on the leave-one-model-out test, see the README).
+# shape's odd kernel choice (chosen on the leave-one-model-out test, python -m perfmodel.latency_check).
 NEIGHBOURS = 2
 
 
@@ -92,15 +92,17 @@ def roofline_gemm(k, n, m, spec: HardwareSpec, dtype: str, params: RooflineParam
 
 def fit_params(gemms: pd.DataFrame, spec: HardwareSpec, dtype: str) -> RooflineParams:
     """The roofline's efficiencies and per-kernel overhead fitted to measured GEMMs
-    (least squares on log time)."""
+    (perfmodel.latency.fit: least squares on log time)."""
     k, n, m, t = (gemms[c].to_numpy(dtype=float) for c in ("k", "n", "m", "time_s"))
-
-    def residuals(x):
-        params = RooflineParams(x[0], x[1], x[2] * 1e-6)
-        return np.log(roofline_gemm(k, n, m, spec, dtype, params)) - np.log(t)
-
-    fit = least_squares(residuals, [0.7, 0.8, 5.0], bounds=([0.02, 0.02, 0.0], [1.0, 1.0, 100.0]))
-    return RooflineParams(*fit.x[:2], fit.x[2] * 1e-6, label=f"fitted to {len(gemms)} measured GEMMs on {spec.key}")
+    label = f"fitted to {len(gemms)} measured GEMMs on {spec.key}"
+    key = fit_key("gemm", k, n, m, t, spec.peak_flops(dtype), spec.bandwidth, dtype, GEMM_BOUNDS, label)
+    return remembered_fit(
+        key,
+        lambda: fit_roofline_params(
+            lambda params: roofline_gemm(k, n, m, spec, dtype, params), np.log(t), GEMM_BOUNDS, label
+        ),
+        user_fits_dir(),
+    )
 
 
 @dataclass

@@ -172,6 +172,11 @@ def user_measurements_dir() -> Path:
     return Path(cache) / "medusa-perfkit" / "measurements"
 
 
+def user_fits_dir() -> Path:
+    """Where fitted latency parameters are remembered between runs: beside the measurements."""
+    return user_measurements_dir().parent / "fits"
+
+
 def measurement_roots() -> list[Path]:
     """The folders holding <device>/ sweeps: this user's measurements first, then the shipped ones."""
     return [user_measurements_dir(), MEASUREMENTS_DIR]

@@ -164,8 +164,10 @@ class MedusaConfig:
 
 @dataclass(frozen=True)
 class HFConfig:
-    """A Llama-family config.json as read by parse_hf_config, which fills absent keys with
-    transformers' defaults."""
+    """A Llama-family config.json, field by field under its own key names, with
+    transformers' defaults for the keys a file may leave out. The one list of these
+    fields: the cost model takes its shapes from it (model_config) and the decoder builds
+    its transformer from it (decoder.model.LlamaConfig, a subclass adding what it can run)."""
 
     vocab_size: int
     hidden_size: int
@@ -173,19 +175,28 @@ class HFConfig:
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
-    head_dim: int
-    rope_theta: float
-    rope_type: str  # anything but "default" is a RoPE scaling scheme
-    rms_norm_eps: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    bos_token_id: int | None
-    eos_token_id: int | None
-    medusa: MedusaConfig
+    head_dim: int | None = None  # None: hidden_size / num_attention_heads
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    medusa_num_heads: int | None = None  # None: the file declares no heads
+    medusa_num_layers: int = 1  # residual blocks per head
+    rope_type: str = "default"  # anything but "default" is a RoPE scaling scheme
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", head_size(self.hidden_size, self.num_attention_heads, "model config"))
+
+    @property
+    def medusa(self) -> MedusaConfig:
+        return MedusaConfig(self.medusa_num_heads, self.medusa_num_layers)
 
     def model_config(self, name: str) -> ModelConfig:
         """The shapes the cost model needs (a file without Medusa keys gets the default heads)."""
-        heads = self.medusa.num_heads
+        heads = self.medusa_num_heads
         return ModelConfig(
             name=name,
             hidden_size=self.hidden_size,
@@ -233,6 +244,7 @@ def parse_hf_config(cfg: dict, source: str | Path = "config.json") -> HFConfig:
     if not isinstance(tied, bool):
         raise PerfkitError(f"{source}: tie_word_embeddings must be true or false, got {tied!r}")
     eos = cfg.get("eos_token_id")
+    medusa = parse_medusa_config(cfg)
     return HFConfig(
         vocab_size=get("vocab_size"),
         hidden_size=hidden,
@@ -242,14 +254,15 @@ def parse_hf_config(cfg: dict, source: str | Path = "config.json") -> HFConfig:
         num_key_value_heads=cfg.get("num_key_value_heads") or heads,
         head_dim=cfg.get("head_dim") or head_size(hidden, heads, source),
         rope_theta=rope.get("rope_theta") or cfg.get("rope_theta", 10000.0),
-        rope_type=rope.get("rope_type", rope.get("type")) or "default",
         rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         tie_word_embeddings=tied,
         bos_token_id=cfg.get("bos_token_id"),
         # The decoder stops on a single end token: of several, the first.
         eos_token_id=(eos[0] if eos else None) if isinstance(eos, list) else eos,
-        medusa=parse_medusa_config(cfg),
+        medusa_num_heads=medusa.num_heads,
+        medusa_num_layers=medusa.num_layers,
+        rope_type=rope.get("rope_type", rope.get("type")) or "default",
     )
 
 

@@ -13,6 +13,61 @@ from perfmodel.models.config import ModelConfig
 from perfmodel.planning.lengths import Workload
 from perfmodel.planning.memory import GB
 
+# The columns of the plan's tables: devices, bands (and what a reader is shown of them).
+DEVICE_COLUMNS = [
+    "device",
+    "name",
+    "tensor_parallel",
+    "memory_gb",
+    "usable_gb",
+    "weights_gb",
+    "heads_gb",
+    "kv_mb_per_token",
+    "kv_mb_per_seq",
+    "max_batch",
+    "fits",
+    "batch",
+    "tree",
+    "tree_size",
+    "speculate",
+    "speedup",
+    "per_token_ms",
+    "user_tokens_s",
+    "total_tokens_s",
+    "meets_latency",
+    "devices_needed",
+    "best_ms",
+    "latency_model",
+    "note",
+]
+BAND_COLUMNS = [
+    "device",
+    "batch",
+    "tree",
+    "tree_size",
+    "speculate",
+    "speedup",
+    "acceptance",
+    "medusa_step_s",
+    "per_token_ms",
+    "user_tokens_s",
+    "total_tokens_s",
+    "memory_gb",
+    "meets_latency",
+]
+# The bands' columns a reader wants, in the CLI and the report.
+BAND_SHOWN = [
+    "batch",
+    "tree",
+    "speedup",
+    "acceptance",
+    "per_token_ms",
+    "user_tokens_s",
+    "total_tokens_s",
+    "memory_gb",
+    "meets_latency",
+]
+
 
 @dataclass(frozen=True)
 class PlanResult:

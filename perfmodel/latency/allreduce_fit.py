@@ -1,0 +1,115 @@
+"""The ring all-reduce model against the measured tables: its latency and efficiency per
+interconnect fitted on them (fit_ring, fit_all; stored as
+perfmodel.latency.allreduce.RING_CONSTANTS), and its error per table and worker count
+(model_errors, compare_tables), which `python -m perfmodel.allreduce_compare` prints.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.hardware.specs import find_spec
+from perfmodel.latency.allreduce import DECODE_BYTES, RING_CONSTANTS, RingAllReduce, RingConstants
+from perfmodel.measured.vidur import SHIPPED_TABLES, read_table, table_path
+
+SPLIT_BYTES = 1024**2  # errors are also reported below / from 1 MiB
+# What each interconnect's RING_CONSTANTS are fitted on.
+RING_FIT_PLAN = {
+    # interconnect: (device, topology, link GB/s both directions as the datasheet gives it, workers)
+    "nvlink3": ("a100-sxm", "dgx", 600.0, (2, 4, 8)),
+    "nvlink4": ("h100-sxm", "dgx", 900.0, (2, 4, 8)),
+    # The pairwise node's 4-GPU ring crosses PCIe between its NVLink pairs, so its slowest hop
+    # is a PCIe x16 link: its rows time a PCIe ring (Gen4 for A100; Gen5 assumed for H100).
+    "pcie4": ("a100-sxm", "pairwise_nvlink", 64.0, (4,)),
+    "pcie5": ("h100-sxm", "pairwise_nvlink", 128.0, (4,)),
+}
+
+
+def _decode_rows(table: pd.DataFrame, workers=None, sizes: tuple[float, float] = DECODE_BYTES) -> pd.DataFrame:
+    rows = table[(table["devices_per_node"] == table["num_workers"]) & table["bytes"].between(*sizes)]
+    return rows if workers is None else rows[rows["num_workers"].isin(workers)]
+
+
+def fit_ring(
+    table: pd.DataFrame, link_gb_s: float, workers=None, sizes: tuple[float, float] = DECODE_BYTES
+) -> RingConstants:
+    """Latency per step and efficiency of the ring model that best fits a table's single-node
+    rows in `sizes` (bytes), by least squares on relative error: t = a x 2(n-1) + b x
+    2(n-1)/n x bytes / (link_gb_s / 2), efficiency = 1 / b. A negative latency is refitted at 0."""
+    rows = _decode_rows(table, workers, sizes)
+    if rows.empty:
+        raise PerfkitError("no single-node table rows in the size range to fit the ring model on")
+    n = rows["num_workers"].to_numpy(dtype=float)
+    t = rows["time_s"].to_numpy(dtype=float)
+    steps = 2 * (n - 1)
+    transfer = 2 * (n - 1) / n * rows["bytes"].to_numpy(dtype=float) / (link_gb_s * 1e9 / 2)
+    (latency, inverse_eff), *_ = np.linalg.lstsq(np.c_[steps / t, transfer / t], np.ones_like(t), rcond=None)
+    if latency < 0:
+        latency, inverse_eff = 0.0, float(np.sum(transfer / t) / np.sum((transfer / t) ** 2))
+    topologies = ", ".join(sorted(set(rows["topology"])))
+    counts = "/".join(map(str, sorted(set(rows["num_workers"]))))
+    return RingConstants(float(latency), float(1 / inverse_eff), f"{topologies}, {counts} GPUs, {link_gb_s:g} GB/s")
+
+
+def model_errors(table: pd.DataFrame, source, sizes: tuple[float, float] = DECODE_BYTES) -> pd.DataFrame:
+    """Per worker count: the relative error of `source` (model / measured - 1) over a table's
+    single-node rows in `sizes`: rows, median and p90 of |error|, median signed error, and
+    the median signed error below and from SPLIT_BYTES (the table has far more rows above:
+    Vidur's sizes are evenly spaced in bytes, while most decoding messages are below)."""
+    out = []
+    for workers, rows in _decode_rows(table, sizes=sizes).groupby("num_workers"):
+        err = np.asarray(source.time(rows["bytes"].to_numpy(), int(workers))) / rows["time_s"].to_numpy() - 1
+        small = rows["bytes"].to_numpy() < SPLIT_BYTES
+        out.append(
+            {
+                "workers": int(workers),
+                "rows": len(rows),
+                "median_abs_err": float(np.median(np.abs(err))),
+                "p90_abs_err": float(np.quantile(np.abs(err), 0.9)),
+                "median_err": float(np.median(err)),
+                "median_err_small": float(np.median(err[small])) if small.any() else np.nan,
+                "median_err_large": float(np.median(err[~small])) if (~small).any() else np.nan,
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def compare_tables(sizes: tuple[float, float] = DECODE_BYTES) -> pd.DataFrame:
+    """The ring model of each shipped device (its spec, fitted constants) against each of its
+    tables, per worker count; and each PCIe fit against the rows it was fitted on."""
+    out = []
+    for device, tables in SHIPPED_TABLES.items():
+        model = RingAllReduce.for_spec(find_spec(device))
+        for topology, vidur in tables.items():
+            errors = model_errors(read_table(table_path(device, topology)), model, sizes)
+            errors.insert(0, "model", f"{find_spec(device).interconnect} {model.link_gb_s:g} GB/s")
+            errors.insert(0, "table", vidur)
+            out.append(errors)
+    for interconnect, (device, topology, link, workers) in RING_FIT_PLAN.items():
+        if not interconnect.startswith("pcie"):
+            continue
+        fit = RING_CONSTANTS[interconnect]
+        model = RingAllReduce(link, fit.latency_s, fit.efficiency, interconnect)
+        table = read_table(table_path(device, topology))
+        errors = model_errors(table[table["num_workers"].isin(workers)], model, sizes)
+        errors.insert(0, "model", f"{interconnect} {link:g} GB/s")
+        errors.insert(0, "table", SHIPPED_TABLES[device][topology])
+        out.append(errors)
+    return pd.concat(out, ignore_index=True)
+
+
+def fit_all(sizes: tuple[float, float] = DECODE_BYTES) -> dict[str, RingConstants]:
+    """fit_ring for every interconnect of RING_FIT_PLAN on the shipped tables."""
+    fits = {}
+    for interconnect, (device, topology, link, workers) in RING_FIT_PLAN.items():
+        fits[interconnect] = fit_ring(read_table(table_path(device, topology)), link, workers, sizes)
+    return fits
+
+
+def significant(x: float, digits: int = 3) -> float:
+    """`x` rounded to `digits` significant digits (how the fitted constants are stored)."""
+    return 0.0 if x == 0 else round(x, digits - 1 - math.floor(math.log10(abs(x))))
