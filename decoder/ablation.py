@@ -19,7 +19,6 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -36,7 +35,7 @@ from perfmodel.acceptance.ablation import dense_against_sparse
 from perfmodel.acceptance.batching import acceptance_survival, batch_acceptance, simulated_tokens
 from perfmodel.acceptance.trees import dense_tree, greedy_tree, random_dense_settings
 from perfmodel.base.errors import PerfkitError
-from perfmodel.cli import Parser, batch_size, positive_int, run
+from perfmodel.cli import Parser, batch_size, options, positive_int, run
 from perfmodel.hardware.cpu_identity import this_cpu_key
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import HEAD_TOP_K
@@ -174,9 +173,7 @@ def ablation(config: AblationConfig, log=print) -> pd.DataFrame:
 
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.ablation", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--model", default="bundled", metavar="DIR|bundled", help="checkpoint with Medusa heads (default: bundled)"
-    )
+    options.model(p, needs_weights=True)
     p.add_argument(
         "--dense", type=positive_int, default=12, metavar="N", help="random dense trees (default %(default)s)"
     )
@@ -201,7 +198,7 @@ def build_parser() -> Parser:
     p.add_argument("--new-tokens", type=positive_int, default=96, help="tokens per prompt (default %(default)s)")
     p.add_argument("--rounds", type=positive_int, default=1, help="passes over the prompts (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="dense trees and prompts (default %(default)s)")
-    p.add_argument("--csv", type=Path, required=True, metavar="FILE", help="where to write the table")
+    options.csv(p, "the table", required=True)
     return p
 
 

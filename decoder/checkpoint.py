@@ -37,6 +37,7 @@ from perfmodel.base.jsonfile import read_json
 from perfmodel.cli import Parser, run
 from perfmodel.models.config import (
     BUNDLED_MODEL,
+    load_model,
     parse_hf_config,
     parse_medusa_config,
     read_config_json,
@@ -181,11 +182,32 @@ def verify_manifest(folder: Path) -> None:
 
 
 def resolve_folder(model: str | Path) -> Path:
-    folder = resolve_model_path(model) or Path(model)
+    """The checkpoint folder a --model names (perfmodel.cli.options.model): bundled or
+    medusa2, a folder, or a config.json, whose weights are beside it."""
+    path = resolve_model_path(model)
+    if path is not None and path.is_file() and path.name == "config.json":
+        path = path.parent
+    if path is None and is_preset(model):
+        raise PerfkitError(
+            f"model {model!r} is a preset: shapes without weights, which this command cannot run; give a checkpoint "
+            "folder, its config.json, or bundled"
+        )
+    folder = path or Path(model)
     if not folder.is_dir():
         hint = " (the bundled model is made by `python -m decoder.train`)" if str(model) == "bundled" else ""
         raise PerfkitError(f"model folder {folder} does not exist{hint}")
     return folder
+
+
+def is_preset(model: str | Path) -> bool:
+    """Whether `model` names one of perfmodel's presets (llama-7b, ...) rather than files."""
+    if resolve_model_path(model) is not None:
+        return False
+    try:
+        load_model(model)
+    except PerfkitError:
+        return False
+    return True
 
 
 def load_checkpoint(model: str | Path = "bundled", heads: str | Path | None = None, dtype=torch.float32) -> Checkpoint:

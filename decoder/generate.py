@@ -10,7 +10,7 @@ from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder, check_context
 from decoder.tree import TREE_NAMES, resolve_tree
 from perfmodel.base.errors import PerfkitError
-from perfmodel.cli import Parser, positive_int, run
+from perfmodel.cli import Parser, options, positive_int, run
 
 
 class Streamer:
@@ -38,12 +38,7 @@ def say(text: str) -> None:
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.generate", description=__doc__)
     p.add_argument("--prompt", required=True, help="text to continue")
-    p.add_argument(
-        "--model",
-        default="bundled",
-        metavar="DIR|bundled",
-        help="checkpoint folder in the Hugging Face Llama layout (default: the bundled model)",
-    )
+    options.model(p, needs_weights=True)
     p.add_argument("--heads", metavar="DIR", help="Medusa heads folder, when apart from the model")
     p.add_argument(
         "--max-new-tokens",
@@ -58,13 +53,7 @@ def build_parser() -> Parser:
         help=f"auto (the performance model's best tree for this machine, or plain decoding where no tree beats it; "
         f"the default where the checkpoint records head accuracies), {TREE_NAMES}",
     )
-    p.add_argument(
-        "--acceptance",
-        choices=SCHEMES,
-        default="greedy",
-        help="greedy: lossless, greedy decoding's output; typical: the Medusa paper's typical acceptance; rejection: "
-        "exact sampling (default %(default)s)",
-    )
+    options.acceptance(p, choices=SCHEMES)
     p.add_argument(
         "--temperature",
         type=float,

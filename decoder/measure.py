@@ -13,7 +13,6 @@ import json
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,10 +24,11 @@ from decoder.heads import topk_accuracy
 from decoder.medusa import STEP_PARTS, Decoder, check_context
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
 from decoder.tree import TREE_NAMES, resolve_tree
+from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import expected_acceptance, greedy_tree
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import writable_file
-from perfmodel.cli import Parser, batch_size, positive_int, run
+from perfmodel.cli import Parser, batch_size, options, positive_int, run
 from perfmodel.models.operators import HEAD_TOP_K
 
 DEFAULT_SIZES = (1, 4, 16, 64)  # plus the measured tree's own size
@@ -166,9 +166,7 @@ def measure(args) -> dict:
 
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.measure", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--model", default="bundled", metavar="DIR|bundled", help="checkpoint folder (default: the bundled model)"
-    )
+    options.model(p, needs_weights=True)
     p.add_argument("--heads", metavar="DIR", help="Medusa heads folder, when apart from the model")
     p.add_argument(
         "--tree",
@@ -176,12 +174,7 @@ def build_parser() -> Parser:
         help=f"auto (the performance model's best tree for this machine, batch and context, or plain decoding where "
         f"no tree beats it; the default where the checkpoint records head accuracies), {TREE_NAMES}",
     )
-    p.add_argument(
-        "--acceptance",
-        choices=SCHEMES,
-        default="greedy",
-        help="acceptance scheme: greedy (lossless), typical or rejection (default %(default)s)",
-    )
+    options.acceptance(p, choices=SCHEMES)
     p.add_argument("--temperature", type=float, default=0.7, help="for typical and rejection (default %(default)s)")
     p.add_argument(
         "--dynamic",
@@ -230,9 +223,7 @@ def build_parser() -> Parser:
         action="store_true",
         help="--tree auto: measure this machine's step times again instead of using the cached calibration",
     )
-    p.add_argument(
-        "--out", type=Path, required=True, metavar="FILE.json", help="where to write the acceptance record (JSON)"
-    )
+    options.out(p, None, what="the acceptance record (JSON)", metavar="FILE.json", required=True)
     return p
 
 
@@ -242,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     report = measure(args)
     report["wall_s"] = round(time.perf_counter() - started, 1)
-    args.out.write_text(json.dumps(report, indent=1))
+    # Written through the record's one reader, so nothing is written that it would refuse.
+    args.out.write_text(json.dumps(AcceptanceRecord.from_dict(report, args.out).to_dict(), indent=1))
     print(
         f"{args.out}: {report['mean_accepted_tokens']:.2f} tokens/step with tree {report['tree']['name']} "
         f"({report['tree']['size']} tokens), {report['tokens_per_s_medusa']:.0f} vs "

@@ -22,6 +22,7 @@ backbone trained jointly with the heads, on the original model's continuations.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -54,7 +55,7 @@ from perfmodel.acceptance.trees import expected_acceptance, greedy_tree
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.base.outputs import writable_dir
-from perfmodel.cli import Parser, positive_int, run
+from perfmodel.cli import Parser, options, positive_int, run
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -272,13 +273,7 @@ MEDUSA2_WORK = Path("perf-reports") / "medusa2-work"
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.train", description=__doc__.split("\n\n")[0])
     target = p.add_mutually_exclusive_group()
-    target.add_argument(
-        "--out",
-        type=Path,
-        default=DEFAULT_OUT,
-        metavar="DIR",
-        help=f"checkpoint folder to write (default %(default)s; {MEDUSA2_OUT} with --medusa2)",
-    )
+    options.out(target, f"{DEFAULT_OUT}; {MEDUSA2_OUT} with --medusa2", what="the checkpoint folder", value=DEFAULT_OUT)
     target.add_argument(
         "--install", action="store_true", help=f"replace the bundled model ({BUNDLED}) with the one trained"
     )
@@ -312,11 +307,7 @@ def build_parser() -> Parser:
         help="Medusa-2 instead: LoRA on the backbone trained jointly with the heads of a Medusa-1 checkpoint (--model)"
         ", on the original model's continuations; with --quick, a few sequences for one epoch",
     )
-    p.add_argument(
-        "--model",
-        metavar="DIR|bundled",
-        help="the Medusa-1 checkpoint --medusa2 starts from (default: the bundled model)",
-    )
+    options.model(p, needs_weights=True)
     return p
 
 
@@ -373,7 +364,9 @@ def medusa2_main(parser: Parser, args, argv: list[str] | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # model=None in the namespace survives parsing unless --model is given (argparse fills in
+    # only missing defaults): an explicit --model bundled without --medusa2 is refused too.
+    args = parser.parse_args(argv, namespace=argparse.Namespace(model=None))
     if args.medusa2:
         return medusa2_main(parser, args, argv)
     if args.model is not None:

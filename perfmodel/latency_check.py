@@ -17,7 +17,8 @@ import sys
 import numpy as np
 import pandas as pd
 
-from perfmodel.cli import Parser, positive_int, run
+from perfmodel.base.errors import PerfkitError
+from perfmodel.cli import Parser, options, positive_int, run
 from perfmodel.hardware.specs import resolve_spec
 from perfmodel.latency.source import GemmTable, gemm_rows, measured_devices
 from perfmodel.measured.store import stored_profiles
@@ -70,7 +71,7 @@ def summary(result: pd.DataFrame) -> pd.DataFrame:
 
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.latency_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", nargs="+", metavar="NAME", help="measured devices (default: every one with profiles)")
+    options.gpu(p, many=True, default="every measured device with profiles")
     p.add_argument(
         "--max-tokens", type=positive_int, default=MAX_TOKENS, help="largest token count checked (default 1024)"
     )
@@ -79,7 +80,12 @@ def build_parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    devices = args.device or measured_devices()
+    devices = args.gpu or measured_devices()
+    unmeasured = [d for d in devices if not stored_profiles(resolve_spec(d, None).key)]
+    if unmeasured:
+        raise PerfkitError(
+            f"--gpu {' '.join(unmeasured)}: no stored profiles to check; measured: {', '.join(measured_devices())}"
+        )
     table = summary(pd.concat([leave_one_model_out(d, args.max_tokens) for d in devices], ignore_index=True))
     shown = table.assign(
         median_error=[f"{v:.1%}" for v in table["median_error"]], p90_error=[f"{v:.1%}" for v in table["p90_error"]]

@@ -13,18 +13,17 @@ import argparse
 import math
 import sys
 import time
-from pathlib import Path
+import types
 
 import pandas as pd
 
-from perfmodel.base.dtypes import DTYPES
 from perfmodel.base.errors import PerfkitError
-from perfmodel.cli import TP_HELP, Parser, batch_size, run, tp_degree
+from perfmodel.cli import Parser, batch_size, options, run
 from perfmodel.hardware.specs import load_all_specs
-from perfmodel.latency.source import LATENCY_CHOICES
-from perfmodel.planning.capacity import BAND_SHOWN, DEFAULT_BATCHES, PlanResult, plan
+from perfmodel.planning.capacity import DEFAULT_BATCHES, plan
 from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN
 from perfmodel.planning.memory import DEFAULT_RESERVE
+from perfmodel.planning.result import BAND_SHOWN, PlanResult
 
 __all__ = ["PlanResult", "plan", "main"]
 
@@ -86,18 +85,10 @@ def number(text: str) -> float:
 
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.plan", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", metavar="NAME|PATH", help="a model preset (e.g. llama-7b) or a config.json path")
-    p.add_argument(
-        "--gpu",
-        nargs="+",
-        default=[],
-        metavar="NAME",
-        help="devices in hw_specs/ by name or alias (e.g. a100 h100), or cpu (this machine, from its measurements)",
-    )
-    p.add_argument(
-        "--spec", nargs="+", default=[], type=Path, metavar="FILE", help="device spec YAML files of your own"
-    )
-    p.add_argument("--dtype", help=f"one of {', '.join(DTYPES)} (default fp16; fp32 on a CPU)")
+    options.model(p)
+    options.gpu(p, many=True)
+    options.spec(p, many=True)
+    options.dtype(p)
     p.add_argument(
         "--prompt-len",
         nargs="+",
@@ -116,14 +107,7 @@ def build_parser() -> Parser:
     )
     p.add_argument("--latency-ms", type=number, metavar="MS", help="per-token latency target per user, in ms")
     p.add_argument("--throughput", type=number, metavar="TOKENS_S", help="aggregate throughput target, output tokens/s")
-    p.add_argument(
-        "--acceptance",
-        default="paper",
-        metavar="paper|paper-ln|FILE.json",
-        help="paper = acc(n) = 0.477 log2(n), the paper's curve (default); paper-ln = the same slope read as ln(n); "
-        "FILE = a python -m decoder.measure record (the closer to its measurements of its log fit and head-accuracy "
-        "model)",
-    )
+    options.acceptance_rates(p)
     p.add_argument(
         "--batch",
         nargs="+",
@@ -131,7 +115,7 @@ def build_parser() -> Parser:
         metavar="B",
         help="batch sizes (default: every power of two up to the max batch that fits, and that batch)",
     )
-    p.add_argument("--tp", type=tp_degree, default=1, metavar="N|auto", help=TP_HELP)
+    options.tp(p)
     p.add_argument(
         "--reserve",
         type=number,
@@ -139,14 +123,8 @@ def build_parser() -> Parser:
         metavar="FRACTION",
         help="memory kept free per device (default %(default)s)",
     )
-    p.add_argument(
-        "--latency",
-        choices=LATENCY_CHOICES,
-        default="auto",
-        help="latency source: auto (default: measured where the device was measured, else calibrated, borrowed or "
-        "the datasheet roofline), or force measured, calibrated or datasheet",
-    )
-    p.add_argument("--csv", type=Path, metavar="FILE", help="write the bands table (device x batch) to this CSV file")
+    options.latency(p)
+    options.csv(p, "the bands table (device x batch)")
     p.add_argument(
         "--benchmark", action="store_true", help="time plan() over >= 10,000 configurations and print the rate"
     )
@@ -157,20 +135,20 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     if args.benchmark:
-        count, seconds = benchmark(args.model or "llama-7b")
+        count, seconds = benchmark(args.model)
         print(f"{count:,} configurations (device x batch x tree size) in {seconds:.3f} s ({count / seconds:,.0f}/s)")
         return 0
-    if not args.model or not (args.gpu or args.spec):
-        p.error("--model and at least one --gpu or --spec are required")
+    if not (args.gpu or args.spec):
+        p.error("at least one --gpu or --spec is required")
     result = plan(
         args.model,
-        [*args.gpu, *args.spec],
+        [*(args.gpu or ()), *(args.spec or ())],
         dtype=args.dtype,
         prompt_len=length_arg(args.prompt_len, "--prompt-len"),
         response_len=length_arg(args.response_len, "--response-len"),
         latency_target_s=None if args.latency_ms is None else args.latency_ms / 1e3,
         throughput_target=args.throughput,
-        acceptance=args.acceptance,
+        acceptance=args.acceptance_rates,
         batches=args.batch or DEFAULT_BATCHES,
         memory_reserve=args.reserve,
         tensor_parallel=args.tp,
@@ -186,6 +164,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nbands written to {args.csv}")
     return 0
 
+
+class _PlanCommand(types.ModuleType):
+    """Importing this module rebinds the name `perfmodel.plan` from the planner
+    (`from perfmodel import plan`, perfmodel/__init__.py) to the module: calling the module
+    plans, so that name means the same whichever was imported first."""
+
+    def __call__(self, *args, **kwargs) -> PlanResult:
+        return plan(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _PlanCommand
 
 if __name__ == "__main__":
     sys.exit(run(main))

@@ -8,23 +8,22 @@ lines and studies are perfmodel.latency.roofline_table; the page is reports.roof
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 
-from perfmodel.base.dtypes import DTYPES, check_dtype, default_dtype
+from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.outputs import writable_dir, writable_file
-from perfmodel.cli import Parser, batch_size, positive_int, run, token_count
+from perfmodel.cli import Parser, batch_size, options, positive_int, run, token_count
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
-from perfmodel.latency.source import LATENCY_CHOICES
 from perfmodel.measured.contract import write_table
 from perfmodel.measured.device_view import device_key, is_cpu_name, resolve_view
 from perfmodel.models.config import load_model
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, check_arithmetic
 from perfmodel.models.operators import DEFAULT_OPS
-from profilers.sweep import measure_now
 from reports.render import Renderer
 from reports.roofline_page import submit_roofline_figures, write_page
 
@@ -34,27 +33,15 @@ DEFAULT_OUT = Path("perf-reports") / "roofline"
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.roofline", description=__doc__.split("\n\n")[0])
     device = p.add_mutually_exclusive_group(required=True)
-    device.add_argument(
-        "--gpu",
-        metavar="NAME",
-        help="a device in hw_specs/ by name or alias (e.g. a100, h100), or cpu for this machine's CPU",
-    )
-    device.add_argument(
-        "--spec", metavar="FILE", help="a device spec YAML file of your own (format: hw_specs/README.md)"
-    )
-    p.add_argument(
-        "--model",
-        nargs="+",
-        metavar="NAME|PATH",
-        help=f"model presets or config.json paths (default: the paper's {' '.join(DEFAULT_MODELS)}; on a CPU, or "
-        "with --measure, llama-7b)",
-    )
+    options.gpu(device)
+    options.spec(device)
+    options.model(p, many=True)
     p.add_argument(
         "--variation-model",
         metavar="NAME|PATH",
         help="model for the Medusa variation figures (default: the last --model, llama-33b as in the paper)",
     )
-    p.add_argument("--dtype", help=f"one of {', '.join(DTYPES)} (default fp16; fp32 on a CPU)")
+    options.dtype(p)
     p.add_argument(
         "--batch", nargs="+", type=batch_size, metavar="B", help="batch sizes (default 1..64, powers of two)"
     )
@@ -70,8 +57,8 @@ def build_parser() -> Parser:
         metavar="K",
         help="Medusa heads for the medusa_heads op (default: the model's)",
     )
-    p.add_argument("--out", type=Path, metavar="DIR", help=f"output folder (default {DEFAULT_OUT}/<device>)")
-    p.add_argument("--csv", type=Path, metavar="FILE", help="where to write the grid table (default DIR/roofline.csv)")
+    options.out(p, f"{DEFAULT_OUT}/<device>")
+    options.csv(p, "the grid table", default="DIR/roofline.csv")
     p.add_argument(
         "--measurements",
         type=Path,
@@ -84,14 +71,8 @@ def build_parser() -> Parser:
         action="store_true",
         help="first run a quick sweep on this machine's device (--gpu cpu, or the GPU named), then draw it",
     )
-    p.add_argument("--jobs", type=positive_int, metavar="N", help="processes drawing figures (default: one per core)")
-    p.add_argument(
-        "--latency",
-        choices=LATENCY_CHOICES,
-        default="auto",
-        help="latency of the predicted points: auto (default: measured where the device was measured, else "
-        "calibrated, borrowed or the datasheet roofline), or force measured, calibrated or datasheet",
-    )
+    options.jobs(p)
+    options.latency(p)
     return p
 
 
@@ -123,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         writable_file(args.csv, "grid table")
     if args.measure:
+        # Only a --measure run loads the sweeper: it imports torch (about a second), which
+        # drawing the rooflines from specs and stored measurements never needs.
+        from profilers.sweep_runs import measure_now
+
         files = measure_now(args.gpu, args.spec, models, dtype, grid)
     else:
         files = list(args.measurements or [])
@@ -150,4 +135,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(main))
+    status = run(main)
+    # The process ends here: a last garbage collection would scan every object the run made
+    # (pandas, matplotlib) for a fifth of a second, to free memory the exit frees anyway.
+    gc.freeze()
+    sys.exit(status)

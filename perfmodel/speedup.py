@@ -14,10 +14,10 @@ from pathlib import Path
 import pandas as pd
 
 from perfmodel.acceptance.rates import resolve_acceptance
-from perfmodel.base.dtypes import DTYPES, check_dtype, default_dtype
+from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
-from perfmodel.cli import TP_HELP, Parser, positive_int, run, tp_degree
-from perfmodel.latency.source import LATENCY_CHOICES, view_latency
+from perfmodel.cli import Parser, options, run
+from perfmodel.latency.source import view_latency
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import serving_plan
 from perfmodel.planning.simulations import (
@@ -53,26 +53,13 @@ def build_parser():
         "device, and the draft-model comparison.",
     )
     device = p.add_mutually_exclusive_group(required=True)
-    device.add_argument(
-        "--gpu",
-        nargs="+",
-        metavar="NAME",
-        help="devices in hw_specs/ by name or alias (e.g. a100 h100), or cpu (this machine, from its stored measured "
-        "ceilings)",
-    )
+    options.gpu(device, many=True)
     device.add_argument(
         "--all", action="store_true", help="every device in hw_specs/ (devices without a peak for --dtype are skipped)"
     )
-    device.add_argument(
-        "--spec", nargs="+", metavar="FILE", help="device spec YAML files of your own (format: hw_specs/README.md)"
-    )
-    p.add_argument(
-        "--model",
-        default="llama-7b",
-        metavar="NAME|PATH",
-        help="model preset or config.json path (default llama-7b, the paper's)",
-    )
-    p.add_argument("--dtype", help=f"one of {', '.join(DTYPES)} (default fp16; fp32 on a CPU)")
+    options.spec(device, many=True)
+    options.model(p)
+    options.dtype(p)
     p.add_argument(
         "--step",
         choices=("paper", "full", "both"),
@@ -80,22 +67,8 @@ def build_parser():
         help="step latency model: paper = the paper's simplified Llama block (Appendix G.3, reproduces its figures); "
         "full = the whole model step (all layers, LM head, Medusa heads, verification); both (default) draws both",
     )
-    p.add_argument(
-        "--latency",
-        choices=LATENCY_CHOICES,
-        default="auto",
-        help="latency source: auto (default) = measured where the device was measured (shipped profiles or given "
-        "sweeps), calibrated on its measurements for other shapes, borrowed from a measured device of the same "
-        "architecture, else the datasheet roofline; or force one",
-    )
-    p.add_argument(
-        "--acceptance",
-        default="paper",
-        metavar="paper|paper-ln|FILE.json",
-        help="paper = acc(n) = 0.477 log2(n), the paper's curve (default); paper-ln = the same slope read as ln(n); "
-        "FILE = a python -m decoder.measure record: its fitted a + b ln(n) sizes the tree and its head accuracies "
-        "shape it (best-trees.json)",
-    )
+    options.latency(p)
+    options.acceptance_rates(p)
     p.add_argument(
         "--draft-cost",
         type=cost_ratio,
@@ -104,21 +77,10 @@ def build_parser():
         help=f"draft-model step time / target step time for the comparison (default {DEFAULT_DRAFT_COST:g}: about a "
         "350M draft for a 7B target)",
     )
-    p.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help=f"output folder (default {DEFAULT_OUT}/<device>-<model>-<dtype>; with several devices, one such "
-        "subfolder of DIR each)",
-    )
-    p.add_argument(
-        "--csv",
-        type=Path,
-        metavar="FILE",
-        help="write every device's rows to this one CSV (default DIR/speedup.csv per device)",
-    )
-    p.add_argument("--tp", type=tp_degree, default=1, metavar="N|auto", help=TP_HELP)
-    p.add_argument("--jobs", type=positive_int, metavar="N", help="processes drawing figures (default: one per core)")
+    options.out(p, f"{DEFAULT_OUT}/<device>-<model>-<dtype>; with several devices, one such subfolder of DIR each")
+    options.csv(p, "every device's rows", default="DIR/speedup.csv per device")
+    options.tp(p)
+    options.jobs(p)
     return p
 
 
@@ -139,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model)
     if args.dtype:
         check_dtype(args.dtype)
-    acceptance = resolve_acceptance(args.acceptance)
+    acceptance = resolve_acceptance(args.acceptance_rates)
     devices = choose_devices(args.gpu, args.spec, args.all)
     flavors = ("paper", "full") if args.step == "both" else (args.step,)
     draft = draft_model_table(cost_ratio=args.draft_cost)

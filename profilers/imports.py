@@ -1,6 +1,6 @@
 """Import public measured GPU operator profiles into data-contract rows.
 
-    python -m profilers.imports vidur FILE... --device KEY --out FILE.csv
+    python -m profilers.imports vidur FILE... --gpu NAME --out FILE.csv
 
 Vidur (github.com/microsoft/vidur, MIT licence) ships per-layer operator latencies measured
 on A100 and H100 GPUs: `data/profiling/compute/<device>/<model>/mlp.csv`, one row per
@@ -23,9 +23,9 @@ becomes one measured row of the data contract:
   report cannot be computed). Times (and intensity, TFLOP/s) keep 6 significant digits,
   noise 6 decimals; Vidur's timer reads whole microseconds, so the smallest ops' times
   (a few us) are coarser than that anyway.
-- device: --device, which must be the device the file was measured on when its path says
+- device: --gpu, which must be the device the file was measured on when its path says
   (the folder above the model: Vidur's `a100` is the A100 80GB SXM, `h100` the H100 80GB
-  SXM). A path that names no Vidur device (a copied excerpt) is taken to be from --device,
+  SXM). A path that names no Vidur device (a copied excerpt) is taken to be from --gpu,
   and the summary line says so.
 
 Where what Vidur timed differs from our op: its embedding is vocabulary-parallel (each
@@ -55,55 +55,29 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.cli import Parser, run
+from perfmodel.cli import Parser, options, run
 from perfmodel.hardware.specs import find_spec
 from perfmodel.measured.contract import contract_fields, write_table
+from perfmodel.measured.vidur import (
+    SHAPE_COLUMNS,
+    UNGATED_OPS,
+    VIDUR_COMMIT,
+    VIDUR_DEVICES,
+    VIDUR_OPS,
+    profiled_ops,
+    read_profile,
+    seconds_and_noise,
+)
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.operators import cost_of, op_kernels
 
-VIDUR_REPO = "github.com/microsoft/vidur"
-VIDUR_COMMIT = "7d47513363ec447a741ac5e47241580b47724fbf"
-# Vidur's profiling folder names, and the hw_specs keys of the machines they name.
-VIDUR_DEVICES = {"a100": "a100-sxm", "h100": "h100-sxm"}
-# Vidur's op -> ours; None: known, not imported. post_attention_layernorm is the same RMSNorm
-# kernel over the same (num_tokens, hidden) tensor as input_layernorm (the two times' ratio
-# is 1 at the median over the rows of every shipped file), so a second `norm` row would
-# measure the same point twice; `norm` comes from input_layernorm alone.
-VIDUR_OPS: dict[str, str | None] = {
-    "attn_pre_proj": "qkv",
-    "attn_post_proj": "o",
-    "mlp_up_proj": "gate_up",
-    "mlp_down_proj": "down",
-    "mlp_act": "act",
-    "input_layernorm": "norm",
-    "post_attention_layernorm": None,
-    "attn_rope": "rope",
-    "add": "residual",
-    "emb": "embed",
-}
-# Without a gated MLP Vidur's up projection is hidden -> intermediate (our `up`) and its
-# activation a GELU, which our table has no op for.
-UNGATED_OPS = {**VIDUR_OPS, "mlp_up_proj": "up", "mlp_act": None}
-STATS = ("min", "max", "mean", "median", "std")
-SHAPE_COLUMNS = (
-    "n_head",
-    "n_kv_head",
-    "n_embd",
-    "n_expanded_embd",
-    "vocab_size",
-    "use_gated_mlp",
-    "num_tokens",
-    "num_tensor_parallel_workers",
-)
 MODEL_COLUMNS = [c for c in SHAPE_COLUMNS if c not in ("num_tokens", "num_tensor_parallel_workers")]
-# Beyond the data contract: the shard's own shapes, and where in the profile a row comes from.
+# Beyond the data contract: the shard's own shapes.
 SHARD_COLUMNS = ["hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size", "tp"]
-PROFILE_COLUMNS = ["profile_row", "repeat"]
 DTYPE = "fp16"  # Vidur profiles in half precision throughout
 PHASE = "prefill"
 SIGNIFICANT = 6  # digits kept of measured times and the values derived from them
 NOISE_DECIMALS = 6
-STAT_COLUMN = re.compile(r"time_stats\.(?P<op>.+)\.(?P<stat>[^.]+)")
 
 
 @dataclass(frozen=True)
@@ -151,7 +125,7 @@ def profile_origin(path: Path) -> ProfileOrigin:
 
 
 def device_key(name: str) -> str:
-    """The hw_specs key of --device (a name or alias resolves to its key)."""
+    """The hw_specs key of --gpu (a name or alias resolves to its key)."""
     return find_spec(name).key
 
 
@@ -159,7 +133,7 @@ def check_device(origin: ProfileOrigin, key: str, path: Path) -> None:
     if origin.vidur_device is not None and VIDUR_DEVICES[origin.vidur_device] != key:
         raise PerfkitError(
             f"{path} is a profile of Vidur's {origin.vidur_device!r} device ({VIDUR_DEVICES[origin.vidur_device]}), "
-            f"not of --device {key}"
+            f"not of --gpu {key}"
         )
 
 
@@ -171,46 +145,6 @@ def check_commit(commit: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{7,40}", commit):
         raise PerfkitError(f"--commit must be a git commit (7 to 40 hex digits), got {commit!r}")
     return commit
-
-
-def read_profile(path: Path) -> pd.DataFrame:
-    """A Vidur mlp.csv, its columns checked: every one a shape column or the statistic of
-    a known op, and every shape column there. An unknown column is an error rather than
-    left out, so an op Vidur adds is never silently dropped."""
-    if not path.is_file():
-        raise PerfkitError(f"profile {path} does not exist")
-    try:
-        df = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise PerfkitError(f"profile {path} is empty") from None
-    except (OSError, ValueError) as exc:
-        raise PerfkitError(f"cannot read profile {path}: {exc}") from None
-    if df.empty:
-        raise PerfkitError(f"profile {path} is empty (a header and no rows)")
-    for column in df.columns:
-        match = STAT_COLUMN.fullmatch(column)
-        known = match and match["op"] in VIDUR_OPS and match["stat"] in STATS
-        if not known and column not in SHAPE_COLUMNS:
-            raise PerfkitError(
-                f"{path}: unknown column {column!r}; known: time_stats.<op>.<{'|'.join(STATS)}> for op in "
-                f"{', '.join(VIDUR_OPS)}, and {', '.join(SHAPE_COLUMNS)}"
-            )
-    missing = [c for c in SHAPE_COLUMNS if c not in df.columns]
-    if missing:
-        raise PerfkitError(
-            f"{path}: missing shape column(s) {', '.join(missing)}; a profile has {', '.join(SHAPE_COLUMNS)}"
-        )
-    return df
-
-
-def profiled_ops(df: pd.DataFrame, path: Path) -> list[str]:
-    """The Vidur ops a profile times, in its column order; each needs its median and std."""
-    ops = list(dict.fromkeys(m["op"] for m in map(STAT_COLUMN.fullmatch, df.columns) if m))
-    for op in ops:
-        for stat in ("median", "std"):
-            if f"time_stats.{op}.{stat}" not in df.columns:
-                raise PerfkitError(f"{path}: op {op} has no column time_stats.{op}.{stat}")
-    return ops
 
 
 def base_model(name: str, shapes: dict) -> ModelConfig:
@@ -264,8 +198,7 @@ def op_rows(
         raise PerfkitError(f"{path}: time_stats.{vidur_op}.median is {median[bad][0]} in data row {row}; need > 0")
     tokens = df["num_tokens"].to_numpy(dtype=np.int64)
     cost = cost_of(op_kernels(op, PHASE, shard, 1, tokens, 1), DTYPE)
-    time_s = median / 1e3
-    noise = df[f"time_stats.{vidur_op}.std"].to_numpy(dtype=float) / median
+    time_s, noise = seconds_and_noise(median, df[f"time_stats.{vidur_op}.std"].to_numpy(dtype=float))
     fields = contract_fields(
         device, shard.name, DTYPE, op, PHASE, 1, tokens, 1, cost, time_s, "measured", noise, run_id
     )
@@ -324,10 +257,8 @@ def build_parser() -> Parser:
         description="Import Vidur mlp.csv profiles as measured data-contract rows.",
     )
     vidur.add_argument("files", nargs="+", type=Path, metavar="FILE", help="Vidur mlp.csv profile(s)")
-    vidur.add_argument(
-        "--device", required=True, metavar="KEY", help="hw_specs key of the GPU they were measured on (e.g. a100-sxm)"
-    )
-    vidur.add_argument("--out", required=True, type=Path, metavar="FILE", help="output .csv or .parquet")
+    options.gpu(vidur, required=True)
+    options.out(vidur, None, what="the imported rows, a .csv or .parquet file", metavar="FILE", required=True)
     vidur.add_argument(
         "--run-id", help="run id of every row (default: vidur@<commit>:compute/<device>/<model>/mlp.csv)"
     )
@@ -341,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.out.suffix not in (".csv", ".parquet"):
         raise PerfkitError(f"--out {args.out}: use a .csv or .parquet file name")
-    imported = [import_vidur(path, args.device, args.run_id, args.commit) for path in args.files]
+    imported = [import_vidur(path, args.gpu, args.run_id, args.commit) for path in args.files]
     for one in imported:
         print(one.summary())
     out = write_table(pd.concat([one.rows for one in imported], ignore_index=True), args.out)

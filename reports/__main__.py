@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
-from perfmodel.base.dtypes import DTYPES, check_dtype
-from perfmodel.cli import TP_HELP, Parser, positive_int, run, tp_degree
-from perfmodel.latency.source import LATENCY_CHOICES
+from perfmodel.base.dtypes import check_dtype
+from perfmodel.cli import Parser, options, positive_int, run
 from perfmodel.models.config import load_model
 from reports.build import BuildConfig, build
 from reports.compare import CompareConfig, compare
@@ -32,22 +32,10 @@ def build_parser() -> Parser:
 
     b = commands.add_parser("build", help="one device and model: every figure and table the toolkit has, on one page")
     device = b.add_mutually_exclusive_group(required=True)
-    device.add_argument(
-        "--gpu",
-        metavar="NAME",
-        help="a device in hw_specs/ by name or alias (e.g. a100, h100), "
-        "or cpu for this machine's CPU (from its measured ceilings)",
-    )
-    device.add_argument(
-        "--spec", type=Path, metavar="FILE", help="a device spec YAML of your own (format: hw_specs/README.md)"
-    )
-    b.add_argument(
-        "--model",
-        required=True,
-        metavar="NAME|PATH",
-        help="model preset (llama-7b, ...) or a config.json / checkpoint folder",
-    )
-    b.add_argument("--dtype", help=f"one of {', '.join(DTYPES)} (default fp16; fp32 on a CPU)")
+    options.gpu(device)
+    options.spec(device)
+    options.model(b)
+    options.dtype(b)
     b.add_argument(
         "--measurements",
         type=Path,
@@ -63,12 +51,7 @@ def build_parser() -> Parser:
         "for the model on the quick grid, with its ceilings; "
         "kept with this machine's stored measurements for later commands (a few minutes; rerun to resume)",
     )
-    b.add_argument(
-        "--acceptance",
-        metavar="FILE|paper|paper-ln",
-        help="a python -m decoder.measure record "
-        "(default: the checkpoint folder's own record, else paper = 0.477 log2 n; paper-ln reads it as ln n)",
-    )
+    options.acceptance_rates(b, own_record=True)
     b.add_argument(
         "--validation",
         type=Path,
@@ -85,79 +68,36 @@ def build_parser() -> Parser:
         metavar="FILE",
         help="python -m decoder.ablation --csv files, the paper's Fig. 4 (default: the shipped ones for the model)",
     )
-    b.add_argument(
-        "--prompt-len",
-        type=positive_int,
-        default=512,
-        metavar="TOKENS",
-        help="mean prompt length for the capacity plan (default %(default)s)",
-    )
-    b.add_argument(
-        "--response-len",
-        type=positive_int,
-        default=256,
-        metavar="TOKENS",
-        help="mean response length for the capacity plan (default %(default)s)",
-    )
-    b.add_argument(
-        "--latency-ms", type=positive_number, metavar="MS", help="per-token latency target for the capacity plan"
-    )
-    b.add_argument("--tp", type=tp_degree, default=1, metavar="N|auto", help=TP_HELP)
-    b.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        help=f"output folder (default {DEFAULT_OUT}/report/<device>-<model>[-<dtype>], the device that was shown)",
-    )
-    b.add_argument("--jobs", type=positive_int, metavar="N", help="processes drawing figures (default: one per core)")
+    options.tp(b)
+    options.out(b, f"{DEFAULT_OUT}/report/<device>-<model>[-<dtype>], the device that was shown")
+    options.jobs(b)
 
     c = commands.add_parser("compare", help="one model on several devices, side by side")
-    c.add_argument(
-        "--gpu",
-        nargs="+",
-        required=True,
-        metavar="NAME",
-        help="devices by name or alias (e.g. a100 a40 rtx-a6000 h100), or cpu",
-    )
-    c.add_argument(
-        "--model",
-        default="llama-7b",
-        metavar="NAME|PATH",
-        help="model preset or config.json path (default %(default)s)",
-    )
-    c.add_argument("--dtype", help=f"one of {', '.join(DTYPES)} (default fp16; fp32 on a CPU)")
-    c.add_argument(
-        "--acceptance",
-        metavar="FILE|paper|paper-ln",
-        help="a python -m decoder.measure record (default paper = 0.477 log2 n; paper-ln reads it as ln n)",
-    )
-    c.add_argument(
-        "--prompt-len",
-        type=positive_int,
-        default=512,
-        metavar="TOKENS",
-        help="mean prompt length for the capacity plan (default %(default)s)",
-    )
-    c.add_argument(
-        "--response-len",
-        type=positive_int,
-        default=256,
-        metavar="TOKENS",
-        help="mean response length for the capacity plan (default %(default)s)",
-    )
-    c.add_argument(
-        "--latency-ms", type=positive_number, metavar="MS", help="per-token latency target for the capacity plan"
-    )
-    c.add_argument("--out", type=Path, metavar="DIR", help=f"output folder (default {DEFAULT_OUT}/compare/<model>)")
-    c.add_argument("--jobs", type=positive_int, metavar="N", help="processes drawing figures (default: one per core)")
+    options.gpu(c, many=True, required=True)
+    options.model(c)
+    options.dtype(c)
+    options.acceptance_rates(c)
+    options.out(c, f"{DEFAULT_OUT}/compare/<model>")
+    options.jobs(c)
     for sub in (b, c):
         sub.add_argument(
-            "--latency",
-            choices=LATENCY_CHOICES,
-            default="auto",
-            help="latency source: auto (default: measured where the device was measured, else calibrated, borrowed "
-            "or the datasheet roofline), or force measured, calibrated or datasheet",
+            "--prompt-len",
+            type=positive_int,
+            default=512,
+            metavar="TOKENS",
+            help="mean prompt length for the capacity plan (default %(default)s)",
         )
+        sub.add_argument(
+            "--response-len",
+            type=positive_int,
+            default=256,
+            metavar="TOKENS",
+            help="mean response length for the capacity plan (default %(default)s)",
+        )
+        sub.add_argument(
+            "--latency-ms", type=positive_number, metavar="MS", help="per-token latency target for the capacity plan"
+        )
+        options.latency(sub)
     return p
 
 
@@ -168,8 +108,8 @@ def model_name(model: str) -> str:
 
 def shared(args) -> dict:
     """The options build and compare share, as their configs name them."""
-    names = ("model", "dtype", "acceptance", "prompt_len", "response_len", "latency_ms", "jobs", "latency")
-    return {name: getattr(args, name) for name in names}
+    names = ("model", "dtype", "prompt_len", "response_len", "latency_ms", "jobs", "latency")
+    return {"acceptance": args.acceptance_rates, **{name: getattr(args, name) for name in names}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,16 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         if args.dtype:
             check_dtype(args.dtype)
-
-        def default_out(device_key: str) -> Path:
-            return (
-                DEFAULT_OUT
-                / "report"
-                / f"{device_key}-{model_name(args.model)}{'-' + args.dtype if args.dtype else ''}"
-            )
-
         config = BuildConfig(
-            out=args.out or default_out,
+            out=args.out,  # None: reports.build names the folder after the device it resolves
             gpu=args.gpu,
             spec=args.spec,
             measurements=tuple(args.measurements),
@@ -213,4 +145,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(main))
+    status = run(main)
+    # The process ends here: a last garbage collection would scan every object the run made
+    # (pandas, matplotlib) for a fifth of a second, to free memory the exit frees anyway.
+    gc.freeze()
+    sys.exit(status)

@@ -26,7 +26,7 @@ from perfmodel.models.grid import PAPER_GRID
 from perfmodel.roofline import main as roofline_main
 from profilers.store import Journal
 from profilers.sweep import main as sweep_main
-from profilers.sweep import run_sweep
+from profilers.sweep_runs import run_sweep
 from tests.test_sweep import config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -148,7 +148,7 @@ def test_a_profile_of_another_device_is_an_error(tmp_path):
     message = error_of(EXCERPT, "h100-sxm")
     assert "'a100'" in message and "a100-sxm" in message and "h100-sxm" in message
     message = error_of(profile(tmp_path, "compute/h100/Llama-2-7b-hf.mlp.csv"), "a100-sxm")
-    assert "'h100'" in message and "h100-sxm" in message and "--device a100-sxm" in message
+    assert "'h100'" in message and "h100-sxm" in message and "--gpu a100-sxm" in message
     # Vidur's a100 is the SXM part, not what the bare name `a100` resolves to.
     assert "a100-pcie" in error_of(EXCERPT, "a100")
 
@@ -198,7 +198,7 @@ def test_an_ungated_mlp_imports_up_and_no_activation(tmp_path):
 
 def test_the_command_line_writes_the_rows_and_a_summary(tmp_path, capsys):
     out = tmp_path / "imported.csv"
-    assert run(main, ["vidur", str(EXCERPT), "--device", "a100-sxm", "--out", str(out)]) == 0
+    assert run(main, ["vidur", str(EXCERPT), "--gpu", "a100-sxm", "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"{EXCERPT}: {12 * len(OPS)} rows from 12 profile rows (3 repeated points)")
     assert "tokens 1-2048, tp 1,2,8" in lines[0] and lines[1] == f"{out}: {12 * len(OPS)} rows"
@@ -207,11 +207,11 @@ def test_the_command_line_writes_the_rows_and_a_summary(tmp_path, capsys):
 
 
 def test_command_line_errors_are_one_line(tmp_path, capsys):
-    args = ["--device", "a100-sxm", "--out", str(tmp_path / "out.csv")]
+    args = ["--gpu", "a100-sxm", "--out", str(tmp_path / "out.csv")]
     assert run(main, ["vidur", str(tmp_path / "nonesuch.mlp.csv"), *args]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: profile ") and "nonesuch.mlp.csv" in err
-    assert run(main, ["vidur", str(EXCERPT), "--device", "a100-sxm", "--out", str(tmp_path / "out.txt")]) == 1
+    assert run(main, ["vidur", str(EXCERPT), "--gpu", "a100-sxm", "--out", str(tmp_path / "out.txt")]) == 1
     assert "use a .csv or .parquet" in capsys.readouterr().err
     assert not (tmp_path / "out.csv").exists()
 

@@ -1,0 +1,30 @@
+"""What every command line of the toolkit shares: the parser and argument types (parser),
+the options each declared once (options), and the `medusa-perfkit` dispatcher (console)."""
+
+from perfmodel.cli.parser import (
+    MAX_BATCH,
+    MAX_COUNT,
+    MAX_TOKENS,
+    TP_HELP,
+    Parser,
+    batch_size,
+    bounded_int,
+    positive_int,
+    run,
+    token_count,
+    tp_degree,
+)
+
+__all__ = [
+    "MAX_BATCH",
+    "MAX_COUNT",
+    "MAX_TOKENS",
+    "TP_HELP",
+    "Parser",
+    "batch_size",
+    "bounded_int",
+    "positive_int",
+    "run",
+    "token_count",
+    "tp_degree",
+]

@@ -1,0 +1,62 @@
+"""`medusa-perfkit COMMAND ...`: every `python -m` command of the toolkit under one name.
+
+The commands live in layers above this one (profilers, decoder, reports), so they are
+named here by module path and run with runpy, exactly as `python -m` runs them: nothing
+is imported until a command is asked for, and `medusa-perfkit --help` imports none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+
+from perfmodel.cli.parser import Parser
+
+# name -> (module run as __main__, its one-line summary). tests/test_cli_options.py checks
+# that this lists exactly the modules with a `__main__` block.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "roofline": ("perfmodel.roofline", "the paper's Appendix G rooflines for a device and models"),
+    "speedup": ("perfmodel.speedup", "Medusa speedup and the best tree size per device (the paper's simulations)"),
+    "plan": ("perfmodel.plan", "capacity planning: what fits, which tree at each batch, how fast"),
+    "validate": ("perfmodel.validate", "predict the Medusa speedup, then run the decoder and compare"),
+    "latency-check": ("perfmodel.latency_check", "how well the calibrated latency predicts unseen shapes"),
+    "allreduce-compare": ("perfmodel.allreduce_compare", "the ring all-reduce model against measured tables"),
+    "sweep": ("profilers.sweep", "time every operator of a decoding step over a grid"),
+    "import": ("profilers.imports", "import public measured GPU operator profiles (Vidur)"),
+    "measure": ("decoder.measure", "real acceptance rates of Medusa heads, and real speedups"),
+    "generate": ("decoder.generate", "try the model, streaming text as it is accepted"),
+    "ablation": ("decoder.ablation", "the Medusa paper's Fig. 4 on a real model and this machine"),
+    "train": ("decoder.train", "reproduce the bundled model, its tokenizer and its Medusa heads"),
+    "checkpoint": ("decoder.checkpoint", "check a checkpoint folder's weights and config"),
+    "reports": ("reports", "HTML performance reports: build (one device) or compare (several)"),
+    "readme-samples": ("reports.readme_samples", "regenerate (or --check) the sample outputs of the README and docs/"),
+    "startup-benchmark": ("reports.startup_benchmark", "time the roofline command and a report build, as run"),
+}
+
+
+def build_parser() -> Parser:
+    width = max(map(len, COMMANDS))
+    listing = "\n".join(f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items())
+    p = Parser(
+        prog="medusa-perfkit",
+        usage="medusa-perfkit [-h] COMMAND [ARGS ...]",
+        description="Performance modelling and profiling of LLM decoding with Medusa heads. Each command is also "
+        "`python -m MODULE`; `medusa-perfkit COMMAND --help` shows its options.",
+        epilog=f"commands:\n{listing}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "command", choices=tuple(COMMANDS), metavar="COMMAND", help="one of the commands below; ARGS are its own"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv[:1])  # --help, or a one-line error for an unknown command
+    module = COMMANDS[args.command][0]
+    sys.argv = [f"medusa-perfkit {args.command}", *argv[1:]]
+    # The command's own `sys.exit(run(main))` ends the process with its status.
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0

@@ -1,0 +1,194 @@
+"""The options the commands share, each declared here and nowhere else: one flag, one
+meaning, one help text and one default rule. A command composes them
+(`options.model(p, needs_weights=True)`, `options.out(p, "perf-reports/x/<device>")`) and
+passes in only what it alone knows: where its output goes by default, what its table is,
+the decoder's acceptance schemes (decoder/ sits above this layer, so it cannot be imported).
+
+A `target` is a parser, a subcommand's parser or a mutually exclusive group.
+
+Flags with one meaning each:
+  --model NAME|PATH      a model (preset, config.json or checkpoint folder; bundled)
+  --gpu NAME             a device spec by name or alias, or cpu     --spec FILE  a spec file
+  --device cpu|cuda      a torch device
+  --dtype                the data type, default fp16 on a GPU and fp32 on a CPU
+  --acceptance           the decoder's verification scheme (greedy, typical, ...)
+  --acceptance-rates     the performance model's acceptance rates (paper, paper-ln, a record)
+  --out PATH / --csv FILE   where a command writes its output / its table
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from perfmodel.acceptance.rates import ACCEPTANCE_PRESETS
+from perfmodel.base.dtypes import DTYPES
+from perfmodel.cli.parser import TP_HELP, positive_int, tp_degree
+from perfmodel.latency.roofline_table import DEFAULT_MODELS
+from perfmodel.latency.source import LATENCY_CHOICES
+from perfmodel.models.config import PRESETS
+
+Target = argparse._ActionsContainer  # a parser or a (mutually exclusive) group of one
+
+
+def _nargs(many: bool) -> str | None:
+    return "+" if many else None
+
+
+def _required(required: bool) -> dict:
+    # A mutually exclusive group refuses the keyword itself, even as False.
+    return {"required": True} if required else {}
+
+
+def model_default(*, needs_weights: bool = False, many: bool = False) -> tuple[str | None, str]:
+    """The one default rule of --model, as (value, how --help says it): a command that runs
+    a model's weights runs the bundled checkpoint; one that only prices shapes takes the
+    paper's llama-7b; one that draws several models (the roofline) the paper's models,
+    except where it measures them here (a CPU, --measure), where llama-7b alone keeps the
+    sweep short. None: the command applies the rule (it depends on the device)."""
+    if needs_weights:
+        return "bundled", "bundled, as this command runs a model's weights"
+    if many:
+        paper = " ".join(DEFAULT_MODELS)
+        return None, f"the paper's {paper}; llama-7b alone on a CPU or with --measure"
+    return "llama-7b", "the paper's llama-7b"
+
+
+def model(target: Target, *, needs_weights: bool = False, many: bool = False) -> None:
+    default, said = model_default(needs_weights=needs_weights, many=many)
+    target.add_argument(
+        "--model",
+        nargs=_nargs(many),
+        default=default,
+        metavar="NAME|PATH",
+        help=f"a model: a preset name ({', '.join(PRESETS)}, or an alias such as vicuna-7b), a config.json, or a "
+        f"checkpoint folder; bundled = the bundled checkpoint (default: {said})",
+    )
+
+
+def gpu(target: Target, *, many: bool = False, required: bool = False, default: str | None = None) -> None:
+    """default: what the command takes without one, when it is not required."""
+    several = "; several may be given" if many else ""
+    said = f" (default: {default})" if default else ""
+    target.add_argument(
+        "--gpu",
+        nargs=_nargs(many),
+        metavar="NAME",
+        **_required(required),
+        help="a device spec in hw_specs/ by name or alias (e.g. a100, h100), or cpu for this machine's CPU (from its "
+        f"measured ceilings){several}{said}",
+    )
+
+
+def spec(target: Target, *, many: bool = False) -> None:
+    target.add_argument(
+        "--spec",
+        nargs=_nargs(many),
+        type=Path,
+        metavar="FILE",
+        help="a device spec YAML file of your own (format: hw_specs/README.md)"
+        + ("; several may be given" if many else ""),
+    )
+
+
+def device(target: Target, *, default: str | None, default_said: str) -> None:
+    """--device: where torch runs. default None: the command picks (default_said says how)."""
+    target.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=default,
+        help=f"the torch device the model and operators run on (default: {default_said})",
+    )
+
+
+def dtype(target: Target, *, allowed: Sequence[str] = DTYPES) -> None:
+    """None when not given: the command takes perfmodel.base.dtypes.default_dtype of its
+    device, which is known only once the device is resolved."""
+    target.add_argument("--dtype", help=f"one of {', '.join(allowed)} (default: fp16 on a GPU, fp32 on a CPU)")
+
+
+# How --help describes each scheme decoder.acceptance knows; a scheme not listed is named as is.
+SCHEME_HELP = {
+    "greedy": "greedy (lossless: greedy decoding's output)",
+    "typical": "typical (the Medusa paper's typical acceptance)",
+    "rejection": "rejection (exact sampling)",
+}
+
+
+def acceptance(target: Target, *, choices: Sequence[str]) -> None:
+    """--acceptance: the decoder's verification scheme; `choices` come from the command
+    (decoder.acceptance.SCHEMES, or the ones it supports)."""
+    target.add_argument(
+        "--acceptance",
+        choices=tuple(choices),
+        default="greedy",
+        help="the decoder's verification scheme: "
+        + ", ".join(SCHEME_HELP.get(c, c) for c in choices)
+        + " (default %(default)s)",
+    )
+
+
+def acceptance_rates(target: Target, *, own_record: bool = False) -> None:
+    """--acceptance-rates: what the performance model assumes heads accept. None when not
+    given, which perfmodel.acceptance.rates.resolve_acceptance reads as paper; with
+    own_record the command first takes the --model checkpoint folder's own record."""
+    presets = "|".join(ACCEPTANCE_PRESETS)
+    first = "the --model checkpoint folder's own record where it has one, else " if own_record else ""
+    target.add_argument(
+        "--acceptance-rates",
+        metavar=f"{presets}|FILE.json",
+        help="the performance model's acceptance rates: paper = acc(n) = 0.477 log2(n), the paper's curve; paper-ln "
+        "= the same slope read as ln(n); FILE = a python -m decoder.measure record (of its fitted a + b ln(n) and its "
+        "head-accuracy model, the closer to its measurements sizes the tree; its head accuracies shape it) "
+        f"(default: {first}paper)",
+    )
+
+
+def out(
+    target: Target,
+    default: str | None,
+    *,
+    what: str = "output folder",
+    metavar: str = "DIR",
+    required: bool = False,
+    value: Path | None = None,
+) -> None:
+    """--out: where the command writes its output; a folder, or for a command whose output
+    is one file (metavar FILE...), that file. default: the command's location rule, as
+    --help says it (perf-reports/<command>/...); value: the path argparse returns when
+    --out is not given (None: the command applies the rule itself)."""
+    said = " (required)" if required else f" (default {default})"
+    target.add_argument(
+        "--out", type=Path, default=value, metavar=metavar, **_required(required), help=f"where to write: {what}{said}"
+    )
+
+
+def csv(target: Target, what: str, *, default: str | None = None, required: bool = False) -> None:
+    """--csv: a CSV file the command also (or only) writes its table to. default: where the
+    table goes without it, as --help says it; None: not written (unless required)."""
+    said = f" (default {default})" if default else ""
+    target.add_argument(
+        "--csv", type=Path, metavar="FILE", **_required(required), help=f"write {what} to this CSV file{said}"
+    )
+
+
+def jobs(target: Target) -> None:
+    target.add_argument(
+        "--jobs", type=positive_int, metavar="N", help="processes drawing figures (default: one per core)"
+    )
+
+
+def latency(target: Target) -> None:
+    target.add_argument(
+        "--latency",
+        choices=LATENCY_CHOICES,
+        default="auto",
+        help="latency source: auto (default) = measured where the device was measured (shipped profiles or given "
+        "sweeps), calibrated on its measurements for other shapes, borrowed from a measured device of the same "
+        "architecture, else the datasheet roofline; or force one",
+    )
+
+
+def tp(target: Target) -> None:
+    target.add_argument("--tp", type=tp_degree, default=1, metavar="N|auto", help=TP_HELP)
