@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -22,14 +23,16 @@ from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, HeadAccuracyAcceptance
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import writable_dir
+from perfmodel.latency.allreduce import all_reduce_source
 from perfmodel.latency.source import view_latency
+from perfmodel.latency.step import StepModel
+from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.measured.device_view import DeviceView, is_cpu_name, resolve_view
 from perfmodel.measured.store import stored_closed_loops, stored_tree_ablations
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID
 from perfmodel.planning import simulations
 from perfmodel.planning.capacity import PlanResult, plan, serving_plan
-from profilers.sweep import measure_now
 from reports.ablation_figures import tree_ablation_figure
 from reports.acceptance_figures import Curve, acceptance_figure, tree_figure
 from reports.capacity_figures import capacity_figure
@@ -59,6 +62,21 @@ from reports.sources import (
 )
 from reports.speedup_figures import closed_loop_figure, submit_speedup_figures
 
+DEFAULT_FOLDER = Path("perf-reports") / "report"
+
+
+def default_folder(view: DeviceView, model: ModelConfig, dtype: str | None) -> Path:
+    """perf-reports/report/<device>-<model>[-<dtype>]: the device shown (a CPU stand-in's key
+    where this machine has no measurements), the dtype only where one was asked for."""
+    return DEFAULT_FOLDER / f"{view.spec.key}-{model.name}{'-' + dtype if dtype else ''}"
+
+
+def whole_step(view: DeviceView, model: ModelConfig, dtype: str, tp: int, latency) -> TensorParallelStep:
+    """The whole-model step the page is priced at: the shard at degree tp, timed by the page's
+    one latency source, plus its all-reduces (none at tp 1)."""
+    comm = all_reduce_source(view.spec) if tp > 1 else None
+    return TensorParallelStep(StepModel(model.shard(tp), latency, "full"), tp, comm, dtype)
+
 
 def load_inputs(
     config: BuildConfig, log=print
@@ -66,6 +84,10 @@ def load_inputs(
     model = load_model(config.model)
     files = list(config.measurements)
     if config.measure:
+        # Only a --measure build loads the sweeper: it imports torch (about a second), which a
+        # report from specs and stored measurements never needs.
+        from profilers.sweep_runs import measure_now
+
         dtype = check_dtype(config.dtype or default_dtype("cpu" if is_cpu_name(config.gpu) else "cuda"))
         files = [*files, *measure_now(config.gpu, config.spec, [model], dtype, QUICK_GRID, log)]
     view = resolve_view(config.gpu, config.spec, files, log)
@@ -81,34 +103,38 @@ def load_inputs(
 
 def build(config: BuildConfig, log=print) -> Report:
     started = time.perf_counter()
-    if not callable(config.out):  # before any work: a bad --out costs one line, not a sweep
+    if config.out is not None:  # before any work: a bad --out costs one line, not a sweep
         writable_dir(config.out, "report folder")
     view, model, dtype, acceptance, validation, ablation = load_inputs(config, log)
-    # the plan first: it says whether the model fits at --tp (or picks the degree), and the
-    # speedups are then priced at that degree, so every section is of one deployment
-    tp, planned = serving_plan(
-        model,
-        view,
-        dtype,
-        config.tp,
-        acceptance.choice.model,
-        config.latency,
-        config.prompt_len,
-        config.response_len,
-        config.latency_ms / 1e3 if config.latency_ms else None,
-    )
-    if config.tp is None:
-        log(f"--tp auto: {tp} device(s) per replica, the capacity plan's choice (the most tokens/s per device)")
-    if callable(config.out):
-        config = replace(config, out=writable_dir(config.out(view.spec.key), "report folder"))
-    report = Report(view, model, dtype, acceptance, view_latency(view, model.shard(tp), dtype, config.latency), tp=tp)
-    spec = view.spec
     grid = QUICK_GRID if view.is_cpu else PAPER_GRID
-    where = f"{model.name} on {spec.name}{f' x{tp} (tensor parallel)' if tp > 1 else ''} ({dtype})"
-    log(f"building the report for {where} ...")
-
-    with Renderer(config.jobs) as renderer, staged(config.out) as folder:
+    with Renderer(config.jobs) as renderer:
+        # The rooflines depend on the device and the model alone: the workers draw them while
+        # the plan and the speedups are computed.
         roof, tables, op_errors = submit_roofline_figures(renderer, view, [model], model, dtype, grid, config.latency)
+        # the plan next: it says whether the model fits at --tp (or picks the degree), and the
+        # speedups are then priced at that degree, so every section is of one deployment
+        tp, planned = serving_plan(
+            model,
+            view,
+            dtype,
+            config.tp,
+            acceptance.choice.model,
+            config.latency,
+            config.prompt_len,
+            config.response_len,
+            config.latency_ms / 1e3 if config.latency_ms else None,
+        )
+        if config.tp is None:
+            log(f"--tp auto: {tp} device(s) per replica, the capacity plan's choice (the most tokens/s per device)")
+        if config.out is None:
+            config = replace(config, out=writable_dir(default_folder(view, model, config.dtype), "report folder"))
+        # The device is resolved here, once: its latency source and the step it prices go to the
+        # sections and their sentences with the report, which never resolve it again.
+        latency = view_latency(view, model.shard(tp), dtype, config.latency)
+        report = Report(view, model, dtype, acceptance, latency, whole_step(view, model, dtype, tp, latency), tp)
+        where = f"{model.name} on {view.spec.name}{f' x{tp} (tensor parallel)' if tp > 1 else ''} ({dtype})"
+        log(f"building the report for {where} ...")
+
         sims = simulations.device_table(view, model, dtype, FLAVORS, acceptance.choice, config.latency, tp)
         draft = simulations.draft_model_table()
         speed_pngs = submit_speedup_figures(renderer, view, model, dtype, sims, draft, acceptance.choice)
@@ -122,28 +148,27 @@ def build(config: BuildConfig, log=print) -> Report:
             jobs["tree-ablation"] = ablation_job(ablation, report)
         extra_pngs = {name: renderer.submit(job) for name, job in jobs.items()}
 
-        page = Page(f"Medusa performance report: {where}", contents=True)
-        pngs = {}
+        with staged(config.out) as folder:
+            page = Page(f"Medusa performance report: {where}", contents=True)
 
-        def figure(name: str, png_getter, caption: str, sources: tuple[str, ...]) -> None:
-            png = png_getter()
-            (folder / f"{name}.png").write_bytes(png)
-            report.figures.append(f"{name}.png")
-            page.figure(png, caption, sources)
-            pngs[name] = png
+            def figure(name: str, png_getter, caption: str, sources: tuple[str, ...]) -> None:
+                png = png_getter()
+                (folder / f"{name}.png").write_bytes(png)
+                report.figures.append(f"{name}.png")
+                page.figure(png, caption, sources)
 
-        intro(page, report, validation)
-        glance(page, report, sims, planned, validation)
-        describe_device(page, view, dtype)
-        roofline_section(page, figure, roof, op_errors)
-        speedup_section(page, figure, report, sims, draft, speed_pngs, extra_pngs, validation)
-        acceptance_section(page, figure, report, extra_pngs)
-        tree_section(page, figure, report, tree, best, extra_pngs)
-        ablation_section(page, figure, report, ablation, extra_pngs)
-        capacity_section(page, figure, planned, extra_pngs)
-        error_section(page, op_errors, report, validation)
-        inputs_section(page, report, config, validation, ablation)
-        report.html = config.out / page.write(folder / "report.html").name  # there once staged() swaps it in
+            intro(page, report, validation)
+            glance(page, report, sims, planned, validation)
+            describe_device(page, view, dtype)
+            roofline_section(page, figure, roof, op_errors)
+            speedup_section(page, figure, report, sims, draft, speed_pngs, extra_pngs, validation)
+            acceptance_section(page, figure, report, extra_pngs)
+            tree_section(page, figure, report, tree, best, extra_pngs)
+            ablation_section(page, figure, report, ablation, extra_pngs)
+            capacity_section(page, figure, planned, extra_pngs)
+            error_section(page, op_errors, report, validation)
+            inputs_section(page, report, config, validation, ablation)
+            report.html = config.out / page.write(folder / "report.html").name  # there once staged() swaps it in
     size = report.html.stat().st_size
     elapsed = time.perf_counter() - started
     log(f"  {len(report.figures)} figures, report.html {size / 1e6:.1f} MB in {config.out}/ ({elapsed:.1f} s)")

@@ -11,10 +11,6 @@ import pandas as pd
 from hw_specs import SPEC_DIR
 from perfmodel.acceptance.ablation import dense_against_sparse
 from perfmodel.acceptance.rates import fit_error
-from perfmodel.latency.allreduce import all_reduce_source
-from perfmodel.latency.source import view_latency
-from perfmodel.latency.step import StepModel
-from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.planning import simulations
 from perfmodel.planning.capacity import PlanResult
 from reports.report import FLAVORS, BuildConfig, Report
@@ -28,9 +24,9 @@ def intro_text(report: Report, validation: pd.DataFrame) -> str:
         measured.append(f"{len(report.view.measured)} operator timings")
     if report.view.ceilings:
         measured.append("empirical ceilings")
-    if report.latency is not None and report.latency.mode in ("measured", "calibrated"):
+    if report.latency.mode in ("measured", "calibrated"):
         measured.append(f"measured operator profiles ({report.latency.table.origin})")
-    if report.latency is not None and report.latency.mode == "borrowed":
+    if report.latency.mode == "borrowed":
         measured.append(f"{report.latency.table.spec.key}'s measured operator profiles, borrowed (same architecture)")
     if report.acceptance.measured:
         measured.append("an acceptance record")
@@ -138,7 +134,7 @@ def closed_loop_facts(report: Report, sims: pd.DataFrame, validation: pd.DataFra
         f"Measured (closed loop, python -m perfmodel.validate, {setting_text(validation)}): trees of "
         f"{span(sizes, '{}')} tokens ran at {span(measured, unit='x')} plain decoding; {outcome}."
     ]
-    step = whole_step(report)
+    step = report.step
     latency = step.shard_step.latency
     context = int(sims.loc[sims["simulation"] == "a", "seq_len"].iloc[0])  # the headline predictions' context
 
@@ -195,11 +191,11 @@ def acceptance_record_text(acceptance: ReportAcceptance) -> str:
     record = acceptance.record
     return (
         f"Measured by python -m decoder.measure ({acceptance.record_path.name}): "
-        f"{record.get('prompts')} held-out prompts x "
-        f"{record.get('new_tokens_per_prompt')} tokens, {record['acceptance']['scheme']} acceptance, "
-        f"batch {record.get('batch')}; "
-        f"{record['mean_accepted_tokens']:.2f} tokens per step with its tree of {record['tree']['size']} tokens "
-        f"(lossless: {record.get('lossless')}). Model: {Path(str(record.get('model'))).name}."
+        f"{record.prompts} held-out prompts x "
+        f"{record.new_tokens_per_prompt} tokens, {record.scheme} acceptance, "
+        f"batch {record.batch}; "
+        f"{record.mean_accepted_tokens:.2f} tokens per step with its tree of {record.tree_size} tokens "
+        f"(lossless: {record.lossless}). Model: {Path(str(record.model)).name}."
     )
 
 
@@ -293,20 +289,11 @@ def input_items(report: Report, config: BuildConfig, validation: pd.DataFrame, a
 
 def plain_step_text(report: Report) -> str:
     """The predicted plain decoding step of the whole model at batch 1, context 1024."""
-    report_step = whole_step(report)
+    step = report.step
     return (
         "Predicted plain decoding step of the whole model at batch 1, context 1024: "
-        f"{float(report_step.step_time(1, 1024, 1)) * 1e3:.2f} ms (latency: {report_step.label})."
+        f"{float(step.step_time(1, 1024, 1)) * 1e3:.2f} ms (latency: {step.label})."
     )
-
-
-def whole_step(report: Report) -> TensorParallelStep:
-    """The whole-model step the page is priced at: the shard at the report's tp, timed by the
-    page's one latency source, plus its all-reduces (none at tp 1)."""
-    shard = report.model.shard(report.tp)
-    latency = report.latency or view_latency(report.view, shard, report.dtype)
-    comm = all_reduce_source(report.view.spec) if report.tp > 1 else None
-    return TensorParallelStep(StepModel(shard, latency, "full"), report.tp, comm, report.dtype)
 
 
 def measurement_note(report: Report) -> str:

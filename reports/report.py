@@ -6,11 +6,11 @@ its sentences (reports.prose).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.latency.source import LatencyModel
+from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
 from reports.sources import ReportAcceptance
@@ -21,7 +21,7 @@ FLAVORS = ("paper", "full")  # the step models simulated: the paper's simplified
 @dataclass(frozen=True)
 class BuildConfig:
     model: str
-    out: Path | Callable[[str], Path]  # a folder, or one made from the key of the device shown
+    out: Path | None = None  # None: perf-reports/report/<device>-<model>[-<dtype>] (reports.build.default_folder)
     gpu: str | None = None
     spec: Path | None = None
     dtype: str | None = None
@@ -40,13 +40,15 @@ class BuildConfig:
 
 @dataclass
 class Report:
-    """What a build gathered, for the page and for the caller (tests, scripts)."""
+    """What a build gathered, for the page and for the caller (tests, scripts). reports.build
+    resolves the device and prices its step once; the sections and sentences only read them."""
 
     view: DeviceView
     model: ModelConfig
     dtype: str
     acceptance: ReportAcceptance
-    latency: LatencyModel | None = None  # the step latency source (perfmodel.latency.source)
+    latency: LatencyModel  # the step latency source of the shard (perfmodel.latency.source)
+    step: TensorParallelStep  # the whole-model step the page is priced at, timed by `latency`
     tp: int = 1  # tensor-parallel degree the page is priced at (the latency is the shard's)
     html: Path | None = None
     figures: list[str] = field(default_factory=list)  # PNG file names, in page order

@@ -96,12 +96,12 @@ ANY_SEQ = -1  # a point standing for every sequence length: the op's cost does n
 
 def collapse_sequence_lengths(points: pd.DataFrame) -> pd.DataFrame:
     """One point where an op's point is the same at every sequence length (the linear ops):
-    seven equal rings on one spot read as a filled marker."""
+    seven equal rings on one spot read as a filled marker. A figure collapses its points once:
+    the groups never span panels (op and phase are keys), so each panel's share is the same."""
     keys = ["op", "phase", "source", "batch", "candidates"]
     rounded = points.assign(_i=points["intensity"].round(9), _t=points["tflops"].round(9))
-    same = rounded.groupby(keys)[["_i", "_t"]].transform("nunique").max(axis=1).eq(1)
-    several = rounded.groupby(keys)["seq_len"].transform("nunique").gt(1)
-    collapse = same & several
+    distinct = rounded.groupby(keys)[["_i", "_t", "seq_len"]].transform("nunique")
+    collapse = distinct[["_i", "_t"]].max(axis=1).eq(1) & distinct["seq_len"].gt(1)
     kept = points[~collapse]
     merged = points[collapse].drop_duplicates(keys).assign(seq_len=ANY_SEQ)
     return pd.concat([kept, merged], ignore_index=True)
@@ -109,8 +109,9 @@ def collapse_sequence_lengths(points: pd.DataFrame) -> pd.DataFrame:
 
 def scatter(ax, points: pd.DataFrame, color_by: str, colors: dict, sizes: dict) -> None:
     """Colour by `color_by`, area by sequence length; predicted hollow and thin-edged so
-    that overlapping rings stay rings, measured filled on top."""
-    for (op, source), group in collapse_sequence_lengths(points).groupby(["op", "source"], sort=False):
+    that overlapping rings stay rings, measured filled on top. `points`: collapsed
+    (collapse_sequence_lengths)."""
+    for (op, source), group in points.groupby(["op", "source"], sort=False):
         measured = source == "measured"
         level_colors = [colors[v] for v in group[color_by]]
         ax.scatter(
@@ -167,14 +168,14 @@ def _op_handles(ops) -> list:
     ]
 
 
-def _size_handles(sizes: dict, points: pd.DataFrame) -> list:
+def _size_handles(sizes: dict, collapsed: pd.DataFrame) -> list:
     if len(sizes) < 2:
         return []
     handles = [
         Line2D([], [], ls="", marker="o", mfc="none", mec="gray", ms=np.sqrt(area), label=f"s={v}")
         for v, area in sizes.items()
     ]
-    if not (collapse_sequence_lengths(points)["seq_len"] == ANY_SEQ).any():
+    if not (collapsed["seq_len"] == ANY_SEQ).any():
         return handles
     return handles + [
         Line2D(
@@ -223,11 +224,13 @@ def roofline_panels(
         sharex=True,
         sharey=True,
     )
+    collapsed = collapse_sequence_lengths(points)
     for r, (group, ops) in enumerate(groups.items()):
         for c, phase in enumerate(phases):
             ax = axes[r][c]
             draw_ceilings(ax, ceilings, xlim)
-            scatter(ax, points[points["op"].isin(ops) & (points["phase"] == phase)], color_by, colors, sizes)
+            panel = collapsed["op"].isin(ops) & (collapsed["phase"] == phase)
+            scatter(ax, collapsed[panel], color_by, colors, sizes)
             _style_axes(ax, xlim, ylim, f"{group} - {PHASE_LABELS[phase]}")
             ax.label_outer()  # shared axes: tick labels and axis titles on the outer panels only
     ops = [op for group in groups.values() for op in group if op in set(points["op"])]
@@ -235,7 +238,7 @@ def roofline_panels(
         _ceiling_handles(ceilings)
         + _op_handles(ops)
         + _level_handles(color_by, colors)
-        + _size_handles(sizes, points)
+        + _size_handles(sizes, collapsed)
         + _source_handles(points["source"])
     )
     # Fixed margins: tight_layout measures every tick label and takes seconds.
@@ -260,7 +263,8 @@ def variation_figure(
     sizes = seq_sizes(points["seq_len"])
     fig, (left, right) = subplots(1, 2, figsize=(13.5, 6.6))
     draw_ceilings(left, ceilings, xlim)
-    scatter(left, points, "candidates", q_colors, sizes)
+    collapsed = collapse_sequence_lengths(points)
+    scatter(left, collapsed, "candidates", q_colors, sizes)
     _style_axes(
         left,
         xlim,
@@ -271,7 +275,7 @@ def variation_figure(
         _ceiling_handles(ceilings)
         + _op_handles(points["op"])
         + _level_handles("candidates", q_colors)
-        + _size_handles(sizes, points)
+        + _size_handles(sizes, collapsed)
         + _source_handles(points["source"])
     )
 

@@ -45,8 +45,10 @@ def submit_roofline_figures(renderer, view: DeviceView, models, variation_model,
     lines = ceilings(view, dtype)
     tables, errors, figures = [], [], []
     main_ops = [op for group in OP_GROUPS.values() for op in group]
+    # one latency source per model, however many figures draw it
+    sources = {model: view_latency(view, model, dtype, latency) for model in dict.fromkeys([*models, variation_model])}
     for model in models:
-        source = view_latency(view, model, dtype, latency)
+        source = sources[model]
         predicted = predict_table(spec, model, dtype, grid, ops=DEFAULT_OPS, params=params, latency=source)
         mine = matching_measurements(measured, spec, model, dtype)
         tables += [predicted, mine]
@@ -81,7 +83,7 @@ def submit_roofline_figures(renderer, view: DeviceView, models, variation_model,
             ops=study["ops"],
             phases=("tree",),
             params=params,
-            latency=view_latency(view, variation_model, dtype, latency),
+            latency=sources[variation_model],
         )
         points = pd.concat([predicted, mine.merge(predicted[POINT_COLUMNS], on=POINT_COLUMNS)], ignore_index=True)
         title = f"{variation_model.name} on {spec.name} ({dtype}): {study['what']}"

@@ -207,10 +207,7 @@ def error_section(page: Page, op_errors, report: Report, validation: pd.DataFram
     said = False
     operators = tables.operator_errors(op_errors)
     if len(operators):
-        page.paragraph(
-            f"Operators: predicted time ({report.latency.label if report.latency else 'latency model'}) "
-            f"vs measured time, {tables.ERROR_HEADER}."
-        )
+        page.paragraph(f"Operators: predicted time ({report.latency.label}) vs measured time, {tables.ERROR_HEADER}.")
         page.table(tables.percent(operators))
         said = True
     acceptance = report.acceptance

@@ -143,3 +143,39 @@ def test_two_devices_claiming_one_alias_is_an_error(tmp_path):
     custom_spec(tmp_path, aliases=["a100"])
     with pytest.raises(PerfkitError, match="'a100' is claimed by both"):
         find_spec("a40", spec_dir=tmp_path)
+
+
+def test_specs_are_parsed_once_per_process():
+    from perfmodel.hardware.specs import parsed_yaml
+
+    load_all_specs()
+    misses = parsed_yaml.cache_info().misses
+    for _ in range(3):
+        load_all_specs()
+        find_spec("a100")
+    assert parsed_yaml.cache_info().misses == misses
+
+
+def test_an_edited_spec_is_reread_even_at_the_same_size_and_time(tmp_path):
+    import os
+
+    path = tmp_path / "tiny.yaml"
+    text = (
+        "name: Tiny\nmemory_gb: 8\nmemory_bandwidth_gb_s: 100\npeak_tflops: {fp16: 10}\n"
+        "sources: {memory_gb: my notes, memory_bandwidth_gb_s: my notes, peak_tflops: my notes}\n"
+    )
+    path.write_text(text)
+    stat = path.stat()
+    assert load_spec_file(path).peak_tflops["fp16"] == 10
+    path.write_text(text.replace("fp16: 10", "fp16: 20"))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # a same-size edit within the clock's resolution
+    assert load_spec_file(path).peak_tflops["fp16"] == 20
+
+
+def test_each_load_returns_its_own_spec():
+    # The parse is shared; what a caller gets is not, so changing it cannot change the next load.
+    spec = find_spec("a100")
+    spec.peak_tflops["fp16"] = 1.0
+    spec.sources.clear()
+    again = find_spec("a100")
+    assert again.peak_tflops["fp16"] == 312 and again.sources

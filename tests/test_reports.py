@@ -412,7 +412,7 @@ def test_recommended_tree_comes_from_head_accuracies_when_measured():
 
     measured = report_acceptance(None, str(BUNDLED))  # the checkpoint's own record
     tree = recommended_tree(11, measured)
-    assert tree.tree == greedy_tree(measured.record["head_topk_accuracy"], 10) and tree.accuracy is not None
+    assert tree.tree == greedy_tree(measured.record.head_topk_accuracy, 10) and tree.accuracy is not None
     paper = report_acceptance("paper", str(BUNDLED))
     assert recommended_tree(16, paper).tree == vicuna_7b_prefix(15)
     capped = recommended_tree(160, paper)

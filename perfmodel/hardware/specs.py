@@ -7,6 +7,7 @@ carry a source, so a roofline can always say where its ceilings come from.
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -176,10 +177,27 @@ def load_spec_file(path: str | Path) -> HardwareSpec:
     except OSError as exc:
         raise PerfkitError(f"cannot read spec file {path}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = parsed_yaml(text)
     except yaml.YAMLError as exc:
         raise PerfkitError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     return parse_spec(data, path)
+
+
+# libyaml's parser where PyYAML was built with it: the pure-Python one is ~10x slower.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@functools.lru_cache(maxsize=64)
+def parsed_yaml(text: str) -> object:
+    """The YAML content of a spec file's text, parsed once per process.
+
+    One command resolves devices many times (every latency source looks for a device to
+    borrow from), so each spec would otherwise be parsed a dozen times. Keyed on the text
+    itself, not the file's name or timestamp, so an edited spec is always reread; the file
+    read that this costs is a fraction of a millisecond. parse_spec only reads the result
+    and builds fresh containers, so no caller can change what the cache holds.
+    """
+    return yaml.load(text, Loader=_LOADER)
 
 
 def load_all_specs(spec_dir: Path = SPEC_DIR) -> dict[str, HardwareSpec]:

@@ -2,9 +2,9 @@
 
 Each kernel takes max(FLOPs / (peak x compute_efficiency), bytes / (bandwidth x
 memory_efficiency)) + kernel_overhead_s, and an operator is the sum of its kernels.
-The defaults are public achievable fractions (README, "Latency model"); the calibrated model
-fits the same three parameters to measured rows, so a device measured on a few shapes is
-predicted on all.
+The defaults are public achievable fractions (docs/performance-model.md, "Latency: the
+roofline defaults"); the calibrated model fits the same three parameters to measured rows,
+so a device measured on a few shapes is predicted on all.
 """
 
 from __future__ import annotations

@@ -23,9 +23,6 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.models.config import ModelConfig
 
 OPS = ("q", "k", "v", "qkv", "qk", "pv", "o", "up", "gate", "gate_up", "down", "lm_head", "medusa_heads")
-# The fused forms serving engines run (one GEMM for q, k and v; one for gate and up), and
-# what each replaces.
-FUSED_LINEARS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 # Operators that are one GEMM against a weight: their time depends on the token count
 # (batch x query length) and the weight's shape only.
 LINEAR_OPS = ("q", "k", "v", "qkv", "o", "up", "gate", "gate_up", "down", "lm_head")

@@ -1,0 +1,83 @@
+"""python -m reports.startup_benchmark: how long the two commands a newcomer runs first take.
+
+Runs `python -m perfmodel.roofline --gpu a100` and `python -m reports build --gpu a100
+--model llama-7b` as a user runs them, each in a fresh interpreter writing to a scratch
+folder, and prints the median wall time of each over --repeat runs, with the machine's
+cores and load. A benchmark, not a test: the times depend on the machine and on what else
+runs on it (the targets are 2 s and 3 s on 2 idle cores).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.cli import Parser, positive_int, run
+
+
+@dataclass(frozen=True)
+class Command:
+    line: str  # as a user types it; each run adds its own output folder
+
+    def argv(self, out: str) -> list[str]:
+        return [sys.executable, *shlex.split(self.line)[1:], f"--out={out}"]
+
+
+COMMANDS = (
+    Command("python -m perfmodel.roofline --gpu a100"),
+    Command("python -m reports build --gpu a100 --model llama-7b"),
+)
+
+
+def wall_time(command: Command, out: str) -> float:
+    """Seconds from starting the interpreter to its exit; a failed run is an error naming it."""
+    started = time.perf_counter()
+    done = subprocess.run(command.argv(out), capture_output=True, text=True)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PerfkitError(f"{command.line} failed (exit {done.returncode}): {last}")
+    return elapsed
+
+
+def timings(command: Command, repeat: int) -> list[float]:
+    with tempfile.TemporaryDirectory(prefix="perfkit-startup-") as scratch:
+        return [wall_time(command, os.path.join(scratch, f"run-{i}")) for i in range(repeat)]
+
+
+def summary_line(command: Command, times: list[float]) -> str:
+    spread = f" ({min(times):.2f}-{max(times):.2f} s)" if len(times) > 1 else ""
+    runs = f"{len(times)} run{'s' if len(times) > 1 else ''}"
+    return f"{command.line}: {statistics.median(times):.2f} s wall, median of {runs}{spread}"
+
+
+def machine_line() -> str:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown"
+    return f"{os.cpu_count()} cores, load average {load} (1, 5, 15 min)"
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m reports.startup_benchmark", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--repeat", type=positive_int, default=5, metavar="N", help="runs of each command (default %(default)s)"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    print(machine_line())
+    for command in COMMANDS:
+        print(summary_line(command, timings(command, args.repeat)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))
