@@ -6,8 +6,15 @@ only, and predict this profile's linear ops (qkv, o, gate_up, down) up to 1024 t
 Shapes the other profiles happen to share (e.g. o of two models with the same hidden size)
 come back as measured, as they would in use.
 
+Three predictions of an unseen shape are compared (perfmodel.latency.source uses the last):
+`calibrated` (the roofline fitted to the other profiles x their staircase), `grid` (the
+device's engine grid, perfmodel.latency.gemm_grid, at the other profiles' level) and
+`combined` (their geometric mean). The held-out model's rows are never used; the grid is
+another harness's, measured on the whole device.
+
 `python -m perfmodel.latency_check` prints the median and p90 absolute error per device and
-direction.
+held-out model, and each grid's offset from the profiles (their time / the grid's on the same
+GEMMs: how much slower the profiles' harness measures).
 """
 
 from __future__ import annotations
@@ -20,15 +27,19 @@ import pandas as pd
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, positive_int, run
 from perfmodel.hardware.specs import resolve_spec
-from perfmodel.latency.source import GemmTable, gemm_rows, measured_devices
+from perfmodel.latency.gemm_grid import default_grid, gemm_grid, stack_names
+from perfmodel.latency.gemm_table import GemmTable, gemm_rows
+from perfmodel.latency.source import measured_devices
 from perfmodel.measured.store import stored_profiles
 
 MAX_TOKENS = 1024
+METHODS = ("calibrated", "grid", "combined")
 
 
 def leave_one_model_out(device: str, max_tokens: int = MAX_TOKENS) -> pd.DataFrame:
     """One row per (held-out profile, GEMM shape, token count): measured and predicted time."""
     spec = resolve_spec(device, None)
+    grid = default_grid(spec.key, "fp16")
     profiles = {p.stem: pd.read_csv(p) for p in stored_profiles(spec.key)}
     out = []
     for held_out, rows in profiles.items():
@@ -39,32 +50,49 @@ def leave_one_model_out(device: str, max_tokens: int = MAX_TOKENS) -> pd.DataFra
         test = gemm_rows(rows)
         test = test[test["m"] <= max_tokens]
         for (k, n), part in test.groupby(["k", "n"]):
-            predicted = table.predict(k, n, part["m"].to_numpy(dtype=float), spec, "fp16")
+            m = part["m"].to_numpy(dtype=float)
+            calibrated = table.predict(k, n, m, spec, "fp16")
+            seen = table.measured(k, n)
+            on_grid = calibrated if grid is None or seen else table.grid_predict(k, n, m, grid)
             out.append(
                 part.assign(
                     device=spec.key,
                     held_out=held_out,
                     trained_on=", ".join(sorted(set(profiles) - {held_out})),
-                    predicted_s=predicted,
-                    seen=table.measured(k, n),
+                    calibrated_s=calibrated,
+                    grid_s=on_grid,
+                    combined_s=np.sqrt(calibrated * on_grid),
+                    seen=seen,
                 )
             )
     result = pd.concat(out, ignore_index=True)
-    result["error"] = result["predicted_s"] / result["time_s"] - 1
+    for method in METHODS:
+        result[f"{method}_error"] = result[f"{method}_s"] / result["time_s"] - 1
+    result["predicted_s"], result["error"] = result["combined_s"], result["combined_error"]
     return result
+
+
+def grid_offsets(device: str) -> pd.DataFrame:
+    """Per engine grid of a device: the median of the profiles' time over the grid's on the
+    same GEMMs (every measured shape and token count)."""
+    spec = resolve_spec(device, None)
+    table = GemmTable.of(pd.concat([pd.read_csv(p) for p in stored_profiles(spec.key)]), spec, "fp16", "profiles")
+    rows = []
+    for stack in stack_names(spec.key):
+        grid = gemm_grid(spec.key, stack, "fp16") if stack != "vidur" else None
+        if grid is not None:
+            rows.append({"device": spec.key, "grid": stack, "profiles / grid (median)": round(table.offset(grid), 3)})
+    return pd.DataFrame(rows)
 
 
 def summary(result: pd.DataFrame) -> pd.DataFrame:
     def stats(group):
-        e = group["error"].abs()
-        return pd.Series(
-            {
-                "rows": len(group),
-                "shapes_seen": int(group.drop_duplicates(["k", "n"])["seen"].sum()),
-                "median_error": float(np.median(e)),
-                "p90_error": float(np.quantile(e, 0.9)),
-            }
-        )
+        out = {"rows": int(len(group)), "shapes_seen": int(group.drop_duplicates(["k", "n"])["seen"].sum())}
+        for method in METHODS:
+            e = group[f"{method}_error"].abs()
+            out[f"{method}_median"] = float(np.median(e))
+            out[f"{method}_p90"] = float(np.quantile(e, 0.9))
+        return pd.Series(out)
 
     return result.groupby(["device", "held_out", "trained_on"]).apply(stats, include_groups=False).reset_index()
 
@@ -80,18 +108,21 @@ def build_parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    devices = args.gpu or measured_devices()
+    profiled = [key for key in measured_devices() if stored_profiles(key)]
+    devices = args.gpu or profiled
     unmeasured = [d for d in devices if not stored_profiles(resolve_spec(d, None).key)]
     if unmeasured:
         raise PerfkitError(
-            f"--gpu {' '.join(unmeasured)}: no stored profiles to check; measured: {', '.join(measured_devices())}"
+            f"--gpu {' '.join(unmeasured)}: no stored profiles to check; profiled: {', '.join(profiled)}"
         )
     table = summary(pd.concat([leave_one_model_out(d, args.max_tokens) for d in devices], ignore_index=True))
-    shown = table.assign(
-        median_error=[f"{v:.1%}" for v in table["median_error"]], p90_error=[f"{v:.1%}" for v in table["p90_error"]]
-    )
+    shown = table.copy()
+    for column in [c for c in table.columns if c.endswith(("_median", "_p90"))]:
+        shown[column] = [f"{v:.1%}" for v in table[column]]
     print(f"Leave one model out, linear ops up to {args.max_tokens} tokens (|predicted / measured - 1|):")
-    print(shown.to_string(index=False))
+    print(shown.drop(columns=["trained_on"]).to_string(index=False))
+    print("\nThe latency source predicts an unseen shape by `combined`. Each grid's offset from the profiles:")
+    print(pd.concat([grid_offsets(d) for d in devices], ignore_index=True).to_string(index=False))
     return 0
 
 

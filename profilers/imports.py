@@ -1,6 +1,7 @@
 """Import public measured GPU operator profiles into data-contract rows.
 
     python -m profilers.imports vidur FILE... --gpu NAME --out FILE.csv
+    python -m profilers.imports aiconfigurator [--systems SYSTEM ...] [--out DIR]
 
 Vidur (github.com/microsoft/vidur, MIT licence) ships per-layer operator latencies measured
 on A100 and H100 GPUs: `data/profiling/compute/<device>/<model>/mlp.csv`, one row per
@@ -57,7 +58,9 @@ import pandas as pd
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, run
 from perfmodel.hardware.specs import find_spec
-from perfmodel.measured.contract import contract_fields, write_table
+from perfmodel.measured.aiconfigurator import SYSTEMS as AIC_SYSTEMS
+from perfmodel.measured.contract import contract_fields, significant, write_table
+from perfmodel.measured.store import MEASUREMENTS_DIR
 from perfmodel.measured.vidur import (
     SHAPE_COLUMNS,
     UNGATED_OPS,
@@ -70,13 +73,13 @@ from perfmodel.measured.vidur import (
 )
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.operators import cost_of, op_kernels
+from profilers.import_aiconfigurator import PACKAGE, import_systems, installed_data
 
 MODEL_COLUMNS = [c for c in SHAPE_COLUMNS if c not in ("num_tokens", "num_tensor_parallel_workers")]
 # Beyond the data contract: the shard's own shapes.
 SHARD_COLUMNS = ["hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size", "tp"]
 DTYPE = "fp16"  # Vidur profiles in half precision throughout
 PHASE = "prefill"
-SIGNIFICANT = 6  # digits kept of measured times and the values derived from them
 NOISE_DECIMALS = 6
 
 
@@ -183,10 +186,6 @@ def checked_shard(model: ModelConfig, tp: int) -> ModelConfig:
     return shard
 
 
-def significant(values: pd.Series, digits: int = SIGNIFICANT) -> pd.Series:
-    return values.map(lambda x: float(f"{x:.{digits}g}"))
-
-
 def op_rows(
     df: pd.DataFrame, vidur_op: str, op: str, shard: ModelConfig, device: str, run_id: str, path: Path
 ) -> pd.DataFrame:
@@ -265,11 +264,50 @@ def build_parser() -> Parser:
     vidur.add_argument(
         "--commit", default=VIDUR_COMMIT, help="the Vidur commit the files come from, cited in the default run id"
     )
+    aic = sources.add_parser(
+        "aiconfigurator",
+        help="aiconfigurator-core's GEMM, attention and NCCL tables (profilers/import_aiconfigurator.py)",
+        description="Import aiconfigurator-core's measured tables as data-contract rows, per device and stack.",
+    )
+    aic.add_argument(
+        "--systems",
+        nargs="+",
+        default=list(AIC_SYSTEMS),
+        metavar="SYSTEM",
+        help=f"aiconfigurator systems (default: {' '.join(AIC_SYSTEMS)})",
+    )
+    aic.add_argument(
+        "--data",
+        type=Path,
+        metavar="DIR",
+        help="a copy of the package's systems/data folder (default: the installed package's)",
+    )
+    aic.add_argument("--package-version", help="the package version the --data folder comes from")
+    options.out(
+        aic,
+        "profilers/measurements",
+        what="the measurements folder (<device>/aiconfigurator/...)",
+        value=MEASUREMENTS_DIR,
+    )
     return p
+
+
+def import_aiconfigurator_tables(args) -> int:
+    if args.data is None:
+        data, version = installed_data()
+    elif not args.package_version:
+        raise PerfkitError("--data needs --package-version: the provenance names the version the tables come from")
+    else:
+        data, version = args.data, args.package_version
+    written = import_systems(data, version, args.systems, args.out)
+    print(f"{len(written)} tables, {sum(w.rows for w in written)} rows, from {PACKAGE} {version}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.source == "aiconfigurator":
+        return import_aiconfigurator_tables(args)
     if args.out.suffix not in (".csv", ".parquet"):
         raise PerfkitError(f"--out {args.out}: use a .csv or .parquet file name")
     imported = [import_vidur(path, args.gpu, args.run_id, args.commit) for path in args.files]

@@ -26,6 +26,7 @@ from perfmodel.acceptance.rates import ACCEPTANCE_PRESETS
 from perfmodel.base.dtypes import DTYPES
 from perfmodel.cli.parser import TP_HELP, positive_int, tp_degree
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
+from perfmodel.latency.gemm_grid import ENGINES, VIDUR
 from perfmodel.latency.source import LATENCY_CHOICES
 from perfmodel.models.config import PRESETS
 
@@ -187,6 +188,15 @@ def latency(target: Target) -> None:
         help="latency source: auto (default) = measured where the device was measured (shipped profiles or given "
         "sweeps), calibrated on its measurements for other shapes, borrowed from a measured device of the same "
         "architecture, else the datasheet roofline; or force one",
+    )
+    # Read with --latency: the command line's parse makes args.latency a LatencyChoice carrying it.
+    target.add_argument(
+        "--stack",
+        metavar="STACK",
+        help=f"whose GPU measurements to predict: {', '.join((VIDUR, *ENGINES))} (the harness of Vidur's per-model "
+        "profiles, or an engine's device-wide GEMM grid from aiconfigurator-core), or an engine-version such as "
+        "vllm-0.24.0 (default: the device's per-model profiles where it has them, else its first engine grid in "
+        "that order); the latency label names it",
     )
 
 

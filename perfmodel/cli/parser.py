@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.source import LatencyChoice
 
 
 class Parser(argparse.ArgumentParser):
@@ -15,6 +16,13 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, rest = super().parse_known_args(args, namespace)
+        # --latency and --stack are one choice (perfmodel.latency.source.LatencyChoice).
+        if isinstance(getattr(parsed, "latency", None), str) and hasattr(parsed, "stack"):
+            parsed.latency = LatencyChoice(parsed.latency, parsed.stack)
+        return parsed, rest
 
 
 # The largest sizes a command line takes: a batch of 2^20 sequences (a 7B model's KV cache

@@ -88,7 +88,7 @@ class MeasuredLatency:
             values = grouped.reindex(full).to_numpy()
             if np.isnan(values).any():
                 # A skipped point leaves a hole; fill it from its measured neighbours in log space.
-                values = _fill_holes(np.log(values.reshape([len(a) for a in axes])))
+                values = fill_holes(np.log(values.reshape([len(a) for a in axes])))
             else:
                 values = np.log(values.reshape([len(a) for a in axes]))
             self.tables[(op, phase)] = _Table(axes, list(AXES), values)
@@ -112,7 +112,7 @@ class MeasuredLatency:
         return out
 
 
-def _fill_holes(values: np.ndarray) -> np.ndarray:
+def fill_holes(values: np.ndarray) -> np.ndarray:
     """Fill NaN cells by repeatedly averaging measured neighbours along each axis."""
     values = values.copy()
     for _ in range(sum(values.shape)):

@@ -1,6 +1,7 @@
 """One latency source for any model on any device: measured where the device was measured,
 calibrated on those measurements elsewhere, borrowed from a measured device of the same
-architecture, or the datasheet roofline.
+architecture, or the datasheet roofline. Whose measurements (the software stack) is a choice:
+`stack` (perfmodel.latency.gemm_grid: vidur, vllm, sglang, trtllm).
 
 GPU latency is a staircase in the token count (tile and kernel choice), not the smooth
 roofline: a 4096 x 22016 fp16 GEMM on an A100 takes ~116 us for 1-64 tokens, 150-157 us
@@ -18,7 +19,14 @@ GEMM's weight shape (k, n) and its token count m = batch x query length:
 - **borrowed**: a device without measurements takes the calibration (fitted efficiencies
   and staircase) of a measured device of the same `architecture` (hw_specs), on its own
   datasheet roofline;
+- **grid**: an engine stack's device-wide GEMM grid (aiconfigurator's tables), interpolated
+  in n and k with the staircase in m kept (perfmodel.latency.gemm_grid);
 - **datasheet**: the roofline with the public efficiency defaults (perfmodel.latency.roofline).
+
+With the `vidur` stack on a device that also has a grid, a shape Vidur did not measure is the
+geometric mean of the calibrated prediction and the grid's shape dependence at Vidur's level
+(GemmTable.grid_predict): the two err in different places, and their mean beats each on the
+leave-one-model-out check (python -m perfmodel.latency_check).
 
 Ops the measurements do not cover (attention, the Medusa tree's own work) use the roofline
 with the calibrated efficiencies where there is a calibration, else the defaults. Measured
@@ -27,7 +35,6 @@ elementwise ops (norm, act, ...) are used where the profile is of the same model
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,128 +44,32 @@ from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec, load_all_specs, resolve_spec
-from perfmodel.latency.fit import GEMM_BOUNDS, fit_key, fit_roofline_params, remembered_fit
-from perfmodel.latency.roofline import RooflineLatency, kernel_time
+from perfmodel.latency.gemm_grid import VIDUR, GemmGrid, default_grid, gemm_grid, resolve_stack, stack_names
+from perfmodel.latency.gemm_table import GemmTable, fit_params, profile_rows, same_shard, stored_calibration
+from perfmodel.latency.roofline import RooflineLatency
 from perfmodel.measured.device_view import DeviceView
-from perfmodel.measured.store import stored_profiles, user_fits_dir
+from perfmodel.measured.store import stored_profiles
 from perfmodel.models.config import ModelConfig, load_model
-from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, Matmul, op_kernels, query_len
+from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, Matmul, op_kernels
 
 LATENCY_CHOICES = ("auto", "measured", "calibrated", "datasheet")
-# Shapes closer than this (in log k, log n) lend their staircase; 2 neighbours smooth one
-# shape's odd kernel choice (chosen on the leave-one-model-out test, python -m perfmodel.latency_check).
-NEIGHBOURS = 2
 
 
-# ----------------------------------------------------------------------------- measured GEMMs
+class LatencyChoice(str):
+    """A latency choice (LATENCY_CHOICES) with the stack whose measurements it rests on
+    (`stack`, None for the device's default). It is the choice's text wherever a choice is
+    compared, printed or handed down, so the planners, tables and reports that pass a choice
+    on to view_latency carry the stack without a second argument at every level."""
 
+    stack: str | None
 
-def row_model(row: pd.Series) -> ModelConfig:
-    """The model shard a measured row is of: its own shape columns (imported profiles), or
-    the named model (the toolkit's own sweeps)."""
-    if "hidden_size" in row and pd.notna(row.get("hidden_size")):
-        return ModelConfig(
-            str(row["model"]),
-            int(row["hidden_size"]),
-            int(row["intermediate_size"]),
-            int(row["num_heads"]),
-            int(row["num_kv_heads"]),
-            1,
-            int(row["vocab_size"]),
-            int(row["head_dim"]),
-        )
-    return load_model(str(row["model"]))
+    def __new__(cls, source: str = "auto", stack: str | None = None) -> LatencyChoice:
+        choice = super().__new__(cls, source)
+        choice.stack = stack
+        return choice
 
-
-def gemm_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """Measured linear-op rows as single GEMMs: k, n (the weight), m (tokens), time_s."""
-    linear = rows[rows["op"].isin(LINEAR_OPS)]
-    out = []
-    for _, group in linear.groupby("model", sort=False):
-        model = row_model(group.iloc[0])
-        for (op, phase), part in group.groupby(["op", "phase"]):
-            b, s, q = (part[c].to_numpy(dtype=np.int64) for c in ("batch", "seq_len", "candidates"))
-            (matmul,) = op_kernels(op, phase, model, 1, 1, 1)
-            tokens = b * np.array([query_len(phase, si, qi) for si, qi in zip(s, q)])
-            out.append(pd.DataFrame({"k": matmul.k, "n": matmul.n, "m": tokens, "time_s": part["time_s"].to_numpy()}))
-    if not out:
-        return pd.DataFrame(columns=["k", "n", "m", "time_s"])
-    return pd.concat(out, ignore_index=True).groupby(["k", "n", "m"], as_index=False)["time_s"].median()
-
-
-def roofline_gemm(k, n, m, spec: HardwareSpec, dtype: str, params: RooflineParams) -> np.ndarray:
-    return np.asarray(kernel_time(Matmul(1, m, k, n, weight=True), dtype, spec, params), dtype=float)
-
-
-def fit_params(gemms: pd.DataFrame, spec: HardwareSpec, dtype: str) -> RooflineParams:
-    """The roofline's efficiencies and per-kernel overhead fitted to measured GEMMs
-    (perfmodel.latency.fit: least squares on log time)."""
-    k, n, m, t = (gemms[c].to_numpy(dtype=float) for c in ("k", "n", "m", "time_s"))
-    label = f"fitted to {len(gemms)} measured GEMMs on {spec.key}"
-    key = fit_key("gemm", k, n, m, t, spec.peak_flops(dtype), spec.bandwidth, dtype, GEMM_BOUNDS, label)
-    return remembered_fit(
-        key,
-        lambda: fit_roofline_params(
-            lambda params: roofline_gemm(k, n, m, spec, dtype, params), np.log(t), GEMM_BOUNDS, label
-        ),
-        user_fits_dir(),
-    )
-
-
-@dataclass
-class GemmTable:
-    """The measured GEMMs of one device, with the roofline fitted to them."""
-
-    spec: HardwareSpec  # the measured device
-    gemms: pd.DataFrame
-    params: RooflineParams
-    origin: str  # where the rows came from, for labels
-    rows: pd.DataFrame = field(repr=False, default=None)  # the measured rows behind it
-    curves: dict = field(default_factory=dict, repr=False)  # (k, n) -> (tokens, seconds)
-
-    @classmethod
-    def of(cls, rows: pd.DataFrame, spec: HardwareSpec, dtype: str, origin: str) -> GemmTable:
-        gemms = gemm_rows(rows)
-        if not len(gemms):
-            raise PerfkitError(f"{spec.key}: the measurements hold no linear-op rows to calibrate on")
-        table = cls(spec, gemms, fit_params(gemms, spec, dtype), origin, rows=rows)
-        for (k, n), part in gemms.groupby(["k", "n"]):
-            table.curves[(k, n)] = (part["m"].to_numpy(dtype=float), part["time_s"].to_numpy(dtype=float))
-        return table
-
-    def measured(self, k: int, n: int) -> bool:
-        return (k, n) in self.curves
-
-    def without(self, k: int, n: int) -> GemmTable:
-        """The table less one shape (the same fitted roofline)."""
-        if not self.measured(k, n) or len(self.curves) == 1:
-            return self
-        curves = {shape: curve for shape, curve in self.curves.items() if shape != (k, n)}
-        return GemmTable(self.spec, self.gemms, self.params, self.origin, self.rows, curves)
-
-    def ratio(self, k: int, n: int, m, spec: HardwareSpec, dtype: str) -> np.ndarray:
-        """Measured / fitted-roofline time of one measured shape at m tokens: linear between
-        its measured token counts (fine enough to keep the steps), the end value beyond them."""
-        tokens, seconds = self.curves[(k, n)]
-        return np.interp(m, tokens, seconds / roofline_gemm(k, n, tokens, spec, dtype, self.params))
-
-    def predict(self, k: int, n: int, m, spec: HardwareSpec, dtype: str) -> np.ndarray:
-        """Seconds of a (k, n) GEMM over m tokens on `spec`: its roofline with the fitted
-        efficiencies, times the measured staircase (exact at measured points)."""
-        return roofline_gemm(k, n, m, spec, dtype, self.params) * self.staircase(k, n, m, self.spec, dtype)
-
-    def staircase(self, k: int, n: int, m, spec: HardwareSpec, dtype: str) -> np.ndarray:
-        """The measured / fitted ratio at m tokens: the shape's own where it was measured
-        (so measured points come back exactly), else that of the nearest measured shapes
-        (by log k and log n)."""
-        if self.measured(k, n):
-            return self.ratio(k, n, m, spec, dtype)
-        shapes = np.array(list(self.curves))
-        distance = np.hypot(np.log(shapes[:, 0] / k), np.log(shapes[:, 1] / n))
-        nearest = np.argsort(distance)[:NEIGHBOURS]
-        weights = 1 / (distance[nearest] + 0.05)
-        ratios = [w * self.ratio(int(sk), int(sn), m, spec, dtype) for w, (sk, sn) in zip(weights, shapes[nearest])]
-        return sum(ratios) / weights.sum()
+    def __reduce__(self):  # worker processes get the stack too
+        return (LatencyChoice, (str(self), self.stack))
 
 
 # ----------------------------------------------------------------------------- the source
@@ -168,8 +79,9 @@ class GemmTable:
 class LatencyModel:
     """A latency source (perfmodel.latency.step.LatencySource) that says where its numbers come from.
 
-    mode: measured | calibrated | borrowed | datasheet (what `auto` resolved to, or what was
-    forced). label: one line for figures, tables and CSVs."""
+    mode: measured | calibrated | grid | borrowed | datasheet (what `auto` resolved to, or
+    what was forced). label: one line for figures, tables and CSVs. stack: whose measurements
+    (perfmodel.latency.gemm_grid), None for the datasheet."""
 
     spec: HardwareSpec
     model: ModelConfig
@@ -178,6 +90,8 @@ class LatencyModel:
     table: GemmTable | None = None
     elementwise: pd.DataFrame | None = None  # measured step-op rows of this very model shard
     params: RooflineParams = field(default_factory=RooflineParams)
+    stack: str | None = None
+    grid: GemmGrid | None = None  # the grid mode's GEMMs, or the shape dependence beside Vidur's rows
 
     def __post_init__(self) -> None:
         self.roofline = RooflineLatency(self.spec, self.model, self.dtype, self.params)
@@ -195,14 +109,22 @@ class LatencyModel:
                 f"borrowed: {self.table.spec.key}'s calibration ({self.table.origin}) on {self.spec.key}'s datasheet "
                 "roofline"
             )
+        if self.mode == "grid":
+            return f"measured on {self.spec.key}: the {self.grid.label}, interpolated in n and k, staircase in m kept"
         measured = sorted(op for op in (*LINEAR_OPS, "medusa_heads") if self.linear_kind(op) == "measured")
+        beside = f"; other shapes also from the {self.grid.stack.stack} grid at this level" if self.grid else ""
         if self.mode == "measured" and measured:
-            return f"measured on {self.spec.key} ({self.table.origin}; {', '.join(measured)}), calibrated elsewhere"
-        return f"calibrated on {self.spec.key}'s measurements ({self.table.origin})"
+            shapes = ", ".join(measured)
+            return f"measured on {self.spec.key} ({self.table.origin}; {shapes}), calibrated elsewhere{beside}"
+        return f"calibrated on {self.spec.key}'s measurements ({self.table.origin}){beside}"
 
     def linear_kind(self, op: str) -> str:
-        """How this op's GEMMs are timed: measured, calibrated, borrowed or datasheet."""
-        if self.table is None or op not in (*LINEAR_OPS, "medusa_heads"):
+        """How this op's GEMMs are timed: measured, calibrated, grid, borrowed or datasheet."""
+        if op not in (*LINEAR_OPS, "medusa_heads"):
+            return "datasheet"
+        if self.mode == "grid":
+            return "grid"
+        if self.table is None:
             return "datasheet"
         if self.mode == "borrowed":
             return "borrowed"
@@ -211,16 +133,23 @@ class LatencyModel:
         return "measured" if self.mode == "measured" and every else "calibrated"
 
     def gemm_time(self, matmul: Matmul) -> np.ndarray:
-        """Fitted roofline x the measured staircase. In `calibrated` mode a measured shape is
-        predicted from its neighbours only, as an unmeasured one would be."""
+        """The grid's time (grid mode), else the fitted roofline x the measured staircase. In
+        `calibrated` mode a measured shape is predicted from its neighbours only, as an
+        unmeasured one would be; with a grid beside the rows, an unmeasured shape also takes
+        the grid's shape dependence (the geometric mean of the two)."""
         m = np.asarray(matmul.m, dtype=float)
         k, n = int(matmul.k), int(matmul.n)
+        if self.mode == "grid":
+            return self.grid.time(k, n, m)
         table = self.table if self.mode != "calibrated" else self.table.without(k, n)
-        return table.predict(k, n, m, self.spec, self.dtype)
+        calibrated = table.predict(k, n, m, self.spec, self.dtype)
+        if self.grid is None or table.measured(k, n) or self.mode == "borrowed":
+            return calibrated
+        return np.sqrt(calibrated * table.grid_predict(k, n, m, self.grid))
 
     def op_time(self, op: str, phase: str, batch, seq_len, candidates) -> np.ndarray:
         kernels = op_kernels(op, phase, self.model, np.asarray(batch), np.asarray(seq_len), np.asarray(candidates))
-        if self.table is not None and (op in LINEAR_OPS or op == "medusa_heads"):
+        if (self.table is not None or self.grid is not None) and (op in LINEAR_OPS or op == "medusa_heads"):
             return np.asarray(sum(self.gemm_time(k) for k in kernels), dtype=float)
         if self.elementwise is not None and op in STEP_OPS and op in set(self.elementwise["op"]):
             part = self.elementwise[self.elementwise["op"] == op]
@@ -228,46 +157,6 @@ class LatencyModel:
             tokens = b * (s if phase == "prefill" else (q if phase == "tree" else 1))
             return np.interp(tokens, part["seq_len"].to_numpy(dtype=float), part["time_s"].to_numpy(dtype=float))
         return self.roofline.op_time(op, phase, batch, seq_len, candidates)
-
-
-def stored_calibration(spec: HardwareSpec, dtype: str) -> GemmTable | None:
-    """The calibration on a device's stored profiles (None without any)."""
-    return calibration_of(spec.key, dtype) if stored_profiles(spec.key) else None
-
-
-@functools.lru_cache(maxsize=16)
-def calibration_of(device_key: str, dtype: str) -> GemmTable | None:
-    """Fitted once per process and device: the stored files do not change while it runs, and
-    a plan asks once per device and tensor-parallel degree."""
-    rows, origin = profile_rows(device_key)
-    if rows is None or not (rows["dtype"] == dtype).any():
-        return None
-    return GemmTable.of(rows[rows["dtype"] == dtype], resolve_spec(device_key, None), dtype, origin)
-
-
-def profile_rows(device_key: str) -> tuple[pd.DataFrame | None, str]:
-    """A device's measured profiles (imported, under profilers/measurements/<device>/imported/)."""
-    paths = stored_profiles(device_key)
-    if not paths:
-        return None, ""
-    rows = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
-    rows = rows[(rows["source"] == "measured") & rows["time_s"].notna()]
-    return rows, f"{len(paths)} imported profile(s): {', '.join(p.stem for p in paths)}"
-
-
-def same_shard(rows: pd.DataFrame, model: ModelConfig) -> pd.DataFrame | None:
-    """Measured step-op rows of a profile whose shapes are this model's (a shard included)."""
-    if "hidden_size" not in rows:
-        return None
-    match = (
-        (rows["hidden_size"] == model.hidden_size)
-        & (rows["intermediate_size"] == model.intermediate_size)
-        & (rows["num_heads"] == model.num_heads)
-        & (rows["num_kv_heads"] == model.num_kv_heads)
-        & rows["op"].isin(STEP_OPS)
-    )
-    part = rows[match].sort_values("seq_len")
-    return part.groupby(["op", "seq_len"], as_index=False)["time_s"].median() if len(part) else None
 
 
 def borrowable(spec: HardwareSpec) -> str | None:
@@ -287,6 +176,7 @@ def latency_source(
     source: str = "auto",
     measurements: pd.DataFrame | None = None,
     params: RooflineParams | None = None,
+    stack: str | None = None,
 ) -> LatencyModel:
     """The latency source for `model` on `device` (a name, alias or HardwareSpec).
 
@@ -294,10 +184,14 @@ def latency_source(
     of measured / calibrated / datasheet to force it; forcing what the data cannot give is
     an error. measurements: data-contract rows to use instead of the stored profiles.
     params: the datasheet roofline's efficiencies (default: the public defaults). dtype: None
-    for the device's default (perfmodel.base.dtypes.default_dtype).
+    for the device's default (perfmodel.base.dtypes.default_dtype). stack: whose measurements
+    (vidur, vllm, sglang, trtllm, or an engine-version such as vllm-0.24.0); None: the
+    device's per-model profiles (vidur) where it has them, else its first engine grid.
     """
     if source not in LATENCY_CHOICES:
         raise PerfkitError(f"unknown latency source {source!r}; choose from: {', '.join(LATENCY_CHOICES)}")
+    stack = stack or getattr(source, "stack", None)
+    source = str(source)
     spec = device if isinstance(device, HardwareSpec) else resolve_spec(device, None)
     dtype = check_dtype(dtype) if dtype else default_dtype(spec.key)
     model = model if isinstance(model, ModelConfig) else load_model(model)
@@ -305,18 +199,27 @@ def latency_source(
     if source == "datasheet":
         return datasheet
     given = measurements is not None and len(measurements) and (measurements["dtype"] == dtype).any()
+    chosen = None if given else resolve_stack(spec.key, stack)
     if given:
         rows, origin = profile_rows(spec.key)
         # where given rows and a profile time the same shape and token count, the median of both counts
         rows = measurements if rows is None else pd.concat([measurements, rows], ignore_index=True)
         rows = rows[rows["dtype"] == dtype]
         table = GemmTable.of(rows, spec, dtype, "given measurements" + (f" + {origin}" if origin else ""))
+    elif chosen not in (None, VIDUR):
+        grid = gemm_grid(spec.key, chosen, dtype)
+        if grid is not None:
+            return LatencyModel(spec, model, dtype, "grid", params=grid_params(grid, spec), stack=chosen, grid=grid)
+        table = None
     else:
         table = stored_calibration(spec, dtype)
     if table is not None:
         rows = table.rows
         mode = "calibrated" if source == "calibrated" else "measured"
-        return LatencyModel(spec, model, dtype, mode, table, same_shard(rows, model), table.params)
+        grid = None if given else default_grid(spec.key, dtype)
+        return LatencyModel(
+            spec, model, dtype, mode, table, same_shard(rows, model), table.params, stack=chosen or "given", grid=grid
+        )
     if source != "auto":
         raise PerfkitError(
             f"no {dtype} measurements of {spec.key} to give a {source} latency; measured devices: "
@@ -328,22 +231,35 @@ def latency_source(
     table = stored_calibration(resolve_spec(lender, None), dtype)
     if table is None:
         return datasheet
-    return LatencyModel(spec, model, dtype, "borrowed", table, None, table.params)
+    return LatencyModel(spec, model, dtype, "borrowed", table, None, table.params, stack=VIDUR)
+
+
+def grid_params(grid: GemmGrid, spec: HardwareSpec) -> RooflineParams:
+    """The roofline fitted to a grid, for the ops the grid does not time (elementwise work,
+    attention without a measured table): over the points a decoding step meets (m up to 4096,
+    n and k from 256)."""
+    gemms = grid.gemms()
+    gemms = gemms[(gemms["m"] <= 4096) & (gemms["n"] >= 256) & (gemms["k"] >= 256)]
+    return fit_params(gemms, spec, grid.dtype)
 
 
 def measured_devices() -> list[str]:
-    return [key for key in sorted(load_all_specs()) if stored_profiles(key)]
+    """Every device with GEMM measurements of some stack (per-model profiles or a grid)."""
+    return [key for key in sorted(load_all_specs()) if stack_names(key)]
 
 
-def view_latency(view: DeviceView, model: ModelConfig, dtype: str, source: str = "auto") -> LatencyModel:
+def view_latency(
+    view: DeviceView, model: ModelConfig, dtype: str, source: str = "auto", stack: str | None = None
+) -> LatencyModel:
     """The latency source of a resolved device (perfmodel.measured.device_view): a CPU is its measured
     ceilings' roofline (its own sweep when measured or calibrated is asked for); a GPU
     goes through latency_source with the view's efficiencies as its datasheet fallback."""
     if source not in LATENCY_CHOICES:
         raise PerfkitError(f"unknown latency source {source!r}; choose from: {', '.join(LATENCY_CHOICES)}")
+    stack = stack or getattr(source, "stack", None)
     if not view.is_cpu:
         measured = view.measured if view.measured is not None and len(view.measured) else None
-        return latency_source(view.spec, model, dtype, source, measured, view.params)
+        return latency_source(view.spec, model, dtype, source, measured, view.params, stack)
     if source in ("auto", "datasheet"):
         return LatencyModel(view.spec, model, dtype, "datasheet", params=view.params)
     if view.measured is None or not len(view.measured):

@@ -36,6 +36,9 @@ COLUMNS = [
     "run_id",
 ]
 SOURCES = ("predicted", "measured")
+# Digits kept of imported measured times and of the values derived from them: beyond what
+# the upstream timers resolve, and what keeps shipped tables small.
+SIGNIFICANT = 6
 # A grid point, and a row's identity (the same point on another device is another row).
 POINT_COLUMNS = ["model", "dtype", "op", "phase", "batch", "seq_len", "candidates"]
 KEY_COLUMNS = ["device", *POINT_COLUMNS]
@@ -200,3 +203,10 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
     df = check_table(df)[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
     df.to_parquet(path, index=False) if path.suffix == ".parquet" else df.to_csv(path, index=False)
     return path
+
+
+def significant(values, digits: int = SIGNIFICANT):
+    """Values (a Series or an array) rounded to `digits` significant digits (as text would
+    write them), of the type given."""
+    rounded = pd.Series(values).map(lambda x: float(f"{x:.{digits}g}"))
+    return rounded if isinstance(values, pd.Series) else rounded.to_numpy()

@@ -1,0 +1,144 @@
+"""GEMM latency for any (m, n, k) from a device-wide measured grid (aiconfigurator's GEMM
+tables, perfmodel.measured.aiconfigurator), one software stack at a time.
+
+The grid measures m (token rows) = 1-17, then both sides of each tile edge (32/33, 48/49,
+..., 256/257) and coarser beyond; n and k on 22 values from 32 to 65536. A time is
+
+- linear in m between neighbouring grid rows: the grid samples both sides of every tile edge
+  it knows, so a step stays a step (no smoothing across an edge), and within a tile the time
+  of a compute-bound GEMM grows linearly with its rows;
+- bilinear in log n and log k of log time: between grid columns a GEMM's time scales as a
+  power of its weight's dimensions (bytes and FLOPs both grow linearly in n and k);
+- beyond the grid, extrapolated linearly on the same axes (a shape past 65536 is rare; the
+  `outside` mask says where).
+
+A stack is named by its engine (`vllm`, `sglang`, `trtllm`) or engine and version
+(`vllm-0.24.0`); `vidur` names the per-model profiles (perfmodel.latency.gemm_table), which are
+another harness. Which harness measured a number is part of what it means: the same GEMM
+differs between them by 10-30% (python -m perfmodel.latency_check prints the offsets).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.calibration import fill_holes
+from perfmodel.measured.aiconfigurator import ShippedStack, shipped_stacks
+from perfmodel.measured.store import stored_profiles
+
+# The engines' grids, in the order `auto` prefers them: vLLM first (the most used serving
+# engine, and the harness closest to Vidur's, which was built on vLLM's kernels).
+ENGINES = ("vllm", "sglang", "trtllm")
+VIDUR = "vidur"
+# 16-bit GEMMs run on the same tensor cores at the same rate in fp16 and bf16; the grids hold bf16.
+SIXTEEN_BIT = ("fp16", "bf16")
+
+
+@dataclass
+class GemmGrid:
+    """The measured GEMM grid of one device and stack, in one dtype."""
+
+    device: str
+    stack: ShippedStack
+    dtype: str
+    ms: np.ndarray  # token rows measured
+    log_ns: np.ndarray
+    log_ks: np.ndarray
+    log_time: np.ndarray = field(repr=False)  # (m, n, k) -> log seconds
+    filled: int = 0  # grid points not measured, filled from their neighbours
+
+    @classmethod
+    def of(cls, stack: ShippedStack, dtype: str) -> GemmGrid:
+        table = stack.table("gemm")
+        table = table[table["dtype"] == dtype] if (table["dtype"] == dtype).any() else table
+        if not len(table):
+            raise PerfkitError(f"{stack.folder}: no GEMM rows")
+        # Where a stack timed two kernels for one point, the engine runs the faster.
+        times = table.groupby(["m", "n", "k"])["time_s"].min()
+        ms, ns, ks = (np.sort(times.index.unique(level=a).to_numpy()) for a in ("m", "n", "k"))
+        full = times.reindex(pd.MultiIndex.from_product([ms, ns, ks])).to_numpy()
+        log_time = np.log(full.reshape(len(ms), len(ns), len(ks)))
+        missing = int(np.isnan(log_time).sum())
+        if missing:
+            log_time = fill_holes(log_time)
+        return cls(stack.device, stack, dtype, ms.astype(float), np.log(ns), np.log(ks), log_time, missing)
+
+    @functools.cached_property
+    def _interpolator(self):
+        from scipy.interpolate import RegularGridInterpolator
+
+        return RegularGridInterpolator(
+            (self.ms, self.log_ns, self.log_ks), self.log_time, bounds_error=False, fill_value=None
+        )
+
+    def time(self, k, n, m) -> np.ndarray:
+        """Seconds of an (m x k) @ (k x n) GEMM, by the grid."""
+        m, n, k = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (m, n, k)))
+        points = np.column_stack([m.ravel(), np.log(n.ravel()), np.log(k.ravel())])
+        return np.exp(self._interpolator(points)).reshape(m.shape)
+
+    def outside(self, k, n, m) -> np.ndarray:
+        """True where a point lies beyond the measured grid (an extrapolation)."""
+        m, n, k = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (m, n, k)))
+        out = (m < self.ms[0]) | (m > self.ms[-1])
+        for values, axis in ((np.log(n), self.log_ns), (np.log(k), self.log_ks)):
+            out |= (values < axis[0] - 1e-9) | (values > axis[-1] + 1e-9)
+        return out
+
+    def gemms(self) -> pd.DataFrame:
+        """The grid's points as single GEMMs (k, n, m, time_s), the columns the roofline fit takes."""
+        m, n, k = np.meshgrid(self.ms, np.exp(self.log_ns), np.exp(self.log_ks), indexing="ij")
+        return pd.DataFrame(
+            {"k": k.ravel().round(), "n": n.ravel().round(), "m": m.ravel(), "time_s": np.exp(self.log_time).ravel()}
+        )
+
+    @property
+    def label(self) -> str:
+        return f"GEMM grid of the {self.stack.describe()}"
+
+
+def stack_names(device_key: str) -> list[str]:
+    """The stacks with GEMM measurements of a device: vidur (per-model profiles) first, then
+    the engines' grids in ENGINES order."""
+    names = [VIDUR] if stored_profiles(device_key) else []
+    grids = [s.stack for s in shipped_stacks(device_key) if s.has("gemm")]
+    return names + sorted(grids, key=lambda s: (ENGINES.index(s.split("-")[0]) if s.split("-")[0] in ENGINES else 9, s))
+
+
+def resolve_stack(device_key: str, stack: str | None) -> str | None:
+    """The stack a latency rests on: the one asked for (an engine or engine-version), or by
+    default the device's per-model profiles (vidur), else its first engine grid; None where
+    the device has no GEMM measurements (and none was asked for)."""
+    names = stack_names(device_key)
+    if stack in (None, "auto"):
+        return names[0] if names else None
+    matches = [n for n in names if n == stack or n.split("-")[0] == stack]
+    if not matches:
+        have = ", ".join(names) if names else "none"
+        raise PerfkitError(f"--stack {stack}: {device_key} has no GEMM measurements of that stack; it has: {have}")
+    return matches[0]
+
+
+@functools.lru_cache(maxsize=16)
+def gemm_grid(device_key: str, stack: str, dtype: str) -> GemmGrid | None:
+    """The grid of a device and engine stack (e.g. vllm-0.24.0) for a 16-bit dtype, read once
+    per process; None for another dtype."""
+    if dtype not in SIXTEEN_BIT:
+        return None
+    for shipped in shipped_stacks(device_key):
+        if shipped.stack == stack and shipped.has("gemm"):
+            table = shipped.table("gemm")
+            wanted = dtype if (table["dtype"] == dtype).any() else "bf16"
+            return GemmGrid.of(shipped, wanted)
+    return None
+
+
+def default_grid(device_key: str, dtype: str) -> GemmGrid | None:
+    """The device's first engine grid (ENGINES order), for combining with per-model profiles."""
+    engines = [n for n in stack_names(device_key) if n != VIDUR]
+    return gemm_grid(device_key, engines[0], dtype) if engines else None
