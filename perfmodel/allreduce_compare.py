@@ -1,6 +1,7 @@
-"""Command line: the ring all-reduce model against the measured tables, its fitted constants,
-and the import of Vidur's tables. A thin entry module over perfmodel.latency.allreduce_fit
-and perfmodel.measured.vidur.
+"""Command line: the ring all-reduce model against the measured tables (Vidur's and NCCL's),
+the two kinds of table against each other, the model's fitted constants, and the import of
+Vidur's tables. A thin entry module over perfmodel.latency.allreduce_fit and
+perfmodel.measured.vidur.
 
     python -m perfmodel.allreduce_compare [--compare]       # model error per table and worker count
     python -m perfmodel.allreduce_compare --fit             # refit latency and efficiency
@@ -13,14 +14,25 @@ from pathlib import Path
 
 from perfmodel.cli import Parser, run
 from perfmodel.latency.allreduce import DECODE_BYTES, RING_CONSTANTS
-from perfmodel.latency.allreduce_fit import compare_tables, fit_all, significant
+from perfmodel.latency.allreduce_fit import (
+    DECODE_BATCHES,
+    DECODE_MODELS,
+    DECODE_QUERY_TOKENS,
+    compare_tables,
+    decode_sizes,
+    fit_all,
+    nccl_errors,
+    significant,
+    stack_ratios,
+)
 from perfmodel.measured.vidur import SHIPPED_TABLES, import_vidur_all_reduce, table_path
 
 
 def build_parser() -> Parser:
     parser = Parser(
         prog="python -m perfmodel.allreduce_compare",
-        description="Ring all-reduce model vs the shipped measured tables (Vidur), per topology and worker count.",
+        description="Ring all-reduce model vs the shipped measured tables (Vidur's, NCCL's), per table and worker "
+        "count; Vidur's tables vs NCCL's.",
     )
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--compare", action="store_true", help="print the model's error per table (the default)")
@@ -53,6 +65,50 @@ def print_compare() -> None:
         )
 
 
+def decode_text() -> str:
+    sizes = decode_sizes()
+    return (
+        f"{len(sizes)} sizes {sizes[0] / 1024:g} KiB-{sizes[-1] / 1024**2:g} MiB: batch "
+        f"{DECODE_BATCHES[0]}-{DECODE_BATCHES[-1]} x {'/'.join(map(str, DECODE_QUERY_TOKENS))} query tokens x hidden "
+        f"of {', '.join(DECODE_MODELS)} x 2 bytes"
+    )
+
+
+def print_nccl() -> None:
+    table = nccl_errors()
+    print()
+    print("Ring model vs NCCL all-reduce tables (aiconfigurator-core), error = model/measured - 1; * = default table")
+    print("all sizes: every measured size (512 B-512 MiB); decode: the table interpolated at the decode sizes,")
+    print(f"  {decode_text()}")
+    print(
+        f"{'device':<9} {'table':<13} {'model':<16} {'GPUs':>4} {'sizes':>5} {'median|err|':>11} {'p90|err|':>8} "
+        f"{'bias':>7} | {'decode: median|err|':>19} {'p90|err|':>8} {'bias':>7}"
+    )
+    for r in table.itertuples():
+        name = r.table + ("*" if r.default else "")
+        print(
+            f"{r.device:<9} {name:<13} {r.model:<16} {r.workers:>4} {r.sizes:>5} {r.median_abs_err:>11.1%} "
+            f"{r.p90_abs_err:>8.1%} {r.median_err:>+7.1%} | {r.decode_median_abs_err:>19.1%} "
+            f"{r.decode_p90_abs_err:>8.1%} {r.decode_median_err:>+7.1%}"
+        )
+
+
+def print_ratios() -> None:
+    table = stack_ratios()
+    sizes = decode_sizes()
+    print()
+    print("Vidur's DGX tables vs the default NCCL tables at the decode sizes (ratio = Vidur / NCCL, both measured)")
+    print(
+        f"{'device':<9} {'vidur':<9} {'nccl':<12} {'GPUs':>4} {'median':>6} {'min':>5} {'max':>5} "
+        f"{f'{sizes[0] / 1024:g} KiB':>6} {f'{sizes[-1] / 1024**2:g} MiB':>6}"
+    )
+    for r in table.itertuples():
+        print(
+            f"{r.device:<9} {r.vidur:<9} {r.nccl:<12} {r.workers:>4} {r.median_ratio:>6.2f} {r.min_ratio:>5.2f} "
+            f"{r.max_ratio:>5.2f} {r.ratio_smallest:>6.2f} {r.ratio_largest:>6.2f}"
+        )
+
+
 def print_fit() -> None:
     print(f"Ring fit t = 2(n-1) x latency + 2(n-1)/n x bytes / (efficiency x link/2), messages {sizes_text()}")
     for interconnect, fit in fit_all().items():
@@ -82,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         import_vidur(args.import_vidur)
     else:
         print_compare()
+        print_nccl()
+        print_ratios()
     return 0
 
 

@@ -18,6 +18,7 @@ import pandas as pd
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.outputs import writable_dir, writable_file
 from perfmodel.cli import Parser, batch_size, options, positive_int, run, token_count
+from perfmodel.latency.attention_table import write_measured_attention
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.measured.contract import write_table
 from perfmodel.measured.device_view import device_key, is_cpu_name, resolve_view
@@ -128,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  latency: {'; '.join(dict.fromkeys(table['latency_model'].dropna()))}")
     if view.sources:
         print(f"  measured: {measured} rows from {', '.join(str(p) for p in view.sources)}")
+    for model in [] if view.is_cpu else models:
+        line = write_measured_attention(out, view.spec.key, model, dtype, getattr(args.latency, "stack", None))
+        if line:
+            print(line)
     print(f"  html: {html_path}")
     print(f"  csv:  {csv_path} ({len(table)} rows)")
     print(f"  done in {time.perf_counter() - started:.1f} s")

@@ -17,6 +17,7 @@ from perfmodel.acceptance.rates import resolve_acceptance
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, run
+from perfmodel.latency.attention_table import write_measured_attention
 from perfmodel.latency.source import view_latency
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import serving_plan
@@ -157,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                 written.append(f"{name}.png")
             draft.to_csv(out / "draft-model.csv", index=False)
             written.append("draft-model.csv")
+            if not device.is_cpu:
+                line = write_measured_attention(out, device.spec.key, model.shard(tp), dtype, args.latency.stack)
+                if line:
+                    print(line)
             if not args.csv:
                 table.to_csv(out / "speedup.csv", index=False)
                 written.append(f"speedup.csv ({len(table)} rows)")

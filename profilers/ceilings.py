@@ -122,15 +122,27 @@ def supported_dtypes(info: DeviceInfo) -> tuple[str, ...]:
     return ("fp16", "bf16", "fp32", *fp8, "int8")
 
 
-def measure_ceilings(info: DeviceInfo, dtypes: tuple[str, ...] | None = None, log=print) -> Ceilings:
+def measure_ceilings(
+    info: DeviceInfo,
+    dtypes: tuple[str, ...] | None = None,
+    log=print,
+    config: TimerConfig = CEILING_TIMER,
+    streams: bool = True,
+) -> Ceilings:
+    """`config`: the timer of every measurement (a smaller budget gives a quicker, noisier
+    answer). `streams` False leaves the bandwidth out (its arrays, many times the last-level
+    cache, take seconds to allocate on a CPU): `skipped` says so, and such ceilings are no
+    device's roofline."""
     bandwidth, peaks, noise, skipped = {}, {}, {}, {}
-    for name, (moved, timing) in measure_bandwidth(info).items():
+    if not streams:
+        skipped["bandwidth"] = "not measured (streams left out)"
+    for name, (moved, timing) in (measure_bandwidth(info, config) if streams else {}).items():
         bandwidth[name] = moved / timing.median_s / 1e9
         noise[name] = timing.noise
         log(f"  {name:>6}: {bandwidth[name]:9.1f} GB/s  (noise {timing.noise:.1%})")
     for dtype in dtypes or supported_dtypes(info):
         try:
-            flops, timing = measure_matmul_peak(info, dtype)
+            flops, timing = measure_matmul_peak(info, dtype, config)
         except PerfkitError as exc:
             skipped[dtype] = str(exc)
             log(f"  {dtype:>6}: not measured ({exc})")
@@ -141,7 +153,7 @@ def measure_ceilings(info: DeviceInfo, dtypes: tuple[str, ...] | None = None, lo
             f"  {dtype:>6}: {flops_text(peaks[dtype] * 1e12, 'OP/s' if dtype == 'int8' else 'FLOP/s'):>15} (noise "
             f"{timing.noise:.1%})"
         )
-    overhead = measure_kernel_overhead(info)
+    overhead = measure_kernel_overhead(info, config)
     noise["kernel_overhead"] = overhead.noise
     log(f"  kernel: {overhead.median_s * 1e6:9.2f} us per call (noise {overhead.noise:.1%})")
     return Ceilings(

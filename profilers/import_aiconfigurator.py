@@ -63,7 +63,8 @@ def write_collection(collection: Collection, device: str, out: Path, package_ver
                 "licence": LICENCE,
             }
         )
-        origin = f"aiconfigurator_core/systems/data/{collection.system}/{collection.kind}/{collection.engine}/{collection.version}"
+        c = collection
+        origin = f"aiconfigurator_core/systems/data/{c.system}/{c.kind}/{c.engine}/{c.version}"
         known.setdefault("tables", {}).update({w.path.stem: origin for w in written})
         provenance.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
     return written

@@ -49,8 +49,8 @@ def journal_path(out: Path) -> Path:
     return out if out.suffix == ".csv" else out.with_name(out.name + ".journal.csv")
 
 
-def _row_key(row) -> tuple:
-    return tuple(str(row[c]) for c in KEY_COLUMNS)
+def _row_key(row, columns=KEY_COLUMNS) -> tuple:
+    return tuple(str(row[c]) for c in columns)
 
 
 def lock_path(out: Path) -> Path:
@@ -78,10 +78,14 @@ def output_lock(out: str | Path) -> Iterator[Path]:
 
 class Journal:
     """The rows of one sweep output file, appendable one at a time. `log` hears what was
-    left out when the file was opened (a torn last row, damaged lines, repeated points)."""
+    left out when the file was opened (a torn last row, damaged lines, repeated points).
+    `extra_columns`: columns after ROW_COLUMNS that are part of a row's identity, for rows
+    whose point is more than the contract's (a GEMM grid's n and k)."""
 
-    def __init__(self, out: str | Path, log=warn):
+    def __init__(self, out: str | Path, log=warn, extra_columns: tuple[str, ...] = ()):
         self.out = Path(out)
+        self.columns = ROW_COLUMNS + list(extra_columns)
+        self.key_columns = KEY_COLUMNS + list(extra_columns)
         if self.out.suffix not in (".csv", ".parquet"):
             raise PerfkitError(f"--out {self.out}: use a .csv or .parquet file name")
         self.path = journal_path(self.out)
@@ -90,11 +94,11 @@ class Journal:
         rows, notes = self._read()
         for note in notes:
             log(note)
-        self.done = {_row_key(r) for r in rows.to_dict("records")}
+        self.done = {_row_key(r, self.key_columns) for r in rows.to_dict("records")}
 
     def _repair(self, log) -> None:
         if not self.path.exists() or self.path.stat().st_size == 0:
-            self.path.write_text(",".join(ROW_COLUMNS) + "\n")
+            self.path.write_text(",".join(self.columns) + "\n")
             return
         data = self.path.read_bytes()
         if not data.endswith(b"\n"):  # killed mid-line: drop the partial row
@@ -106,7 +110,7 @@ class Journal:
                 "sweep); that point is measured again"
             )
         header = data.split(b"\n", 1)[0].decode(errors="replace").rstrip("\r")
-        if header.split(",") != ROW_COLUMNS:
+        if header.split(",") != self.columns:
             raise PerfkitError(
                 f"{self.path} has other columns than a sweep writes ({header[:80]}...); choose another --out"
             )
@@ -120,7 +124,7 @@ class Journal:
             if len(unread)
             else []
         )
-        repeated = rows.duplicated(KEY_COLUMNS, keep="last") if len(rows) else pd.Series(dtype=bool)
+        repeated = rows.duplicated(self.key_columns, keep="last") if len(rows) else pd.Series(dtype=bool)
         if repeated.any():
             notes.append(
                 f"{self.path}: {plural(int(repeated.sum()), 'row')} repeat an earlier row's point (line "
@@ -132,20 +136,20 @@ class Journal:
     def rows(self) -> pd.DataFrame:
         if self.path.exists():
             return self._read()[0]
-        return pd.read_parquet(self.out) if self.out.exists() else pd.DataFrame(columns=ROW_COLUMNS)
+        return pd.read_parquet(self.out) if self.out.exists() else pd.DataFrame(columns=self.columns)
 
     def has(self, key: tuple) -> bool:
         return tuple(str(k) for k in key) in self.done
 
     def append(self, row: dict) -> None:
-        missing = [c for c in ROW_COLUMNS if c not in row]
+        missing = [c for c in self.columns if c not in row]
         if missing:
             raise ValueError(f"row lacks {missing}")
         with self.path.open("a", newline="") as f:
-            csv.writer(f).writerow(["" if row[c] is None else row[c] for c in ROW_COLUMNS])
+            csv.writer(f).writerow(["" if row[c] is None else row[c] for c in self.columns])
             f.flush()
             os.fsync(f.fileno())
-        self.done.add(_row_key(row))
+        self.done.add(_row_key(row, self.key_columns))
 
     def finish(self) -> Path:
         """Write the final file (Parquet from the journal); a CSV journal is already final."""

@@ -24,7 +24,7 @@ from perfmodel.models.grid import Grid, iter_points
 from profilers.benchmarks import check_bench_dtype
 from profilers.ceilings import measure_ceilings
 from profilers.device import DeviceInfo, check_device, cpu_info, cuda_info
-from profilers.store import Journal, output_lock, record_run
+from profilers.store import Journal, journal_path, output_lock, record_run
 from profilers.sweeper import SweepConfig, Sweeper, default_timer, with_token_grid
 
 
@@ -39,44 +39,70 @@ class SweepResult:
     ceilings: dict | None
 
 
-def run_sweep(config: SweepConfig, log=print) -> SweepResult:
+def run_sweep(config: SweepConfig, log=print, ceilings: dict | None = None) -> SweepResult:
     """Measure what `config.out` lacks of the grid, holding the file's lock throughout: a
-    second sweep into the same file is refused, not run beside this one."""
+    second sweep into the same file is refused, not run beside this one. `ceilings`: the
+    device's ceilings measured already (Ceilings.as_dict()), recorded with the run instead of
+    measuring them again."""
     writable_file(config.out, "sweep output")  # before ceilings and torch, which take minutes
     with output_lock(config.out):
-        return _run_sweep(config, log)
+        return _run_sweep(config, log, ceilings)
 
 
-def _run_sweep(config: SweepConfig, log) -> SweepResult:
+def new_run_id() -> str:
+    """The id every row of one run carries and its metadata is keyed by: when, and a nonce."""
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def set_up_torch(device: str, threads: int | None = None) -> None:
+    """What every sweep sets before timing: fp32 is fp32 on a GPU, and a CPU uses the
+    threads asked for, else all of them."""
     import torch
 
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 rows must be fp32, not TF32
+    if threads:
+        torch.set_num_threads(threads)
+    elif device == "cpu":
+        torch.set_num_threads(cpu_info().details["logical_cpus"])  # all threads in use
+
+
+def missing_points(config: SweepConfig, device_key: str, journal: Journal | None = None) -> list[tuple]:
+    """The grid points (op, phase, batch, seq_len, candidates) of `config` that its output
+    lacks for the device `device_key`: all of them while the output does not exist (nothing
+    is written to find out)."""
+    points = list(iter_points(config.model, config.grid, config.ops, config.phases))  # validates ops and phases
+    if journal is None:
+        if not journal_path(config.out).exists() and not config.out.exists():
+            return points
+        journal = Journal(config.out)
+    return [p for p in points if not journal.has((device_key, config.model.name, config.dtype, *p))]
+
+
+def _run_sweep(config: SweepConfig, log, known_ceilings: dict | None) -> SweepResult:
     check_bench_dtype(check_dtype(config.dtype))
     check_device(config.device)
-    if config.device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 rows must be fp32, not TF32
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    elif config.device == "cpu":
-        torch.set_num_threads(cpu_info().details["logical_cpus"])  # all threads in use
+    set_up_torch(config.device, config.threads)
     points = list(iter_points(config.model, config.grid, config.ops, config.phases))  # validates ops and phases
     info, nvml = cuda_info() if config.device == "cuda" else (cpu_info(), None)
     journal = Journal(config.out)
-    todo = [p for p in points if not journal.has((info.key, config.model.name, config.dtype, *p))]
+    todo = missing_points(config, info.key, journal)
     if not todo:
         log(f"nothing to do: all {len(points)} configurations are in {journal.path}")
         return summarize_result(config, journal, 0, 0, None, None)
 
-    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    run_id = new_run_id()
     fine = f", linear ops at {len(config.grid.linear_tokens)} token counts" if config.grid.linear_tokens else ""
     log(
         f"{info.name} ({info.key}), {config.model.name} {config.dtype}: {len(todo)} of {len(points)} configurations "
         f"to measure{fine}, run {run_id}"
     )
-    ceilings = None
-    if config.ceilings:
+    ceilings = known_ceilings
+    if ceilings is None and config.ceilings:
         log("measuring ceilings")
         ceilings = measure_ceilings(info, log=log).as_dict()
-    record_run(config.out, run_id, run_metadata(config, info, ceilings, started=time.time()))
+    started = time.time()
+    record_run(config.out, run_id, run_metadata(config, info, ceilings, started=started))
 
     sweeper = Sweeper(config, info, nvml)
     measured = skipped = 0
@@ -93,7 +119,7 @@ def _run_sweep(config: SweepConfig, log) -> SweepResult:
         skipped += row["status"] != "ok"
         bar.update()
     bar.close()
-    meta = run_metadata(config, info, ceilings, started=None)
+    meta = run_metadata(config, info, ceilings, started=started)  # kept: the newest run is found by it
     record_run(config.out, run_id, {**meta, "finished": time.time(), "measured": measured, "skipped": skipped})
     return summarize_result(config, journal, measured, skipped, run_id, ceilings)
 

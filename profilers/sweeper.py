@@ -206,6 +206,11 @@ class Sweeper:
             timing.noise if timing else None,
             run_id,
         )
+        return self.with_timing(row, timing, reason, state)
+
+    def with_timing(self, row: dict, timing, reason: str, state: dict) -> dict:
+        """A row's data-contract fields completed with how it was timed (or why not) and the
+        device's state around it: the columns a sweep writes beyond the contract."""
         row.update(
             status="ok" if timing else "skipped",
             reason=reason,

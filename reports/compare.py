@@ -42,6 +42,8 @@ MODE_TEXT = {
     "measured": "measured operator times",
     "calibrated": "calibrated on its measurements",
     "borrowed": "calibration borrowed from a measured device",
+    "grid": "measured GEMM grid",
+    "transferred": "GEMMs transferred from the measured devices",
     "datasheet": "datasheet roofline",
 }
 LATENCY_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -9,9 +9,11 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import matplotlib.image
+import pytest
 import yaml
 
 from hw_specs import SPEC_DIR
+from perfmodel.base.errors import PerfkitError
 
 
 def assert_png_shows_a_plot(path: Path) -> None:
@@ -196,3 +198,14 @@ def custom_spec(tmp_path: Path, **changes) -> Path:
     path = tmp_path / "my_gpu.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def one_line_error(call, *fragments) -> str:
+    """The PerfkitError `call()` raises: one line, holding every fragment."""
+    with pytest.raises(PerfkitError) as err:
+        call()
+    message = str(err.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message

@@ -109,7 +109,7 @@ def test_compare_names_each_devices_latency_source(tmp_path):
         assert label == view_latency(resolve_view(key, None, []), model, "fp16").label
     modes = {key: view_latency(resolve_view(key, None, []), model, "fp16").mode for key in devices.column("device")}
     assert len(set(modes.values())) > 1  # the case the old label got wrong: sources that differ
-    assert "h100-sxm: measured operator times" in html and "a40: datasheet roofline" in html
+    assert "h100-sxm: measured operator times" in html and "a40: GEMMs transferred from the measured devices" in html
 
 
 def test_the_sample_check_fails_on_a_stale_block(tmp_path, capsys):

@@ -126,8 +126,12 @@ def test_a_device_without_measurements_borrows_from_its_architecture_and_says_so
     # so about 5% slower where the GEMM is a weight read
     ratio = pcie.op_time("gate_up", "decode", tokens, 1024, 1) / sxm.op_time("gate_up", "decode", tokens, 1024, 1)
     assert ratio == pytest.approx(np.full(len(tokens), 2039 / 1935), rel=0.02)
-    # a device of an architecture nobody measured keeps the datasheet roofline
-    assert latency_source("rtx-4090", LLAMA).mode == "datasheet"
+    # a device of an architecture nobody measured takes GEMMs transferred from the measured
+    # devices, labelled with the transfer's leave-one-device-out error
+    ada = latency_source("rtx-4090", LLAMA)
+    assert ada.mode == "transferred" and "leave-one-device-out median" in ada.label
+    with pytest.raises(PerfkitError, match="--stack vidur: no device of rtx-4090's architecture has Vidur's profiles"):
+        latency_source("rtx-4090", LLAMA, stack="vidur")
 
 
 def test_a_remembered_fit_predicts_exactly_what_a_fresh_fit_does(tmp_path, monkeypatch):

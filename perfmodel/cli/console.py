@@ -16,11 +16,14 @@ from perfmodel.cli.parser import Parser
 # name -> (module run as __main__, its one-line summary). tests/test_cli_options.py checks
 # that this lists exactly the modules with a `__main__` block.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "campaign": ("profilers.campaign", "measure a lent GPU (or this CPU) for the toolkit in one resumable run"),
     "roofline": ("perfmodel.roofline", "the paper's Appendix G rooflines for a device and models"),
     "speedup": ("perfmodel.speedup", "Medusa speedup and the best tree size per device (the paper's simulations)"),
     "plan": ("perfmodel.plan", "capacity planning: what fits, which tree at each batch, how fast"),
     "validate": ("perfmodel.validate", "predict the Medusa speedup, then run the decoder and compare"),
     "latency-check": ("perfmodel.latency_check", "how well the calibrated latency predicts unseen shapes"),
+    "transfer-check": ("perfmodel.transfer_check", "how well GEMM latency transfers to unmeasured devices"),
+    "attention-check": ("perfmodel.attention_check", "how well measured attention predicts unmeasured head shapes"),
     "allreduce-compare": ("perfmodel.allreduce_compare", "the ring all-reduce model against measured tables"),
     "sweep": ("profilers.sweep", "time every operator of a decoding step over a grid"),
     "import": ("profilers.imports", "import public measured GPU operator profiles (Vidur)"),

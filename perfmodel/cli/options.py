@@ -25,8 +25,8 @@ from pathlib import Path
 from perfmodel.acceptance.rates import ACCEPTANCE_PRESETS
 from perfmodel.base.dtypes import DTYPES
 from perfmodel.cli.parser import TP_HELP, positive_int, tp_degree
-from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.latency.gemm_grid import ENGINES, VIDUR
+from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.latency.source import LATENCY_CHOICES
 from perfmodel.models.config import PRESETS
 

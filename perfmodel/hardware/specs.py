@@ -29,12 +29,20 @@ OPTIONAL_NUMBERS = (
     # Per-GPU bidirectional GPU-to-GPU bandwidth as the datasheet gives it (NVLink, or PCIe
     # where the card has no NVLink); perfmodel.latency.allreduce's ring model halves it per direction.
     "interconnect_gb_s",
+    # The SM clock the datasheet's tensor peak_tflops are stated at, where it is not
+    # boost_clock_mhz (Hopper's tensor cores boost to 1830 MHz, its SMs to 1980).
+    "tensor_clock_mhz",
+    # The SM clock held while back-to-back dense 16-bit GEMMs run at the default power limit,
+    # as a per-kernel benchmark times them: the tensor peak scales with it (sustained_flops).
+    "sustained_clock_mhz",
 )
 # Short name of that link (nvlink3, nvlink4, pcie4, pcie5): picks the ring model's fitted
 # latency and efficiency (perfmodel.latency.allreduce). Text, but it needs a source like a number.
 # architecture: the GPU generation and die (e.g. ampere-ga100); a device without measurements
 # borrows the latency calibration of a measured one of the same architecture.
-OPTIONAL_TEXT = ("interconnect", "architecture")
+# memory_type: the DRAM class (MEMORY_TYPES); the bandwidth a GEMM achieves depends on it.
+OPTIONAL_TEXT = ("interconnect", "architecture", "memory_type")
+MEMORY_TYPES = ("HBM2", "HBM2e", "HBM3", "HBM3e", "GDDR6", "GDDR6X", "GDDR7")
 # tf32 is a tensor-core mode for fp32 tensors, recorded for reference, not a storage dtype.
 PEAK_KEYS = DTYPES + ("tf32",)
 
@@ -54,8 +62,11 @@ class HardwareSpec:
     sm_count: float | None = None
     l2_cache_mb: float | None = None
     interconnect_gb_s: float | None = None
+    tensor_clock_mhz: float | None = None
+    sustained_clock_mhz: float | None = None
     interconnect: str | None = None
     architecture: str | None = None
+    memory_type: str | None = None
     notes: str = ""
     path: Path | None = field(default=None, compare=False)
 
@@ -71,6 +82,25 @@ class HardwareSpec:
             have = ", ".join(k for k in self.peak_tflops if k in DTYPES)
             raise PerfkitError(f"{self.name} has no {dtype} peak in its spec; it has: {have}")
         return self.peak_tflops[dtype] * 1e12
+
+    def sustained_flops(self, dtype: str) -> float:
+        """Dense FLOP/s for `dtype` at the sustained clock: the datasheet peak scaled by
+        sustained_clock_mhz over the clock the peak is stated at (tensor_clock_mhz, else
+        boost_clock_mhz); the peak itself where the spec gives no sustained clock."""
+        stated = self.tensor_clock_mhz or self.boost_clock_mhz
+        if self.sustained_clock_mhz is None or stated is None:
+            return self.peak_flops(dtype)
+        return self.peak_flops(dtype) * self.sustained_clock_mhz / stated
+
+    @property
+    def memory_family(self) -> str | None:
+        """HBM or GDDR: stacked on the package, or chips on the board."""
+        return None if self.memory_type is None else self.memory_type.rstrip("0123456789eX")
+
+    @property
+    def generation(self) -> str | None:
+        """The architecture's generation (ampere of ampere-ga102)."""
+        return None if self.architecture is None else self.architecture.split("-")[0]
 
     def ridge_point(self, dtype: str) -> float:
         """The datasheet roofline's ridge (FLOP/byte) for `dtype`."""
@@ -150,6 +180,10 @@ def parse_spec(data: object, path: Path) -> HardwareSpec:
             if not isinstance(data[name], str) or not data[name].strip():
                 raise PerfkitError(f"{where}: field {name!r} must be a short name, got {data[name]!r}")
             texts[name] = data[name].strip()
+    if texts.get("memory_type", MEMORY_TYPES[0]) not in MEMORY_TYPES:
+        raise PerfkitError(
+            f"{where}: field 'memory_type' is {texts['memory_type']!r}; allowed: {', '.join(MEMORY_TYPES)}"
+        )
     for name in [*numbers, *texts, *(f"peak_tflops.{k}" for k in peak_tflops)]:
         if name not in sources and name.partition(".")[0] not in sources:
             raise PerfkitError(f"{where}: field {name!r} has no entry in 'sources'")

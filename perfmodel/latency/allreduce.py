@@ -1,20 +1,37 @@
 """Tensor-parallel all-reduce time: measured tables where they are shipped, a ring model
 from the spec's interconnect bandwidth elsewhere.
 
-Measured tables come from Vidur (github.com/microsoft/vidur, MIT licence), shipped converted
-under `profilers/measurements/<device>/imported/all_reduce-*.csv` and read by
-perfmodel.measured.vidur.
-The ring model's latency and efficiency are fitted on those tables
-(perfmodel.latency.allreduce_fit); the command `python -m perfmodel.allreduce_compare`
-prints the fits and the model's error against every table.
+Measured tables (`measured_tables`, all read by perfmodel.measured.vidur.read_table):
+- **nccl-<version>**: NCCL's own benchmark (nccl-tests all_reduce_perf, fp16, one node of
+  2, 4 and 8 GPUs, 512 B-512 MiB) as NVIDIA's aiconfigurator-core publishes it (Apache-2.0),
+  for a100-sxm, h100-sxm, h200 and l40s; shipped under
+  `profilers/measurements/<device>/aiconfigurator/nccl-<version>/` (perfmodel.measured.aiconfigurator);
+- **vidur**: Vidur's tables (github.com/microsoft/vidur, MIT licence), all-reduces timed
+  inside PyTorch on DGX A100 / DGX H100 and on 4-GPU pairwise-NVLink nodes, shipped under
+  `profilers/measurements/<device>/imported/all_reduce-*.csv` (perfmodel.measured.vidur).
 
-Everything here is a pure function of its arguments and of the shipped data files.
+`all_reduce_source(device, topology, stack)` picks one: by default the device's NCCL tables,
+for each GPU count the newest NCCL version that measured it; else Vidur's DGX table; else
+the ring model. NCCL's tables are the default because they cover every imported device
+with one method, and time what a decoding step runs: back-to-back all-reduces on a stream,
+averaged over 100-1000 calls and over the ranks (nccl-tests). Vidur times single eager
+calls after a barrier, whose kernel time includes waiting for the other ranks: at a decoding
+step's message sizes 1.2-2.7x NCCL's in the median, up to 5.6x for small messages
+(`python -m perfmodel.allreduce_compare` prints the ratios).
+
+The ring model's latency and efficiency are fitted on Vidur's tables
+(perfmodel.latency.allreduce_fit); `python -m perfmodel.allreduce_compare` prints the fits
+and the model's error against every table.
+
+Everything here is a pure function of its arguments and of the measured tables (the shipped
+ones, and NCCL tables a user imported into the measurements home).
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -22,6 +39,7 @@ import pandas as pd
 from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.specs import HardwareSpec, find_spec
+from perfmodel.measured.aiconfigurator import shipped_stacks, version_key
 from perfmodel.measured.vidur import SHIPPED_TABLES, read_table, table_path
 from perfmodel.models.config import ModelConfig
 
@@ -31,6 +49,7 @@ TOPOLOGY_TEXT = {
 }
 RING = "ring"
 TOPOLOGIES = (*TOPOLOGY_TEXT, RING)
+NCCL, VIDUR = "nccl", "vidur"  # the stacks; nccl-<version> names one NCCL version
 
 # Message sizes typical of decoding: batch x query tokens x hidden x 2 bytes spans about
 # 8 KiB (1 token, hidden 4096) to tens of MiB (a few hundred tree tokens x batch, hidden 8192).
@@ -144,6 +163,9 @@ class RingAllReduce:
         )
         return cls(spec.interconnect_gb_s, fit.latency_s, fit.efficiency, label)
 
+    def label_for(self, workers: int) -> str:
+        return self.label
+
     def time(self, nbytes, workers):
         """Seconds per all-reduce of `nbytes` per GPU over `workers` GPUs (arrays allowed)."""
         return ring_all_reduce_time(nbytes, workers, self.link_gb_s, self.latency_s, self.efficiency)
@@ -159,39 +181,115 @@ def _top_octave_slope(sizes: np.ndarray, times: np.ndarray) -> float:
     return slope if slope > 0 else times[-1] / sizes[-1]
 
 
+Curve = tuple[np.ndarray, np.ndarray, float]  # sizes (bytes), times (s), slope beyond the largest size
+
+
+def table_curves(table: pd.DataFrame, what: str) -> dict[int, Curve]:
+    """A table's single-node rows (devices_per_node == num_workers: tensor parallelism stays
+    in a node) as one curve per worker count. Repeated rows of one size (NCCL's older
+    aiconfigurator tables hold two runs) are measurements of the same thing: their median."""
+    rows = table[table["devices_per_node"] == table["num_workers"]]
+    if rows.empty:
+        raise PerfkitError(f"{what}: no single-node rows (devices_per_node == num_workers)")
+    curves = {}
+    for workers, group in rows.groupby("num_workers"):
+        group = group.groupby("bytes", as_index=False)["time_s"].median().sort_values("bytes")
+        sizes = group["bytes"].to_numpy(dtype=float)
+        times = group["time_s"].to_numpy(dtype=float)
+        curves[int(workers)] = (sizes, times, _top_octave_slope(sizes, times))
+    return curves
+
+
+@dataclass(frozen=True)
+class MeasuredTable:
+    """One shipped all-reduce table of a device: which stack measured it, and where it is."""
+
+    stack: str  # vidur, or nccl-<version>
+    topology: str  # Vidur's node (dgx, pairwise_nvlink); for NCCL the aiconfigurator system
+    path: Path
+    origin: str  # what a label says it is
+
+
+def measured_tables(device_key: str) -> list[MeasuredTable]:
+    """The device's shipped all-reduce tables: Vidur's (DGX first), then NCCL's, oldest
+    version first."""
+    out = []
+    for topology, name in SHIPPED_TABLES.get(device_key, {}).items():
+        origin = f"Vidur {name} table ({TOPOLOGY_TEXT[topology]})"
+        out.append(MeasuredTable(VIDUR, topology, table_path(device_key, topology), origin))
+    nccl = sorted((s for s in shipped_stacks(device_key) if s.has("all_reduce")), key=lambda s: version_key(s.version))
+    for shipped in nccl:
+        system = shipped.provenance.get("system", device_key)
+        origin = f"NCCL {shipped.version} all_reduce_perf (nccl-tests) on {system}, from {shipped.package}"
+        out.append(MeasuredTable(shipped.stack, system, shipped.folder / "all_reduce.parquet", origin))
+    return out
+
+
+def stack_names(device_key: str) -> list[str]:
+    """The all-reduce stacks a device was measured in: nccl and each nccl-<version>, vidur."""
+    nccl = [t.stack for t in measured_tables(device_key) if t.stack != VIDUR]
+    return ([NCCL, *nccl] if nccl else []) + ([VIDUR] if device_key in SHIPPED_TABLES else [])
+
+
+@functools.lru_cache(maxsize=None)
+def _curves(path: Path) -> dict[int, Curve]:
+    return table_curves(read_table(path), str(path))
+
+
+def _size_text(nbytes: float) -> str:
+    for unit, scale in (("MiB", 1024**2), ("KiB", 1024)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g} {unit}"
+    return f"{nbytes:g} B"
+
+
 @dataclass(frozen=True, eq=False)
 class MeasuredAllReduce:
-    """Interpolation in a measured table, one curve per worker count.
+    """Interpolation in measured tables, one curve per worker count (each from one table).
 
     Between measured sizes: linear in log(bytes) -> log(time), so exact at every measured
     point and monotone between neighbours. Beyond the largest size: linear in bytes from the
     last point with the top octave's slope (all-reduce time grows linearly with bytes once
     bandwidth-bound). Below the smallest size: the smallest size's time (latency-bound).
-    Worker counts the table lacks are an error listing the measured ones, not a silent
+    Worker counts the tables lack are an error listing the measured ones, not a silent
     switch to the model: ask for topology='ring' to get the model.
     """
 
     label: str
-    curves: dict[int, tuple[np.ndarray, np.ndarray, float]]
+    curves: dict[int, Curve]
+    tables: dict[int, MeasuredTable]  # worker count -> the table its curve comes from
     kind: str = "measured"
 
     @classmethod
-    def from_table(cls, table: pd.DataFrame, label: str) -> MeasuredAllReduce:
-        """Single-node rows (devices_per_node == num_workers): tensor parallelism stays in a node."""
-        rows = table[table["devices_per_node"] == table["num_workers"]]
-        if rows.empty:
-            raise PerfkitError(f"{label}: no single-node rows (devices_per_node == num_workers)")
-        curves = {}
-        for workers, group in rows.groupby("num_workers"):
-            group = group.groupby("bytes", as_index=False)["time_s"].max().sort_values("bytes")
-            sizes = group["bytes"].to_numpy(dtype=float)
-            times = group["time_s"].to_numpy(dtype=float)
-            curves[int(workers)] = (sizes, times, _top_octave_slope(sizes, times))
-        return cls(label, curves)
+    def of(cls, tables: dict[int, MeasuredTable]) -> MeasuredAllReduce:
+        """The curve of each worker count from the table given for it; the label names every
+        table, with the counts each one times."""
+        tables = dict(sorted(tables.items()))
+        curves = {w: _curves(t.path)[w] for w, t in tables.items()}
+        return cls(cls.describe(tables, curves), curves, tables)
+
+    @staticmethod
+    def describe(tables: dict[int, MeasuredTable], curves: dict[int, Curve]) -> str:
+        by_origin: dict[str, list[int]] = {}
+        for workers, table in tables.items():
+            by_origin.setdefault(table.origin, []).append(workers)
+        tables = " and ".join(f"{o}, {'/'.join(map(str, w))} GPUs" for o, w in by_origin.items())
+        low = min(c[0][0] for c in curves.values())
+        high = max(c[0][-1] for c in curves.values())
+        return (
+            f"measured: {tables}, {_size_text(low)}-{_size_text(high)}; log-log interpolation, linear in bytes "
+            "above the largest size, the smallest size's time below it"
+        )
 
     @property
     def workers(self) -> tuple[int, ...]:
         return tuple(sorted(self.curves))
+
+    def label_for(self, workers: int) -> str:
+        """The label of the one table that times all-reduces over `workers` GPUs."""
+        if workers not in self.curves:
+            return self.label
+        return self.describe({workers: self.tables[workers]}, {workers: self.curves[workers]})
 
     def time(self, nbytes, workers):
         """Seconds per all-reduce of `nbytes` per GPU over `workers` GPUs (arrays allowed)."""
@@ -221,43 +319,70 @@ def _interpolate(sizes: np.ndarray, times: np.ndarray, slope: float, b: np.ndarr
     return np.where(b > sizes[-1], times[-1] + slope * (b - sizes[-1]), out)
 
 
-@functools.lru_cache(maxsize=None)
 def measured_source(device_key: str, topology: str = "dgx") -> MeasuredAllReduce:
-    """The shipped table of a device and topology, ready to interpolate (read once)."""
-    path = table_path(device_key, topology)
-    table = read_table(path)
-    vidur = SHIPPED_TABLES[device_key][topology]
-    kib = table["bytes"].min() / 1024
-    mib = table["bytes"].max() / 1024**2
-    label = (
-        f"measured: Vidur {vidur} table ({TOPOLOGY_TEXT[topology]}), {kib:g} KiB-{mib:.4g} MiB; "
-        "log-log interpolation, linear in bytes above the largest size, the smallest size's time below it"
-    )
-    return MeasuredAllReduce.from_table(table, label)
+    """Vidur's shipped table of a device and topology, ready to interpolate."""
+    table = next((t for t in measured_tables(device_key) if t.stack == VIDUR and t.topology == topology), None)
+    if table is None:
+        raise PerfkitError(f"no Vidur {topology} all-reduce table for {device_key}")
+    return MeasuredAllReduce.of(dict.fromkeys(_curves(table.path), table))
 
 
-def all_reduce_source(device: str | HardwareSpec, topology: str | None = None) -> MeasuredAllReduce | RingAllReduce:
+def nccl_source(device_key: str, stack: str = NCCL) -> MeasuredAllReduce:
+    """The device's NCCL tables: `nccl-<version>` that version's; `nccl` for each worker count
+    the newest version that measured it (a later NCCL release is what a deployment runs)."""
+    chosen: dict[int, MeasuredTable] = {}
+    for table in measured_tables(device_key):  # oldest first: a newer version overwrites
+        if table.stack != VIDUR and stack in (NCCL, table.stack):
+            chosen.update(dict.fromkeys(_curves(table.path), table))
+    if not chosen:
+        raise PerfkitError(f"no {stack} all-reduce table for {device_key}")
+    return MeasuredAllReduce.of(chosen)
+
+
+def all_reduce_source(
+    device: str | HardwareSpec, topology: str | None = None, stack: str | None = None
+) -> MeasuredAllReduce | RingAllReduce:
     """How to time all-reduces on `device` (a name, key or spec).
 
-    topology None: the measured DGX (NVSwitch) table where one is shipped (a100-sxm,
-    h100-sxm), else the ring model from the spec's interconnect. 'dgx' / 'pairwise_nvlink':
-    that measured table (an error for a device without it). 'ring': the model, always.
-    The result has `time(bytes, workers)` and a `label` saying which it is.
+    stack None (the default): the device's NCCL tables where shipped (a100-sxm, h100-sxm,
+    h200, l40s; per GPU count the newest NCCL version measuring it), else Vidur's DGX table,
+    else the ring model from the spec's interconnect. stack 'nccl' / 'nccl-<version>': those
+    NCCL tables; 'vidur': Vidur's table of `topology` ('dgx' unless given). topology
+    'dgx' / 'pairwise_nvlink': Vidur's table of that node; 'ring': the model, always (no
+    stack). A stack or topology the device was not measured in is an error naming those it
+    was. The result has `time(bytes, workers)` and a `label` saying which it is.
     """
     if topology is not None and topology not in TOPOLOGIES:
         raise PerfkitError(f"unknown all-reduce topology {topology!r}; choose one of: {', '.join(TOPOLOGIES)}")
     spec = device if isinstance(device, HardwareSpec) else find_spec(device)
-    tables = SHIPPED_TABLES.get(spec.key, {})
-    if topology == RING or (topology is None and not tables):
+    if topology == RING:
+        if stack is not None:
+            raise PerfkitError(f"topology='ring' is the ring model, from the spec: it takes no stack, got {stack!r}")
         return RingAllReduce.for_spec(spec)
-    topology = topology or "dgx"
-    if topology not in tables:
-        shipped = "; ".join(f"{key} ({', '.join(t)})" for key, t in SHIPPED_TABLES.items())
-        raise PerfkitError(
-            f"no measured {topology} all-reduce table for {spec.key}; measured: {shipped}; "
-            "topology='ring' models it from the spec's interconnect"
-        )
-    return measured_source(spec.key, topology)
+    if topology is not None:  # one of Vidur's nodes
+        if stack not in (None, VIDUR):
+            raise PerfkitError(f"topology {topology!r} is a Vidur node; stack {stack!r} has none (stack 'vidur' has)")
+        if topology not in SHIPPED_TABLES.get(spec.key, {}):
+            shipped = "; ".join(f"{key} ({', '.join(t)})" for key, t in SHIPPED_TABLES.items())
+            raise PerfkitError(
+                f"no measured {topology} all-reduce table for {spec.key}; measured: {shipped}; "
+                "topology='ring' models it from the spec's interconnect"
+            )
+        return measured_source(spec.key, topology)
+    names = stack_names(spec.key)
+    if stack is None:
+        if not names:
+            return RingAllReduce.for_spec(spec)
+        stack = names[0]  # nccl where shipped, else vidur
+    if stack not in names:
+        raise PerfkitError(_unknown_stack(spec.key, stack, names))
+    return measured_source(spec.key) if stack == VIDUR else nccl_source(spec.key, stack)
+
+
+def _unknown_stack(device_key: str, stack, names: list[str]) -> str:
+    if not names:
+        return f"all-reduce stack {stack!r}: {device_key} has no measured all-reduce tables (None: the ring model)"
+    return f"no all-reduce stack {stack!r} on {device_key}; choose one of: {', '.join(names)} (None: {names[0]})"
 
 
 def tp_comm_time_per_step(model: ModelConfig, tp: int, tokens, dtype: str, source) -> float | np.ndarray:

@@ -1,7 +1,9 @@
 """The ring all-reduce model against the measured tables: its latency and efficiency per
-interconnect fitted on them (fit_ring, fit_all; stored as
-perfmodel.latency.allreduce.RING_CONSTANTS), and its error per table and worker count
-(model_errors, compare_tables), which `python -m perfmodel.allreduce_compare` prints.
+interconnect fitted on Vidur's (fit_ring, fit_all; stored as
+perfmodel.latency.allreduce.RING_CONSTANTS), its error per table and worker count against
+Vidur's (model_errors, compare_tables) and NCCL's (nccl_errors, also at the message sizes a
+decoding step all-reduces, decode_sizes), and Vidur's tables against NCCL's (stack_ratios);
+`python -m perfmodel.allreduce_compare` prints them.
 """
 
 from __future__ import annotations
@@ -12,11 +14,28 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.hardware.specs import find_spec
-from perfmodel.latency.allreduce import DECODE_BYTES, RING_CONSTANTS, RingAllReduce, RingConstants
+from perfmodel.hardware.specs import find_spec, load_all_specs
+from perfmodel.latency.allreduce import (
+    DECODE_BYTES,
+    NCCL,
+    RING_CONSTANTS,
+    VIDUR,
+    RingAllReduce,
+    RingConstants,
+    all_reduce_source,
+    measured_tables,
+    nccl_source,
+)
 from perfmodel.measured.vidur import SHIPPED_TABLES, read_table, table_path
+from perfmodel.models.config import load_model
 
 SPLIT_BYTES = 1024**2  # errors are also reported below / from 1 MiB
+# The messages of a decoding step (decode_sizes): these models' hidden sizes (llama-7b to
+# llama-2-70b: 4096-8192), batches, and query tokens per sequence (a plain step, Medusa trees
+# of 16 and 64 candidates), fp16 activations.
+DECODE_MODELS = ("llama-7b", "llama-13b", "llama-33b", "llama-2-70b")
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+DECODE_QUERY_TOKENS = (1, 16, 64)
 # What each interconnect's RING_CONSTANTS are fitted on.
 RING_FIT_PLAN = {
     # interconnect: (device, topology, link GB/s both directions as the datasheet gives it, workers)
@@ -113,3 +132,77 @@ def fit_all(sizes: tuple[float, float] = DECODE_BYTES) -> dict[str, RingConstant
 def significant(x: float, digits: int = 3) -> float:
     """`x` rounded to `digits` significant digits (how the fitted constants are stored)."""
     return 0.0 if x == 0 else round(x, digits - 1 - math.floor(math.log10(abs(x))))
+
+
+def decode_sizes() -> np.ndarray:
+    """Bytes of one tensor-parallel all-reduce of a decoding step, batch x query tokens x
+    hidden x 2 (perfmodel.latency.allreduce.tp_comm_time_per_step), over DECODE_MODELS,
+    DECODE_BATCHES and DECODE_QUERY_TOKENS: the distinct sizes, ascending (8 KiB-64 MiB)."""
+    hidden = [load_model(name).hidden_size for name in DECODE_MODELS]
+    tokens = np.multiply.outer(DECODE_BATCHES, DECODE_QUERY_TOKENS).ravel()
+    return np.unique(np.multiply.outer(tokens, hidden).ravel() * 2).astype(float)
+
+
+def _abs_stats(err: np.ndarray, prefix: str = "") -> dict:
+    return {
+        f"{prefix}median_abs_err": float(np.median(np.abs(err))),
+        f"{prefix}p90_abs_err": float(np.quantile(np.abs(err), 0.9)),
+        f"{prefix}median_err": float(np.median(err)),
+    }
+
+
+def nccl_errors() -> pd.DataFrame:
+    """The ring model of every device with NCCL tables against each of them, per worker
+    count (error = model / measured - 1): over the table's own sizes (every measured size,
+    512 B-512 MiB), and at decode_sizes(), where `measured` is the table interpolated (as the
+    planner reads it). `default` marks the table a device uses by default."""
+    out = []
+    at = decode_sizes()
+    for key in load_all_specs():
+        tables = [t for t in measured_tables(key) if t.stack != VIDUR]
+        if not tables:
+            continue
+        model = RingAllReduce.for_spec(find_spec(key))
+        default = nccl_source(key, NCCL).tables
+        for table in tables:
+            source = nccl_source(key, table.stack)
+            for workers, (sizes, times, _) in source.curves.items():
+                out.append(
+                    {
+                        "device": key,
+                        "table": table.stack,
+                        "default": default.get(workers) == table,
+                        "model": f"{find_spec(key).interconnect} {model.link_gb_s:g} GB/s",
+                        "workers": workers,
+                        "sizes": len(sizes),
+                        **_abs_stats(model.time(sizes, workers) / times - 1),
+                        **_abs_stats(model.time(at, workers) / source.time(at, workers) - 1, "decode_"),
+                    }
+                )
+    return pd.DataFrame(out)
+
+
+def stack_ratios() -> pd.DataFrame:
+    """Vidur's DGX tables against the NCCL tables a device uses by default, at decode_sizes():
+    per device and worker count both measure, the median, smallest and largest ratio
+    Vidur / NCCL, and the ratio at the smallest and largest decode size."""
+    out = []
+    at = decode_sizes()
+    for key in SHIPPED_TABLES:
+        vidur, nccl = all_reduce_source(key, stack=VIDUR), all_reduce_source(key, stack=NCCL)
+        for workers in sorted(set(vidur.workers) & set(nccl.workers)):
+            ratio = vidur.time(at, workers) / nccl.time(at, workers)
+            out.append(
+                {
+                    "device": key,
+                    "vidur": SHIPPED_TABLES[key][vidur.tables[workers].topology],
+                    "nccl": nccl.tables[workers].stack,
+                    "workers": workers,
+                    "median_ratio": float(np.median(ratio)),
+                    "min_ratio": float(ratio.min()),
+                    "max_ratio": float(ratio.max()),
+                    "ratio_smallest": float(ratio[0]),
+                    "ratio_largest": float(ratio[-1]),
+                }
+            )
+    return pd.DataFrame(out)

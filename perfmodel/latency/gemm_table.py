@@ -62,11 +62,12 @@ def roofline_gemm(k, n, m, spec: HardwareSpec, dtype: str, params: RooflineParam
     return np.asarray(kernel_time(Matmul(1, m, k, n, weight=True), dtype, spec, params), dtype=float)
 
 
-def fit_params(gemms: pd.DataFrame, spec: HardwareSpec, dtype: str) -> RooflineParams:
-    """The roofline's efficiencies and per-kernel overhead fitted to measured GEMMs
-    (perfmodel.latency.fit: least squares on log time)."""
+def fit_params(gemms: pd.DataFrame, spec: HardwareSpec, dtype: str, kind: str = "measured") -> RooflineParams:
+    """The roofline's efficiencies and per-kernel overhead fitted to GEMM times (`kind`:
+    measured, or transferred from other devices) by perfmodel.latency.fit: least squares on
+    log time."""
     k, n, m, t = (gemms[c].to_numpy(dtype=float) for c in ("k", "n", "m", "time_s"))
-    label = f"fitted to {len(gemms)} measured GEMMs on {spec.key}"
+    label = f"fitted to {len(gemms)} {kind} GEMMs on {spec.key}"
     key = fit_key("gemm", k, n, m, t, spec.peak_flops(dtype), spec.bandwidth, dtype, GEMM_BOUNDS, label)
     return remembered_fit(
         key,

@@ -21,7 +21,15 @@ GEMM's weight shape (k, n) and its token count m = batch x query length:
   datasheet roofline;
 - **grid**: an engine stack's device-wide GEMM grid (aiconfigurator's tables), interpolated
   in n and k with the staircase in m kept (perfmodel.latency.gemm_grid);
+- **transferred**: a device without measurements whose architecture nobody measured takes
+  an engine's GEMM times from every measured device, scaled by physics (sustained tensor
+  clock, memory class and its bandwidth share, SM waves: perfmodel.latency.transfer); its
+  label carries the method's leave-one-device-out error;
 - **datasheet**: the roofline with the public efficiency defaults (perfmodel.latency.roofline).
+
+Attention (qk, pv, the fused sdpa) is measured where the device has an engine's attention
+tables (perfmodel.latency.attention_table: decode, prefill, and the tree step mapped onto the
+decode kernel), the roofline elsewhere; the label says which.
 
 With the `vidur` stack on a device that also has a grid, a shape Vidur did not measure is the
 geometric mean of the calibrated prediction and the grid's shape dependence at Vidur's level
@@ -44,9 +52,20 @@ from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec, load_all_specs, resolve_spec
-from perfmodel.latency.gemm_grid import VIDUR, GemmGrid, default_grid, gemm_grid, resolve_stack, stack_names
+from perfmodel.latency.attention_table import HEAD_DIM, AttentionTable, attention_op_time, attention_table
+from perfmodel.latency.attention_table import OPS as MEASURED_ATTENTION_OPS
+from perfmodel.latency.gemm_grid import (
+    ENGINES,
+    VIDUR,
+    GemmGrid,
+    default_grid,
+    gemm_grid,
+    resolve_stack,
+    stack_names,
+)
 from perfmodel.latency.gemm_table import GemmTable, fit_params, profile_rows, same_shard, stored_calibration
 from perfmodel.latency.roofline import RooflineLatency
+from perfmodel.latency.transfer import TransferredGemm, transferred_gemm
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.measured.store import stored_profiles
 from perfmodel.models.config import ModelConfig, load_model
@@ -91,13 +110,26 @@ class LatencyModel:
     elementwise: pd.DataFrame | None = None  # measured step-op rows of this very model shard
     params: RooflineParams = field(default_factory=RooflineParams)
     stack: str | None = None
-    grid: GemmGrid | None = None  # the grid mode's GEMMs, or the shape dependence beside Vidur's rows
+    grid: GemmGrid | TransferredGemm | None = None  # grid/transferred GEMMs, or the shape dependence beside Vidur's
+    attention: AttentionTable | None = None  # measured attention of this device, where it has tables
 
     def __post_init__(self) -> None:
         self.roofline = RooflineLatency(self.spec, self.model, self.dtype, self.params)
 
     @property
     def label(self) -> str:
+        attention = self.attention_label
+        return self.gemm_label + (f"; attention: {attention}" if attention else "")
+
+    @property
+    def attention_label(self) -> str | None:
+        """Where attention times come from, when not the roofline the label already names."""
+        if self.attention is None or self.model.head_dim != HEAD_DIM:
+            return "roofline" if self.mode in ("grid", "measured", "calibrated", "transferred") else None
+        return self.attention.label
+
+    @property
+    def gemm_label(self) -> str:
         if self.mode == "datasheet":
             p = self.params
             return (
@@ -111,6 +143,8 @@ class LatencyModel:
             )
         if self.mode == "grid":
             return f"measured on {self.spec.key}: the {self.grid.label}, interpolated in n and k, staircase in m kept"
+        if self.mode == "transferred":
+            return self.grid.label
         measured = sorted(op for op in (*LINEAR_OPS, "medusa_heads") if self.linear_kind(op) == "measured")
         beside = f"; other shapes also from the {self.grid.stack.stack} grid at this level" if self.grid else ""
         if self.mode == "measured" and measured:
@@ -122,8 +156,8 @@ class LatencyModel:
         """How this op's GEMMs are timed: measured, calibrated, grid, borrowed or datasheet."""
         if op not in (*LINEAR_OPS, "medusa_heads"):
             return "datasheet"
-        if self.mode == "grid":
-            return "grid"
+        if self.mode in ("grid", "transferred"):
+            return self.mode
         if self.table is None:
             return "datasheet"
         if self.mode == "borrowed":
@@ -139,7 +173,7 @@ class LatencyModel:
         the grid's shape dependence (the geometric mean of the two)."""
         m = np.asarray(matmul.m, dtype=float)
         k, n = int(matmul.k), int(matmul.n)
-        if self.mode == "grid":
+        if self.mode in ("grid", "transferred"):
             return self.grid.time(k, n, m)
         table = self.table if self.mode != "calibrated" else self.table.without(k, n)
         calibrated = table.predict(k, n, m, self.spec, self.dtype)
@@ -148,6 +182,10 @@ class LatencyModel:
         return np.sqrt(calibrated * table.grid_predict(k, n, m, self.grid))
 
     def op_time(self, op: str, phase: str, batch, seq_len, candidates) -> np.ndarray:
+        if self.attention is not None and op in MEASURED_ATTENTION_OPS:
+            measured = attention_op_time(self.attention, op, phase, self.model, batch, seq_len, candidates)
+            if measured is not None:
+                return measured
         kernels = op_kernels(op, phase, self.model, np.asarray(batch), np.asarray(seq_len), np.asarray(candidates))
         if (self.table is not None or self.grid is not None) and (op in LINEAR_OPS or op == "medusa_heads"):
             return np.asarray(sum(self.gemm_time(k) for k in kernels), dtype=float)
@@ -199,6 +237,8 @@ def latency_source(
     if source == "datasheet":
         return datasheet
     given = measurements is not None and len(measurements) and (measurements["dtype"] == dtype).any()
+    if not given and not stack_names(spec.key):
+        return unmeasured_source(spec, model, dtype, source, stack, datasheet)
     chosen = None if given else resolve_stack(spec.key, stack)
     if given:
         rows, origin = profile_rows(spec.key)
@@ -209,7 +249,9 @@ def latency_source(
     elif chosen not in (None, VIDUR):
         grid = gemm_grid(spec.key, chosen, dtype)
         if grid is not None:
-            return LatencyModel(spec, model, dtype, "grid", params=grid_params(grid, spec), stack=chosen, grid=grid)
+            attention = attention_table(spec.key, chosen, dtype)
+            params = grid_params(grid, spec)
+            return LatencyModel(spec, model, dtype, "grid", params=params, stack=chosen, grid=grid, attention=attention)
         table = None
     else:
         table = stored_calibration(spec, dtype)
@@ -217,21 +259,40 @@ def latency_source(
         rows = table.rows
         mode = "calibrated" if source == "calibrated" else "measured"
         grid = None if given else default_grid(spec.key, dtype)
+        attention = None if given else attention_table(spec.key, None, dtype)
+        elementwise = same_shard(rows, model)
         return LatencyModel(
-            spec, model, dtype, mode, table, same_shard(rows, model), table.params, stack=chosen or "given", grid=grid
+            spec, model, dtype, mode, table, elementwise, table.params, chosen or "given", grid, attention
         )
+    return unmeasured_source(spec, model, dtype, source, stack, datasheet)
+
+
+def unmeasured_source(
+    spec: HardwareSpec, model: ModelConfig, dtype: str, source: str, stack: str | None, datasheet: LatencyModel
+) -> LatencyModel:
+    """A device without measurements (of this dtype): the calibration of a measured device of
+    its architecture (the vidur stack) where there is one and no engine was asked for, else
+    an engine's GEMMs transferred from the measured devices (vllm unless asked), else the
+    datasheet."""
     if source != "auto":
         raise PerfkitError(
             f"no {dtype} measurements of {spec.key} to give a {source} latency; measured devices: "
             f"{', '.join(measured_devices()) or 'none'} (or use --latency datasheet)"
         )
-    lender = borrowable(spec)
-    if lender is None:
+    lender = borrowable(spec) if stack in (None, "auto", VIDUR) else None
+    table = stored_calibration(resolve_spec(lender, None), dtype) if lender else None
+    if table is not None:
+        return LatencyModel(spec, model, dtype, "borrowed", table, None, table.params, stack=VIDUR)
+    if stack == VIDUR:
+        raise PerfkitError(f"--stack vidur: no device of {spec.key}'s architecture has Vidur's profiles")
+    engine = ENGINES[0] if stack in (None, "auto") else stack.split("-")[0]
+    if engine not in ENGINES:
+        raise PerfkitError(f"--stack {stack}: choose from {', '.join((VIDUR, *ENGINES))} (or an engine-version)")
+    transfer = transferred_gemm(spec, engine, dtype)
+    if transfer is None:
         return datasheet
-    table = stored_calibration(resolve_spec(lender, None), dtype)
-    if table is None:
-        return datasheet
-    return LatencyModel(spec, model, dtype, "borrowed", table, None, table.params, stack=VIDUR)
+    params = fit_params(transfer.gemms(), spec, dtype, kind="transferred")
+    return LatencyModel(spec, model, dtype, "transferred", params=params, stack=engine, grid=transfer)
 
 
 def grid_params(grid: GemmGrid, spec: HardwareSpec) -> RooflineParams:

@@ -1,7 +1,8 @@
 """A decoding step split over tp devices (Megatron-style tensor parallelism): each device
 runs its shard of the model (perfmodel.models.config.ModelConfig.shard), and every layer adds two
 all-reduces of the step's activations (after attention's output projection and after the
-MLP's down projection), timed by perfmodel.latency.allreduce.
+MLP's down projection), timed by perfmodel.latency.allreduce (the device's measured NCCL
+tables by default).
 
 `tensor_parallel_steps` builds these steps for a resolved device: the capacity plan
 (perfmodel.planning.capacity) and the speedup simulations (perfmodel.planning.simulations) both price a
@@ -51,29 +52,39 @@ class TensorParallelStep:
         compute = self.shard_step.latency.label
         if self.tp == 1:
             return compute
-        return f"{compute}; tp={self.tp}: 2 all-reduces per layer, {self.all_reduce.label}"
+        return f"{compute}; tp={self.tp}: 2 all-reduces per layer, {self.all_reduce.label_for(self.tp)}"
 
 
 def tensor_parallel_steps(
-    view: DeviceView, model: ModelConfig, dtype: str, tp: int, latency: str = "auto", flavors=("full",)
+    view: DeviceView,
+    model: ModelConfig,
+    dtype: str,
+    tp: int,
+    latency: str = "auto",
+    flavors=("full",),
+    all_reduce_stack: str | None = None,
 ) -> dict[str, TensorParallelStep]:
     """One step model per flavor for `model` split tp ways on `view`: the shard timed by the
     view's latency source (perfmodel.latency.source.view_latency, one source for every
-    flavor), plus the all-reduces where tp > 1."""
+    flavor), plus the all-reduces where tp > 1, timed by
+    perfmodel.latency.allreduce.all_reduce_source(view.spec, stack=all_reduce_stack)
+    (None: the device's NCCL tables where shipped, else Vidur's, else the ring model)."""
     shard = model.shard(tp)
     source = view_latency(view, shard, dtype, latency)
-    comm = all_reduce_source(view.spec) if tp > 1 else None
+    comm = all_reduce_source(view.spec, stack=all_reduce_stack) if tp > 1 else None
     return {f: TensorParallelStep(StepModel(shard, source, f), tp, comm, dtype) for f in flavors}
 
 
-def usable_degrees(model: ModelConfig, spec: HardwareSpec) -> list[int]:
+def usable_degrees(model: ModelConfig, spec: HardwareSpec, all_reduce_stack: str | None = None) -> list[int]:
     """The tensor-parallel degrees that split the model (ModelConfig.tensor_parallel_degrees,
     the rule --tp is checked by) and over which the device's all-reduce can be timed
-    (a measured table holds some worker counts only; a device without an interconnect
-    none): 1 always."""
+    (a measured table holds some worker counts only: 2, 4 and 8 GPUs of one node in every
+    shipped one; a device without an interconnect none): 1 always."""
     try:
-        source = all_reduce_source(spec)
+        source = all_reduce_source(spec, stack=all_reduce_stack)
     except PerfkitError:
+        if all_reduce_stack is not None:  # a stack asked for and not there is the caller's error
+            raise
         return [1]
     out = [1]
     for tp in model.tensor_parallel_degrees(model.num_heads)[1:]:

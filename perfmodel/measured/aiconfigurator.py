@@ -42,6 +42,7 @@ from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.contract import COLUMNS, significant
 from perfmodel.measured.store import measurement_roots
+from perfmodel.measured.vidur import TABLE_COLUMNS as ALL_REDUCE_COLUMNS
 
 PACKAGE = "aiconfigurator-core"
 # The systems imported, and the device spec (hw_specs/) each was measured on.
@@ -57,7 +58,6 @@ KINDS = {
 HEAD_DIMS = (128,)
 GEMM_COLUMNS = ["m", "n", "k", "dtype", "kernel_source", "time_s"]
 ATTENTION_COLUMNS = ["batch", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype", "kernel_source", "time_s"]
-ALL_REDUCE_COLUMNS = ["topology", "num_workers", "devices_per_node", "bytes", "time_s", "noise", "run_id"]
 TABLE_COLUMNS = {
     "gemm": GEMM_COLUMNS,
     "generation_attention": ATTENTION_COLUMNS,

@@ -50,6 +50,8 @@ IDENTITY_EXTRA = (
     "vocab_size",
     "tp",
     "repeat",
+    "n",  # a GEMM row's weight shape (aiconfigurator's grid, the campaign's gemm stage)
+    "k",
 )
 POINT_AXES = ("batch", "seq_len", "candidates")
 

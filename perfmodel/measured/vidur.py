@@ -5,9 +5,12 @@ and as shipped here converted.
   times (read_profile; profilers.imports turns them into data-contract rows);
 - network profiles, `data/profiling/network/<topology>/all_reduce.csv`: all-reduce times
   (import_vidur_all_reduce), shipped converted as
-  `profilers/measurements/<device>/imported/all_reduce-*.csv` (read_table; provenance and
-  the regeneration command: profilers/measurements/IMPORTED-ALLREDUCE.md), which
+  `profilers/measurements/<device>/imported/all_reduce-*.csv` (provenance and the
+  regeneration command: profilers/measurements/IMPORTED-ALLREDUCE.md), which
   perfmodel.latency.allreduce interpolates.
+
+Their converted format (TABLE_COLUMNS) is also that of aiconfigurator's NCCL tables
+(perfmodel.measured.aiconfigurator); read_table reads either.
 
 Vidur's times are `time_stats.<op>.<stat>` over repeated runs, in milliseconds: a time is
 the median, its noise std / median of the same runs (seconds_and_noise).
@@ -93,13 +96,17 @@ def read_csv(path: Path, what: str) -> pd.DataFrame:
         raise PerfkitError(f"cannot read {what} {path}: {exc}") from None
 
 
-def read_csv_with(path: Path, columns, what: str) -> pd.DataFrame:
-    """A CSV that must hold `columns`; one line naming the file otherwise."""
-    table = read_csv(path, what)
+def with_columns(table: pd.DataFrame, columns, path: Path, what: str) -> pd.DataFrame:
+    """`table` if it holds `columns`; one line naming the file otherwise."""
     missing = [c for c in columns if c not in table.columns]
     if missing:
         raise PerfkitError(f"{path}: not a {what}, missing column(s) {', '.join(missing)}")
     return table
+
+
+def read_csv_with(path: Path, columns, what: str) -> pd.DataFrame:
+    """A CSV that must hold `columns`; one line naming the file otherwise."""
+    return with_columns(read_csv(path, what), columns, path, what)
 
 
 def seconds_and_noise(median_ms, std_ms):
@@ -190,5 +197,21 @@ def table_path(device_key: str, topology: str) -> Path:
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
-    """A shipped (converted) all-reduce table."""
-    return read_csv_with(Path(path), TABLE_COLUMNS, "all-reduce table")
+    """An all-reduce table in the shipped format (TABLE_COLUMNS): Vidur's, converted to CSV
+    here, or aiconfigurator's NCCL tables, kept as parquet by perfmodel.measured.aiconfigurator
+    (`<device>/aiconfigurator/nccl-<version>/all_reduce.parquet`). One reader for both, so
+    both are checked alike: the columns, and positive times, sizes and GPU counts."""
+    path, what = Path(path), "all-reduce table"
+    if path.suffix == ".parquet":
+        try:
+            frame = pd.read_parquet(path)
+        except (OSError, ValueError, ImportError) as exc:  # pyarrow's errors derive from these
+            raise PerfkitError(f"cannot read {what} {path}: {exc}") from None
+        table = with_columns(frame, TABLE_COLUMNS, path, what)
+    else:
+        table = read_csv_with(path, TABLE_COLUMNS, what)
+    for column in ("num_workers", "devices_per_node", "bytes", "time_s"):
+        values = pd.to_numeric(table[column], errors="coerce")
+        if not (np.isfinite(values) & (values > 0)).all():
+            raise PerfkitError(f"{path}: every {column} of an all-reduce table must be a positive number")
+    return table

@@ -1,0 +1,237 @@
+"""The measurement campaign's plan, as data: which stages it runs, what each measures, how
+many points and into which file under `<out>/<device key>/`.
+
+- `CeilingsStage`: the device's identity (on a GPU NVML's name, UUID, driver, clocks and
+  power limit; torch and CUDA versions) and its ceilings (profilers.ceilings) ->
+  `ceilings.json`. The sweeps after it record these ceilings in their run metadata, where
+  the roofline looks for a device's measured ceilings.
+- `SweepStage`: one profilers.sweep sweep of one model, into the sweep's own file with its
+  journal and `.meta.json`: the linear ops on the fine token grid, or attention (qk, pv and
+  sdpa with the causal or tree mask) over the paper grid.
+- `GemmStage`: single GEMMs (m x k) @ (k x n), the weight shapes of the toolkit's model
+  presets at tensor-parallel degrees 1, 2, 4 and 8 over a token grid: what
+  perfmodel.latency keys linear ops on, for every preset and shard, not only the paper's
+  models -> `gemm/gemm-<dtype>.csv`. Data-contract rows with op `gemm`, phase prefill,
+  batch 1, seq_len = m (the token rows), `model` naming the shape (gemm-k<k>-n<n>) and the
+  columns `n` and `k`: the row form of a device-wide GEMM grid
+  (perfmodel.measured.aiconfigurator.contract_rows), in a folder of its own so the
+  per-model readers of `<device>/*.csv` do not take its shapes for models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+from perfmodel.base.dtypes import check_dtype, default_dtype
+from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.roofline_table import DEFAULT_MODELS
+from perfmodel.models.config import PRESETS, ModelConfig, load_model
+from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, Grid, fine_token_grid, iter_points
+from perfmodel.models.operators import ATTENTION_OPS, FUSED_OPS, LINEAR_OPS, PHASES, Matmul, op_kernels
+from profilers.benchmarks import check_bench_dtype
+from profilers.ceilings import CEILING_TIMER
+from profilers.sweeper import default_timer
+from profilers.timer import TimerConfig
+
+VARIANTS = ("full", "quick")
+MANIFEST = "campaign.json"
+CEILINGS_FILE = "ceilings.json"
+# Attention as the paper times it (QK^T and PV as batched matmuls) and as one fused kernel
+# with the causal (prefill) or tree mask.
+ATTENTION = (*ATTENTION_OPS, *FUSED_OPS)
+# Tensor-parallel degrees whose shards' GEMM shapes the grid holds: the planner's range (1-8 on one node).
+TP_DEGREES = (1, 2, 4, 8)
+# The GEMM grid's token counts on a GPU: 1, 2, 4, every 8 to 512, then 1024, 2048 and 4096 (the
+# staircase region, then powers of two; a step of up to 64 requests of a 64-token tree).
+GEMM_TOKENS_UP_TO = 4096
+# The quick variant: the bundled model (shapes of a few hundred), a handful of points per op, a
+# timer that takes a few samples; a proof the campaign runs, not data to commit.
+QUICK_MODEL = "bundled"
+QUICK_TOKENS = (1, 8, 64)
+QUICK_TIMER = TimerConfig(warmup=1, min_reps=3, max_reps=10, budget_s=0.02)
+# Two samples per ceiling. On a CPU the quick variant leaves the bandwidth out: its arrays, eight
+# times the last-level cache, take tens of seconds to allocate on a small virtual machine.
+QUICK_CEILING_TIMER = TimerConfig(warmup=0, min_reps=2, max_reps=2, budget_s=0.0, flush_cache=False)
+
+
+@dataclass(frozen=True)
+class CeilingsStage:
+    name: str
+    dtypes: tuple[str, ...] | None  # None: every dtype the device runs (profilers.ceilings.supported_dtypes)
+    timer: TimerConfig
+    streams: bool = True  # the bandwidth streams (False: peaks and kernel overhead only)
+    out: str = CEILINGS_FILE
+
+    @property
+    def what(self) -> str:
+        dtypes = " ".join(self.dtypes) if self.dtypes else "every dtype the device runs"
+        streams = "bandwidth (copy, triad, read), " if self.streams else "no bandwidth, "
+        return f"identity (NVML on a GPU), {streams}matmul peak ({dtypes}), kernel overhead"
+
+    def size(self) -> int:
+        """Measurements: three bandwidth streams, a peak per dtype (up to 5 on a GPU), the kernel overhead."""
+        return 3 * self.streams + (len(self.dtypes) if self.dtypes else 5) + 1
+
+
+@dataclass(frozen=True)
+class SweepStage:
+    name: str
+    model: ModelConfig
+    grid: Grid
+    ops: tuple[str, ...]
+    phases: tuple[str, ...]
+    out: str
+
+    @property
+    def what(self) -> str:
+        tokens = self.grid.linear_tokens
+        where = (
+            f"prefill, batch 1, {len(set(tokens) | set(self.grid.seq_lens))} token counts "
+            f"{min(tokens)}..{max(max(tokens), max(self.grid.seq_lens))}"
+            if tokens
+            else f"{'/'.join(self.phases)}, batch {_span(self.grid.batches)}, seq {_span(self.grid.seq_lens)}, "
+            f"candidates {_span(self.grid.candidates)}"
+        )
+        return f"{self.model.name} {' '.join(self.ops)}: {where}"
+
+    @cached_property
+    def points(self) -> list[tuple[str, str, int, int, int]]:
+        return list(iter_points(self.model, self.grid, self.ops, self.phases))
+
+    def size(self) -> int:
+        return len(self.points)
+
+
+@dataclass(frozen=True)
+class GemmStage:
+    name: str
+    shapes: tuple[tuple[int, int], ...]  # (k, n) of each weight, sorted
+    tokens: tuple[int, ...]
+    out: str
+    models: tuple[str, ...] = ()  # whose shapes
+    degrees: tuple[int, ...] = TP_DEGREES
+    sources: dict = field(default_factory=dict, compare=False)  # (k, n) -> the preset ops with that shape
+
+    @property
+    def what(self) -> str:
+        whose = "every model preset" if set(self.models) == set(PRESETS) else " ".join(self.models)
+        return (
+            f"{len(self.shapes)} weight shapes (k x n) of {whose} at TP {'/'.join(map(str, self.degrees))}, "
+            f"{len(self.tokens)} token counts {min(self.tokens)}..{max(self.tokens)}"
+        )
+
+    @property
+    def points(self) -> list[tuple[int, int, int]]:
+        """(k, n, m) in measuring order: shape by shape, so a shape's weight is made once."""
+        return [(k, n, m) for k, n in self.shapes for m in self.tokens]
+
+    def size(self) -> int:
+        return len(self.shapes) * len(self.tokens)
+
+
+Stage = CeilingsStage | SweepStage | GemmStage
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: str  # cpu | cuda
+    variant: str  # full | quick
+    dtype: str
+    timer: TimerConfig  # of the sweeps and the GEMM grid
+    stages: tuple[Stage, ...]
+
+    def stage(self, name: str) -> Stage:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise PerfkitError(f"no stage {name!r} in the {self.variant} plan; stages: {', '.join(self.names())}")
+
+    def names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+
+def _span(values: tuple[int, ...]) -> str:
+    return str(values[0]) if len(values) == 1 else f"{min(values)}..{max(values)}"
+
+
+def gemm_shapes(models, degrees=TP_DEGREES) -> dict[tuple[int, int], list[str]]:
+    """(k, n) of every linear op's weight of each model at each tensor-parallel degree that
+    splits it, with the ops that have it (e.g. 'llama-7b@tp2:q'), sorted by shape."""
+    shapes: dict[tuple[int, int], list[str]] = {}
+    for model in models:
+        for tp in degrees:
+            if tp not in model.tensor_parallel_degrees(max(degrees)):
+                continue
+            shard = model.shard(tp)
+            for op in LINEAR_OPS:
+                (matmul,) = op_kernels(op, "prefill", shard, 1, 1, 1)
+                assert isinstance(matmul, Matmul) and matmul.weight
+                shapes.setdefault((int(matmul.k), int(matmul.n)), []).append(f"{shard.name}:{op}")
+    return dict(sorted(shapes.items()))
+
+
+def gemm_stage(models, tokens: tuple[int, ...], dtype: str, degrees=TP_DEGREES) -> GemmStage:
+    shapes = gemm_shapes(models, degrees)
+    names = tuple(m.name for m in models)
+    return GemmStage("gemm-grid", tuple(shapes), tokens, f"gemm/gemm-{dtype}.csv", names, tuple(degrees), shapes)
+
+
+def linear_grid(seq_lens: tuple[int, ...], tokens: tuple[int, ...]) -> Grid:
+    """Linear ops in prefill at batch 1: the token counts `tokens` and the grid's sequence lengths."""
+    return Grid(batches=(1,), seq_lens=seq_lens, candidates=(1,), linear_tokens=tokens)
+
+
+def sweep_stages(models: list[ModelConfig], dtype: str, linear: Grid, attention: Grid) -> list[SweepStage]:
+    """Each model's linear ops, then each model's attention: an interrupted campaign has the
+    GEMMs of every model first, which every latency answer needs."""
+    return [
+        *(
+            SweepStage(f"linear-{m.name}", m, linear, LINEAR_OPS, ("prefill",), f"{m.name}-{dtype}-linear.csv")
+            for m in models
+        ),
+        *(
+            SweepStage(f"attention-{m.name}", m, attention, ATTENTION, PHASES, f"{m.name}-{dtype}-attention.csv")
+            for m in models
+        ),
+    ]
+
+
+def plan_for(device: str, variant: str = "full", dtype: str | None = None) -> Plan:
+    """The campaign for `device` (cpu or cuda): `full`, what a lent GPU measures (the paper's
+    models on the paper grid with linear ops on the fine token grid, every preset's GEMM
+    shapes; on a CPU the sweep's CPU defaults: llama-7b on the quick grid), or `quick`: the
+    bundled model on a few points, every stage of the full plan in small."""
+    if variant not in VARIANTS:
+        raise PerfkitError(f"unknown campaign variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    dtype = check_bench_dtype(check_dtype(dtype or default_dtype(device)))
+    if variant == "quick":
+        model = load_model(QUICK_MODEL)
+        stages = [
+            CeilingsStage("ceilings", (dtype,), QUICK_CEILING_TIMER, streams=device == "cuda"),
+            *sweep_stages([model], dtype, linear_grid((64,), QUICK_TOKENS), Grid((1,), (64,), (1, 8))),
+            gemm_stage([model], QUICK_TOKENS, dtype, degrees=(1, 2)),
+        ]
+        # No cache flush on a CPU: writing twice its last-level cache before every sample would
+        # cost more than the bundled model's kernels.
+        return Plan(device, variant, dtype, replace(QUICK_TIMER, flush_cache=device == "cuda"), tuple(stages))
+    if device == "cuda":
+        models = [load_model(m) for m in DEFAULT_MODELS]
+        linear = linear_grid(PAPER_GRID.seq_lens, fine_token_grid(max(PAPER_GRID.seq_lens)))
+        attention, gemm_tokens, gemm_models = PAPER_GRID, fine_token_grid(GEMM_TOKENS_UP_TO), list(PRESETS.values())
+    else:
+        models = [load_model("llama-7b")]
+        largest = max(QUICK_GRID.seq_lens)
+        powers = tuple(2**k for k in range(largest.bit_length()))  # 1, 2, 4, ..., 512
+        linear, attention, gemm_tokens, gemm_models = (
+            linear_grid(QUICK_GRID.seq_lens, powers),
+            QUICK_GRID,
+            powers,
+            models,
+        )
+    stages = [
+        CeilingsStage("ceilings", None, CEILING_TIMER),
+        *sweep_stages(models, dtype, linear, attention),
+        gemm_stage(gemm_models, gemm_tokens, dtype),
+    ]
+    return Plan(device, variant, dtype, default_timer(device), tuple(stages))
