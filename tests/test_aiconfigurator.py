@@ -97,6 +97,9 @@ def test_the_grid_is_exact_at_its_points_and_keeps_the_staircase_in_m():
     between = grid.time(6000, 16384, 64)
     assert grid.time(5120, 16384, 64) < between < grid.time(6144, 16384, 64)
     assert not grid.outside(8192, 16384, 64) and grid.outside(8192, 100_000, 64)
+    # past the last row (a prefill of 64 x 8192 tokens) the time grows in proportion to the rows
+    last = grid.ms[-1]
+    assert grid.time(8192, 16384, 16 * last) == pytest.approx(16 * grid.time(8192, 16384, last), rel=1e-9)
 
 
 def test_the_stack_is_a_choice_named_in_the_label():

@@ -9,8 +9,9 @@ The grid measures m (token rows) = 1-17, then both sides of each tile edge (32/3
   of a compute-bound GEMM grows linearly with its rows;
 - bilinear in log n and log k of log time: between grid columns a GEMM's time scales as a
   power of its weight's dimensions (bytes and FLOPs both grow linearly in n and k);
-- beyond the grid, extrapolated linearly on the same axes (a shape past 65536 is rare; the
-  `outside` mask says where).
+- beyond the grid, in proportion to m past its last row (32768: compute-bound), and linearly
+  in log n and log k past its columns (a shape past 65536 is rare); the `outside` mask says
+  where.
 
 A stack is named by its engine (`vllm`, `sglang`, `trtllm`) or engine and version
 (`vllm-0.24.0`); `vidur` names the per-model profiles (perfmodel.latency.gemm_table), which are
@@ -79,8 +80,11 @@ class GemmGrid:
     def time(self, k, n, m) -> np.ndarray:
         """Seconds of an (m x k) @ (k x n) GEMM, by the grid."""
         m, n, k = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (m, n, k)))
-        points = np.column_stack([m.ravel(), np.log(n.ravel()), np.log(k.ravel())])
-        return np.exp(self._interpolator(points)).reshape(m.shape)
+        # Past the grid's last row a GEMM is compute-bound and its time grows in proportion
+        # to its rows; extrapolating log time linearly in m would grow it exponentially.
+        rows = np.clip(m, self.ms[0], self.ms[-1])
+        points = np.column_stack([rows.ravel(), np.log(n.ravel()), np.log(k.ravel())])
+        return (np.exp(self._interpolator(points)) * (m / rows).ravel()).reshape(m.shape)
 
     def outside(self, k, n, m) -> np.ndarray:
         """True where a point lies beyond the measured grid (an extrapolation)."""
