@@ -14,7 +14,9 @@ another harness's, measured on the whole device.
 
 `python -m perfmodel.latency_check` prints the median and p90 absolute error per device and
 held-out model, and each grid's offset from the profiles (their time / the grid's on the same
-GEMMs: how much slower the profiles' harness measures).
+GEMMs: how much slower the profiles' harness measures). `--bounds` adds two oracles that are
+allowed to look at the held-out rows, and so bound what any prediction of their form could
+reach without them (see `oracle_bounds`).
 """
 
 from __future__ import annotations
@@ -97,11 +99,77 @@ def summary(result: pd.DataFrame) -> pd.DataFrame:
     return result.groupby(["device", "held_out", "trained_on"]).apply(stats, include_groups=False).reset_index()
 
 
+ORACLE_SWEEPS = 20  # alternating-median passes of the two-way fit; it settles in a few
+
+
+def oracle_bounds(result: pd.DataFrame, max_tokens: int = MAX_TOKENS) -> pd.DataFrame:
+    """Two oracles per device and held-out model, each fitted on the held-out rows themselves:
+
+    - `per shape x token count`: `combined` times one factor per held-out GEMM shape and one per
+      token count (a two-way fit of log measured / predicted by alternating medians): the best
+      any correction that is separable in shape and tokens could do;
+    - `best other staircase`: each held-out shape's own curve over tokens replaced by the other
+      model's best-matching shape's curve (chosen by its p90 on the held-out rows), levelled by
+      their median ratio: the best any borrowing of a measured staircase could do.
+
+    What either leaves is staircase that belongs to the held-out shape alone."""
+    rows = []
+    for (device, held_out), part in result.groupby(["device", "held_out"]):
+        log_ratio = np.log(part["time_s"] / part["combined_s"])
+        shape = part["k"].astype(str) + "x" + part["n"].astype(str)
+        by_tokens = log_ratio * 0
+        for _ in range(ORACLE_SWEEPS):
+            by_shape = (log_ratio - by_tokens).groupby(shape).transform("median")
+            by_tokens = (log_ratio - by_shape).groupby(part["m"]).transform("median")
+        two_way = np.abs(np.exp(log_ratio - by_shape - by_tokens) - 1)
+        borrowed = best_other_staircase(part, device, held_out, max_tokens)
+        for name, error in (("per shape x token count", two_way), ("best other staircase", borrowed)):
+            rows.append(
+                {
+                    "device": device,
+                    "held_out": held_out,
+                    "oracle": name,
+                    "median": float(np.median(error)),
+                    "p90": float(np.quantile(error, 0.9)),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def best_other_staircase(held: pd.DataFrame, device: str, held_out: str, max_tokens: int) -> np.ndarray:
+    """|error| of each held-out shape's curve against the best levelled curve of another model's."""
+    others = [gemm_rows(pd.read_csv(p)) for p in stored_profiles(device) if p.stem != held_out]
+    train = pd.concat(others, ignore_index=True)
+    curves = {
+        shape: rows.set_index("m")["time_s"] for shape, rows in train[train["m"] <= max_tokens].groupby(["k", "n"])
+    }
+    errors = []
+    for _, part in held.groupby(["k", "n"]):
+        measured = part.set_index("m")["time_s"]
+        best = None
+        for curve in curves.values():
+            theirs = curve.reindex(measured.index)
+            if theirs.isna().any():
+                continue
+            log_ratio = np.log(measured / theirs)
+            error = np.abs(np.exp(log_ratio - log_ratio.median()) - 1).to_numpy()
+            if best is None or np.quantile(error, 0.9) < np.quantile(best, 0.9):
+                best = error
+        if best is not None:
+            errors.append(best)
+    return np.concatenate(errors)
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.latency_check", description=__doc__.split("\n\n")[0])
     options.gpu(p, many=True, default="every measured device with profiles")
     p.add_argument(
         "--max-tokens", type=positive_int, default=MAX_TOKENS, help="largest token count checked (default 1024)"
+    )
+    p.add_argument(
+        "--bounds",
+        action="store_true",
+        help="also print two oracles fitted on the held-out rows: how far any prediction of their form could get",
     )
     return p
 
@@ -115,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         raise PerfkitError(
             f"--gpu {' '.join(unmeasured)}: no stored profiles to check; profiled: {', '.join(profiled)}"
         )
-    table = summary(pd.concat([leave_one_model_out(d, args.max_tokens) for d in devices], ignore_index=True))
+    result = pd.concat([leave_one_model_out(d, args.max_tokens) for d in devices], ignore_index=True)
+    table = summary(result)
     shown = table.copy()
     for column in [c for c in table.columns if c.endswith(("_median", "_p90"))]:
         shown[column] = [f"{v:.1%}" for v in table[column]]
@@ -123,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     print(shown.drop(columns=["trained_on"]).to_string(index=False))
     print("\nThe latency source predicts an unseen shape by `combined`. Each grid's offset from the profiles:")
     print(pd.concat([grid_offsets(d) for d in devices], ignore_index=True).to_string(index=False))
+    if args.bounds:
+        bounds = oracle_bounds(result, args.max_tokens)
+        for column in ("median", "p90"):
+            bounds[column] = [f"{v:.1%}" for v in bounds[column]]
+        print("\nOracles fitted on the held-out rows themselves (not allowed in use; they bound what a prediction")
+        print("of their form could reach):")
+        print(bounds.to_string(index=False))
     return 0
 
 

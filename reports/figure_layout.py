@@ -158,6 +158,13 @@ OFFSETS = {
     "far below": ((0, -16), "center", "top"),
     "far right": ((14, 8), "left", "bottom"),
     "far left": ((-14, -8), "right", "top"),
+    # a second ring, for crowded points (several devices' lines meeting at one batch)
+    "far below right": ((12, -16), "left", "top"),
+    "far above left": ((-12, 16), "right", "bottom"),
+    "far above right": ((12, 16), "left", "bottom"),
+    "far below left": ((-12, -16), "right", "top"),
+    "farther below": ((0, -28), "center", "top"),
+    "farther above": ((0, 28), "center", "bottom"),
 }
 
 

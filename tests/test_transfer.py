@@ -23,10 +23,10 @@ from perfmodel.transfer_check import main as transfer_check
 
 MEASURED = ("a100-sxm", "h100-sxm", "h200", "l40s")
 # The acceptance line (issue 24): median <= 10% per device, leave one device out, vLLM's grids.
-# Measured on the shipped grids: a100-sxm 11.4% and l40s 11.2% miss it (docs/results/leave-one-device-out.md:
+# Measured on the shipped grids: a100-sxm 10.6% and l40s 11.2% miss it (docs/results/leave-one-device-out.md:
 # no other Ampere or HBM2e device for the A100, no other Ada or GDDR device for the L40S). strict: the day
 # they meet it, this test says so.
-SHORT_OF_THE_LINE = {"a100-sxm": "11.4% measured", "l40s": "11.2% measured"}
+SHORT_OF_THE_LINE = {"a100-sxm": "10.6% measured", "l40s": "11.2% measured"}
 
 
 def errors(engine: str) -> dict:
@@ -95,6 +95,20 @@ def test_bandwidth_moves_memory_bound_gemms_and_the_sustained_clock_compute_boun
     assert memory.time(*prefill) / base.time(*prefill) < 1.2
     assert clock.time(*prefill) / base.time(*prefill) == pytest.approx(2.0, rel=0.1)
     assert clock.time(*decode) / base.time(*decode) < 1.1
+
+
+def test_the_kernel_floor_is_counted_in_cycles_of_the_targets_clock():
+    spec = find_spec("a40")
+    base = transferred_gemm(spec, "vllm", "fp16")
+    half_clock = transferred_gemm(
+        dataclasses.replace(spec, sustained_clock_mhz=spec.sustained_clock_mhz / 2), "vllm", "fp16"
+    )
+    assert half_clock.floor_s == pytest.approx(2 * base.floor_s)
+    assert half_clock.time(256, 256, 1) / base.time(256, 256, 1) == pytest.approx(2.0, rel=0.15)  # a tiny GEMM
+    # The measured floors the cycles come from: the A100's tiny GEMMs are the slowest, at the lowest clock.
+    floors = {d.spec.key: d.floor_s for d in transferred_gemm("a40", "vllm", "fp16").donors}
+    assert floors["a100-sxm"] > 1.3 * floors["h100-sxm"] > 1.3 * 2e-6
+    assert "kernel floor" in base.label
 
 
 def test_wave_quantization_charges_a_part_empty_last_wave():

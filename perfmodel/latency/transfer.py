@@ -19,8 +19,12 @@ roofline here is made of, and why:
   measured on each donor (m <= 16, n and k >= 4096: 0.70 on A100's HBM2e, 0.77-0.83 on
   Hopper's HBM3/HBM3e, 0.81 on L40S's GDDR6 in the vLLM harness); the target takes that of
   the donors of its memory class, else of its family (HBM, GDDR), else of all;
-- the two add (a kernel overlaps little of its loads with its math at these sizes), plus the
-  datasheet roofline's 3 us per kernel (perfmodel.hardware.efficiencies).
+- the two add (a kernel overlaps little of its loads with its math at these sizes), plus a
+  per-kernel floor that is a number of clock cycles, not of microseconds: each donor's floor is
+  its grid's median time of tiny GEMMs (m <= 16, n and k <= 1024), and the target's is the
+  donors' floor in cycles at its own sustained clock. The grids say so: 4.2 us on the A100 at
+  1410 MHz, 3.0 on Hopper at 1830 and 2.7 on the L40S at 2040 (vLLM), 5900-5400 cycles each.
+  A fixed 3 us floor (the datasheet roofline's) is the `fixed floor` variant of the ablation.
 
 The staircase in m is the donor's, at the same m: tile edges are the kernels' (the same tiles
 on every device), and the wave term above carries what the SM count changes. Scaling m by
@@ -62,6 +66,8 @@ SHARE_MAX_M, SHARE_MIN_NK = 16, 4096
 # every hidden, head, MLP and vocabulary width of the model presets at TP 1-8 lies in 1024-65536
 # but for llama-3's 128256-token vocabulary, and 8192 tokens covers prefill of every batch.
 CHECK_MAX_M, CHECK_MIN_NK, CHECK_MAX_NK = 8192, 1024, 65536
+# Where a donor's per-kernel floor is measured: GEMMs too small to be bound by anything else.
+FLOOR_MAX_M, FLOOR_MAX_NK = 16, 1024
 # Similarity penalties (see the module doc).
 GENERATION_PENALTY, FAMILY_PENALTY, SM_PENALTY, L2_PENALTY = 3.0, 1.0, 2.0, 0.5
 
@@ -76,6 +82,7 @@ class Method:
     clock: str = "sustained"  # sustained | datasheet (the boost-clock peak)
     weights: str = "similarity"  # similarity | equal
     shares: bool = True  # False: every device reaches the same share of its datasheet bandwidth
+    floor: str = "cycles"  # cycles: the donors' floor in clock cycles; fixed: 3 us on every device
 
 
 METHOD = Method()
@@ -87,18 +94,20 @@ VARIANTS = {
     "m scaled by SMs": Method(m_scaled=True),
     "max roofline": Method(roofline="max"),
     "equal weights": Method(weights="equal"),
+    "fixed floor": Method(floor="fixed"),
 }
 
 
 @dataclass(frozen=True)
 class Donor:
-    """A measured device lending its grid: weight (normalized over the donors) and the share
-    of its datasheet bandwidth its memory-bound GEMMs reach."""
+    """A measured device lending its grid: weight (normalized over the donors), the share
+    of its datasheet bandwidth its memory-bound GEMMs reach and its per-kernel floor."""
 
     spec: HardwareSpec
     grid: GemmGrid
     weight: float
     share: float
+    floor_s: float
 
     @property
     def name(self) -> str:
@@ -118,15 +127,24 @@ class TransferredGemm:
     share_basis: str  # which donors it comes from
     method: Method = field(default=METHOD)
 
+    @property
+    def floor_s(self) -> float:
+        """The target's per-kernel floor: the donors' weighted floor in cycles at its clock."""
+        if self.method.floor == "fixed":
+            return OVERHEAD_S
+        cycles = sum(d.weight * d.floor_s * sustained_clock_hz(d.spec) for d in self.donors)
+        return cycles / sustained_clock_hz(self.spec)
+
     def time(self, k, n, m) -> np.ndarray:
         """Seconds of an (m x k) @ (k x n) GEMM: the weighted geometric mean over donors."""
         m, n, k = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (m, n, k)))
-        own = roofline(self.spec, self.share, m, n, k, self.dtype, self.method)
+        own = roofline(self.spec, self.share, m, n, k, self.dtype, self.method, self.floor_s)
         log_time = np.zeros(m.shape)
         for donor in self.donors:
             scaled = self.method.m_scaled and self.spec.sm_count and donor.spec.sm_count
             dm = np.maximum(1.0, m * donor.spec.sm_count / self.spec.sm_count) if scaled else m
-            theirs = roofline(donor.spec, donor.share, dm, n, k, self.dtype, self.method)
+            floor = donor.floor_s if self.method.floor == "cycles" else OVERHEAD_S
+            theirs = roofline(donor.spec, donor.share, dm, n, k, self.dtype, self.method, floor)
             log_time += donor.weight * np.log(donor.grid.time(k, n, dm) * own / theirs)
         return np.exp(log_time)
 
@@ -145,11 +163,21 @@ class TransferredGemm:
         memory = self.spec.memory_type or "its memory"
         return (
             f"GEMMs transferred to {self.spec.key} from {lent} by physics (sustained tensor clock, {memory} bandwidth "
-            f"share {self.share:.2f} of {self.share_basis}, SM waves) ({error_summary(self.engine, self.dtype)})"
+            f"share {self.share:.2f} of {self.share_basis}, SM waves, a {1e6 * self.floor_s:.1f} us kernel floor: "
+            f"the donors' in cycles at its clock) ({error_summary(self.engine, self.dtype)})"
         )
 
 
-def roofline(spec: HardwareSpec, share: float, m, n, k, dtype: str = "bf16", method: Method = METHOD) -> np.ndarray:
+def roofline(
+    spec: HardwareSpec,
+    share: float,
+    m,
+    n,
+    k,
+    dtype: str = "bf16",
+    method: Method = METHOD,
+    floor_s: float = OVERHEAD_S,
+) -> np.ndarray:
     """The transfer's roofline of one device, seconds (see the module doc). A spec without
     an SM count gets no wave term."""
     flops = spec.sustained_flops(dtype) if method.clock == "sustained" else spec.peak_flops(dtype)
@@ -159,7 +187,15 @@ def roofline(spec: HardwareSpec, share: float, m, n, k, dtype: str = "bf16", met
         compute = compute * np.ceil(tiles / spec.sm_count) * spec.sm_count / tiles
     memory = ELEMENT_BYTES * (m * k + k * n + m * n) / (spec.bandwidth * (share if method.shares else 1.0))
     combined = compute + memory if method.roofline == "sum" else np.maximum(compute, memory)
-    return combined + OVERHEAD_S
+    return combined + floor_s
+
+
+def sustained_clock_hz(spec: HardwareSpec) -> float:
+    """The SM clock a per-kernel benchmark runs at: sustained, else the tensor peak's, else boost."""
+    mhz = spec.sustained_clock_mhz or spec.tensor_clock_mhz or spec.boost_clock_mhz
+    if not mhz:
+        raise PerfkitError(f"{spec.key}: no SM clock in its spec (sustained_clock_mhz or boost_clock_mhz)")
+    return mhz * 1e6
 
 
 def similarity(target: HardwareSpec, donor: HardwareSpec) -> float:
@@ -196,6 +232,16 @@ def bandwidth_share(device_key: str, stack: str, dtype: str) -> float:
     return float(np.median(achieved)) / find_spec(device_key).bandwidth
 
 
+@functools.lru_cache(maxsize=64)
+def kernel_floor(device_key: str, stack: str, dtype: str) -> float:
+    """The median time of the grid's tiny GEMMs (m <= 16, n and k <= 1024): the per-kernel floor."""
+    rows = measured_points(device_key, stack, dtype)
+    rows = rows[(rows["m"] <= FLOOR_MAX_M) & (rows["n"] <= FLOOR_MAX_NK) & (rows["k"] <= FLOOR_MAX_NK)]
+    if not len(rows):
+        raise PerfkitError(f"{device_key} {stack}: no GEMMs with m <= {FLOOR_MAX_M}, n and k <= {FLOOR_MAX_NK}")
+    return float(rows["time_s"].median())
+
+
 def engine_stacks(engine: str) -> dict[str, str]:
     """Device key -> its stack of `engine` (e.g. vllm-0.24.0), for every device with a grid of it."""
     if engine not in ENGINES:
@@ -229,7 +275,10 @@ def transferred_gemm(
     total = sum(raw.values())
     donors = tuple(
         sorted(
-            (Donor(specs[key], grids[key], raw[key] / total, shares[key]) for key in specs),
+            (
+                Donor(specs[key], grids[key], raw[key] / total, shares[key], kernel_floor(key, stacks[key], dtype))
+                for key in specs
+            ),
             key=lambda d: -d.weight,
         )
     )
