@@ -19,6 +19,8 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, run
 from perfmodel.latency.attention_table import write_measured_attention
 from perfmodel.latency.source import view_latency
+from perfmodel.latency.tensor_parallel import TensorParallelStep, tensor_parallel_steps
+from perfmodel.latency.traced import TracedStep
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import serving_plan
 from perfmodel.planning.simulations import (
@@ -31,6 +33,7 @@ from perfmodel.planning.simulations import (
     optima_side_by_side,
     summary_lines,
 )
+from perfmodel.planning.step_point import POINT_COLUMNS, point_lines, step_point
 from reports.render import Renderer
 from reports.speedup_figures import submit_speedup_figures
 
@@ -63,10 +66,12 @@ def build_parser():
     options.dtype(p)
     p.add_argument(
         "--step",
-        choices=("paper", "full", "both"),
+        choices=("paper", "full", "traced", "both", "all"),
         default="both",
         help="step latency model: paper = the paper's simplified Llama block (Appendix G.3, reproduces its figures); "
-        "full = the whole model step (all layers, LM head, Medusa heads, verification); both (default) draws both",
+        "full = the whole model step (all layers, LM head, Medusa heads, verification); traced = every kernel the "
+        "reference decoder's step launches, traced on the meta device and priced one by one (with --tree-size); "
+        "both (default) draws paper and full; all = the three (with --tree-size)",
     )
     options.latency(p)
     options.acceptance_rates(p)
@@ -80,6 +85,7 @@ def build_parser():
     )
     options.out(p, f"{DEFAULT_OUT}/<device>-<model>-<dtype>; with several devices, one such subfolder of DIR each")
     options.csv(p, "every device's rows", default="DIR/speedup.csv per device")
+    options.step_point(p)
     options.tp(p)
     options.jobs(p)
     return p
@@ -96,15 +102,66 @@ def tp_line(asked: int | None, tp: int) -> str:
     return f"  tensor parallel: {split}"
 
 
+def point_steps(device, model, dtype: str, flavors, latency, tp: int) -> dict:
+    """Step models of each flavour; a traced one traces the reference decoder's steps."""
+    steps = tensor_parallel_steps(device, model, dtype, tp, latency, [f for f in flavors if f != "traced"])
+    if "traced" in flavors:
+        from decoder.trace import trace_step  # torch loads only when a step is traced
+
+        shard = model.shard(tp)
+        traced = TracedStep(shard, view_latency(device, shard, dtype, latency), dtype, trace_step)
+        comm = steps and next(iter(steps.values())).all_reduce
+        steps["traced"] = TensorParallelStep(traced, tp, comm if tp > 1 else None, dtype)
+    return steps
+
+
+def answer_point(args, model, devices, flavors) -> int:
+    """--tree-size: one tree at one batch and context, on every device asked for."""
+    if args.acceleration is None:
+        raise PerfkitError("--tree-size needs --acceleration (tokens accepted per step with that tree)")
+    frames = []
+    for device in devices:
+        dtype = args.dtype or default_dtype("cpu" if device.is_cpu else "cuda")
+        device.spec.peak_flops(dtype)
+        tp = args.tp or 1
+        steps = point_steps(device, model, dtype, flavors, args.latency, tp)
+        rows = step_point(steps, args.batch, args.context, args.tree_size, args.acceleration)
+        rows = rows.assign(device=device.spec.key, model=model.name, dtype=dtype)[list(POINT_COLUMNS)]
+        print(
+            f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted, batch {args.batch}, context "
+            f"{args.context}, a {args.tree_size}-token tree at acceleration {args.acceleration:g}"
+            + (f", tensor parallel {tp}" if tp > 1 else "")
+        )
+        print(f"  latency: {rows['latency_model'].iloc[0]}")
+        for line in point_lines(steps, rows):
+            print(line)
+        frames.append(rows)
+    table = pd.concat(frames, ignore_index=True)
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.csv, index=False)
+        print(f"csv: {args.csv} ({len(table)} rows)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = build_parser().parse_args(argv)
     model = load_model(args.model)
     if args.dtype:
         check_dtype(args.dtype)
+    if args.acceleration is not None and args.tree_size is None:
+        raise PerfkitError("--acceleration is the tokens per step of one tree: give its size with --tree-size")
+    if args.step in ("traced", "all") and args.tree_size is None:
+        raise PerfkitError(
+            f"--step {args.step} answers one point: give --tree-size and --acceleration (the simulations' "
+            "sweeps are priced by the paper and full steps)"
+        )
     acceptance = resolve_acceptance(args.acceptance_rates)
     devices = choose_devices(args.gpu, args.spec, args.all)
-    flavors = ("paper", "full") if args.step == "both" else (args.step,)
+    flavors = {"both": ("paper", "full"), "all": ("paper", "full", "traced")}.get(args.step, (args.step,))
+    if args.tree_size is not None:
+        return answer_point(args, model, devices, flavors)
     draft = draft_model_table(cost_ratio=args.draft_cost)
 
     planned, skipped = [], []

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("perfmodel.validate", "predict the Medusa speedup, then run the decoder and compare"),
     "latency-check": ("perfmodel.latency_check", "how well the calibrated latency predicts unseen shapes"),
     "transfer-check": ("perfmodel.transfer_check", "how well GEMM latency transfers to unmeasured devices"),
+    "trace": ("decoder.trace", "the kernels of one decoding step, traced on the meta device"),
     "attention-check": ("perfmodel.attention_check", "how well measured attention predicts unmeasured head shapes"),
     "allreduce-compare": ("perfmodel.allreduce_compare", "the ring all-reduce model against measured tables"),
     "sweep": ("profilers.sweep", "time every operator of a decoding step over a grid"),

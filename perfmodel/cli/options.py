@@ -200,5 +200,28 @@ def latency(target: Target) -> None:
     )
 
 
+def step_point(target: Target) -> None:
+    """One point's question: a tree size and an acceleration at one batch and context."""
+    target.add_argument(
+        "--tree-size",
+        type=positive_int,
+        metavar="T",
+        help="answer for one tree of T tokens (root included) instead of the simulations: the plain and Medusa step "
+        "times, overhead (Medusa step / plain step) and speedup (acceleration / overhead); needs --acceleration",
+    )
+    target.add_argument(
+        "--acceleration",
+        type=float,
+        metavar="A",
+        help="with --tree-size: tokens accepted per step with that tree (e.g. measured by python -m decoder.measure)",
+    )
+    target.add_argument(
+        "--batch", type=positive_int, default=1, metavar="B", help="with --tree-size: batch (default 1)"
+    )
+    target.add_argument(
+        "--context", type=positive_int, default=512, metavar="S", help="with --tree-size: cached tokens (default 512)"
+    )
+
+
 def tp(target: Target) -> None:
     target.add_argument("--tp", type=tp_degree, default=1, metavar="N|auto", help=TP_HELP)

@@ -1,0 +1,529 @@
+"""A traced kernel inventory of one decoding step, on PyTorch's meta device.
+
+The decoder's own step (decoder.medusa: candidates, tree forward, acceptance, KV update)
+runs once on a weightless model whose tensors have shapes and no data, and every aten
+operator it dispatches becomes a row: which part of the step, what kind of kernel, its
+GEMM or attention dimensions, FLOPs and bytes moved. A 70B step traces in seconds with no
+memory, so the inventory is the decoder's real kernel sequence at any model size, not a
+model of it.
+
+Meta tensors hold no values, so what the step reads back to the host (an `int(t)`, a
+`.tolist()`) is answered here: a host_sync row, then a value that lets the step go on,
+which makes every sequence accept its root only (see StepRecorder._host_value).
+
+    python -m decoder.trace --model llama-7b --batch 1 --context 512 --tree-size 64 --csv trace.csv
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import astuple, dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from decoder.acceptance import ACCEPT, SCHEMES, AcceptanceConfig
+from decoder.checkpoint import Checkpoint
+from decoder.heads import MedusaHeads
+from decoder.medusa import ROOT_ONLY, STEP_PARTS, Decoder, commit_path
+from decoder.model import KVCache, LlamaConfig, Transformer
+from decoder.tree import TreeBuffers, tree_buffers
+from perfmodel.acceptance.trees import Tree, greedy_tree, max_nodes
+from perfmodel.base.dtypes import default_dtype
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import writable_file
+from perfmodel.cli import Parser, batch_size, options, run, token_count
+from perfmodel.latency.traced import KINDS, TRACE_COLUMNS
+from perfmodel.models.config import ModelConfig, load_model
+from perfmodel.models.operators import HEAD_TOP_K
+
+META = torch.device("meta")
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+# Operators that launch no kernel on a GPU: views and metadata changes, allocations without
+# a fill, and the wrappers torch puts around a constant.
+NO_KERNEL = frozenset(
+    (
+        "view alias _unsafe_view _reshape_alias as_strided t transpose permute expand expand_as slice select "
+        "narrow unsqueeze squeeze unsqueeze_ squeeze_ t_ transpose_ split split_with_sizes unbind chunk diagonal "
+        "detach detach_ view_as movedim unfold _conj conj _neg_view resolve_conj resolve_neg "
+        "empty empty_like empty_strided new_empty new_empty_strided lift_fresh lift_fresh_copy"
+    ).split()
+)
+# Operator names (overload packets) by kind; attention and host syncs are recognised apart.
+GEMMS = frozenset("mm addmm bmm baddbmm matmul".split())
+ATTENTIONS = frozenset(
+    (
+        "scaled_dot_product_attention _scaled_dot_product_attention_math _scaled_dot_product_flash_attention "
+        "_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_efficient_attention "
+        "_scaled_dot_product_cudnn_attention"
+    ).split()
+)
+REDUCTIONS = frozenset(
+    (
+        "mean sum prod amax amin max min aminmax argmax argmin topk sort softmax _softmax log_softmax _log_softmax "
+        "logsumexp cumprod cumsum var std var_mean std_mean multinomial all any norm linalg_vector_norm "
+        "count_nonzero"
+    ).split()
+)
+INDEXING = frozenset(
+    (
+        "index index_put index_put_ _index_put_impl_ gather scatter scatter_ scatter_add scatter_add_ "
+        "scatter_reduce scatter_reduce_ embedding index_select masked_select take index_copy index_copy_ "
+        "index_add index_add_ masked_scatter masked_scatter_ nonzero"
+    ).split()
+)
+COPIES = frozenset("copy_ clone cat stack _to_copy contiguous repeat flip roll".split())
+ELEMENTWISE = frozenset(
+    (
+        "add add_ sub sub_ rsub mul mul_ div div_ neg neg_ rsqrt sqrt pow reciprocal exp exp2 log log2 log1p "
+        "abs sign cos sin tanh sigmoid silu silu_ gelu relu erf floor ceil round trunc remainder fmod "
+        "floor_divide eq ne lt le gt ge where clamp clamp_ clamp_min clamp_max minimum maximum isnan isinf "
+        "nan_to_num logical_and logical_or logical_not logical_xor bitwise_and bitwise_or bitwise_not "
+        "bitwise_xor masked_fill masked_fill_ fill fill_ zero_ zeros zeros_like ones ones_like full full_like "
+        "scalar_tensor arange rand rand_like randn uniform_ normal_ triu tril lerp addcmul addcdiv square"
+    ).split()
+)
+KIND_OF = {
+    **dict.fromkeys(ELEMENTWISE, "elementwise"),
+    **dict.fromkeys(GEMMS, "gemm"),
+    **dict.fromkeys(REDUCTIONS, "reduction"),
+    **dict.fromkeys(INDEXING, "indexing"),
+    **dict.fromkeys(COPIES, "copy"),
+}
+# Kernels that write some elements of a big tensor (a cache layer): they read the source
+# and indices and write as many elements, not the whole destination.
+PARTIAL_WRITES = frozenset(
+    "scatter scatter_ scatter_add scatter_add_ scatter_reduce scatter_reduce_ index_put index_put_ "
+    "_index_put_impl_ index_copy index_copy_ masked_scatter masked_scatter_".split()
+)
+# Kernels that read some rows of a table: each output element read and written, plus the indices.
+GATHERS = frozenset("index gather embedding index_select take masked_select".split())
+# In-place kernels that overwrite their destination without reading it.
+OVERWRITES = frozenset("copy_ fill_ zero_".split())
+# Whose integer outputs are positions in a tensor: read back, the trace answers them with 0.
+POSITIONS = frozenset("argmax argmin topk sort max min multinomial nonzero".split())
+LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+TO_COPY = torch.ops.aten._to_copy.default
+COPY_INTO = torch.ops.aten.copy_.default
+COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
+@dataclass
+class TraceRow:
+    """One kernel of the step; the fields are TRACE_COLUMNS, in order."""
+
+    step: str
+    index: int
+    part: str
+    aten: str
+    kind: str
+    dtype: str
+    batch: int = 1
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    q_len: int = 0
+    kv_len: int = 0
+    head_dim: int = 0
+    flops: int = 0
+    bytes: int = 0
+    shapes: str = ""
+
+
+# -- what one operator call is -------------------------------------------------------------
+
+
+def op_name(func) -> str:
+    """`mm`, `mul.Tensor`: the aten name without its namespace, and without `.default`."""
+    packet, overload = func.overloadpacket.__name__, func._overloadname
+    return packet if overload == "default" else f"{packet}.{overload}"
+
+
+def tensors_in(tree) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def nbytes(t: torch.Tensor) -> int:
+    """Bytes of memory behind a tensor: a broadcast (expanded, stride 0) dimension reads the
+    same elements again, from cache, so it counts once (a KV write's index is (B, T) in
+    memory, expanded over heads and head_dim)."""
+    if t.numel() == 0:
+        return 0
+    return int(np.prod([n for n, stride in zip(t.shape, t.stride()) if stride != 0])) * t.element_size()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
+
+
+def shapes_text(tensors: list[torch.Tensor]) -> str:
+    return "x".join("[" + ",".join(map(str, t.shape)) + "]" for t in tensors)
+
+
+def on_device(tensors: list[torch.Tensor]) -> bool:
+    """Whether the call touches the traced device (meta): host-only work is no kernel."""
+    return any(t.is_meta for t in tensors)
+
+
+def gemm_dims(packet: str, inputs: list[torch.Tensor], out: torch.Tensor) -> dict:
+    """batch, m, n, k of (batch x) m x k @ k x n; addmm and baddbmm carry the bias first."""
+    left, right = inputs[1:3] if packet in ("addmm", "baddbmm") else inputs[:2]
+    m, k, n = left.shape[-2], left.shape[-1], right.shape[-1]
+    batch = out.numel() // (m * n)
+    return dict(batch=batch, m=m, n=n, k=k, flops=2 * batch * m * n * k)
+
+
+def attention_dims(q: torch.Tensor, k: torch.Tensor) -> dict:
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    flops = 4 * batch * heads * q_len * kv_len * head_dim
+    return dict(batch=batch, heads=heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=head_dim, flops=flops)
+
+
+def written_elements(packet: str, args: tuple, inputs: list[torch.Tensor]) -> int:
+    """Elements a partial write stores into its destination."""
+    if packet.startswith("scatter"):
+        return args[2].numel()  # scatter(self, dim, index, ...): one element per index
+    if packet.endswith("index_put_") or packet == "index_put":
+        return torch.ops.aten.index.Tensor(args[0], args[1]).numel()  # meta: the shape alone
+    return inputs[-1].numel()  # index_copy, masked_scatter: the source
+
+
+def moved_bytes(packet: str, args: tuple, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
+    """Bytes the kernel reads and writes: its inputs read and outputs written, except where
+    that would count memory it does not touch. A partial write (a KV cache write or move)
+    reads its source and indices and writes as many elements as it stores, not the whole
+    destination; a gather reads as many table elements as it writes, plus the indices; copy_
+    and fill_ write their destination without reading it."""
+    if packet in PARTIAL_WRITES:
+        return sum(map(nbytes, inputs[1:])) + written_elements(packet, args, inputs) * inputs[0].element_size()
+    if packet in GATHERS:
+        return 2 * sum(map(nbytes, outputs)) + sum(map(nbytes, inputs[1:]))
+    if packet in OVERWRITES:
+        return sum(map(nbytes, inputs[1:])) + sum(map(nbytes, outputs))
+    return sum(map(nbytes, inputs)) + sum(map(nbytes, outputs))
+
+
+# -- the recorder --------------------------------------------------------------------------
+
+
+class HostLists(TorchFunctionMode):
+    """torch.tensor(list, device=meta) is made on meta with no copy dispatched, where on a
+    GPU it is a host-to-device copy: make it on the host and copy it, so the copy is traced."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.tensor and kwargs.get("device") is not None:
+            device = kwargs.pop("device")
+            return func(*args, **kwargs).to(device)
+        return func(*args, **kwargs)
+
+
+class StepRecorder(TorchDispatchMode):
+    """Records every kernel the step launches on the meta device, as TraceRows.
+
+    Run under torch.inference_mode (as the decoder's generate runs), the mode sees
+    composite operators such as linear and matmul before torch decomposes them: it
+    decomposes them itself, inside the mode, so a linear layer arrives as its mm. Fused
+    attention is the exception: one row, and its math fallback on meta is not traced."""
+
+    def __init__(self, step: str):
+        super().__init__()
+        self.step, self.part = step, STEP_PARTS[0]
+        self.rows: list[TraceRow] = []
+        self.unclassified: set[str] = set()  # operator names taken for elementwise by default
+        # Tensors holding positions (argmax, ...) by id, kept alive so that no id is reused
+        # (meta tensors cost no memory); a WeakSet would compare tensors with ==.
+        self.positions: dict[int, torch.Tensor] = {}
+
+    @contextmanager
+    def phase(self, part: str) -> Iterator[None]:
+        self.part = part
+        yield
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        packet = func.overloadpacket.__name__
+        if packet in ATTENTIONS:
+            out = func(*args, **kwargs)  # the mode is off in here: the math fallback goes untraced
+            self._attention(func, args, out)
+            return out
+        synced = self._host_sync(func, args, kwargs)
+        if synced is not None:
+            return synced
+        if func.has_kernel_for_dispatch_key(COMPOSITE):
+            with self:  # linear, matmul, to, item, ...: their parts come back through this mode
+                return func.decompose(*args, **kwargs)
+        out = func(*args, **kwargs)
+        inputs, outputs = tensors_in((args, kwargs)), tensors_in(out)
+        if not outputs or not on_device(inputs + outputs):
+            return out
+        if packet in NO_KERNEL:
+            if any(id(t) in self.positions for t in inputs):
+                self._hold_positions(outputs)  # a view of positions still holds positions
+            return out
+        if packet in POSITIONS:
+            self._hold_positions(t for t in outputs if not t.is_floating_point())
+        self._kernel(func, packet, args, inputs, outputs)
+        return out
+
+    def _hold_positions(self, tensors) -> None:
+        self.positions.update((id(t), t) for t in tensors)
+
+    # -- rows ----------------------------------------------------------------------------------
+
+    def _add(self, func, kind: str, dtype: torch.dtype, inputs: list[torch.Tensor], note: str = "", **values) -> None:
+        self.rows.append(
+            TraceRow(
+                self.step,
+                len(self.rows),
+                self.part,
+                op_name(func),
+                kind,
+                dtype_name(dtype),
+                shapes=shapes_text(inputs) + note,
+                **values,
+            )
+        )
+
+    def _kernel(self, func, packet: str, args: tuple, inputs: list[torch.Tensor], outputs: list[torch.Tensor]):
+        kind = KIND_OF.get(packet)
+        if kind is None:
+            self.unclassified.add(packet)
+            kind = "elementwise"
+        values = gemm_dims(packet, inputs, outputs[0]) if kind == "gemm" else {}
+        values["bytes"] = moved_bytes(packet, args, inputs, outputs)
+        # A host tensor (torch.tensor of a list, a numpy array) copied to the device.
+        note = " host->device" if packet == "_to_copy" and not inputs[0].is_meta else ""
+        self._add(func, kind, outputs[0].dtype, inputs, note=note, **values)
+
+    def _attention(self, func, args: tuple, out) -> None:
+        q, k, v = args[:3]
+        output = tensors_in(out)[0]
+        moved = nbytes(q) + nbytes(k) + nbytes(v) + nbytes(output)  # the scores never reach memory
+        self._add(func, "attention", q.dtype, tensors_in(args), bytes=moved, **attention_dims(q, k))
+
+    # -- reading back from the device -----------------------------------------------------------
+
+    def _host_sync(self, func, args: tuple, kwargs: dict):
+        """A read of device values by the host: recorded, and answered (None: not one)."""
+        if func is LOCAL_SCALAR and args[0].is_meta:
+            source = args[0]
+            answer = self._host_value(source)
+        elif func is TO_COPY and args[0].is_meta and kwargs.get("device") == torch.device("cpu"):
+            source = args[0]
+            answer = self._host_copy(source.shape, kwargs.get("dtype") or source.dtype)
+        elif func is COPY_INTO and args[1].is_meta and not args[0].is_meta:
+            source = args[1]
+            answer = args[0].copy_(self._host_copy(args[0].shape, args[0].dtype))
+        else:
+            return None
+        self._add(func, "host_sync", source.dtype, [source], bytes=nbytes(source))
+        return answer
+
+    def _host_value(self, source: torch.Tensor):
+        """What a meta scalar reads as: 0 for a position (the first path, the first token),
+        1 for any other integer (a count: the root is accepted), False, 0.0 (no draft
+        passes a probability test): so every sequence accepts its root only."""
+        if source.dtype == torch.bool:
+            return False
+        if source.is_floating_point():
+            return 0.0
+        return 0 if id(source) in self.positions else 1
+
+    @staticmethod
+    def _host_copy(shape, dtype: torch.dtype) -> torch.Tensor:
+        """A device tensor copied to the host: zeros (indices, tokens, flags), or ones for
+        floating values, a distribution torch.multinomial accepts (rejection sampling draws
+        from the host copy)."""
+        return torch.ones(shape, dtype=dtype) if dtype.is_floating_point else torch.zeros(shape, dtype=dtype)
+
+
+# -- the step -------------------------------------------------------------------------------
+
+
+def llama_config(model: ModelConfig) -> LlamaConfig:
+    """The decoder's config for a cost-model preset (shapes only: RoPE and norm constants
+    are the defaults, which change no kernel)."""
+    return LlamaConfig(
+        vocab_size=model.vocab_size,
+        hidden_size=model.hidden_size,
+        intermediate_size=model.intermediate_size,
+        num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_heads,
+        num_key_value_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        max_position_embeddings=model.max_context or LlamaConfig.max_position_embeddings,
+        tie_word_embeddings=model.tie_word_embeddings,
+        medusa_num_heads=model.medusa_heads,
+    )
+
+
+def weightless_decoder(model: ModelConfig, dtype: torch.dtype, medusa: bool) -> Decoder:
+    """A Decoder over a model (and, for Medusa, heads) built on meta: shapes, no weights."""
+    config = llama_config(model)
+    with torch.device(META):
+        transformer = Transformer(config).to(dtype).eval()
+        heads = MedusaHeads(config.hidden_size, config.vocab_size, model.medusa_heads).to(dtype) if medusa else None
+    return Decoder(Checkpoint(None, config, transformer, heads, None, None, {}), str(META))
+
+
+def head_accuracy(heads: int, topk: int) -> np.ndarray:
+    """Head accuracies falling with depth and rank (a_k^(i) = 0.6^(k+1) / (i+1)): only the
+    tree's shape depends on them, and any node count up to the complete tree is reachable."""
+    return 0.6 ** np.arange(1, heads + 1)[:, None] / np.arange(1, topk + 1)[None, :]
+
+
+def step_tree(candidates: int, heads: int, topk: int) -> Tree:
+    """The static tree of a step: the root alone, or the greedy tree of `candidates` tokens."""
+    if candidates == 1:
+        return ROOT_ONLY
+    return greedy_tree(head_accuracy(heads, topk), candidates - 1)
+
+
+def check_step(model: ModelConfig, batch: int, context: int, candidates: int, dtype: str, acceptance: str) -> None:
+    for name, value in (("batch", batch), ("context", context), ("tree size", candidates)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PerfkitError(f"{name} must be an integer >= 1, got {value!r}")
+    if dtype not in TORCH_DTYPES:
+        raise PerfkitError(f"the decoder runs {', '.join(TORCH_DTYPES)}; got dtype {dtype!r}")
+    if acceptance not in ACCEPT:
+        raise PerfkitError(f"unknown acceptance {acceptance!r}; choose one of: {', '.join(ACCEPT)}")
+    if candidates > 1:
+        if model.medusa_heads < 1:
+            raise PerfkitError(f"{model.name} has no Medusa heads: only tree size 1 (plain decoding) can be traced")
+        largest = max_nodes(model.medusa_heads, HEAD_TOP_K) + 1
+        if candidates > largest:
+            raise PerfkitError(
+                f"tree size {candidates} is more than {model.name}'s {model.medusa_heads} Medusa heads x "
+                f"top-{HEAD_TOP_K} allow: at most {largest} tokens"
+            )
+    if model.max_context is not None and context + candidates > model.max_context:
+        raise PerfkitError(
+            f"context {context} + tree size {candidates} exceed {model.name}'s context of {model.max_context} tokens"
+        )
+
+
+def run_step(
+    decoder: Decoder, recorder: StepRecorder, static: TreeBuffers, batch: int, context: int, acceptance: str
+) -> None:
+    """One iteration of Decoder.generate's loop, part by part, on a cache of `context`
+    tokens per sequence."""
+    config, dtype = decoder.model.config, next(decoder.model.parameters()).dtype
+    topk = HEAD_TOP_K if decoder.heads is not None else 1
+    cache = KVCache(config, batch, context + 2 * static.size + 1, META, dtype)
+    lengths, roots = [context] * batch, [0] * batch
+    last_hidden = torch.empty(batch, config.hidden_size, device=META, dtype=dtype)
+    accept, settings = ACCEPT[acceptance], AcceptanceConfig(scheme=acceptance)
+    generator = torch.Generator().manual_seed(0)  # on the host, as generate's
+    with torch.inference_mode(), HostLists(), recorder:
+        with recorder.phase("candidates"):
+            buffers, candidates = decoder._candidates(roots, last_hidden, static, 0, topk)
+        with recorder.phase("forward"):
+            hidden, logits = decoder._tree_forward(candidates, buffers, lengths, cache)
+        with recorder.phase("verification"):
+            verdicts = [accept(candidates[b], logits[b], buffers[b], settings, generator) for b in range(batch)]
+        with recorder.phase("kv_update"):
+            for b, (path, _) in enumerate(verdicts):
+                commit_path(cache, lengths, b, path, hidden, last_hidden, candidates)
+
+
+def trace_step(
+    config: ModelConfig, batch: int, context: int, candidates: int, dtype: str = "fp16", acceptance: str = "greedy"
+) -> pd.DataFrame:
+    """Every kernel of one decoding step of `batch` sequences with `context` cached tokens
+    each: plain decoding for candidates == 1, else a Medusa step over a tree of that many
+    tokens. Columns TRACE_COLUMNS; attrs["unclassified"] lists operator names counted as
+    elementwise only because no table names them."""
+    check_step(config, batch, context, candidates, dtype, acceptance)
+    medusa = candidates > 1
+    decoder = weightless_decoder(config, TORCH_DTYPES[dtype], medusa)
+    heads, topk = (len(decoder.heads), HEAD_TOP_K) if medusa else (0, 1)
+    static = tree_buffers(step_tree(candidates, heads, topk), heads, topk, str(META))
+    recorder = StepRecorder("medusa" if medusa else "plain")
+    run_step(decoder, recorder, static, batch, context, acceptance)
+    trace = pd.DataFrame([astuple(r) for r in recorder.rows], columns=list(TRACE_COLUMNS))
+    trace.attrs["unclassified"] = sorted(recorder.unclassified)
+    return trace
+
+
+def kernel_summary(trace: pd.DataFrame) -> pd.DataFrame:
+    """Per step and kind (in KINDS order, every kind listed): kernels, bytes and FLOPs."""
+    totals = trace.groupby(["step", "kind"], sort=False)[["index", "bytes", "flops"]].agg(
+        kernels=("index", "size"), bytes=("bytes", "sum"), flops=("flops", "sum")
+    )
+    steps = list(dict.fromkeys(trace["step"]))
+    grid = pd.MultiIndex.from_product([steps, KINDS], names=["step", "kind"])
+    return totals.reindex(grid, fill_value=0).reset_index()
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m decoder.trace", description=__doc__.split("\n\n")[0])
+    options.model(p)
+    p.add_argument("--batch", type=batch_size, default=1, metavar="B", help="sequences per step (default %(default)s)")
+    p.add_argument(
+        "--context",
+        type=token_count,
+        default=512,
+        metavar="S",
+        help="tokens each sequence has cached before the step (default %(default)s)",
+    )
+    p.add_argument(
+        "--tree-size",
+        type=token_count,
+        default=64,
+        metavar="T",
+        help="tokens of the Medusa step's tree, root included; the plain step is traced too (default %(default)s)",
+    )
+    options.dtype(p, allowed=tuple(TORCH_DTYPES))
+    options.acceptance(p, choices=SCHEMES)
+    options.csv(p, "every kernel of both steps")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    model = load_model(args.model)
+    dtype = args.dtype or default_dtype("cuda")  # the inventory is of a GPU's step
+    sizes = list(dict.fromkeys((1, args.tree_size)))  # the plain step, then the Medusa step
+    for size in sizes:  # every refusal before any tracing
+        check_step(model, args.batch, args.context, size, dtype, args.acceptance)
+    if args.csv:
+        writable_file(args.csv, "trace table (--csv)")
+    traces = []
+    for size in sizes:
+        started = time.perf_counter()
+        trace = trace_step(model, args.batch, args.context, size, dtype, args.acceptance)
+        seconds = time.perf_counter() - started
+        traces.append(trace)
+        step = trace["step"].iloc[0]
+        print(
+            f"{model.name} {step} step, batch {args.batch}, context {args.context}, {size} token(s) per sequence, "
+            f"{dtype}: {len(trace)} kernels, traced in {seconds:.2f} s"
+        )
+        summary = kernel_summary(trace).drop(columns="step")
+        print(summary.to_string(index=False, formatters={"bytes": "{:,}".format, "flops": "{:,}".format}))
+        if trace.attrs["unclassified"]:
+            print(f"  counted as elementwise, unknown: {', '.join(trace.attrs['unclassified'])}")
+    if args.csv:
+        pd.concat(traces, ignore_index=True).to_csv(args.csv, index=False)
+        print(f"{args.csv}: {sum(map(len, traces))} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))

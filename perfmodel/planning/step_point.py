@@ -1,0 +1,98 @@
+"""One point's answer: a given tree size and acceleration at one batch and context.
+
+Practitioners who measured their heads' acceptance (tokens per step, the acceleration) ask
+what a step of their tree costs against a plain step and what speedup that buys:
+overhead = Medusa step / plain step, speedup = acceleration / overhead (the paper's
+definitions). One row per step flavour (paper, full, traced)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.step import step_inventory
+from perfmodel.latency.traced import TracedStep, kind_shares
+
+POINT_COLUMNS = (
+    "device",
+    "model",
+    "dtype",
+    "step",
+    "batch",
+    "context",
+    "tree_size",
+    "acceleration",
+    "plain_step_ms",
+    "medusa_step_ms",
+    "overhead",
+    "speedup",
+    "plain_kernels",
+    "medusa_kernels",
+    "latency_model",
+    "source",
+)
+
+
+def _shard(step):
+    """The step model under a tensor-parallel wrapper (or the step itself)."""
+    return getattr(step, "shard_step", step)
+
+
+def kernels_launched(step, batch: int, context: int, candidates: int) -> int:
+    """Kernels one step launches: the trace's rows, or the inventory's op counts (one kernel
+    per op call, the paper and full steps' own accounting)."""
+    inner = _shard(step)
+    if isinstance(inner, TracedStep):
+        return len(inner.priced(batch, context, candidates))
+    return sum(item.count for item in step_inventory(inner.model, inner.flavor, candidates > 1))
+
+
+def step_point(steps: dict, batch: int, context: int, tree_size: int, acceleration: float) -> pd.DataFrame:
+    """Rows (without the device columns) for each flavour's step model in `steps`."""
+    if tree_size < 2:
+        raise PerfkitError(f"--tree-size {tree_size}: a Medusa tree has the root and at least one candidate (>= 2)")
+    if not acceleration >= 1:
+        raise PerfkitError(f"--acceleration {acceleration:g}: tokens per step is at least 1 (the root)")
+    rows = []
+    for flavor, step in steps.items():
+        plain = float(np.asarray(step.step_time(batch, context, 1)).ravel()[0])
+        medusa = float(np.asarray(step.step_time(batch, context, tree_size)).ravel()[0])
+        overhead = medusa / plain
+        rows.append(
+            {
+                "step": flavor,
+                "batch": batch,
+                "context": context,
+                "tree_size": tree_size,
+                "acceleration": acceleration,
+                "plain_step_ms": plain * 1e3,
+                "medusa_step_ms": medusa * 1e3,
+                "overhead": overhead,
+                "speedup": acceleration / overhead,
+                "plain_kernels": kernels_launched(step, batch, context, 1),
+                "medusa_kernels": kernels_launched(step, batch, context, tree_size),
+                "latency_model": step.label if hasattr(step, "label") else _shard(step).latency.label,
+                "source": "predicted",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def point_lines(steps: dict, rows: pd.DataFrame) -> list[str]:
+    """What a person reads: per flavour the two steps, overhead and speedup; for a traced
+    step, the share of the Medusa step's time each kernel class takes."""
+    lines = []
+    for r in rows.itertuples():
+        lines.append(
+            f"  {r.step}: plain step {r.plain_step_ms:.3f} ms ({r.plain_kernels} kernels), Medusa step "
+            f"{r.medusa_step_ms:.3f} ms ({r.medusa_kernels} kernels): overhead {r.overhead:.3f}, speedup "
+            f"{r.speedup:.2f}x at acceleration {r.acceleration:g}"
+        )
+        inner = _shard(steps[r.step])
+        if isinstance(inner, TracedStep):
+            for name, candidates in (("plain", 1), ("Medusa", r.tree_size)):
+                shares = kind_shares(inner.priced(r.batch, r.context, candidates))
+                parts = ", ".join(f"{s.kind} {s.share:.0%} ({s.kernels})" for s in shares.itertuples())
+                lines.append(f"    {name} step time by kernel class (kernels): {parts}")
+    return lines
