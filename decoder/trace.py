@@ -39,7 +39,7 @@ from perfmodel.acceptance.trees import Tree, greedy_tree, max_nodes
 from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import writable_file
-from perfmodel.cli import Parser, batch_size, options, run, token_count
+from perfmodel.cli import Parser, options, run
 from perfmodel.latency.traced import KINDS, TRACE_COLUMNS
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.operators import HEAD_TOP_K
@@ -474,22 +474,8 @@ def kernel_summary(trace: pd.DataFrame) -> pd.DataFrame:
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.trace", description=__doc__.split("\n\n")[0])
     options.model(p)
-    p.add_argument("--batch", type=batch_size, default=1, metavar="B", help="sequences per step (default %(default)s)")
-    p.add_argument(
-        "--context",
-        type=token_count,
-        default=512,
-        metavar="S",
-        help="tokens each sequence has cached before the step (default %(default)s)",
-    )
-    p.add_argument(
-        "--tree-size",
-        type=token_count,
-        default=64,
-        metavar="T",
-        help="tokens of the Medusa step's tree, root included; the plain step is traced too (default %(default)s)",
-    )
-    options.dtype(p, allowed=tuple(TORCH_DTYPES))
+    options.step_point(p, tree_default=64, tree_use="; the plain step is traced too")
+    options.dtype(p, allowed=tuple(TORCH_DTYPES), default_said="fp16: the inventory is of a GPU's step")
     options.acceptance(p, choices=SCHEMES)
     options.csv(p, "every kernel of both steps")
     return p

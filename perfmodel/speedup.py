@@ -85,7 +85,12 @@ def build_parser():
     )
     options.out(p, f"{DEFAULT_OUT}/<device>-<model>-<dtype>; with several devices, one such subfolder of DIR each")
     options.csv(p, "every device's rows", default="DIR/speedup.csv per device")
-    options.step_point(p)
+    options.step_point(
+        p,
+        tree_use=": answer for that one tree instead of the simulations (plain and Medusa step times, overhead "
+        "and speedup); needs --acceleration",
+    )
+    options.acceleration(p)
     options.tp(p)
     options.jobs(p)
     return p

@@ -13,6 +13,7 @@ Flags with one meaning each:
   --dtype                the data type, default fp16 on a GPU and fp32 on a CPU
   --acceptance           the decoder's verification scheme (greedy, typical, ...)
   --acceptance-rates     the performance model's acceptance rates (paper, paper-ln, a record)
+  --batch, --context, --tree-size   one step's shape (step_point)
   --out PATH / --csv FILE   where a command writes its output / its table
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from perfmodel.acceptance.rates import ACCEPTANCE_PRESETS
 from perfmodel.base.dtypes import DTYPES
-from perfmodel.cli.parser import TP_HELP, positive_int, tp_degree
+from perfmodel.cli.parser import TP_HELP, batch_size, positive_int, token_count, tp_degree
 from perfmodel.latency.gemm_grid import ENGINES, VIDUR
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.latency.source import LATENCY_CHOICES
@@ -103,10 +104,13 @@ def device(target: Target, *, default: str | None, default_said: str) -> None:
     )
 
 
-def dtype(target: Target, *, allowed: Sequence[str] = DTYPES) -> None:
+def dtype(
+    target: Target, *, allowed: Sequence[str] = DTYPES, default_said: str = "fp16 on a GPU, fp32 on a CPU"
+) -> None:
     """None when not given: the command takes perfmodel.base.dtypes.default_dtype of its
-    device, which is known only once the device is resolved."""
-    target.add_argument("--dtype", help=f"one of {', '.join(allowed)} (default: fp16 on a GPU, fp32 on a CPU)")
+    device, which is known only once the device is resolved; `default_said` is that rule
+    in words where the command's differs."""
+    target.add_argument("--dtype", help=f"one of {', '.join(allowed)} (default: {default_said})")
 
 
 # How --help describes each scheme decoder.acceptance knows; a scheme not listed is named as is.
@@ -200,26 +204,37 @@ def latency(target: Target) -> None:
     )
 
 
-def step_point(target: Target) -> None:
-    """One point's question: a tree size and an acceleration at one batch and context."""
+def step_point(target: Target, *, tree_default: int | None = None, tree_use: str = "") -> None:
+    """One step's shape: the batch, the cached context and the Medusa tree's size.
+    `tree_default`: the command's tree when none is given (None: no tree unless asked);
+    `tree_use`: what the command does with a tree, said after the shared help."""
+    tree = f"tokens of the Medusa step's tree, root included{tree_use}"
     target.add_argument(
         "--tree-size",
-        type=positive_int,
+        type=token_count,
+        default=tree_default,
         metavar="T",
-        help="answer for one tree of T tokens (root included) instead of the simulations: the plain and Medusa step "
-        "times, overhead (Medusa step / plain step) and speedup (acceleration / overhead); needs --acceleration",
+        help=tree + (" (default %(default)s)" if tree_default is not None else ""),
     )
+    target.add_argument(
+        "--batch", type=batch_size, default=1, metavar="B", help="sequences per step (default %(default)s)"
+    )
+    target.add_argument(
+        "--context",
+        type=token_count,
+        default=512,
+        metavar="S",
+        help="tokens each sequence has cached before the step (default %(default)s)",
+    )
+
+
+def acceleration(target: Target) -> None:
+    """A measured acceptance for one tree: the tokens a step yields."""
     target.add_argument(
         "--acceleration",
         type=float,
         metavar="A",
         help="with --tree-size: tokens accepted per step with that tree (e.g. measured by python -m decoder.measure)",
-    )
-    target.add_argument(
-        "--batch", type=positive_int, default=1, metavar="B", help="with --tree-size: batch (default 1)"
-    )
-    target.add_argument(
-        "--context", type=positive_int, default=512, metavar="S", help="with --tree-size: cached tokens (default 512)"
     )
 
 
