@@ -23,7 +23,9 @@ from decoder.checkpoint import load_checkpoint
 from decoder.heads import topk_accuracy
 from decoder.medusa import STEP_PARTS, Decoder, check_context
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
+from decoder.trace import TORCH_DTYPES
 from decoder.tree import TREE_NAMES, resolve_tree
+from decoder.twin import ReplayRecord, dummy_checkpoint, native_dtype, random_prompts
 from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import expected_acceptance, greedy_tree
 from perfmodel.base.errors import PerfkitError
@@ -56,7 +58,63 @@ def batch_run(batch: int, prompts: int, log=print) -> int:
     return prompts
 
 
+def measure_twin(args) -> dict:
+    """--weights dummy --replay RECORD: plain decoding and every recorded tree of a twin
+    (decoder.twin) timed interleaved; the tokens per step are the record's, replayed, and the
+    tokens/s and speedups are this machine's at the model's real size."""
+    if args.replay is None:
+        raise PerfkitError("--weights dummy needs --replay RECORD (a python -m decoder.measure record to replay)")
+    for given, option in ((args.heads, "--heads"), (args.tree, "--tree"), (args.dynamic, "--dynamic")):
+        if given:
+            raise PerfkitError(f"{option} is for real weights; a twin runs the trees --replay recorded")
+    record = ReplayRecord.load(args.replay)
+    wanted = sorted({n for n in args.sizes if n > 1} & set(record.sizes)) or record.sizes
+    dtype = native_dtype()
+    ckpt = dummy_checkpoint(args.model, TORCH_DTYPES[dtype], medusa_heads=record.accuracy.shape[0], seed=args.seed)
+    check_context(ckpt.config, args.prompt_len, args.new_tokens, "--new-tokens")
+    decoder = Decoder(ckpt)
+    prompts = random_prompts(ckpt.config.vocab_size, args.prompts, args.prompt_len, args.seed)
+    batch = batch_run(args.batch, args.prompts, lambda text: print(text, file=sys.stderr))
+    settings = {"plain": {}} | {f"size-{n}": {"tree": record.tree(n), "replay": record.replay(n)} for n in wanted}
+    for setting in settings.values():  # warm-up, untimed
+        decoder.generate(prompts[:batch], 2, **{**setting, "replay": None})
+    runs = decode_interleaved(decoder, prompts, batch, args.new_tokens, settings, args.rounds, topk=HEAD_TOP_K)
+    baseline = runs["plain"]
+    sizes = [
+        {
+            "tree_size": 1 if name == "plain" else int(name.split("-")[1]),
+            "mean_accepted_tokens": round(mean_accepted(result), 4),
+            "tokens_per_s": round(result.tokens_per_s, 2),
+            "step_s": round(result.decode_s / result.steps, 6),
+            "wall_speedup": round(result.tokens_per_s / baseline.tokens_per_s, 3),
+            "steps": result.steps,
+        }
+        for name, result in runs.items()
+    ]
+    return {
+        "model": str(ckpt.folder),
+        "weights": "dummy",
+        "replayed": str(args.replay),
+        "dtype": dtype,
+        "acceptance": {"scheme": "greedy", "replayed": True},
+        "batch": batch,
+        "prompts": len(prompts),
+        "prompt_tokens": args.prompt_len,
+        "new_tokens_per_prompt": args.new_tokens,
+        "head_topk_accuracy": record.accuracy.tolist(),
+        "per_tree_size": sizes,
+        "best_fixed_tree": max(sizes, key=lambda row: row["wall_speedup"])["tree_size"],
+        "rounds": args.rounds,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+
+
 def measure(args) -> dict:
+    if args.weights == "dummy":
+        return measure_twin(args)
+    if args.replay is not None:
+        raise PerfkitError("--replay is for a twin: give --weights dummy")
     ckpt = load_checkpoint(args.model, args.heads)
     if ckpt.heads is None:
         raise PerfkitError(f"{ckpt.folder} has no Medusa heads (medusa_num_heads in config.json); pass --heads DIR")
@@ -112,6 +170,8 @@ def measure(args) -> dict:
                 "tokens_per_s": round(result.tokens_per_s, 1),
                 "wall_speedup": round(result.tokens_per_s / baseline.tokens_per_s, 3),
                 "steps": result.steps,
+                # what a performance twin replays (decoder.twin): each prompt's accepted paths
+                **({"path_lengths": result.path_lengths} if size > 1 else {}),
                 "lossless": result.tokens == baseline.tokens
                 if not acceptance.samples and acceptance.scheme == "greedy"
                 else None,
@@ -223,6 +283,7 @@ def build_parser() -> Parser:
         action="store_true",
         help="--tree auto: measure this machine's step times again instead of using the cached calibration",
     )
+    options.twin(p)
     options.out(p, None, what="the acceptance record (JSON)", metavar="FILE.json", required=True)
     return p
 
@@ -235,6 +296,14 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_s"] = round(time.perf_counter() - started, 1)
     # Written through the record's one reader, so nothing is written that it would refuse.
     args.out.write_text(json.dumps(AcceptanceRecord.from_dict(report, args.out).to_dict(), indent=1))
+    if report.get("weights") == "dummy":
+        print(f"{args.out}: a twin of {report['model']} ({report['dtype']}, dummy weights), {args.replay} replayed")
+        for row in report["per_tree_size"]:
+            print(
+                f"  tree size {row['tree_size']:>3}: {row['mean_accepted_tokens']:.2f} tokens/step, "
+                f"{row['step_s'] * 1e3:.1f} ms/step, {row['tokens_per_s']:.1f} tokens/s (x{row['wall_speedup']:.2f})"
+            )
+        return 0
     print(
         f"{args.out}: {report['mean_accepted_tokens']:.2f} tokens/step with tree {report['tree']['name']} "
         f"({report['tree']['size']} tokens), {report['tokens_per_s_medusa']:.0f} vs "

@@ -23,7 +23,7 @@ import torch
 from decoder.acceptance import ACCEPT, AcceptanceConfig, next_token
 from decoder.checkpoint import Checkpoint
 from decoder.model import KVCache
-from decoder.tree import TreeBuffers, tree_buffers
+from decoder.tree import TreeBuffers, path_of_length, tree_buffers
 from perfmodel.acceptance.trees import Tree, greedy_tree
 from perfmodel.base.errors import PerfkitError
 from perfmodel.models.operators import HEAD_TOP_K
@@ -38,6 +38,9 @@ class DecodeResult:
     tokens: list[list[int]]  # new tokens of each sequence
     accepted: list[list[int]]  # tokens accepted at each step, per sequence
     tree_sizes: list[int]  # tokens processed per step (tree size)
+    # tokens of each step's accepted path, per sequence, root included, before the cut at the
+    # token budget: what a replay (decoder.twin) needs to do the same work again
+    path_lengths: list[list[int]] = field(default_factory=list)
     times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PARTS, 0.0))
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -178,10 +181,14 @@ class Decoder:
         topk: int = HEAD_TOP_K,
         eos: int | None = None,
         on_tokens=None,
+        replay=None,
     ) -> DecodeResult:
         """Decode every prompt. `tree=None` is plain decoding; a Tree is Medusa with that
         tree; `dynamic_nodes > 0` is Medusa with a per-step dynamic tree of that many nodes.
-        `on_tokens(batch_index, tokens)` is called as tokens are accepted (streaming)."""
+        `on_tokens(batch_index, tokens)` is called as tokens are accepted (streaming).
+        `replay` (decoder.twin.Replay): every step verifies as the scheme does, then keeps
+        a path of the length a recorded run accepted there (its `take(batch)` gives each
+        sequence's lengths), so a model with dummy weights does a real run's work."""
         if max_new_tokens < 1:
             raise PerfkitError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if prompts:
@@ -200,7 +207,8 @@ class Decoder:
         generator = torch.Generator().manual_seed(acceptance.seed)
         accept = ACCEPT[acceptance.scheme]
         batch = len(prompts)
-        result = DecodeResult([[] for _ in prompts], [[] for _ in prompts], [])
+        result = DecodeResult([[] for _ in prompts], [[] for _ in prompts], [], path_lengths=[[] for _ in prompts])
+        replayed = replay.take(batch) if replay is not None else None
         cache = KVCache(
             self.model.config,
             batch,
@@ -226,11 +234,17 @@ class Decoder:
                 self._sync()
                 t2 = time.perf_counter()
                 verdicts = [accept(candidates[b], logits[b], buffers[b], acceptance, generator) for b in range(batch)]
+                if replayed is not None:  # the scheme's verdict is worked out, then the record's length is kept
+                    verdicts = [
+                        (path_of_length(buffers[b], replayed[b][len(result.path_lengths[b]) % len(replayed[b])]), root)
+                        for b, (_, root) in enumerate(verdicts)
+                    ]
                 t3 = time.perf_counter()
                 for b, (path, next_root) in enumerate(verdicts):
                     if done[b]:
                         continue
                     new = commit_path(cache, lengths, b, path, hidden, last_hidden, candidates)
+                    result.path_lengths[b].append(len(path))
                     roots[b] = next_root
                     room = max_new_tokens - len(result.tokens[b])
                     if eos is not None and eos in new[:room]:

@@ -58,6 +58,7 @@ def _append(total: DecodeResult, part: DecodeResult) -> None:
     total.tokens += part.tokens
     total.accepted += part.accepted
     total.tree_sizes += part.tree_sizes
+    total.path_lengths += part.path_lengths
     total.prefill_s += part.prefill_s
     total.decode_s += part.decode_s
     for phase in STEP_PARTS:

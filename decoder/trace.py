@@ -11,16 +11,28 @@ Meta tensors hold no values, so what the step reads back to the host (an `int(t)
 `.tolist()`) is answered here: a host_sync row, then a value that lets the step go on,
 which makes every sequence accept its root only (see StepRecorder._host_value).
 
+Every decoder layer launches the same kernels at the same shapes, and every sequence's
+verification and commit the same ones too (each accepts its root only, at the same context):
+trace_step traces a one-layer model verifying and committing one sequence, and repeats that
+layer's rows num_layers times and that sequence's rows batch times, in place. The table is
+the one an unrolled trace (trace_unrolled: every layer, every sequence) records, row for
+row (tests/test_trace.py checks it), some 10 times faster (a llama-7b step in about 0.04 s
+instead of 0.4 s on two cores), which lets a sweep trace hundreds of points; StepTracer
+traces each point of a sweep once.
+
     python -m decoder.trace --model llama-7b --batch 1 --context 512 --tree-size 64 --csv trace.csv
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
+from itertools import groupby
+from operator import attrgetter
 
 import numpy as np
 import pandas as pd
@@ -141,6 +153,9 @@ class TraceRow:
     shapes: str = ""
 
 
+ROW_VALUES = attrgetter(*TRACE_COLUMNS)  # a row's values in column order (dataclasses.astuple copies deeply: slow)
+
+
 # -- what one operator call is -------------------------------------------------------------
 
 
@@ -242,6 +257,10 @@ class StepRecorder(TorchDispatchMode):
         super().__init__()
         self.step, self.part = step, STEP_PARTS[0]
         self.rows: list[TraceRow] = []
+        # Per row, what repeats it: ("layer", i) inside decoder layer i, ("sequence", part, b)
+        # in sequence b's verification or commit, else None (see repeated_runs).
+        self.tags: list[tuple | None] = []
+        self.tag: tuple | None = None
         self.unclassified: set[str] = set()  # operator names taken for elementwise by default
         # Tensors holding positions (argmax, ...) by id, kept alive so that no id is reused
         # (meta tensors cost no memory); a WeakSet would compare tensors with ==.
@@ -251,6 +270,14 @@ class StepRecorder(TorchDispatchMode):
     def phase(self, part: str) -> Iterator[None]:
         self.part = part
         yield
+
+    @contextmanager
+    def tagged(self, tag: tuple) -> Iterator[None]:
+        self.tag = tag
+        try:
+            yield
+        finally:
+            self.tag = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -284,6 +311,7 @@ class StepRecorder(TorchDispatchMode):
     # -- rows ----------------------------------------------------------------------------------
 
     def _add(self, func, kind: str, dtype: torch.dtype, inputs: list[torch.Tensor], note: str = "", **values) -> None:
+        self.tags.append(self.tag)
         self.rows.append(
             TraceRow(
                 self.step,
@@ -415,11 +443,39 @@ def check_step(model: ModelConfig, batch: int, context: int, candidates: int, dt
         )
 
 
+@contextmanager
+def layer_tags(decoder: Decoder, recorder: StepRecorder) -> Iterator[None]:
+    """Tag the rows each decoder layer dispatches with ("layer", i), through module hooks
+    (removed on leaving, so a decoder is traced again cleanly)."""
+
+    def enter(i):
+        return lambda module, args: setattr(recorder, "tag", ("layer", i))
+
+    def leave(module, args, output):
+        recorder.tag = None
+
+    handles = []
+    for i, layer in enumerate(decoder.model.model.layers):
+        handles += [layer.register_forward_pre_hook(enter(i)), layer.register_forward_hook(leave)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def run_step(
-    decoder: Decoder, recorder: StepRecorder, static: TreeBuffers, batch: int, context: int, acceptance: str
+    decoder: Decoder,
+    recorder: StepRecorder,
+    static: TreeBuffers,
+    batch: int,
+    context: int,
+    acceptance: str,
+    sequences: int | None = None,
 ) -> None:
     """One iteration of Decoder.generate's loop, part by part, on a cache of `context`
-    tokens per sequence."""
+    tokens per sequence; the verification and commit of the first `sequences` sequences
+    only (None: all), each sequence's rows tagged ("sequence", part, b)."""
     config, dtype = decoder.model.config, next(decoder.model.parameters()).dtype
     topk = HEAD_TOP_K if decoder.heads is not None else 1
     cache = KVCache(config, batch, context + 2 * static.size + 1, META, dtype)
@@ -427,16 +483,61 @@ def run_step(
     last_hidden = torch.empty(batch, config.hidden_size, device=META, dtype=dtype)
     accept, settings = ACCEPT[acceptance], AcceptanceConfig(scheme=acceptance)
     generator = torch.Generator().manual_seed(0)  # on the host, as generate's
-    with torch.inference_mode(), HostLists(), recorder:
+    looped = range(batch if sequences is None else min(sequences, batch))
+    with torch.inference_mode(), HostLists(), recorder, layer_tags(decoder, recorder):
         with recorder.phase("candidates"):
             buffers, candidates = decoder._candidates(roots, last_hidden, static, 0, topk)
         with recorder.phase("forward"):
             hidden, logits = decoder._tree_forward(candidates, buffers, lengths, cache)
+        verdicts = []
         with recorder.phase("verification"):
-            verdicts = [accept(candidates[b], logits[b], buffers[b], settings, generator) for b in range(batch)]
+            for b in looped:
+                with recorder.tagged(("sequence", "verification", b)):
+                    verdicts.append(accept(candidates[b], logits[b], buffers[b], settings, generator))
         with recorder.phase("kv_update"):
-            for b, (path, _) in enumerate(verdicts):
-                commit_path(cache, lengths, b, path, hidden, last_hidden, candidates)
+            for b, (path, _) in zip(looped, verdicts):
+                with recorder.tagged(("sequence", "kv_update", b)):
+                    commit_path(cache, lengths, b, path, hidden, last_hidden, candidates)
+
+
+def record_step(
+    decoder: Decoder, batch: int, context: int, candidates: int, acceptance: str, sequences: int | None
+) -> StepRecorder:
+    """The recorder of one step of `decoder` (built for the step: with heads for a tree)."""
+    medusa = candidates > 1
+    heads, topk = (len(decoder.heads), HEAD_TOP_K) if medusa else (0, 1)
+    static = tree_buffers(step_tree(candidates, heads, topk), heads, topk, str(META))
+    recorder = StepRecorder("medusa" if medusa else "plain")
+    run_step(decoder, recorder, static, batch, context, acceptance, sequences)
+    return recorder
+
+
+def trace_table(groups: list[tuple[list[tuple], int]], unclassified: set[str]) -> pd.DataFrame:
+    """A trace table from runs of rows (TRACE_COLUMNS values), each repeated so many times in
+    place, numbered in order: each distinct row is built once and the table taken from them
+    (a batch of thousands of sequences repeats its verification rows thousands of times)."""
+    distinct = pd.DataFrame([row for rows, _ in groups for row in rows], columns=list(TRACE_COLUMNS))
+    starts = np.cumsum([0] + [len(rows) for rows, _ in groups])
+    order = [np.tile(np.arange(start, start + len(rows)), times) for (rows, times), start in zip(groups, starts)]
+    trace = distinct.take(np.concatenate(order or [np.empty(0, dtype=np.int64)])).reset_index(drop=True)
+    trace["index"] = np.arange(len(trace), dtype=np.int64)
+    trace.attrs["unclassified"] = sorted(unclassified)
+    return trace
+
+
+def repeated_runs(recorder: StepRecorder, layers: int, batch: int) -> list[tuple[list[tuple], int]]:
+    """The runs of rows of a one-layer, one-sequence recording, each with how many times it
+    stands in the step: its layer's `layers` times, each part's sequence rows `batch` times,
+    the others once."""
+    runs = []
+    for tag, tagged in groupby(zip(recorder.tags, recorder.rows), key=lambda pair: pair[0]):
+        times = 1 if tag is None else layers if tag[0] == "layer" else batch
+        runs.append(([ROW_VALUES(row) for _, row in tagged], times))
+    return runs
+
+
+def one_layer(model: ModelConfig) -> ModelConfig:
+    return dataclasses.replace(model, num_layers=1)
 
 
 def trace_step(
@@ -445,17 +546,53 @@ def trace_step(
     """Every kernel of one decoding step of `batch` sequences with `context` cached tokens
     each: plain decoding for candidates == 1, else a Medusa step over a tree of that many
     tokens. Columns TRACE_COLUMNS; attrs["unclassified"] lists operator names counted as
-    elementwise only because no table names them."""
+    elementwise only because no table names them. Traced on one layer and one sequence's
+    verification, repeated (the module doc): the rows of trace_unrolled."""
+    return StepTracer(acceptance)(config, batch, context, candidates, dtype)
+
+
+def trace_unrolled(
+    config: ModelConfig, batch: int, context: int, candidates: int, dtype: str = "fp16", acceptance: str = "greedy"
+) -> pd.DataFrame:
+    """trace_step's table traced the long way: every layer of the model, every sequence's
+    verification and commit (the reference trace_step's repetition is checked against)."""
     check_step(config, batch, context, candidates, dtype, acceptance)
-    medusa = candidates > 1
-    decoder = weightless_decoder(config, TORCH_DTYPES[dtype], medusa)
-    heads, topk = (len(decoder.heads), HEAD_TOP_K) if medusa else (0, 1)
-    static = tree_buffers(step_tree(candidates, heads, topk), heads, topk, str(META))
-    recorder = StepRecorder("medusa" if medusa else "plain")
-    run_step(decoder, recorder, static, batch, context, acceptance)
-    trace = pd.DataFrame([astuple(r) for r in recorder.rows], columns=list(TRACE_COLUMNS))
-    trace.attrs["unclassified"] = sorted(recorder.unclassified)
-    return trace
+    decoder = weightless_decoder(config, TORCH_DTYPES[dtype], candidates > 1)
+    recorder = record_step(decoder, batch, context, candidates, acceptance, sequences=None)
+    return trace_table([([ROW_VALUES(row) for row in recorder.rows], 1)], recorder.unclassified)
+
+
+class StepTracer:
+    """trace_step for a sweep (perfmodel.latency.traced.Tracer): each (model, batch, context,
+    candidates, dtype) traced once for the object's life (kept as the runs of one layer's
+    and one sequence's rows with their repeats, a fraction of a table), and one weightless
+    one-layer decoder per (model, dtype, heads or not) reused. beyond_context: trace contexts past the model's
+    trained context too, as the sweeps price them (their beyond_context column marks such
+    rows): a trace holds shapes, which do not depend on the trained length."""
+
+    def __init__(self, acceptance: str = "greedy", beyond_context: bool = False):
+        self.acceptance, self.beyond_context = acceptance, beyond_context
+        self._decoders: dict[tuple, Decoder] = {}
+        self._runs: dict[tuple, tuple[list[tuple[list[tuple], int]], set[str]]] = {}
+
+    def __call__(
+        self, config: ModelConfig, batch: int, context: int, candidates: int, dtype: str = "fp16"
+    ) -> pd.DataFrame:
+        if self.beyond_context:
+            config = dataclasses.replace(config, max_context=None)
+        point = (config, batch, context, candidates, dtype)
+        if point not in self._runs:
+            check_step(*point, self.acceptance)
+            decoder = self._decoder(config, dtype, candidates > 1)
+            recorder = record_step(decoder, batch, context, candidates, self.acceptance, sequences=1)
+            self._runs[point] = repeated_runs(recorder, config.num_layers, batch), recorder.unclassified
+        return trace_table(*self._runs[point])
+
+    def _decoder(self, config: ModelConfig, dtype: str, medusa: bool) -> Decoder:
+        built = (config, dtype, medusa)
+        if built not in self._decoders:
+            self._decoders[built] = weightless_decoder(one_layer(config), TORCH_DTYPES[dtype], medusa)
+        return self._decoders[built]
 
 
 def kernel_summary(trace: pd.DataFrame) -> pd.DataFrame:

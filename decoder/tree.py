@@ -92,3 +92,26 @@ def resolve_tree(name: str, checkpoint, accuracy=None) -> Tree:
     if name.startswith("chain-") and name[6:].isdigit():
         return Tree(tuple((0,) * d for d in range(1, int(name[6:]) + 1)))
     return load_tree(name)
+
+
+def path_of_length(buffers: TreeBuffers, length: int) -> list[int]:
+    """Token indices of a root-first path of `length` tokens: the first one found going down
+    each node's children in rank order. On the host, from the buffers' children lists, so a
+    replayed step (decoder.twin) launches no kernel a real step does not."""
+    if length < 1:
+        raise PerfkitError(f"an accepted path has the root at least: got length {length}")
+    path = [0]
+    while len(path) < length:
+        deeper = next((c for c in buffers.children[path[-1]] if _depth_below(buffers, c) >= length - len(path)), None)
+        if deeper is None:
+            raise PerfkitError(
+                f"the tree of {buffers.size} tokens has no path of {length} tokens: the replayed record was taken "
+                "with a deeper tree"
+            )
+        path.append(deeper)
+    return path
+
+
+def _depth_below(buffers: TreeBuffers, node: int) -> int:
+    """Tokens on the longest path from `node` down, itself included."""
+    return 1 + max((_depth_below(buffers, c) for c in buffers.children[node]), default=0)

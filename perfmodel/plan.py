@@ -24,6 +24,7 @@ from perfmodel.planning.capacity import DEFAULT_BATCHES, plan
 from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN
 from perfmodel.planning.memory import DEFAULT_RESERVE
 from perfmodel.planning.result import BAND_SHOWN, PlanResult
+from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS
 
 __all__ = ["PlanResult", "plan", "main"]
 
@@ -124,11 +125,27 @@ def build_parser() -> Parser:
         help="memory kept free per device (default %(default)s)",
     )
     options.latency(p)
+    p.add_argument(
+        "--step",
+        choices=WHOLE_STEP_FLAVORS,
+        default="full",
+        help="step latency model: full (default) = the whole model's operators; traced = every kernel the reference "
+        "decoder's step launches, traced on the meta device and priced one by one (about 0.04 s per configuration "
+        "traced)",
+    )
     options.csv(p, "the bands table (device x batch)")
     p.add_argument(
         "--benchmark", action="store_true", help="time plan() over >= 10,000 configurations and print the rate"
     )
     return p
+
+
+def plan_tracer():
+    """The decoder's tracer for --step traced (each configuration traced once; a context past
+    the model's trained one priced as the full step prices it)."""
+    from decoder.trace import StepTracer  # torch loads only when a step is traced
+
+    return StepTracer(beyond_context=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         memory_reserve=args.reserve,
         tensor_parallel=args.tp,
         latency=args.latency,
+        step=args.step,
+        tracer=plan_tracer() if args.step == "traced" else None,
     )
     print("Devices\n" + format_devices(result.devices))
     for device, bands in result.bands.groupby("device", sort=False):

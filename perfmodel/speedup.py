@@ -70,8 +70,8 @@ def build_parser():
         default="both",
         help="step latency model: paper = the paper's simplified Llama block (Appendix G.3, reproduces its figures); "
         "full = the whole model step (all layers, LM head, Medusa heads, verification); traced = every kernel the "
-        "reference decoder's step launches, traced on the meta device and priced one by one (with --tree-size); "
-        "both (default) draws paper and full; all = the three (with --tree-size)",
+        "reference decoder's step launches, traced on the meta device and priced one by one (a sweep traces each of "
+        "its points once, about 0.04 s each); both (default) draws paper and full; all = the three",
     )
     options.latency(p)
     options.acceptance_rates(p)
@@ -91,6 +91,7 @@ def build_parser():
         "and speedup); needs --acceleration",
     )
     options.acceleration(p)
+    options.cuda_graph(p)
     options.tp(p)
     options.jobs(p)
     return p
@@ -107,14 +108,16 @@ def tp_line(asked: int | None, tp: int) -> str:
     return f"  tensor parallel: {split}"
 
 
-def point_steps(device, model, dtype: str, flavors, latency, tp: int) -> dict:
-    """Step models of each flavour; a traced one traces the reference decoder's steps."""
+def point_steps(device, model, dtype: str, flavors, latency, tp: int, cuda_graph: bool = False) -> dict:
+    """Step models of each flavour; a traced one traces the reference decoder's steps, its
+    forward replayed from a CUDA graph with cuda_graph."""
     steps = tensor_parallel_steps(device, model, dtype, tp, latency, [f for f in flavors if f != "traced"])
     if "traced" in flavors:
         from decoder.trace import trace_step  # torch loads only when a step is traced
 
         shard = model.shard(tp)
-        traced = TracedStep(shard, view_latency(device, shard, dtype, latency), dtype, trace_step)
+        source = view_latency(device, shard, dtype, latency)
+        traced = TracedStep(shard, source, dtype, trace_step, cuda_graph=cuda_graph)
         comm = steps and next(iter(steps.values())).all_reduce
         steps["traced"] = TensorParallelStep(traced, tp, comm if tp > 1 else None, dtype)
     return steps
@@ -124,12 +127,16 @@ def answer_point(args, model, devices, flavors) -> int:
     """--tree-size: one tree at one batch and context, on every device asked for."""
     if args.acceleration is None:
         raise PerfkitError("--tree-size needs --acceleration (tokens accepted per step with that tree)")
+    if args.cuda_graph and "traced" not in flavors:
+        raise PerfkitError(
+            f"--cuda-graph prices the traced step's launches: use --step traced or all (not {args.step})"
+        )
     frames = []
     for device in devices:
         dtype = args.dtype or default_dtype("cpu" if device.is_cpu else "cuda")
         device.spec.peak_flops(dtype)
         tp = args.tp or 1
-        steps = point_steps(device, model, dtype, flavors, args.latency, tp)
+        steps = point_steps(device, model, dtype, flavors, args.latency, tp, args.cuda_graph)
         rows = step_point(steps, args.batch, args.context, args.tree_size, args.acceleration)
         rows = rows.assign(device=device.spec.key, model=model.name, dtype=dtype)[list(POINT_COLUMNS)]
         print(
@@ -149,6 +156,14 @@ def answer_point(args, model, devices, flavors) -> int:
     return 0
 
 
+def sweep_tracer():
+    """The decoder's tracer for the traced simulations: each point traced once, contexts past
+    the model's trained one too (simulation (c) runs to 8192 and marks them)."""
+    from decoder.trace import StepTracer  # torch loads only when a step is traced
+
+    return StepTracer(beyond_context=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = build_parser().parse_args(argv)
@@ -157,17 +172,15 @@ def main(argv: list[str] | None = None) -> int:
         check_dtype(args.dtype)
     if args.acceleration is not None and args.tree_size is None:
         raise PerfkitError("--acceleration is the tokens per step of one tree: give its size with --tree-size")
-    if args.step in ("traced", "all") and args.tree_size is None:
-        raise PerfkitError(
-            f"--step {args.step} answers one point: give --tree-size and --acceleration (the simulations' "
-            "sweeps are priced by the paper and full steps)"
-        )
     acceptance = resolve_acceptance(args.acceptance_rates)
     devices = choose_devices(args.gpu, args.spec, args.all)
     flavors = {"both": ("paper", "full"), "all": ("paper", "full", "traced")}.get(args.step, (args.step,))
     if args.tree_size is not None:
         return answer_point(args, model, devices, flavors)
+    if args.cuda_graph:
+        raise PerfkitError("--cuda-graph prices one point's traced step: give --tree-size and --acceleration")
     draft = draft_model_table(cost_ratio=args.draft_cost)
+    tracer = sweep_tracer() if "traced" in flavors else None  # one for every device: a shard is traced once
 
     planned, skipped = [], []
     for device in devices:
@@ -185,13 +198,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         folder = f"{device.spec.key}-{model.name}-{dtype}" + (f"-tp{tp}" if tp > 1 else "")
         out = args.out if args.out and len(devices) == 1 else (args.out or DEFAULT_OUT) / folder
-        table = device_table(device, model, dtype, flavors, acceptance, args.latency, tp)
+        table = device_table(device, model, dtype, flavors, acceptance, args.latency, tp, tracer)
         split = [tp_line(args.tp, tp)] if args.tp is None or tp > 1 else []
         if isinstance(planned_here, str):  # nothing to advise: say so above steps priced as if it fitted
             split.append(f"  note: {planned_here}; the speedups below time its steps as if it fitted")
         compared = []
         if view_latency(device, model.shard(tp), dtype, args.latency).mode != "datasheet":
-            datasheet = device_table(device, model, dtype, flavors, acceptance, "datasheet", tp)
+            datasheet = device_table(device, model, dtype, flavors, acceptance, "datasheet", tp, tracer)
             compared = optima_side_by_side(table, datasheet)
         planned.append((device, dtype, out, table, split, compared))
 

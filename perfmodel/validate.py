@@ -8,10 +8,22 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
+
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, batch_size, options, positive_int, run
 from profilers.closed_loop.compare import verdict, write_outputs
 from profilers.closed_loop.config import DEFAULT_SIZES, FLUSH_MODES, MIN_TIMED_BATCHES, VALIDATED_SCHEMES, batch_configs
 from profilers.closed_loop.loop import run_batches
+from profilers.closed_loop.twin import (
+    TWIN_DTYPES,
+    TwinConfig,
+    classes_path,
+    native_dtype,
+    print_twin_batch,
+    twin_loop,
+    twin_verdict,
+)
 
 
 def build_parser() -> Parser:
@@ -82,16 +94,63 @@ def build_parser() -> Parser:
         action="store_true",
         help="also run the dynamic tree (built each step from the heads' probabilities) of every size",
     )
-    options.csv(p, "the per-tree comparison")
+    options.twin(p)
+    options.dtype(p, allowed=TWIN_DTYPES, default_said="with --weights dummy, bf16 where this CPU has it, else fp32")
+    options.csv(p, "the per-tree comparison (with --weights dummy, the per-class one beside it: FILE-classes.csv)")
     p.add_argument("--ops-csv", type=Path, metavar="FILE", help="write the measured operator rows here")
     return p
+
+
+def twin_main(args, started: float) -> int:
+    """--weights dummy: the twin's closed loop (profilers.closed_loop.twin), batch by batch."""
+    if args.replay is None:
+        raise PerfkitError("--weights dummy needs --replay RECORD (a python -m decoder.measure record to replay)")
+    for given, option in ((args.flush != "none", "--flush"), (args.dynamic, "--dynamic"), (args.ops_csv, "--ops-csv")):
+        if given:
+            raise PerfkitError(f"{option} is for the real closed loop; the twin (--weights dummy) does not take it")
+    if args.acceptance not in (None, "greedy"):
+        raise PerfkitError("the twin verifies greedily and keeps what --replay recorded: --acceptance must be greedy")
+    dtype = args.dtype or native_dtype()
+    tables, classes = [], []
+    for batch in dict.fromkeys(args.batch):
+        config = TwinConfig(
+            model=args.model,
+            replay=args.replay,
+            batch=batch,
+            sizes=tuple(args.sizes) if args.sizes != list(DEFAULT_SIZES) else (),
+            dtype=dtype,
+            prompts=args.prompts,
+            prompt_len=args.prompt_len,
+            new_tokens=args.new_tokens,
+            rounds=args.rounds or 1,
+            threads=args.threads,
+            budget_s=args.budget,
+        )
+        table, per_class, summary = twin_loop(config, log=lambda text: print(text, file=sys.stderr, flush=True))
+        print(f"batch {batch}:")
+        print_twin_batch(table, per_class, summary)
+        tables.append(table)
+        classes.append(per_class)
+    table = pd.concat(tables, ignore_index=True)
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.csv, index=False)
+        pd.concat(classes, ignore_index=True).to_csv(classes_path(args.csv), index=False)
+        print(f"wrote {args.csv} and {classes_path(args.csv)}")
+    print(twin_verdict(table, time.perf_counter() - started))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     started = time.perf_counter()
+    if args.weights == "dummy":
+        return twin_main(args, started)
+    if args.replay is not None or args.dtype is not None:
+        raise PerfkitError("--replay and --dtype are for the twin (--weights dummy); the real closed loop runs fp32")
     # every other option is the ValidateConfig field of its name
-    settings = {k: v for k, v in vars(args).items() if k not in ("batch", "budget", "csv", "ops_csv")}
+    twin_only = ("weights", "replay", "dtype")
+    settings = {k: v for k, v in vars(args).items() if k not in ("batch", "budget", "csv", "ops_csv", *twin_only)}
     configs = batch_configs(args.batch, budget_s=args.budget, **settings)
     table, rows = run_batches(configs, log=lambda text: print(text, file=sys.stderr, flush=True))
     write_outputs(table, rows, args.csv, args.ops_csv)

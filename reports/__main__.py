@@ -10,6 +10,7 @@ from pathlib import Path
 from perfmodel.base.dtypes import check_dtype
 from perfmodel.cli import Parser, options, positive_int, run
 from perfmodel.models.config import load_model
+from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS
 from reports.build import BuildConfig, build
 from reports.compare import CompareConfig, compare
 
@@ -69,6 +70,14 @@ def build_parser() -> Parser:
         help="python -m decoder.ablation --csv files, the paper's Fig. 4 (default: the shipped ones for the model)",
     )
     options.tp(b)
+    b.add_argument(
+        "--step",
+        choices=WHOLE_STEP_FLAVORS,
+        default="full",
+        help="the whole step the page's recommendations, capacity plan and tree are priced by: full (default) = the "
+        "whole model's operators; traced = every kernel the reference decoder's step launches, traced on the meta "
+        "device and priced one by one, drawn beside the paper and full steps (adds about a minute)",
+    )
     options.out(b, f"{DEFAULT_OUT}/report/<device>-<model>[-<dtype>], the device that was shown")
     options.jobs(b)
 
@@ -126,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             ablation=tuple(args.ablation),
             measure=args.measure,
             tp=args.tp,
+            step=args.step,
             **shared(args),
         )
         report = build(config)

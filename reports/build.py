@@ -27,19 +27,21 @@ from perfmodel.latency.allreduce import all_reduce_source
 from perfmodel.latency.source import view_latency
 from perfmodel.latency.step import StepModel
 from perfmodel.latency.tensor_parallel import TensorParallelStep
+from perfmodel.latency.traced import TracedStep
 from perfmodel.measured.device_view import DeviceView, is_cpu_name, resolve_view
 from perfmodel.measured.store import stored_closed_loops, stored_tree_ablations
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID
 from perfmodel.planning import simulations
 from perfmodel.planning.capacity import PlanResult, plan, serving_plan
+from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS, check_flavors
 from reports.ablation_figures import tree_ablation_figure
 from reports.acceptance_figures import Curve, acceptance_figure, tree_figure
 from reports.capacity_figures import capacity_figure
 from reports.html import Page
 from reports.output_folder import staged
 from reports.render import FigureJob, Renderer
-from reports.report import FLAVORS, BuildConfig, Report
+from reports.report import BuildConfig, Report, simulated_flavors
 from reports.roofline_page import describe_device, submit_roofline_figures
 from reports.sections import (
     ablation_section,
@@ -71,11 +73,27 @@ def default_folder(view: DeviceView, model: ModelConfig, dtype: str | None) -> P
     return DEFAULT_FOLDER / f"{view.spec.key}-{model.name}{'-' + dtype if dtype else ''}"
 
 
-def whole_step(view: DeviceView, model: ModelConfig, dtype: str, tp: int, latency) -> TensorParallelStep:
+def whole_step(
+    view: DeviceView, model: ModelConfig, dtype: str, tp: int, latency, flavor: str = "full", tracer=None
+) -> TensorParallelStep:
     """The whole-model step the page is priced at: the shard at degree tp, timed by the page's
-    one latency source, plus its all-reduces (none at tp 1)."""
+    one latency source, plus its all-reduces (none at tp 1); its operator inventory (full) or
+    the decoder's traced kernels (traced, with `tracer`)."""
     comm = all_reduce_source(view.spec) if tp > 1 else None
-    return TensorParallelStep(StepModel(model.shard(tp), latency, "full"), tp, comm, dtype)
+    shard = model.shard(tp)
+    step = TracedStep(shard, latency, dtype, tracer) if flavor == "traced" else StepModel(shard, latency, flavor)
+    return TensorParallelStep(step, tp, comm, dtype)
+
+
+def step_tracer(step: str):
+    """The decoder's tracer where the page is priced by the traced step, else None. Imported
+    here only then: it loads torch (about a second), which a report of the other steps never
+    needs. Contexts past the model's trained one are traced as the simulations price them."""
+    if step != "traced":
+        return None
+    from decoder.trace import StepTracer
+
+    return StepTracer(beyond_context=True)
 
 
 def load_inputs(
@@ -105,7 +123,9 @@ def build(config: BuildConfig, log=print) -> Report:
     started = time.perf_counter()
     if config.out is not None:  # before any work: a bad --out costs one line, not a sweep
         writable_dir(config.out, "report folder")
+    check_flavors([config.step], WHOLE_STEP_FLAVORS)
     view, model, dtype, acceptance, validation, ablation = load_inputs(config, log)
+    tracer = step_tracer(config.step)  # one for the plan and the simulations: each point traced once
     grid = QUICK_GRID if view.is_cpu else PAPER_GRID
     with Renderer(config.jobs) as renderer:
         # The rooflines depend on the device and the model alone: the workers draw them while
@@ -123,6 +143,8 @@ def build(config: BuildConfig, log=print) -> Report:
             config.prompt_len,
             config.response_len,
             config.latency_ms / 1e3 if config.latency_ms else None,
+            config.step,
+            tracer,
         )
         if config.tp is None:
             log(f"--tp auto: {tp} device(s) per replica, the capacity plan's choice (the most tokens/s per device)")
@@ -131,15 +153,17 @@ def build(config: BuildConfig, log=print) -> Report:
         # The device is resolved here, once: its latency source and the step it prices go to the
         # sections and their sentences with the report, which never resolve it again.
         latency = view_latency(view, model.shard(tp), dtype, config.latency)
-        report = Report(view, model, dtype, acceptance, latency, whole_step(view, model, dtype, tp, latency), tp)
+        step = whole_step(view, model, dtype, tp, latency, config.step, tracer)
+        report = Report(view, model, dtype, acceptance, latency, step, tp)
         where = f"{model.name} on {view.spec.name}{f' x{tp} (tensor parallel)' if tp > 1 else ''} ({dtype})"
         log(f"building the report for {where} ...")
 
-        sims = simulations.device_table(view, model, dtype, FLAVORS, acceptance.choice, config.latency, tp)
+        flavors = simulated_flavors(config.step)
+        sims = simulations.device_table(view, model, dtype, flavors, acceptance.choice, config.latency, tp, tracer)
         draft = simulations.draft_model_table()
         speed_pngs = submit_speedup_figures(renderer, view, model, dtype, sims, draft, acceptance.choice)
         best = simulations.optima(sims)
-        head = best[(best["simulation"] == "a") & (best["step"] == "full")].iloc[0]
+        head = best[(best["simulation"] == "a") & (best["step"] == report.flavor)].iloc[0]
         tree = (
             recommended_tree(int(head["tree_size"]), acceptance, bool(head["at_edge"])) if head["speculate"] else None
         )
@@ -248,7 +272,9 @@ def extra_jobs(where, report: Report, sims, planned, tree, validation, config) -
     )
     if tree is not None:
         drawn = "" if tree.tree.size == tree.wanted else f"; drawn: the {tree.tree.size}-token reference tree"
-        title = f"Predicted best tree size at b=1, s=1024 (whole-model step): {tree.wanted_text} tokens{drawn}. {where}"
+        title = (
+            f"Predicted best tree size at b=1, s=1024 ({report.step_phrase}): {tree.wanted_text} tokens{drawn}. {where}"
+        )
         subtitle = f"{tree.tree.size} tokens drawn, {tree.tree.depth} heads deep. {tree.note}"
         jobs["recommended-tree"] = FigureJob(
             tree_figure, dict(tree=tree.tree, accuracy=tree.accuracy, title=title, subtitle=subtitle)

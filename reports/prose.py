@@ -13,7 +13,7 @@ from perfmodel.acceptance.ablation import dense_against_sparse
 from perfmodel.acceptance.rates import fit_error
 from perfmodel.planning import simulations
 from perfmodel.planning.capacity import PlanResult
-from reports.report import FLAVORS, BuildConfig, Report
+from reports.report import BuildConfig, Report
 from reports.sources import ReportAcceptance
 
 
@@ -60,7 +60,7 @@ def glance_facts(report: Report, sims: pd.DataFrame, planned: PlanResult | str, 
     facts = closed_loop_facts(report, sims, validation)
     measured_pays = measured_pays_at(validation)
     facts.append(f"Ridge of the latency model's roofline: {ridge:.0f} FLOP/byte (predicted).")
-    for step in FLAVORS:
+    for step in dict.fromkeys(sims["step"]):  # every simulated step model, in the simulations' order
         row = best[(best["simulation"] == "a") & (best["step"] == step)].iloc[0]
         facts.append(
             f"Batch {row['batch']}, context {row['seq_len']}, {simulations.STEP_LABELS[step]}: "
@@ -290,8 +290,9 @@ def input_items(report: Report, config: BuildConfig, validation: pd.DataFrame, a
 def plain_step_text(report: Report) -> str:
     """The predicted plain decoding step of the whole model at batch 1, context 1024."""
     step = report.step
+    traced = " (traced)" if report.flavor == "traced" else ""
     return (
-        "Predicted plain decoding step of the whole model at batch 1, context 1024: "
+        f"Predicted plain decoding step of the whole model{traced} at batch 1, context 1024: "
         f"{float(step.step_time(1, 1024, 1)) * 1e3:.2f} ms (latency: {step.label})."
     )
 

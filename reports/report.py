@@ -18,6 +18,16 @@ from reports.sources import ReportAcceptance
 FLAVORS = ("paper", "full")  # the step models simulated: the paper's simplified block, the whole model
 
 
+# How the page names the whole step it recommends from, per flavour.
+STEP_PHRASES = {"full": "whole-model step", "traced": "traced step (the reference decoder's kernels)"}
+
+
+def simulated_flavors(step: str) -> tuple[str, ...]:
+    """The step models a page simulates: the paper's block and the whole model, and the
+    traced step beside them when the page is priced by it (--step traced)."""
+    return FLAVORS if step == "full" else (*FLAVORS, step)
+
+
 @dataclass(frozen=True)
 class BuildConfig:
     model: str
@@ -36,6 +46,7 @@ class BuildConfig:
     latency: str = "auto"  # perfmodel.latency.source choice
     measure: bool = False  # first sweep this machine's device for the model (stored for later runs)
     tp: int | None = 1  # tensor-parallel degree; None: the capacity plan's choice (planning.capacity.serving_plan)
+    step: str = "full"  # the whole-step flavour the page is priced by: full or traced (planning.step_models)
 
 
 @dataclass
@@ -53,3 +64,12 @@ class Report:
     html: Path | None = None
     figures: list[str] = field(default_factory=list)  # PNG file names, in page order
     facts: list[str] = field(default_factory=list)  # the "at a glance" sentences
+
+    @property
+    def flavor(self) -> str:
+        """The whole step's flavour (full or traced): the simulations' rows the page recommends from."""
+        return self.step.shard_step.flavor
+
+    @property
+    def step_phrase(self) -> str:
+        return STEP_PHRASES[self.flavor]

@@ -84,7 +84,13 @@ def speedup_section(
         "Paper step: the App. G.3 "
         "simplified block (q, k, v, QK^T, PV, up, gate, down); "
         "full step: the whole model (norms, o, LM head, Medusa heads, verification). "
-        f"Acceptance: {report.acceptance.choice.label}. Latency: {sims['latency_model'].iloc[0]}."
+        + (
+            "Traced step: every kernel the reference decoder's step launches (python -m decoder.trace), each priced "
+            "by the latency source, memory-bound ones by their bytes, plus each launch. "
+            if "traced" in set(sims["step"])
+            else ""
+        )
+        + f"Acceptance: {report.acceptance.choice.label}. Latency: {sims['latency_model'].iloc[0]}."
     )
     if "closed-loop" in extra_pngs:  # measured first: the predictions below are read against it
         page.paragraph(" ".join(prose.closed_loop_facts(report, sims, validation)))
@@ -148,7 +154,7 @@ def tree_section(page: Page, figure: FigureWriter, report: Report, tree, best, e
     figure(
         "recommended-tree",
         extra_pngs["recommended-tree"],
-        f"predicted: the best tree at b=1, s=1024 for the whole-model step. {tree.note}",
+        f"predicted: the best tree at b=1, s=1024 for the {report.step_phrase}. {tree.note}",
         ("predicted",),
     )
     formats = "\n\n".join(f"{engine}:\n{json.dumps(export_tree(tree.tree, engine))}" for engine in ENGINES)
@@ -159,8 +165,8 @@ def tree_section(page: Page, figure: FigureWriter, report: Report, tree, best, e
             "TensorRT-LLM (medusa_choices) and vLLM (speculative_token_tree)"
         ),
     )
-    page.paragraph("Best tree size per batch at context 1024, whole-model step (predicted):")
-    page.table(tables.best_per_batch(best))
+    page.paragraph(f"Best tree size per batch at context 1024, {report.step_phrase} (predicted):")
+    page.table(tables.best_per_batch(best, report.flavor))
 
 
 def ablation_section(page: Page, figure: FigureWriter, report: Report, ablation: pd.DataFrame, extra_pngs) -> None:
@@ -190,7 +196,8 @@ def capacity_section(page: Page, figure: FigureWriter, planned, extra_pngs) -> N
         return
     page.paragraph(
         "Predicted by perfmodel.plan: memory fit (weights + Medusa heads + KV cache), "
-        "then per batch the best tree, its latency and throughput."
+        "then per batch the best tree, its latency and throughput. "
+        f"Step latency: {planned.devices['latency_model'].iloc[0]}."
     )
     page.preformatted(planned.summary())
     figure(

@@ -1,9 +1,9 @@
 """Speedup figures: the Medusa paper's Appendix G.3 simulations and the draft-model comparison.
 
 Every figure draws predictions (python -m perfmodel.speedup says which latency and
-acceptance model in the subtitle), the paper's simplified step as a solid line and the
-whole-model step dashed, the optimum of each curve as a star, and plain decoding (speedup
-1) as a dotted line.
+acceptance model in the subtitle), the paper's simplified step as a solid line, the
+whole-model step dashed and the traced step (--step traced) dash-dotted, the optimum of
+each curve as a star, and plain decoding (speedup 1) as a dotted line.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from reports.plotting import (
 )
 from reports.render import FigureJob
 
-STEP_LINES = {"paper": "-", "full": "--"}
-STEP_COLORS = {"paper": "#1f5fa8", "full": "#c4391d"}
+STEP_LINES = {"paper": "-", "full": "--", "traced": "-."}
+STEP_COLORS = {"paper": "#1f5fa8", "full": "#c4391d", "traced": "#7b3fa0"}
 SETTING_LABELS = {"batch": ("batch size b", "b"), "seq_len": ("sequence length s (tokens)", "s")}
 AT_LEAST = "\u2265"  # an optimum at the edge of the search is a lower bound
 

@@ -46,9 +46,9 @@ def optima_table(sims: pd.DataFrame) -> pd.DataFrame:
     return sims[sims["best"]][OPTIMUM_COLUMNS].reset_index(drop=True)
 
 
-def best_per_batch(best: pd.DataFrame) -> pd.DataFrame:
-    """Simulation (b)'s best tree size per batch for the whole-model step."""
-    rows = best[(best["simulation"] == "b") & (best["step"] == "full")][["batch", "tree_size", "speedup", "speculate"]]
+def best_per_batch(best: pd.DataFrame, step: str = "full") -> pd.DataFrame:
+    """Simulation (b)'s best tree size per batch for the whole step (full or traced)."""
+    rows = best[(best["simulation"] == "b") & (best["step"] == step)][["batch", "tree_size", "speedup", "speculate"]]
     return rows.reset_index(drop=True)
 
 

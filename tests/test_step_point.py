@@ -44,10 +44,15 @@ def test_bad_point_questions_are_one_line_errors():
     one_line_error(lambda: speedup([*POINT, "--tree-size", "64"]), "--tree-size needs --acceleration")
     one_line_error(lambda: speedup([*POINT, "--tree-size", "1", "--acceleration", "2"]), "--tree-size 1", ">= 2")
     one_line_error(lambda: speedup([*POINT, "--tree-size", "8", "--acceleration", "0.5"]), "--acceleration 0.5")
-    one_line_error(lambda: speedup([*POINT, "--step", "traced"]), "--step traced", "--tree-size")
+    one_line_error(lambda: speedup([*POINT, "--cuda-graph"]), "--cuda-graph prices one point's traced step")
+    one_line_error(
+        lambda: speedup([*POINT, "--tree-size", "8", "--acceleration", "2", "--cuda-graph"]),
+        "--cuda-graph prices the traced step's launches",
+        "not both",
+    )
 
 
-def test_memory_bound_kernels_cost_their_bytes_at_the_bandwidth_plus_the_overhead():
+def test_memory_bound_kernels_cost_their_bytes_at_the_bandwidth_plus_the_launch():
     spec, params = find_spec("a100-sxm"), RooflineParams()
     latency = latency_source("a100-sxm", LLAMA, "fp16", "datasheet")
     priced = price_trace(
@@ -55,8 +60,9 @@ def test_memory_bound_kernels_cost_their_bytes_at_the_bandwidth_plus_the_overhea
         latency,
         "fp16",
     )
-    expected = 8e6 / (spec.bandwidth * params.memory_efficiency) + params.kernel_overhead_s
-    assert priced["time_s"].tolist() == pytest.approx([expected, params.kernel_overhead_s, params.kernel_overhead_s])
+    launch = spec.kernel_launch_us * 1e-6  # the spec's eager launch, not the roofline's 3 us
+    expected = 8e6 / (spec.bandwidth * params.memory_efficiency) + launch
+    assert priced["time_s"].tolist() == pytest.approx([expected, launch, launch])
 
 
 def test_a_traced_gemm_is_priced_by_the_latency_source_and_shares_add_up():

@@ -9,15 +9,17 @@ import dataclasses
 import pandas as pd
 import pytest
 
+import decoder.trace
 from decoder.acceptance import SCHEMES
 from decoder.medusa import STEP_PARTS
-from decoder.trace import TraceRow, kernel_summary, main, trace_step
+from decoder.trace import StepTracer, TraceRow, kernel_summary, main, trace_step, trace_unrolled
 from perfmodel.cli import run
 from perfmodel.latency.traced import KINDS, TRACE_COLUMNS
 from perfmodel.models.config import load_model
 from tests.helpers import one_line_error
 
 LLAMA_7B = load_model("llama-7b")
+BUNDLED = load_model("bundled")  # 4 layers, grouped-query attention (8 query heads, 4 KV heads)
 H, FF, V, LAYERS = 4096, 11008, 32000, 32  # llama-7b: hidden, intermediate, vocabulary, layers
 # One layer's linear layers in the order the decoder calls them, as (k, n): q, k, v, o, gate, up, down.
 LAYER_GEMMS = [(H, H), (H, H), (H, H), (H, H), (H, FF), (H, FF), (FF, H)]
@@ -196,3 +198,62 @@ def test_the_command_refuses_bad_values_in_one_line_before_tracing(tmp_path, cap
         main(["--batch", "0"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+# -- one layer and one sequence, repeated ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model, batch, context, size",
+    [
+        (LLAMA_7B, 1, 512, 1),
+        (LLAMA_7B, 3, 100, 64),
+        (BUNDLED, 1, 128, 1),
+        (BUNDLED, 4, 77, 10),
+        (BUNDLED, 2, 300, 64),
+    ],
+    ids=["llama-7b-plain", "llama-7b-tree64-b3", "bundled-plain", "bundled-tree10-b4", "bundled-tree64-b2"],
+)
+def test_the_repeated_trace_is_the_unrolled_one_row_for_row(model, batch, context, size):
+    fast = trace_step(model, batch, context, size)
+    unrolled = trace_unrolled(model, batch, context, size)
+    pd.testing.assert_frame_equal(fast, unrolled)  # same rows, same order, same values and dtypes
+    assert fast.attrs == unrolled.attrs
+    attention = fast[fast["kind"] == "attention"]
+    assert len(attention) == model.num_layers  # every layer is there, not the one traced
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_scheme_verifies_each_sequence_as_the_first(scheme):
+    # typical and rejection sampling draw from one host generator, sequence after sequence
+    fast = trace_step(BUNDLED, 3, 64, 16, acceptance=scheme)
+    pd.testing.assert_frame_equal(fast, trace_unrolled(BUNDLED, 3, 64, 16, acceptance=scheme))
+    verification = fast[fast["part"] == "verification"]
+    assert len(verification) % 3 == 0 and (verification["kind"] == "host_sync").any()
+
+
+def test_a_sweeps_tracer_traces_each_point_once(monkeypatch):
+    expected = trace_step(BUNDLED, 2, 256, 8)
+    recorded, built = [], []
+    record, build = decoder.trace.record_step, decoder.trace.weightless_decoder
+    monkeypatch.setattr(decoder.trace, "record_step", lambda *a, **k: recorded.append(a[1:4]) or record(*a, **k))
+    monkeypatch.setattr(decoder.trace, "weightless_decoder", lambda *a: built.append(a) or build(*a))
+    tracer = StepTracer()
+    first = tracer(BUNDLED, 2, 256, 8, "fp16")
+    pd.testing.assert_frame_equal(first, expected)
+    first.loc[0, "bytes"] = -1  # the caller's copy
+    again = tracer(BUNDLED, 2, 256, 8, "fp16")
+    assert again.loc[0, "bytes"] >= 0 and again.attrs == {"unclassified": []}
+    tracer(BUNDLED, 2, 256, 16, "fp16")
+    tracer(BUNDLED, 2, 256, 1, "fp16")
+    assert recorded == [(2, 256, 8), (2, 256, 16), (2, 256, 1)]  # the repeated point was not traced again
+    assert [(model.num_layers, medusa) for model, _, medusa in built] == [(1, True), (1, False)]  # one per kind
+
+
+def test_a_sweeps_tracer_may_trace_past_the_trained_context():
+    # simulation (c) runs llama-7b (2048 tokens) to 8192: its shapes are traced as any other's
+    one_line_error(lambda: trace_step(LLAMA_7B, 1, 4096, 8), "context 4096 + tree size 8", "2048")
+    one_line_error(lambda: StepTracer()(LLAMA_7B, 1, 4096, 8, "fp16"), "context 4096 + tree size 8")
+    trace = StepTracer(beyond_context=True)(LLAMA_7B, 1, 4096, 8, "fp16")
+    pd.testing.assert_frame_equal(trace, trace_step(dataclasses.replace(LLAMA_7B, max_context=None), 1, 4096, 8))
+    assert set(trace.loc[trace["kind"] == "attention", "kv_len"]) == {4096 + 8}

@@ -32,6 +32,9 @@ class TreeSizeRun:
 
     tree_size: int
     mean_accepted_tokens: float
+    # per prompt, per step: tokens of the accepted path, root included, before the cut at the
+    # token budget (what a performance twin replays, decoder.twin); None in older records
+    path_lengths: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,17 @@ class AcceptanceRecord:
             size, tokens = run["tree_size"], run["mean_accepted_tokens"]
             if not _integer(size) or size < 1 or not _number(tokens):
                 raise bad(f"per_tree_size[{i}]: tree_size {size!r} must be an integer >= 1, tokens {tokens!r} a number")
-            per_tree_size.append(TreeSizeRun(size, tokens))
+            lengths = run.get("path_lengths")
+            if lengths is not None and not (
+                isinstance(lengths, list)
+                and all(isinstance(r, list) and r and all(_integer(n) and 1 <= n <= size for n in r) for r in lengths)
+            ):
+                raise bad(
+                    f"per_tree_size[{i}]: path_lengths must be lists (one per prompt) of integers from 1 to the "
+                    f"tree size {size}"
+                )
+            paths = tuple(tuple(r) for r in lengths) if lengths is not None else None
+            per_tree_size.append(TreeSizeRun(size, tokens, paths))
         accuracy = data["head_topk_accuracy"]
         rows = accuracy if isinstance(accuracy, list) and accuracy else [None]
         if not all(isinstance(r, list) and r and len(r) == len(rows[0]) for r in rows) or not all(

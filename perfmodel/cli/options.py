@@ -14,6 +14,8 @@ Flags with one meaning each:
   --acceptance           the decoder's verification scheme (greedy, typical, ...)
   --acceptance-rates     the performance model's acceptance rates (paper, paper-ln, a record)
   --batch, --context, --tree-size   one step's shape (step_point)
+  --weights real|dummy, --replay RECORD   a performance twin (twin)
+  --cuda-graph           the traced step's forward replayed from a CUDA graph (cuda_graph)
   --out PATH / --csv FILE   where a command writes its output / its table
 """
 
@@ -228,6 +230,23 @@ def step_point(target: Target, *, tree_default: int | None = None, tree_use: str
     )
 
 
+def twin(target: Target) -> None:
+    """A performance twin (decoder.twin): dummy weights, a real run's acceptance replayed."""
+    target.add_argument(
+        "--weights",
+        choices=("real", "dummy"),
+        default="real",
+        help="real: the checkpoint's weights; dummy: random weights over the model's config.json (any size, no "
+        "checkpoint), every step verifying in full and accepting what --replay recorded (default %(default)s)",
+    )
+    target.add_argument(
+        "--replay",
+        type=Path,
+        metavar="RECORD",
+        help="with --weights dummy: a python -m decoder.measure record whose accepted path lengths every tree replays",
+    )
+
+
 def acceleration(target: Target) -> None:
     """A measured acceptance for one tree: the tokens a step yields."""
     target.add_argument(
@@ -235,6 +254,17 @@ def acceleration(target: Target) -> None:
         type=float,
         metavar="A",
         help="with --tree-size: tokens accepted per step with that tree (e.g. measured by python -m decoder.measure)",
+    )
+
+
+def cuda_graph(target: Target) -> None:
+    """How the traced step launches its kernels: one by one (eager) or replayed from a CUDA graph."""
+    target.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="price the traced step's forward pass replayed from a CUDA graph, as vLLM, SGLang and TensorRT-LLM run "
+        "decoding: each of its kernels costs the spec's graph_node_us instead of an eager kernel_launch_us (the "
+        "candidates, verification and KV update stay eager; perfmodel.latency.traced); a GPU only",
     )
 
 

@@ -36,6 +36,12 @@ OPTIONAL_NUMBERS = (
     # as a per-kernel benchmark times them: the tensor peak scales with it (sustained_flops).
     "sustained_clock_mhz",
 )
+# Per-kernel launch costs (microseconds) of the traced step (perfmodel.latency.traced): what one
+# more small kernel adds to a step launched eagerly, one kernel at a time from the host, and
+# inside a captured CUDA graph. A graph node replaces a launch, so it costs no more than one.
+LAUNCH_NUMBERS = ("kernel_launch_us", "graph_node_us")
+# Microseconds, not seconds: a launch cost outside this range is a unit slip.
+LAUNCH_RANGE_US = (0.05, 1000.0)
 # Short name of that link (nvlink3, nvlink4, pcie4, pcie5): picks the ring model's fitted
 # latency and efficiency (perfmodel.latency.allreduce). Text, but it needs a source like a number.
 # architecture: the GPU generation and die (e.g. ampere-ga100); a device without measurements
@@ -64,6 +70,8 @@ class HardwareSpec:
     interconnect_gb_s: float | None = None
     tensor_clock_mhz: float | None = None
     sustained_clock_mhz: float | None = None
+    kernel_launch_us: float | None = None
+    graph_node_us: float | None = None
     interconnect: str | None = None
     architecture: str | None = None
     memory_type: str | None = None
@@ -156,6 +164,7 @@ def parse_spec(data: object, path: Path) -> HardwareSpec:
         "notes",
         *REQUIRED_NUMBERS,
         *OPTIONAL_NUMBERS,
+        *LAUNCH_NUMBERS,
         *OPTIONAL_TEXT,
     }
     if unknown:
@@ -174,6 +183,7 @@ def parse_spec(data: object, path: Path) -> HardwareSpec:
 
     numbers = {n: number(n, data[n], positive=True) for n in REQUIRED_NUMBERS}
     numbers.update({n: number(n, data[n], positive=True) for n in OPTIONAL_NUMBERS if data.get(n) is not None})
+    numbers.update(launch_costs(data, number, where))
     texts = {}
     for name in OPTIONAL_TEXT:
         if data.get(name) is not None:
@@ -202,6 +212,30 @@ def parse_spec(data: object, path: Path) -> HardwareSpec:
         **numbers,
         **texts,
     )
+
+
+def launch_costs(data: dict, number, where: str) -> dict[str, float]:
+    """kernel_launch_us and graph_node_us where given: microseconds in LAUNCH_RANGE_US, a graph
+    node no dearer than a launch, and a graph node only beside the launch it replaces."""
+    low, high = LAUNCH_RANGE_US
+    costs = {}
+    for name in LAUNCH_NUMBERS:
+        if data.get(name) is None:
+            continue
+        value = number(name, data[name], positive=True)
+        if not low <= value <= high:
+            raise PerfkitError(
+                f"{where}: field {name!r} is {value:g}; give microseconds per kernel, {low:g} to {high:g}"
+            )
+        costs[name] = value
+    if "graph_node_us" in costs and "kernel_launch_us" not in costs:
+        raise PerfkitError(f"{where}: field 'graph_node_us' needs 'kernel_launch_us' (the eager launch it replaces)")
+    if costs.get("graph_node_us", 0) > costs.get("kernel_launch_us", math.inf):
+        raise PerfkitError(
+            f"{where}: field 'graph_node_us' ({costs['graph_node_us']:g}) exceeds 'kernel_launch_us' "
+            f"({costs['kernel_launch_us']:g}): a graph node replaces an eager launch and costs no more"
+        )
+    return costs
 
 
 def load_spec_file(path: str | Path) -> HardwareSpec:

@@ -11,15 +11,32 @@ by what bounds it:
   one query token, the tree mapping for several; perfmodel.latency.attention_table), else
   the roofline of one fused kernel;
 - `elementwise`, `reduction`, `indexing`, `copy`: memory bound, their bytes over the
-  device's bandwidth at its memory efficiency, never less than the per-kernel overhead (the
-  floor a tiny transfer pays);
+  device's bandwidth at its memory efficiency, plus the per-kernel launch cost (the floor a
+  tiny transfer pays);
 - `host_sync`: a device-to-host read the step waits for (an `int()` or `.tolist()` in the
-  acceptance check), priced as one per-kernel overhead: the device is idle while the host
-  reads.
+  acceptance check), priced as one eager launch: the device is idle while the host reads
+  and launches again.
 
-Every kernel carries the source's per-kernel overhead (RooflineParams.kernel_overhead_s: the
-datasheet default on a GPU, the measured per-op overhead on a CPU), as an eager step that
-launches kernels one by one pays it.
+The per-kernel launch cost (`launch_costs`) that memory-bound kernels and host syncs pay is,
+on a GPU, its spec's sourced `kernel_launch_us` (hw_specs/README.md): what one more small
+kernel adds to a step launched eagerly, one kernel at a time, as the reference decoder runs.
+On a CPU, or a spec file without the field, it is the latency source's per-kernel overhead
+(RooflineParams.kernel_overhead_s: the CPU's measured per-op overhead). GEMMs and attention
+keep the latency source's own times, which carry their own floor (measured kernels, or the
+roofline's overhead), so the spec's cost enters here only and the paper and full steps, and
+every calibration fit, are untouched.
+
+CUDA-graph mode (`cuda_graph=True`): the engines (vLLM, SGLang, TensorRT-LLM) capture the
+decode forward in a CUDA graph and replay it, so each of its kernels costs a graph node
+(`graph_node_us`) instead of an eager launch. What is captured is the trace's `forward`
+part (CAPTURED_PARTS: the tree's positions and mask, the embedding, every layer, the final
+norm and the LM head): static shapes at a given batch and tree size, no value read back by
+the host. The other parts stay eager at `kernel_launch_us`: `candidates` (the Medusa heads
+and the tree built from their top-k), `verification` (acceptance, which reads the accepted
+length back) and `kv_update`
+(the commit of the accepted path, whose length the host just read) depend on values the host
+reads mid-step, and every host_sync still stalls the device for one eager launch. An engine
+that captures its drafting too (SGLang's EAGLE does) runs a little faster than this prices.
 """
 
 from __future__ import annotations
@@ -58,6 +75,8 @@ TRACE_COLUMNS = (
 )
 KINDS = ("gemm", "attention", "elementwise", "reduction", "indexing", "copy", "host_sync")
 MEMORY_KINDS = ("elementwise", "reduction", "indexing", "copy")
+# The parts of a step (decoder.medusa.STEP_PARTS) an engine's CUDA graph captures (module doc).
+CAPTURED_PARTS = ("forward",)
 # Tracer: (model, batch, context, candidates, dtype) -> trace table of one step.
 Tracer = Callable[[ModelConfig, int, int, int, str], pd.DataFrame]
 
@@ -106,15 +125,70 @@ def _attention_times(rows: pd.DataFrame, latency, spec, dtype: str, params: Roof
     return out
 
 
-def _memory_times(rows: pd.DataFrame, spec, params: RooflineParams) -> np.ndarray:
+@dataclass(frozen=True)
+class LaunchCost:
+    """Seconds per kernel launched eagerly and per captured graph node (None: no graph price
+    on this device); origin: the spec they come from (its key), else what the overhead is."""
+
+    eager_s: float
+    graph_s: float | None
+    origin: str
+    from_spec: bool = True
+
+    def label(self, cuda_graph: bool) -> str:
+        """One line for tables and printed answers: the mode and its per-kernel costs."""
+        eager = f"{self.eager_s * 1e6:.2f} us"
+        if not cuda_graph:
+            where = f"{self.origin} spec: kernel_launch_us" if self.from_spec else self.origin
+            return f"eager, {eager} per kernel launch ({where})"
+        return (
+            f"CUDA graph over the {'/'.join(CAPTURED_PARTS)} part, {self.graph_s * 1e6:.2f} us per captured kernel, "
+            f"the other parts and host syncs eager at {eager} ({self.origin} spec: graph_node_us, kernel_launch_us)"
+        )
+
+
+def launch_costs(latency) -> LaunchCost:
+    """The per-kernel launch costs of `latency`'s device: its spec's kernel_launch_us and
+    graph_node_us on a GPU, else (a CPU, a spec file without them) the source's per-kernel
+    overhead, eager only."""
+    spec = latency.spec
+    launch = getattr(spec, "kernel_launch_us", None)
+    if launch is not None:
+        node = getattr(spec, "graph_node_us", None)
+        return LaunchCost(launch * 1e-6, None if node is None else node * 1e-6, spec.key)
+    params = _params(latency)
+    return LaunchCost(params.kernel_overhead_s, None, f"per-kernel overhead: {params.label}", from_spec=False)
+
+
+def check_cuda_graph(latency) -> LaunchCost:
+    """The launch costs of a device that prices a CUDA graph; one line where it cannot."""
+    launch = launch_costs(latency)
+    if launch.graph_s is None:
+        spec = latency.spec
+        raise PerfkitError(
+            f"{getattr(spec, 'name', spec)}: no CUDA-graph price (its spec has no graph_node_us; a CPU runs no CUDA "
+            "graphs): price it eager, without --cuda-graph"
+        )
+    return launch
+
+
+def captured(rows: pd.DataFrame) -> np.ndarray:
+    """Which rows a CUDA graph replays: the captured parts' kernels, host syncs never."""
+    return rows["part"].isin(CAPTURED_PARTS).to_numpy() & (rows["kind"] != "host_sync").to_numpy()
+
+
+def _memory_times(rows: pd.DataFrame, spec, params: RooflineParams, launched: np.ndarray) -> np.ndarray:
     moved = rows["bytes"].to_numpy(dtype=float) / (spec.bandwidth * params.memory_efficiency)
-    return moved + params.kernel_overhead_s
+    return moved + launched
 
 
-def price_trace(trace: pd.DataFrame, latency, dtype: str) -> pd.DataFrame:
-    """The trace with `time_s` per kernel (see the module doc) and the `source` of each."""
+def price_trace(trace: pd.DataFrame, latency, dtype: str, cuda_graph: bool = False) -> pd.DataFrame:
+    """The trace with `time_s` per kernel (see the module doc) and the `source` of each.
+    cuda_graph: the forward part replayed from a CUDA graph (a graph node per kernel) instead
+    of launched kernel by kernel; refused on a device whose spec prices no graph node."""
     check_trace(trace)
     spec, params = latency.spec, _params(latency)
+    launch = check_cuda_graph(latency) if cuda_graph else launch_costs(latency)
     priced = trace.copy()
     priced["time_s"] = 0.0
     priced["source"] = ""
@@ -129,9 +203,11 @@ def price_trace(trace: pd.DataFrame, latency, dtype: str) -> pd.DataFrame:
             times = _attention_times(rows, latency, spec, dtype, params)
             source = "measured attention" if getattr(latency, "attention", None) is not None else "roofline"
         elif kind == "host_sync":
-            times, source = np.full(len(rows), params.kernel_overhead_s), "per-kernel overhead"
+            times, source = np.full(len(rows), launch.eager_s), "eager launch (host sync)"
         else:
-            times, source = _memory_times(rows, spec, params), "bytes / bandwidth + overhead"
+            node = captured(rows) if cuda_graph else np.zeros(len(rows), dtype=bool)
+            times = _memory_times(rows, spec, params, np.where(node, launch.graph_s or 0.0, launch.eager_s))
+            source = np.where(node, "bytes / bandwidth + graph node", "bytes / bandwidth + launch")
         priced.loc[where, "time_s"] = times
         priced.loc[where, "source"] = source
     return priced
@@ -158,13 +234,27 @@ class TracedStep:
     dtype: str
     tracer: Tracer
     flavor: str = "traced"
+    cuda_graph: bool = False  # the forward part replayed from a CUDA graph (module doc)
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.cuda_graph:
+            check_cuda_graph(self.latency)
+
+    @property
+    def launch(self) -> LaunchCost:
+        return launch_costs(self.latency)
+
+    @property
+    def launch_label(self) -> str:
+        """How this step's kernels are launched and what each launch costs."""
+        return self.launch.label(self.cuda_graph)
 
     def priced(self, batch: int, seq_len: int, candidates: int = 1) -> pd.DataFrame:
         key = (int(batch), int(seq_len), int(candidates))
         if key not in self._cache:
             trace = self.tracer(self.model, *key, self.dtype)
-            self._cache[key] = price_trace(trace, self.latency, self.dtype)
+            self._cache[key] = price_trace(trace, self.latency, self.dtype, self.cuda_graph)
         return self._cache[key]
 
     def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:

@@ -36,7 +36,9 @@ Modelling choices (each a simplification to keep in mind):
   (tensor_parallel.usable_degrees), or that none does.
 - Batches: by default every power of two up to the max batch that fits, and that batch.
 - Latency: perfmodel.latency.source (measured > calibrated > borrowed > datasheet); the
-  devices table's `latency_model` names the one used.
+  devices table's `latency_model` names the one used. The step it times is the whole
+  model's operator inventory, or with step="traced" every kernel the reference decoder's
+  step launches (perfmodel.planning.step_models).
 - Devices needed for a throughput target = tensor_parallel x ceil(target / the best
   aggregate tokens/s of one replica that meets the latency target).
 
@@ -65,6 +67,7 @@ from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN,
 from perfmodel.planning.memory import DEFAULT_RESERVE
 from perfmodel.planning.result import DEVICE_COLUMNS, PlanResult
 from perfmodel.planning.simulations import CANDIDATE_SIZES
+from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS, check_flavors, check_tracer
 
 # batches=None plans every power of two up to the device's max batch, and that batch.
 DEFAULT_BATCHES = None
@@ -85,6 +88,8 @@ def plan(
     tensor_parallel: int | None = 1,
     params: RooflineParams | None = None,
     latency: str = "auto",
+    step: str = "full",
+    tracer=None,
 ) -> PlanResult:
     """Plan serving `model` on each of `devices` (see the module docstring for the model).
 
@@ -106,7 +111,11 @@ def plan(
     roofline's efficiencies for every device, or None for each device's own (the public
     defaults on a datasheet, none on a CPU's measured ceilings). latency: the latency source
     (perfmodel.latency.source: auto = measured where the device was measured, else
-    calibrated, borrowed or datasheet; or force measured, calibrated or datasheet).
+    calibrated, borrowed or datasheet; or force measured, calibrated or datasheet). step: the
+    step flavour the configurations are timed by (perfmodel.planning.step_models): "full", the
+    whole model's operator inventory, or "traced", every kernel of the reference decoder's
+    step, which needs `tracer` (decoder.trace.StepTracer; python -m perfmodel.plan --step
+    traced hands it in).
 
     Raises PerfkitError for bad input, and when the model fits on none of the devices.
     """
@@ -134,13 +143,17 @@ def plan(
 
     if latency not in LATENCY_CHOICES:
         raise PerfkitError(f"unknown latency source {latency!r}; choose from: {', '.join(LATENCY_CHOICES)}")
+    check_flavors([step], WHOLE_STEP_FLAVORS)
+    check_tracer([step], tracer)
     if tensor_parallel is not None:
         model.shard(tensor_parallel)  # one line naming the degrees that split the model
     rows, bands, configs = [], [], []
     for view, view_dtype in zip(views, dtypes):
         if params is not None:
             view = dataclasses.replace(view, params=params)
-        setting = Setting(model, view, view_dtype, workload, accept, batches, sizes, memory_reserve, latency)
+        setting = Setting(
+            model, view, view_dtype, workload, accept, batches, sizes, memory_reserve, latency, step, tracer
+        )
         row, device_bands, device_configs = (
             plan_device(setting, tensor_parallel) if tensor_parallel else plan_device_auto_tp(setting)
         )
@@ -182,6 +195,8 @@ def serving_plan(
     prompt_len=DEFAULT_PROMPT_LEN,
     response_len=DEFAULT_RESPONSE_LEN,
     latency_target_s: float | None = None,
+    step: str = "full",
+    tracer=None,
 ) -> tuple[int, PlanResult | str]:
     """The tensor-parallel degree to price `model` at on one device, and its capacity plan;
     the one meaning of --tp for every command. tensor_parallel: that degree, or None for the
@@ -190,7 +205,7 @@ def serving_plan(
     Where the model does not fit at the degree but another degree usable on the device
     holds it, a DoesNotFit error names that degree. Where no usable degree holds it, there
     is nothing to advise: (the degree asked, or 1, and why it does not fit), for the caller
-    to say beside numbers that then price its steps as if it did."""
+    to say beside numbers that then price its steps as if it did. step, tracer: plan()'s."""
     try:
         result = plan(
             model,
@@ -202,6 +217,8 @@ def serving_plan(
             acceptance=acceptance,
             tensor_parallel=tensor_parallel,
             latency=latency,
+            step=step,
+            tracer=tracer,
         )
     except DoesNotFit as exc:
         if any(degree is not None for degree in exc.degrees.values()):

@@ -13,13 +13,14 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.hardware.specs import HardwareSpec
-from perfmodel.latency.tensor_parallel import tensor_parallel_steps, usable_degrees
+from perfmodel.latency.tensor_parallel import usable_degrees
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.lengths import Workload
 from perfmodel.planning.memory import GB, MemoryFit, memory_fit
 from perfmodel.planning.result import BAND_COLUMNS
 from perfmodel.planning.simulations import pick_best, speedup_table
+from perfmodel.planning.step_models import flavor_steps
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class Setting:
     sizes: np.ndarray
     reserve: float
     latency: str
+    step: str = "full"  # the step flavour (perfmodel.planning.step_models): full or traced
+    tracer: object = None  # the traced flavour's tracer (perfmodel.latency.traced.Tracer)
 
 
 # tensor_parallel=None tries these degrees (those that split the model and fit).
@@ -141,12 +144,12 @@ def plan_device(setting: Setting, tp: int):
         return row | NO_RECOMMENDATION, None, None
 
     planned = batch_grid(setting.batches, fit.max_batch)
-    step = tensor_parallel_steps(setting.view, model, dtype, tp, setting.latency)["full"]
+    step = flavor_steps(setting.view, model, dtype, tp, setting.latency, [setting.step], setting.tracer)[setting.step]
     table = speedup_table(step, accept, planned, w.step_context, sizes).sort_values(
         ["batch", "tree_size"], ignore_index=True
     )
     table.insert(0, "device", spec.key)
-    row["latency_model"] = step.label
+    row["latency_model"] = step.label if setting.step == "full" else f"{setting.step} step: {step.label}"
     kv = table["batch"] * fit.kv_token * (w.kv_tokens + table["tree_size"] - 1)
     table["memory_gb"] = (fit.weights + fit.heads + kv) / GB
     table["fits"] = table["memory_gb"] * GB <= fit.usable

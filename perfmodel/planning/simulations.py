@@ -6,8 +6,9 @@ decoding (speedup 1); where no n > 1 beats it, the answer is "do not speculate".
 
 `simulate` runs the paper's three simulations (Appendix G.3) on any device: (a) b=1,
 s=1024 over tree sizes; (b) s=1024 over batch; (c) b=4 over context length, for the
-paper's simplified step and the whole-model step. `draft_model_table` is speculative
-decoding with a draft model (Leviathan et al.), for comparison. The command line is
+paper's simplified step, the whole-model step and the decoder's traced step
+(perfmodel.planning.step_models). `draft_model_table` is speculative decoding with a draft
+model (Leviathan et al.), for comparison. The command line is
 `python -m perfmodel.speedup`; the figures are reports.speedup_figures'.
 """
 
@@ -24,8 +25,8 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware import specs as hardware
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.latency.step import StepModel
-from perfmodel.latency.tensor_parallel import tensor_parallel_steps
 from perfmodel.measured.device_view import DeviceView, resolve_devices
+from perfmodel.planning.step_models import flavor_steps
 
 # Tree sizes searched for the optimum: dense where trees are common, up to 256 tokens.
 CANDIDATE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
@@ -111,7 +112,11 @@ def verdict(row) -> str:
 SIMULATION_SIZES = tuple(range(1, 17)) + tuple(range(20, 65, 4)) + tuple(range(72, 257, 8))
 SIMULATION_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SIMULATION_SEQS = (128, 256, 512, 1024, 2048, 4096, 8192)
-STEP_LABELS = {"paper": "paper step (App. G.3 block)", "full": "full step (whole model)"}
+STEP_LABELS = {
+    "paper": "paper step (App. G.3 block)",
+    "full": "full step (whole model)",
+    "traced": "traced step (decoder's kernels)",
+}
 
 # Draft-model comparison (speculative decoding with a draft model, Leviathan et al. 2023).
 # c = draft step / target step: at batch 1 both steps are weight reads, so c is about the
@@ -235,14 +240,18 @@ def device_table(
     acceptance: AcceptanceChoice,
     latency_choice: str = "auto",
     tp: int = 1,
+    tracer=None,
+    simulations=SIMULATIONS,
+    sizes=SIMULATION_SIZES,
 ) -> pd.DataFrame:
-    """The three simulations on one device, in the CSV's columns; latency_choice is
-    perfmodel.latency.source's (auto: measured where the device was measured). tp > 1 prices
-    the model split over tp devices with its all-reduces, as the capacity plan does
-    (perfmodel.latency.tensor_parallel.tensor_parallel_steps)."""
+    """The three simulations (or those given, over `sizes`) on one device, in the CSV's
+    columns; latency_choice is perfmodel.latency.source's (auto: measured where the device
+    was measured). tp > 1 prices the model split over tp devices with its all-reduces, as the
+    capacity plan does (perfmodel.planning.step_models.flavor_steps). tracer: the traced
+    flavour's (decoder.trace.StepTracer; perfmodel.latency.traced.Tracer)."""
 
-    steps = tensor_parallel_steps(device, model, dtype, tp, latency_choice, flavors)
-    table = simulate(steps, acceptance.model)
+    steps = flavor_steps(device, model, dtype, tp, latency_choice, flavors, tracer)
+    table = simulate(steps, acceptance.model, simulations, sizes)
     table = table.assign(
         device=device.spec.key,
         model=model.name,

@@ -30,6 +30,9 @@ POINT_COLUMNS = (
     "plain_kernels",
     "medusa_kernels",
     "latency_model",
+    "launch",
+    "kernel_launch_us",
+    "graph_node_us",
     "source",
 )
 
@@ -46,6 +49,21 @@ def kernels_launched(step, batch: int, context: int, candidates: int) -> int:
     if isinstance(inner, TracedStep):
         return len(inner.priced(batch, context, candidates))
     return sum(item.count for item in step_inventory(inner.model, inner.flavor, candidates > 1))
+
+
+def launch_columns(step) -> dict:
+    """How a traced step launches its kernels (eager, cuda graph) and the per-kernel costs it
+    charged, in microseconds (graph_node_us only in graph mode); empty for the paper and full
+    steps, whose per-kernel overhead is the latency source's (its label says so)."""
+    inner = _shard(step)
+    if not isinstance(inner, TracedStep):
+        return {"launch": "", "kernel_launch_us": np.nan, "graph_node_us": np.nan}
+    launch = inner.launch
+    return {
+        "launch": "cuda graph" if inner.cuda_graph else "eager",
+        "kernel_launch_us": launch.eager_s * 1e6,
+        "graph_node_us": launch.graph_s * 1e6 if inner.cuda_graph else np.nan,
+    }
 
 
 def step_point(steps: dict, batch: int, context: int, tree_size: int, acceleration: float) -> pd.DataFrame:
@@ -73,6 +91,7 @@ def step_point(steps: dict, batch: int, context: int, tree_size: int, accelerati
                 "plain_kernels": kernels_launched(step, batch, context, 1),
                 "medusa_kernels": kernels_launched(step, batch, context, tree_size),
                 "latency_model": step.label if hasattr(step, "label") else _shard(step).latency.label,
+                **launch_columns(step),
                 "source": "predicted",
             }
         )
@@ -81,7 +100,8 @@ def step_point(steps: dict, batch: int, context: int, tree_size: int, accelerati
 
 def point_lines(steps: dict, rows: pd.DataFrame) -> list[str]:
     """What a person reads: per flavour the two steps, overhead and speedup; for a traced
-    step, the share of the Medusa step's time each kernel class takes."""
+    step, how its kernels are launched (eager or a CUDA graph, and the cost of each) and the
+    share of each step's time each kernel class takes."""
     lines = []
     for r in rows.itertuples():
         lines.append(
@@ -91,6 +111,7 @@ def point_lines(steps: dict, rows: pd.DataFrame) -> list[str]:
         )
         inner = _shard(steps[r.step])
         if isinstance(inner, TracedStep):
+            lines.append(f"    launch: {inner.launch_label}")
             for name, candidates in (("plain", 1), ("Medusa", r.tree_size)):
                 shares = kind_shares(inner.priced(r.batch, r.context, candidates))
                 parts = ", ".join(f"{s.kind} {s.share:.0%} ({s.kernels})" for s in shares.itertuples())

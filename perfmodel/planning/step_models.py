@@ -1,0 +1,65 @@
+"""The step models a sweep or a plan is priced by, one per flavour:
+
+- `paper`: the Medusa paper's simplified Llama block (Appendix G.3; perfmodel.latency.step);
+- `full`: the whole model step from its operator inventory (perfmodel.latency.step);
+- `traced`: every kernel the reference decoder's step launches, from a trace table, each
+  priced (perfmodel.latency.traced.TracedStep).
+
+A traced step needs a tracer: the command hands in the decoder's (decoder.trace.StepTracer),
+so that the analytic core prices trace tables without importing the decoder.
+"""
+
+from __future__ import annotations
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.tensor_parallel import TensorParallelStep, tensor_parallel_steps
+from perfmodel.latency.traced import TracedStep, Tracer
+from perfmodel.measured.device_view import DeviceView
+from perfmodel.models.config import ModelConfig
+
+STEP_FLAVORS = ("paper", "full", "traced")
+# The flavours that price a whole decoding step (a capacity plan, a report's recommendations).
+WHOLE_STEP_FLAVORS = ("full", "traced")
+
+
+def check_flavors(flavors, allowed=STEP_FLAVORS) -> tuple[str, ...]:
+    flavors = tuple(flavors)
+    unknown = [f for f in flavors if f not in allowed]
+    if not flavors:
+        raise PerfkitError(f"no step flavour given; choose from: {', '.join(allowed)}")
+    if unknown:
+        raise PerfkitError(f"unknown step flavour {', '.join(map(repr, unknown))}; choose from: {', '.join(allowed)}")
+    return flavors
+
+
+def check_tracer(flavors, tracer) -> None:
+    """A traced flavour needs a tracer: one line where none was handed in."""
+    if "traced" in flavors and tracer is None:
+        raise PerfkitError(
+            "the traced step needs a tracer (decoder.trace.StepTracer: the commands' --step traced hands it in)"
+        )
+
+
+def flavor_steps(
+    view: DeviceView,
+    model: ModelConfig,
+    dtype: str,
+    tp: int = 1,
+    latency: str = "auto",
+    flavors=("full",),
+    tracer: Tracer | None = None,
+) -> dict[str, TensorParallelStep]:
+    """One step model per flavour, in the order asked, for `model` split tp ways on `view`:
+    the shard timed by the view's latency source (one source for every flavour) plus its
+    all-reduces where tp > 1 (perfmodel.latency.tensor_parallel). tracer: (model, batch,
+    context, candidates, dtype) -> trace table, needed by the traced flavour."""
+    flavors = check_flavors(flavors)
+    check_tracer(flavors, tracer)
+    # The shard, its latency source and all-reduces as tensor_parallel_steps chooses them
+    # for every flavour; a traced step takes the full step's.
+    priced = tensor_parallel_steps(view, model, dtype, tp, latency, [*(f for f in flavors if f != "traced"), "full"])
+    if "traced" in flavors:
+        full = priced["full"]
+        traced = TracedStep(full.shard_step.model, full.shard_step.latency, dtype, tracer)
+        priced["traced"] = TensorParallelStep(traced, tp, full.all_reduce, dtype)
+    return {f: priced[f] for f in flavors}

@@ -1,0 +1,361 @@
+"""The closed loop at a real model size: a performance twin (decoder.twin) measured against
+its traced step, priced with this machine's measurements.
+
+For one batch size:
+1. measured: plain decoding and a Medusa tree of every recorded size, with dummy weights and
+   the record's accepted path lengths replayed, timed interleaved batch of prompts by batch
+   (decoder.runs.decode_interleaved, as the small closed loop times them); each setting's
+   step time is its decoding time over its steps;
+2. measured per kernel class: the same settings run once more under torch.profiler, each
+   aten operator's own time classed as decoder.trace classes the kernels of a trace, per
+   step (a long run minus a one-token run, so the prefill cancels); what no kernel claims is
+   the host's: Python, module calls and dispatch;
+3. predicted: the traced step of every setting (decoder.trace on the meta device) priced
+   by perfmodel.latency.traced with this machine's numbers: every distinct weight GEMM and
+   attention shape of the traces timed here (the GEMM's weights cold, rotated through more
+   than the last-level cache, as a step streams them), memory-bound kernels by their bytes
+   at the measured copy bandwidth, and a per-kernel overhead: the one calibrated constant,
+   (measured plain step - priced plain step) / kernels of the plain step, never taken from
+   a Medusa run;
+4. speedup: a replay is deterministic, so the steps each setting takes are known before it
+   runs (decoder.twin.Replay.steps); predicted speedup = plain steps x plain step time /
+   (tree steps x predicted tree step time), against the measured tokens/s ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from decoder.medusa import Decoder
+from decoder.runs import decode_interleaved
+from decoder.trace import ATTENTIONS, KIND_OF, TORCH_DTYPES, trace_step
+from decoder.twin import Replay, ReplayRecord, dummy_checkpoint, native_dtype, random_prompts
+from perfmodel.base.errors import PerfkitError
+from perfmodel.hardware.efficiencies import RooflineParams
+from perfmodel.latency.traced import KINDS, price_trace
+from perfmodel.models.config import load_model
+from perfmodel.models.operators import HEAD_TOP_K, Matmul
+from profilers.ceilings import measure_bandwidth, measure_kernel_overhead
+from profilers.closed_loop.config import TARGET_ERROR
+from profilers.closed_loop.runs import torch_threads
+from profilers.device import cpu_info
+from profilers.timer import TimerConfig, time_wall
+
+TWIN_DTYPES = ("bf16", "fp32")
+__all__ = ["TWIN_DTYPES", "TwinConfig", "classes_path", "native_dtype", "print_twin_batch", "twin_loop", "twin_verdict"]
+HOST = "host"  # what no kernel of a step claims: Python, module calls, dispatch
+PROFILED_TOKENS = 1  # the short run whose profile is subtracted (prefill and one step)
+
+
+@dataclass(frozen=True)
+class TwinConfig:
+    model: str  # a config.json or a folder holding one
+    replay: Path  # a decoder.measure record with path_lengths
+    batch: int = 1
+    sizes: tuple[int, ...] = ()  # tree sizes to run; () = every size the record holds
+    dtype: str = "bf16"
+    prompts: int = 8
+    prompt_len: int = 128
+    new_tokens: int = 32
+    rounds: int = 2
+    threads: int = 1
+    budget_s: float = 0.3  # timer budget per GEMM or attention shape
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in TORCH_DTYPES:
+            raise PerfkitError(f"--dtype {self.dtype!r}: the twin runs {', '.join(TORCH_DTYPES)}")
+        for name in ("batch", "prompts", "prompt_len", "new_tokens", "rounds", "threads"):
+            if getattr(self, name) < 1:
+                raise PerfkitError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if any(n < 2 for n in self.sizes):
+            raise PerfkitError(f"tree sizes are tokens per step with the root, so >= 2; got {list(self.sizes)}")
+
+    @property
+    def context(self) -> int:
+        """Mean tokens in the cache over a generation: prompt plus half the response."""
+        return self.prompt_len + self.new_tokens // 2
+
+    @property
+    def batches(self) -> int:
+        return -(-self.prompts // self.batch) * self.rounds
+
+
+class TimedShapes:
+    """A latency source for perfmodel.latency.traced.price_trace whose GEMMs are timed on
+    this machine at the exact shapes asked (weights cold), and whose memory-bound kernels
+    run at the measured bandwidth plus the per-kernel overhead."""
+
+    def __init__(self, spec, params: RooflineParams, dtype: torch.dtype, timer: TimerConfig, cache_bytes: int):
+        self.spec, self.params, self.torch_dtype, self.timer = spec, params, dtype, timer
+        self.cache_bytes = cache_bytes
+        self.table = self  # priced as measured, not by the roofline
+        self.attention = None  # timed apart (attention_times), head_dim need not be 128
+        self.gemms: dict[tuple[int, int, int], float] = {}
+        self._pool: torch.Tensor | None = None
+
+    def gemm_time(self, matmul: Matmul) -> float:
+        key = (int(matmul.m), int(matmul.n), int(matmul.k))
+        if key not in self.gemms:
+            self.gemms[key] = self._time_gemm(*key)
+        return self.gemms[key]
+
+    def _time_gemm(self, m: int, n: int, k: int) -> float:
+        if self._pool is None:  # weights for every shape: views into one buffer of twice the cache
+            elements = max(2 * self.cache_bytes * 8 // torch.finfo(self.torch_dtype).bits, 1 << 20)
+            self._pool = torch.empty(elements, dtype=self.torch_dtype).uniform_(-1, 1)
+        copies = max(1, self._pool.numel() // (n * k))
+        if copies == 1 and self._pool.numel() < n * k:
+            self._pool = torch.empty(n * k, dtype=self.torch_dtype).uniform_(-1, 1)
+        weights = self._pool[: copies * n * k].view(copies, n, k)
+        x = torch.randn(m, k, dtype=self.torch_dtype)
+        turn = iter(range(1 << 62))
+        call = lambda: F.linear(x, weights[next(turn) % copies])  # noqa: E731
+        return time_wall(call, self.timer).median_s
+
+
+def attention_times(rows: pd.DataFrame, dtype: torch.dtype, timer: TimerConfig) -> np.ndarray:
+    """Each attention row timed as the decoder runs it: queries of the tree, the cache's keys
+    and values up to kv_len, a boolean mask, grouped-query heads."""
+    out, cache = np.empty(len(rows)), {}
+    for i, r in enumerate(rows.itertuples()):
+        key = tuple(int(v) for v in (r.batch, r.heads, r.kv_heads, r.q_len, r.kv_len, r.head_dim))
+        if key not in cache:
+            b, h, kvh, q, s, d = key
+            query = torch.randn(b, h, q, d, dtype=dtype)
+            keys, values = (torch.randn(b, kvh, s, d, dtype=dtype) for _ in range(2))
+            mask = torch.ones(b, 1, q, s, dtype=torch.bool)
+            call = functools.partial(
+                F.scaled_dot_product_attention, query, keys, values, attn_mask=mask, enable_gqa=h != kvh
+            )
+            cache[key] = time_wall(call, timer).median_s
+        out[i] = cache[key]
+    return out
+
+
+def priced_step(trace: pd.DataFrame, source: TimedShapes, dtype: str) -> pd.DataFrame:
+    """The trace priced by perfmodel.latency.traced, its attention kernels timed here."""
+    attention = trace["kind"] == "attention"
+    priced = price_trace(trace[~attention], source, dtype)
+    timed = trace[attention].assign(source="timed here")
+    timed["time_s"] = attention_times(timed, source.torch_dtype, source.timer)
+    return pd.concat([priced, timed]).sort_index()
+
+
+def kernel_class(name: str) -> str:
+    """The trace's kernel class of a profiled aten operator; HOST for what launches none."""
+    packet = name.removeprefix("aten::")
+    if packet in ATTENTIONS:
+        return "attention"
+    if packet == "_local_scalar_dense":
+        return "host_sync"
+    return KIND_OF.get(packet, HOST)
+
+
+def profiled_classes(decoder: Decoder, prompts, settings: dict, config: TwinConfig) -> dict:
+    """(kind, size) -> seconds per step of each kernel class, measured under torch.profiler
+    (a run of new_tokens minus a run of PROFILED_TOKENS, over the steps between them), for
+    the plain step and the largest tree."""
+    out = {}
+    for key, setting in settings.items():
+        if key[1] not in (1, max(n for _, n in settings)):
+            continue  # the plain step and the largest tree: the two ends, at a tenth of the time
+        totals, steps = [], []
+        for tokens in (PROFILED_TOKENS, config.new_tokens):
+            kwargs = dict(setting)
+            if "replay" in kwargs:
+                kwargs["replay"] = Replay(kwargs["replay"].lengths)  # its own cursor, from the first sequence
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                result = decoder.generate(prompts[: config.batch], tokens, topk=HEAD_TOP_K, **kwargs)
+            seconds = dict.fromkeys((*KINDS, HOST), 0.0)
+            for event in prof.key_averages():
+                seconds[kernel_class(event.key)] += event.self_cpu_time_total * 1e-6
+            totals.append(seconds)
+            steps.append(result.steps)
+        out[key] = {c: (totals[1][c] - totals[0][c]) / (steps[1] - steps[0]) for c in totals[0]}
+    return out
+
+
+def twin_loop(config: TwinConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """(per tree size comparison, per kernel class comparison, summary) for one batch size."""
+    record = ReplayRecord.load(config.replay)
+    sizes = list(config.sizes) or [n for n in record.sizes if n > 1]
+    for n in sizes:
+        record.tree(n)  # refused here, before minutes of work, if the record lacks it
+    model = load_model(config.model)
+    torch_dtype = TORCH_DTYPES[config.dtype]
+    ckpt = dummy_checkpoint(config.model, torch_dtype, medusa_heads=record.accuracy.shape[0], seed=config.seed)
+    decoder = Decoder(ckpt)
+    model = dataclasses.replace(model, medusa_heads=len(ckpt.heads))
+    prompts = random_prompts(ckpt.config.vocab_size, config.prompts, config.prompt_len, config.seed)
+    params = sum(p.numel() for p in (*ckpt.model.parameters(), *ckpt.heads.parameters()))
+    settings = {("plain", 1): {}} | {("static", n): {"tree": record.tree(n), "replay": record.replay(n)} for n in sizes}
+    with torch_threads(config.threads):
+        log(f"{model.name} twin, {params / 1e9:.2f} B parameters with heads, {config.dtype}, batch {config.batch}")
+        for setting in settings.values():  # warm-up of every shape, untimed
+            decoder.generate(prompts[: config.batch], 2, topk=HEAD_TOP_K, **setting)
+        log(f"timing plain decoding and trees of {', '.join(map(str, sizes))} tokens, {config.rounds} round(s) ...")
+        fresh = {k: {**s, "replay": Replay(s["replay"].lengths)} if "replay" in s else s for k, s in settings.items()}
+        runs = decode_interleaved(
+            decoder, prompts, config.batch, config.new_tokens, fresh, config.rounds, topk=HEAD_TOP_K
+        )
+        log("profiling every setting's kernels by class ...")
+        classes = profiled_classes(decoder, prompts, settings, config)
+        log("timing the traced steps' GEMM and attention shapes on this machine ...")
+        source = this_machine(torch_dtype, config)
+        traces = {key: trace_step(model, config.batch, config.context, key[1], config.dtype) for key in settings}
+        priced = {key: priced_step(trace, source, config.dtype) for key, trace in traces.items()}
+    return compare(config, model, runs, classes, priced, source, settings)
+
+
+def this_machine(dtype: torch.dtype, config: TwinConfig) -> TimedShapes:
+    """The latency source of this CPU: its copy bandwidth and per-op overhead measured now."""
+    info = cpu_info()
+    bandwidth = measure_bandwidth(info)["copy"]
+    moved, timing = bandwidth
+    overhead = measure_kernel_overhead(info).median_s
+    spec = _MachineSpec(info.name, moved / timing.median_s)
+    params = RooflineParams(memory_efficiency=1.0, kernel_overhead_s=overhead)
+    return TimedShapes(spec, params, dtype, TimerConfig(budget_s=config.budget_s, flush_cache=False), info.cache_bytes)
+
+
+@dataclass(frozen=True)
+class _MachineSpec:
+    """What price_trace reads of a spec for memory-bound kernels: the bandwidth (bytes/s)."""
+
+    name: str
+    bandwidth: float
+
+
+def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, source, settings) -> tuple:
+    plain = runs[("plain", 1)]
+    plain_step = plain.decode_s / plain.steps
+    priced_plain = priced[("plain", 1)]
+    per_kernel = (plain_step - priced_plain["time_s"].sum()) / len(priced_plain)
+    plain_steps = config.batches * config.new_tokens  # one token a step
+    rows, class_rows = [], []
+    for key, result in runs.items():
+        kind, size = key
+        predicted_steps = (
+            plain_steps
+            if kind == "plain"
+            else settings[key]["replay"].steps(config.batch, config.new_tokens, config.batches)
+        )
+        table = priced[key]
+        predicted_step = table["time_s"].sum() + per_kernel * len(table)
+        measured_step = result.decode_s / result.steps
+        measured_speedup = result.tokens_per_s / plain.tokens_per_s
+        predicted_speedup = (plain_steps * plain_step) / (predicted_steps * predicted_step)
+        rows.append(
+            {
+                "model": model.name,
+                "dtype": config.dtype,
+                "batch": config.batch,
+                "tree_size": size,
+                "context": config.context,
+                "kernels": len(table),
+                "measured_steps": result.steps,
+                "predicted_steps": predicted_steps,
+                "tokens_per_step": result.new_tokens / (result.steps * config.batch),
+                "measured_step_s": measured_step,
+                "predicted_step_s": predicted_step,
+                "step_error": predicted_step / measured_step - 1,
+                "measured_overhead": measured_step / plain_step,
+                "predicted_overhead": predicted_step / plain_step,
+                "measured_speedup": measured_speedup,
+                "predicted_speedup": predicted_speedup,
+                "error": predicted_speedup / measured_speedup - 1,
+            }
+        )
+        by_kind = table.groupby("kind")["time_s"].sum()
+        counts = table.groupby("kind").size()
+        if key not in classes:
+            continue
+        measured_classes = dict(classes[key])
+        measured_classes[HOST] = measured_step - sum(v for c, v in measured_classes.items() if c != HOST)
+        for cls in (*KINDS, HOST):
+            predicted = float(by_kind.get(cls, 0.0)) if cls != HOST else per_kernel * len(table)
+            class_rows.append(
+                {
+                    "batch": config.batch,
+                    "tree_size": size,
+                    "kernel_class": cls,
+                    "kernels": int(counts.get(cls, 0)) if cls != HOST else 0,
+                    "measured_s": measured_classes[cls],
+                    "predicted_s": predicted,
+                    "error": predicted / measured_classes[cls] - 1 if measured_classes[cls] > 0 else float("nan"),
+                }
+            )
+    summary = {
+        "plain_step_s": plain_step,
+        "priced_plain_step_s": float(priced_plain["time_s"].sum()),
+        "per_kernel_overhead_s": per_kernel,
+        "measured_per_op_overhead_s": source.params.kernel_overhead_s,
+        "bandwidth_gb_s": source.spec.bandwidth / 1e9,
+        "gemm_shapes_timed": len(source.gemms),
+    }
+    out = pd.DataFrame(rows)
+    summary["max_abs_error"] = float(out.loc[out["tree_size"] > 1, "error"].abs().max())
+    summary["within_target"] = summary["max_abs_error"] <= TARGET_ERROR
+    return out, pd.DataFrame(class_rows), summary
+
+
+def print_twin_batch(table: pd.DataFrame, classes: pd.DataFrame, summary: dict) -> None:
+    """One batch's comparison as a user reads it: per tree size, then per kernel class."""
+    shown = pd.DataFrame(
+        {
+            "tree": table["tree_size"],
+            "steps": table["measured_steps"],
+            "tokens/step": table["tokens_per_step"],
+            "step ms measured": table["measured_step_s"] * 1e3,
+            "predicted": table["predicted_step_s"] * 1e3,
+            "overhead measured": table["measured_overhead"],
+            "predicted ": table["predicted_overhead"],
+            "speedup measured": table["measured_speedup"],
+            "predicted  ": table["predicted_speedup"],
+            "error %": table["error"] * 100,
+        }
+    )
+    print(shown.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    largest = classes[classes["tree_size"] == classes["tree_size"].max()]
+    print(
+        f"  ms per step by kernel class, {largest['tree_size'].iloc[0]}-token tree (measured by torch.profiler / "
+        "predicted from the trace):"
+    )
+    print(
+        "  "
+        + ", ".join(
+            f"{r.kernel_class} {r.measured_s * 1e3:.2f}/{r.predicted_s * 1e3:.2f}" for r in largest.itertuples()
+        )
+    )
+    print(
+        f"  calibration: plain step {summary['plain_step_s'] * 1e3:.2f} ms measured, its trace priced at "
+        f"{summary['priced_plain_step_s'] * 1e3:.2f} ms, so {summary['per_kernel_overhead_s'] * 1e6:.1f} us of host "
+        f"time per kernel (one tiny op measured {summary['measured_per_op_overhead_s'] * 1e6:.1f} us); copy bandwidth "
+        f"{summary['bandwidth_gb_s']:.1f} GB/s; {summary['gemm_shapes_timed']} GEMM shapes timed"
+    )
+
+
+def twin_verdict(table: pd.DataFrame, seconds: float) -> str:
+    trees = table[table["tree_size"] > 1]
+    worst = trees.loc[trees["error"].abs().idxmax()]
+    within = bool((trees["error"].abs() <= TARGET_ERROR).all())
+    return (
+        f"twin: max |predicted - measured| / measured speedup over every batch and tree = "
+        f"{abs(worst['error']) * 100:.1f}% (batch {worst['batch']}, tree {worst['tree_size']}; "
+        f"{'within' if within else 'NOT within'} the {TARGET_ERROR:.0%} target); {seconds:.0f} s"
+    )
+
+
+def classes_path(csv: Path) -> Path:
+    """Where the per-class comparison goes beside the per-tree one."""
+    return csv.with_name(f"{csv.stem}-classes.csv")

@@ -1,0 +1,161 @@
+"""The performance twin: dummy weights doing a real run's work, by replaying its acceptance."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from decoder.checkpoint import load_checkpoint
+from decoder.medusa import Decoder
+from decoder.runs import heldout_prompts
+from decoder.tree import path_of_length, tree_buffers
+from decoder.twin import KernelList, Replay, ReplayRecord, dummy_checkpoint, random_prompts, steps_to
+from perfmodel.acceptance.record import AcceptanceRecord
+from perfmodel.acceptance.trees import greedy_tree
+from perfmodel.base.errors import PerfkitError
+from perfmodel.models.config import load_model
+from perfmodel.validate import main as validate_main
+
+TINYLLAMA = "decoder/assets/configs/tinyllama-1.1b"
+
+
+@pytest.fixture(scope="module")
+def real_run():
+    """The bundled model's real greedy run with its own heads' tree, its kernels listed."""
+    ckpt = load_checkpoint("bundled")
+    tree = greedy_tree(np.asarray(ckpt.info.get("head_topk_accuracy", np.full((4, 10), 0.5))), 15)
+    prompts = heldout_prompts(ckpt, 2, 32, 0)
+    kernels = KernelList()
+    with kernels:
+        result = Decoder(ckpt).generate(prompts, 24, tree=tree)
+    return prompts, tree, result, kernels.kernels
+
+
+@pytest.fixture(scope="module")
+def twin():
+    return Decoder(dummy_checkpoint("bundled", seed=1))
+
+
+def test_twin_step_does_the_real_steps_work(real_run, twin):
+    prompts, tree, real, kernels = real_run
+    assert max(max(r) for r in real.path_lengths) > 1, "the real run must accept drafts for the test to mean much"
+    listed = KernelList()
+    with listed:
+        replayed = twin.generate(prompts, 24, tree=tree, replay=Replay(real.path_lengths))
+    assert replayed.path_lengths == real.path_lengths
+    assert replayed.steps == real.steps
+    assert listed.kernels == kernels
+
+
+def test_without_the_replay_dummy_weights_do_other_work(real_run, twin):
+    prompts, tree, _, kernels = real_run
+    listed = KernelList()
+    with listed:
+        alone = twin.generate(prompts, 24, tree=tree)
+    assert all(n == 1 for row in alone.path_lengths for n in row)  # dummy heads guess nothing
+    assert listed.kernels != kernels
+
+
+def test_dummy_weights_are_vllms_dummy_range_and_no_checkpoint_is_read(tmp_path):
+    (tmp_path / "config.json").write_text((load_checkpoint("bundled").folder / "config.json").read_text())
+    ckpt = dummy_checkpoint(tmp_path, torch.bfloat16, medusa_heads=2)  # a folder with a config.json only
+    weights = torch.cat([p.detach().flatten().float() for p in ckpt.model.parameters()])
+    assert weights.abs().max() <= 1e-3 and weights.std() > 1e-4
+    assert next(ckpt.model.parameters()).dtype == torch.bfloat16
+    assert len(ckpt.heads) == 2
+
+
+def test_the_shipped_tinyllama_config_has_its_published_shapes():
+    model = load_model(TINYLLAMA)
+    assert (model.hidden_size, model.intermediate_size, model.num_layers) == (2048, 5632, 22)
+    assert (model.num_heads, model.num_kv_heads, model.vocab_size) == (32, 4, 32000)
+    layer = 4 * model.hidden_size * model.head_dim * (model.num_heads + model.num_kv_heads) // 2
+    layer += 3 * model.hidden_size * model.intermediate_size
+    params = model.num_layers * layer + 2 * model.vocab_size * model.hidden_size
+    assert 1.0e9 < params < 1.2e9  # TinyLlama-1.1B
+
+
+def test_replay_steps_are_known_before_the_run(real_run, twin):
+    prompts, tree, real, _ = real_run
+    replay = Replay(real.path_lengths)
+    result = twin.generate(prompts, 24, tree=tree, replay=Replay(real.path_lengths))
+    assert replay.steps(batch=2, new_tokens=24, batches=1) == result.steps
+    assert steps_to([3, 1], 7) == 3  # 3, 4, 7 tokens after each step: the lengths wrap around
+    assert Replay([[2], [1]]).take(3) == [[2], [1], [2]]
+
+
+def test_path_of_length_follows_the_tree_and_refuses_a_deeper_record():
+    buffers = tree_buffers(greedy_tree(np.array([[0.9, 0.5], [0.8, 0.4]]), 4), 2, 2)
+    path = path_of_length(buffers, 3)
+    assert len(path) == 3 and path[0] == 0
+    parents = buffers.tree.parents
+    assert parents[path[2]] == path[1] and parents[path[1]] == 0
+    with pytest.raises(PerfkitError, match="no path of 4 tokens"):
+        path_of_length(buffers, 4)
+
+
+def write_record(path, real, tree_size: int, accuracy) -> None:
+    path.write_text(
+        json.dumps(
+            {
+                "per_tree_size": [
+                    {"tree_size": tree_size, "mean_accepted_tokens": 2.0, "path_lengths": real.path_lengths}
+                ],
+                "head_topk_accuracy": np.asarray(accuracy).tolist(),
+            }
+        )
+    )
+
+
+def test_a_record_with_path_lengths_is_read_and_a_bad_one_refused(tmp_path, real_run):
+    _, tree, real, _ = real_run
+    ckpt = load_checkpoint("bundled")
+    accuracy = ckpt.info.get("head_topk_accuracy", np.full((4, 10), 0.5))
+    write_record(tmp_path / "r.json", real, 16, accuracy)
+    record = ReplayRecord.load(tmp_path / "r.json")
+    assert record.sizes == [16] and record.tree(16) == tree
+    with pytest.raises(PerfkitError, match="no run with a 8-token tree; it has 16"):
+        record.replay(8)
+    data = json.loads((tmp_path / "r.json").read_text())
+    data["per_tree_size"][0]["path_lengths"] = [[0, 2]]
+    with pytest.raises(PerfkitError, match="path_lengths must be lists"):
+        AcceptanceRecord.from_dict(data, "r.json")
+
+
+def test_random_prompts_are_token_ids_of_the_vocabulary():
+    prompts = random_prompts(100, 3, 5, seed=0)
+    assert len(prompts) == 3 and all(len(p) == 5 and all(0 < t < 100 for t in p) for p in prompts)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--weights", "dummy"], "needs --replay RECORD"),
+        (["--weights", "dummy", "--replay", "r.json", "--flush", "all"], "--flush is for the real closed loop"),
+        (["--weights", "dummy", "--replay", "r.json", "--acceptance", "typical"], "--acceptance must be greedy"),
+        (["--replay", "r.json"], "are for the twin"),
+    ],
+)
+def test_validate_refuses_what_the_twin_cannot_do(argv, message, capsys):
+    with pytest.raises(PerfkitError, match=message):
+        validate_main(argv)
+
+
+def test_measure_runs_a_twin_that_accepts_what_the_record_says(tmp_path, real_run):
+    from decoder.measure import main as measure_main
+
+    _, _, real, _ = real_run
+    accuracy = load_checkpoint("bundled").info.get("head_topk_accuracy", np.full((4, 10), 0.5))
+    write_record(tmp_path / "r.json", real, 16, accuracy)
+    out = tmp_path / "twin.json"
+    argv = ["--model", "bundled", "--weights", "dummy", "--replay", str(tmp_path / "r.json"), "--prompts", "2"]
+    assert measure_main([*argv, "--batch", "2", "--new-tokens", "24", "--out", str(out)]) == 0
+    rows = {r["tree_size"]: r for r in json.loads(out.read_text())["per_tree_size"]}
+    assert sorted(rows) == [1, 16]
+    assert rows[16]["steps"] == Replay(real.path_lengths).steps(batch=2, new_tokens=24, batches=1)
+    assert rows[16]["mean_accepted_tokens"] > 1.5 and rows[1]["mean_accepted_tokens"] == 1.0
+    with pytest.raises(PerfkitError, match="--tree is for real weights"):
+        measure_main([*argv, "--tree", "greedy-8", "--out", str(out)])
