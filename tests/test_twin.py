@@ -159,3 +159,10 @@ def test_measure_runs_a_twin_that_accepts_what_the_record_says(tmp_path, real_ru
     assert rows[16]["mean_accepted_tokens"] > 1.5 and rows[1]["mean_accepted_tokens"] == 1.0
     with pytest.raises(PerfkitError, match="--tree is for real weights"):
         measure_main([*argv, "--tree", "greedy-8", "--out", str(out)])
+
+
+def test_the_twin_loop_refuses_a_batch_larger_than_its_prompts():
+    from profilers.closed_loop.twin import TwinConfig
+
+    with pytest.raises(PerfkitError, match="--prompts 4 is fewer than batch 8"):
+        TwinConfig(model=TINYLLAMA, replay="r.json", batch=8, prompts=4)

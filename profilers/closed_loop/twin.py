@@ -77,6 +77,8 @@ class TwinConfig:
         for name in ("batch", "prompts", "prompt_len", "new_tokens", "rounds", "threads"):
             if getattr(self, name) < 1:
                 raise PerfkitError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prompts < self.batch:
+            raise PerfkitError(f"--prompts {self.prompts} is fewer than batch {self.batch}: give at least one batch")
         if any(n < 2 for n in self.sizes):
             raise PerfkitError(f"tree sizes are tokens per step with the root, so >= 2; got {list(self.sizes)}")
 
