@@ -26,6 +26,7 @@ traces each point of a sweep once.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from collections.abc import Iterator
@@ -151,6 +152,7 @@ class TraceRow:
     flops: int = 0
     bytes: int = 0
     shapes: str = ""
+    call: str = ""  # the call itself, replayable (encode_call)
 
 
 ROW_VALUES = attrgetter(*TRACE_COLUMNS)  # a row's values in column order (dataclasses.astuple copies deeply: slow)
@@ -230,6 +232,44 @@ def moved_bytes(packet: str, args: tuple, inputs: list[torch.Tensor], outputs: l
     return sum(map(nbytes, inputs)) + sum(map(nbytes, outputs))
 
 
+def encode_call(func, args: tuple, kwargs: dict, cold) -> str:
+    """The operator call as compact JSON, enough to run it again on real tensors
+    (profilers.kernel_replay): [operator, args, kwargs], each tensor as {"t": shape,
+    "s": strides, "d": dtype}, plus "w": 1 where its storage is in `cold` (a model weight
+    or the KV cache: a step streams its weights and reads each layer's cache once, so a
+    replay reads them cold) and "h": 1 for a host
+    tensor; a dtype as {"dtype": name}, a device as {"device": null} (the replay's own) or
+    {"device": "host"} (a copy back to the host)."""
+
+    def encode(value):
+        if isinstance(value, torch.Tensor):
+            out = {"t": list(value.shape), "s": list(value.stride()), "d": str(value.dtype).removeprefix("torch.")}
+            if value.untyped_storage()._cdata in cold:
+                out["w"] = 1
+            if not value.is_meta:
+                out["h"] = 1
+            return out
+        if isinstance(value, torch.dtype):
+            return {"dtype": str(value).removeprefix("torch.")}
+        if isinstance(value, torch.device):
+            return {"device": "host" if value.type == "cpu" else None}
+        if isinstance(value, (torch.memory_format, torch.layout)):
+            return {"enum": str(value).removeprefix("torch.")}
+        if isinstance(value, (list, tuple)):
+            return [encode(v) for v in value]
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        return {"unknown": repr(value)}
+
+    named = {name: encode(value) for name, value in kwargs.items()}
+    return json.dumps([str(func), encode(list(args)), named], separators=(",", ":"))
+
+
+def weight_storages(modules) -> frozenset[int]:
+    """The storages of every parameter of `modules` (None skipped), to tell weights apart."""
+    return frozenset(p.untyped_storage()._cdata for m in modules if m is not None for p in m.parameters())
+
+
 # -- the recorder --------------------------------------------------------------------------
 
 
@@ -253,9 +293,12 @@ class StepRecorder(TorchDispatchMode):
     decomposes them itself, inside the mode, so a linear layer arrives as its mm. Fused
     attention is the exception: one row, and its math fallback on meta is not traced."""
 
-    def __init__(self, step: str):
+    def __init__(self, step: str, cold: frozenset[int] = frozenset()):
         super().__init__()
         self.step, self.part = step, STEP_PARTS[0]
+        # Storages a step reads cold, streamed once since it last touched them: the model's
+        # parameters (weight_storages) and, added by run_step, the KV cache.
+        self.cold = set(cold)
         self.rows: list[TraceRow] = []
         # Per row, what repeats it: ("layer", i) inside decoder layer i, ("sequence", part, b)
         # in sequence b's verification or commit, else None (see repeated_runs).
@@ -284,7 +327,7 @@ class StepRecorder(TorchDispatchMode):
         packet = func.overloadpacket.__name__
         if packet in ATTENTIONS:
             out = func(*args, **kwargs)  # the mode is off in here: the math fallback goes untraced
-            self._attention(func, args, out)
+            self._attention(func, args, kwargs, out)
             return out
         synced = self._host_sync(func, args, kwargs)
         if synced is not None:
@@ -302,7 +345,7 @@ class StepRecorder(TorchDispatchMode):
             return out
         if packet in POSITIONS:
             self._hold_positions(t for t in outputs if not t.is_floating_point())
-        self._kernel(func, packet, args, inputs, outputs)
+        self._kernel(func, packet, args, kwargs, inputs, outputs)
         return out
 
     def _hold_positions(self, tensors) -> None:
@@ -310,7 +353,9 @@ class StepRecorder(TorchDispatchMode):
 
     # -- rows ----------------------------------------------------------------------------------
 
-    def _add(self, func, kind: str, dtype: torch.dtype, inputs: list[torch.Tensor], note: str = "", **values) -> None:
+    def _add(
+        self, func, call: tuple, kind: str, dtype: torch.dtype, inputs: list[torch.Tensor], note: str = "", **values
+    ) -> None:
         self.tags.append(self.tag)
         self.rows.append(
             TraceRow(
@@ -321,11 +366,12 @@ class StepRecorder(TorchDispatchMode):
                 kind,
                 dtype_name(dtype),
                 shapes=shapes_text(inputs) + note,
+                call=encode_call(func, *call, self.cold),
                 **values,
             )
         )
 
-    def _kernel(self, func, packet: str, args: tuple, inputs: list[torch.Tensor], outputs: list[torch.Tensor]):
+    def _kernel(self, func, packet: str, args: tuple, kwargs: dict, inputs: list[torch.Tensor], outputs: list):
         kind = KIND_OF.get(packet)
         if kind is None:
             self.unclassified.add(packet)
@@ -334,13 +380,13 @@ class StepRecorder(TorchDispatchMode):
         values["bytes"] = moved_bytes(packet, args, inputs, outputs)
         # A host tensor (torch.tensor of a list, a numpy array) copied to the device.
         note = " host->device" if packet == "_to_copy" and not inputs[0].is_meta else ""
-        self._add(func, kind, outputs[0].dtype, inputs, note=note, **values)
+        self._add(func, (args, kwargs), kind, outputs[0].dtype, inputs, note=note, **values)
 
-    def _attention(self, func, args: tuple, out) -> None:
+    def _attention(self, func, args: tuple, kwargs: dict, out) -> None:
         q, k, v = args[:3]
         output = tensors_in(out)[0]
         moved = nbytes(q) + nbytes(k) + nbytes(v) + nbytes(output)  # the scores never reach memory
-        self._add(func, "attention", q.dtype, tensors_in(args), bytes=moved, **attention_dims(q, k))
+        self._add(func, (args, kwargs), "attention", q.dtype, tensors_in(args), bytes=moved, **attention_dims(q, k))
 
     # -- reading back from the device -----------------------------------------------------------
 
@@ -357,7 +403,7 @@ class StepRecorder(TorchDispatchMode):
             answer = args[0].copy_(self._host_copy(args[0].shape, args[0].dtype))
         else:
             return None
-        self._add(func, "host_sync", source.dtype, [source], bytes=nbytes(source))
+        self._add(func, (args, kwargs), "host_sync", source.dtype, [source], bytes=nbytes(source))
         return answer
 
     def _host_value(self, source: torch.Tensor):
@@ -479,6 +525,7 @@ def run_step(
     config, dtype = decoder.model.config, next(decoder.model.parameters()).dtype
     topk = HEAD_TOP_K if decoder.heads is not None else 1
     cache = KVCache(config, batch, context + 2 * static.size + 1, META, dtype)
+    recorder.cold |= {t.untyped_storage()._cdata for t in (cache.k, cache.v)}
     lengths, roots = [context] * batch, [0] * batch
     last_hidden = torch.empty(batch, config.hidden_size, device=META, dtype=dtype)
     accept, settings = ACCEPT[acceptance], AcceptanceConfig(scheme=acceptance)
@@ -507,7 +554,7 @@ def record_step(
     medusa = candidates > 1
     heads, topk = (len(decoder.heads), HEAD_TOP_K) if medusa else (0, 1)
     static = tree_buffers(step_tree(candidates, heads, topk), heads, topk, str(META))
-    recorder = StepRecorder("medusa" if medusa else "plain")
+    recorder = StepRecorder("medusa" if medusa else "plain", weight_storages((decoder.model, decoder.heads)))
     run_step(decoder, recorder, static, batch, context, acceptance, sequences)
     return recorder
 

@@ -32,12 +32,17 @@ DUMMY_RANGE = 1e-3  # vLLM's dummy weights: uniform in [-1e-3, 1e-3]
 
 
 def dummy_checkpoint(
-    model: str | Path, dtype: torch.dtype = torch.float32, medusa_heads: int | None = None, seed: int = 0
+    model: str | Path,
+    dtype: torch.dtype = torch.float32,
+    medusa_heads: int | None = None,
+    seed: int = 0,
+    device: str = "cpu",
 ) -> Checkpoint:
     """A checkpoint of `model`'s config.json (a file or folder; `bundled`) with dummy weights
-    and `medusa_heads` heads (default: the config's, else DEFAULT_MEDUSA_HEADS). Built on
-    the meta device and filled in place, so a 1B model is ready in seconds, not after
-    minutes of per-layer random initialisation."""
+    and `medusa_heads` heads (default: the config's, else DEFAULT_MEDUSA_HEADS), on `device`.
+    Built on the meta device, cast, and filled in place where it lives, so a 1B model is
+    ready in seconds, not after minutes of per-layer random initialisation, and a 7B one
+    never passes through host memory in fp32."""
     path = resolve_model_path(model)
     if path is None:
         raise PerfkitError(f"--weights dummy needs a config.json: {model!r} is not a file or folder")
@@ -48,8 +53,8 @@ def dummy_checkpoint(
     with torch.device("meta"):
         net = Transformer(config)
         medusa = MedusaHeads(config.hidden_size, config.vocab_size, heads)
-    generator = torch.Generator().manual_seed(seed)
-    net, medusa = (_filled(m.to_empty(device="cpu"), generator).to(dtype).eval() for m in (net, medusa))
+    generator = torch.Generator(device=device).manual_seed(seed)
+    net, medusa = (_filled(m.to(dtype).to_empty(device=device), generator).eval() for m in (net, medusa))
     folder = path if path.is_dir() else path.parent
     return Checkpoint(folder, config, net, medusa, None, None, {"weights": "dummy", "dummy_range": DUMMY_RANGE})
 

@@ -95,7 +95,11 @@ def build_parser() -> Parser:
         help="also run the dynamic tree (built each step from the heads' probabilities) of every size",
     )
     options.twin(p)
-    options.dtype(p, allowed=TWIN_DTYPES, default_said="with --weights dummy, bf16 where this CPU has it, else fp32")
+    options.dtype(
+        p,
+        allowed=TWIN_DTYPES,
+        default_said="with --weights dummy, fp16 on a GPU, on a CPU bf16 where it has it, else fp32",
+    )
     options.csv(p, "the per-tree comparison (with --weights dummy, the per-class one beside it: FILE-classes.csv)")
     p.add_argument("--ops-csv", type=Path, metavar="FILE", help="write the measured operator rows here")
     return p
@@ -110,7 +114,7 @@ def twin_main(args, started: float) -> int:
             raise PerfkitError(f"{option} is for the real closed loop; the twin (--weights dummy) does not take it")
     if args.acceptance not in (None, "greedy"):
         raise PerfkitError("the twin verifies greedily and keeps what --replay recorded: --acceptance must be greedy")
-    dtype = args.dtype or native_dtype()
+    dtype = args.dtype or ("fp16" if args.device == "cuda" else native_dtype())
     tables, classes = [], []
     for batch in dict.fromkeys(args.batch):
         config = TwinConfig(
@@ -119,6 +123,7 @@ def twin_main(args, started: float) -> int:
             batch=batch,
             sizes=tuple(args.sizes) if args.sizes != list(DEFAULT_SIZES) else (),
             dtype=dtype,
+            device=args.device,
             prompts=args.prompts,
             prompt_len=args.prompt_len,
             new_tokens=args.new_tokens,

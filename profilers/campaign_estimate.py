@@ -24,7 +24,7 @@ stage's measured wall time beside its estimate, to check them on the first lent 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,10 +36,12 @@ from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec, find_spec
 from perfmodel.latency.roofline import kernel_time, op_time
 from perfmodel.measured.device_view import cpu_view
+from perfmodel.models.config import load_model
 from perfmodel.models.grid import iter_blocks
 from perfmodel.models.operators import Matmul, op_kernels
+from perfmodel.planning.memory import head_params, weight_params
 from profilers.benchmarks import workspace_elements
-from profilers.campaign_plan import CeilingsStage, GemmStage, Plan, Stage, SweepStage
+from profilers.campaign_plan import CeilingsStage, GemmStage, Plan, Stage, SweepStage, TwinStage
 from profilers.ceilings import TORCH_DTYPES
 from profilers.device import DeviceInfo, cpu_info, cuda_info
 from profilers.sweeper import GRAPH_BELOW_S, MAX_GRAPH_COPIES
@@ -135,11 +137,41 @@ def ceilings_seconds(stage: CeilingsStage, machine: Machine) -> float:
     return touch + streams + peaks + max(timer.budget_s, calls * REP_OVERHEAD_S[device])
 
 
+# The twin: kernels a step of the reference decoder launches per layer (about 40, measured by
+# decoder.trace), each paying at least a launch from Python; and the work besides the timed
+# decoding (warm-up, torch.profiler runs of the plain step and largest tree, the kernels'
+# replay), as a multiple of it.
+TWIN_KERNELS_PER_LAYER = 40
+TWIN_LAUNCH_S = {"cuda": 10e-6, "cpu": 10e-6}
+TWIN_EXTRA = 1.5
+
+
+def twin_seconds(stage: TwinStage, plan: Plan, machine: Machine) -> float:
+    """Every setting's decoding of the prompts, a step at the roofline of its weights
+    streamed and its tokens' FLOPs, or the Python launches of its kernels, whichever is
+    longer; every setting taken to decode new_tokens steps (the plain step's count, an
+    upper bound for a tree)."""
+    model = load_model(stage.model)
+    model = replace(model, medusa_heads=max(model.medusa_heads, 1))
+    params = weight_params(model) - model.vocab_size * model.hidden_size + head_params(model)  # the embedding: a gather
+    weights = params * element_bytes(plan.dtype)
+    peak = machine.spec.peak_flops(plan.dtype) * machine.params.compute_efficiency
+    launches = TWIN_KERNELS_PER_LAYER * model.num_layers * TWIN_LAUNCH_S[machine.device]
+    total = 0.0
+    for batch in stage.batches:
+        for size in (1, *stage.sizes):
+            step = max(weights / machine.bandwidth + 2 * params * batch * size / peak, launches)
+            total += math.ceil(stage.prompts / batch) * stage.new_tokens * step
+    return total * (1 + TWIN_EXTRA)
+
+
 def stage_seconds(stage: Stage, plan: Plan, machine: Machine) -> float:
     if isinstance(stage, CeilingsStage):
         return ceilings_seconds(stage, machine)
     if isinstance(stage, SweepStage):
         return sweep_seconds(stage, plan, machine)
+    if isinstance(stage, TwinStage):
+        return twin_seconds(stage, plan, machine)
     return gemm_seconds(stage, plan, machine)
 
 

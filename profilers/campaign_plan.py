@@ -16,12 +16,19 @@ many points and into which file under `<out>/<device key>/`.
   columns `n` and `k`: the row form of a device-wide GEMM grid
   (perfmodel.measured.aiconfigurator.contract_rows), in a folder of its own so the
   per-model readers of `<device>/*.csv` do not take its shapes for models.
+- `TwinStage`: the performance twin's closed loop (profilers.closed_loop.twin): a model's
+  config.json with dummy weights decoding plain and with Medusa trees whose acceptance
+  replays a real run's record, batch by batch, each step beside its prediction from the
+  traced step priced by the step's own kernels replayed on the device -> `twin/<model>-
+  <dtype>.csv`, its per-kernel-class table beside it and `.meta.json` with each batch's
+  calibration; a batch already in the file is not run again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from pathlib import Path
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
@@ -53,6 +60,31 @@ QUICK_TIMER = TimerConfig(warmup=1, min_reps=3, max_reps=10, budget_s=0.02)
 # Two samples per ceiling. On a CPU the quick variant leaves the bandwidth out: its arrays, eight
 # times the last-level cache, take tens of seconds to allocate on a small virtual machine.
 QUICK_CEILING_TIMER = TimerConfig(warmup=0, min_reps=2, max_reps=2, budget_s=0.0, flush_cache=False)
+# The twin: the shipped configs and the bundled model's greedy record, whose accepted path
+# lengths (trees of 2-64 tokens) every tree replays.
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "decoder" / "assets" / "configs"
+TWIN_RECORD = (
+    REPO / "profilers" / "measurements" / "cpu-intel-xeon-processor-2c" / "twin" / "bundled-greedy-record.json"
+)
+TWIN_SIZES = (4, 16, 64)
+
+
+def twin_stage(model: str, dtype: str, batches: tuple[int, ...], prompts: int, new_tokens: int = 32) -> TwinStage:
+    """The twin of `model` (a folder of decoder/assets/configs, or `bundled`)."""
+    path = "bundled" if model == "bundled" else str(CONFIGS / model)
+    sizes, prompt_len = ((4,), 16) if model == "bundled" else (TWIN_SIZES, 128)
+    return TwinStage(
+        f"twin-{model}",
+        path,
+        str(TWIN_RECORD),
+        batches,
+        sizes,
+        prompts,
+        prompt_len,
+        new_tokens,
+        f"twin/{model}-{dtype}.csv",
+    )
 
 
 @dataclass(frozen=True)
@@ -130,7 +162,33 @@ class GemmStage:
         return len(self.shapes) * len(self.tokens)
 
 
-Stage = CeilingsStage | SweepStage | GemmStage
+@dataclass(frozen=True)
+class TwinStage:
+    name: str
+    model: str  # a config.json folder (or `bundled`)
+    record: str  # a decoder.measure record with path_lengths: the acceptance every tree replays
+    batches: tuple[int, ...]
+    sizes: tuple[int, ...]  # tree sizes, the plain step besides
+    prompts: int
+    prompt_len: int
+    new_tokens: int
+    out: str
+
+    @property
+    def what(self) -> str:
+        return (
+            f"performance twin of {Path(self.model).name} (dummy weights, {Path(self.record).name}'s acceptance "
+            f"replayed): batch {'/'.join(map(str, self.batches))}, plain and trees of "
+            f"{'/'.join(map(str, self.sizes))} tokens, {self.prompts} prompts x {self.new_tokens} tokens, measured "
+            "beside the predicted step"
+        )
+
+    def size(self) -> int:
+        """Settings measured: the plain step and every tree, at every batch size."""
+        return len(self.batches) * (len(self.sizes) + 1)
+
+
+Stage = CeilingsStage | SweepStage | GemmStage | TwinStage
 
 
 @dataclass(frozen=True)
@@ -211,6 +269,7 @@ def plan_for(device: str, variant: str = "full", dtype: str | None = None) -> Pl
             CeilingsStage("ceilings", (dtype,), QUICK_CEILING_TIMER, streams=device == "cuda"),
             *sweep_stages([model], dtype, linear_grid((64,), QUICK_TOKENS), Grid((1,), (64,), (1, 8))),
             gemm_stage([model], QUICK_TOKENS, dtype, degrees=(1, 2)),
+            twin_stage(QUICK_MODEL, dtype, (1,), prompts=1, new_tokens=8),
         ]
         # No cache flush on a CPU: writing twice its last-level cache before every sample would
         # cost more than the bundled model's kernels.
@@ -233,5 +292,9 @@ def plan_for(device: str, variant: str = "full", dtype: str | None = None) -> Pl
         CeilingsStage("ceilings", None, CEILING_TIMER),
         *sweep_stages(models, dtype, linear, attention),
         gemm_stage(gemm_models, gemm_tokens, dtype),
+        # 7B shapes on a GPU, batch 1-16; on a CPU the ~1B TinyLlama, batch 1-8
+        twin_stage("llama-2-7b", dtype, (1, 2, 4, 8, 16), prompts=16)
+        if device == "cuda"
+        else twin_stage("tinyllama-1.1b", dtype, (1, 2, 4, 8), prompts=8),
     ]
     return Plan(device, variant, dtype, default_timer(device), tuple(stages))

@@ -16,13 +16,25 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.base.outputs import writable_dir
 from profilers.campaign_estimate import clock, cpu_machine, gpu_machine, stage_seconds
 from profilers.campaign_gemm import missing_gemms, run_gemm_grid
-from profilers.campaign_plan import CEILINGS_FILE, MANIFEST, CeilingsStage, GemmStage, Plan, Stage, SweepStage
+from profilers.campaign_plan import (
+    CEILINGS_FILE,
+    MANIFEST,
+    CeilingsStage,
+    GemmStage,
+    Plan,
+    Stage,
+    SweepStage,
+    TwinStage,
+)
 from profilers.ceilings import measure_ceilings
+from profilers.closed_loop.twin import TwinConfig, classes_path, twin_loop
 from profilers.device import DeviceInfo, check_device, cpu_info, cpu_state, cuda_info, versions
 from profilers.store import output_lock
 from profilers.sweep_runs import missing_points, run_sweep
@@ -111,6 +123,9 @@ def remaining(stage: Stage, session: Session) -> int:
         return 0 if ceilings_record(session.path(stage), session.info.key) else stage.size()
     if isinstance(stage, SweepStage):
         return len(missing_points(sweep_config(stage, session), session.info.key))
+    if isinstance(stage, TwinStage):
+        done = twin_batches_done(session.path(stage))
+        return sum(len(stage.sizes) + 1 for b in stage.batches if b not in done)
     return len(missing_gemms(stage, session.path(stage), session.info.key, session.plan.dtype))
 
 
@@ -153,7 +168,55 @@ def run_gemm_stage(stage: GemmStage, session: Session) -> StageDone:
     return StageDone(stage.name, result.total_rows, result.measured, result.skipped, time.perf_counter() - started)
 
 
-RUNNERS = {CeilingsStage: run_ceilings, SweepStage: run_sweep_stage, GemmStage: run_gemm_stage}
+def twin_batches_done(path: Path) -> set[int]:
+    """Batch sizes a twin stage's file holds (each written whole, after its batch ran)."""
+    if not path.exists():
+        return set()
+    return set(int(b) for b in pd.read_csv(path, usecols=["batch"])["batch"])
+
+
+def run_twin_stage(stage: TwinStage, session: Session) -> StageDone:
+    """Each batch size the file lacks: the twin's closed loop, its rows appended (the
+    per-class table first, so the per-tree rows mark a batch done), its calibration and
+    the device's identity in `.meta.json`."""
+    started = time.perf_counter()
+    path, plan = session.path(stage), session.plan
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta_path = path.with_suffix(".meta.json")
+    meta = read_json(meta_path, "twin metadata") if meta_path.exists() else {"batches": {}}
+    meta.update(device=session.info.as_dict(), versions=campaign_versions(session.info), stage=asdict(stage))
+    done, measured = twin_batches_done(path), 0
+    for batch in stage.batches:
+        if batch in done:
+            continue
+        config = TwinConfig(
+            model=stage.model,
+            replay=Path(stage.record),
+            batch=batch,
+            sizes=stage.sizes,
+            dtype=plan.dtype,
+            device=plan.device,
+            prompts=stage.prompts,
+            prompt_len=stage.prompt_len,
+            new_tokens=stage.new_tokens,
+            rounds=1,
+        )
+        table, classes, summary = twin_loop(config, session.log)
+        for frame, where in ((classes, classes_path(path)), (table, path)):
+            frame.to_csv(where, mode="a", header=not where.exists(), index=False)
+        meta["batches"][str(batch)] = {**summary, "finished": now()}
+        write_json(meta_path, meta)
+        measured += len(table)
+    rows = len(pd.read_csv(path)) if path.exists() else 0
+    return StageDone(stage.name, rows, measured, 0, time.perf_counter() - started)
+
+
+RUNNERS = {
+    CeilingsStage: run_ceilings,
+    SweepStage: run_sweep_stage,
+    GemmStage: run_gemm_stage,
+    TwinStage: run_twin_stage,
+}
 
 
 def campaign_versions(info: DeviceInfo) -> dict:

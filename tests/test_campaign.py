@@ -20,7 +20,8 @@ from perfmodel.models.config import PRESETS
 from perfmodel.models.operators import PHASES
 from profilers import store
 from profilers.campaign import main
-from profilers.campaign_plan import GemmStage, SweepStage, plan_for
+from profilers.campaign_plan import GemmStage, SweepStage, TwinStage, plan_for
+from profilers.closed_loop.twin import classes_path
 from profilers.device import cpu_info
 from profilers.store import output_lock
 
@@ -57,6 +58,8 @@ def contents(folder: Path) -> dict[str, bytes]:
 def test_every_stage_writes_data_contract_rows_readers_take(measured):
     key = measured.name
     for stage in QUICK.stages[1:]:
+        if isinstance(stage, TwinStage):
+            continue  # its own tables: test_the_twin_stage_writes_measured_beside_predicted_steps
         path = measured / stage.out
         raw = check_table(pd.read_csv(path))
         rows = measured_rows(path, device=key)
@@ -80,10 +83,20 @@ def test_every_stage_writes_data_contract_rows_readers_take(measured):
     assert done["runs"][0]["stages"] == QUICK.names()
 
 
+def test_the_twin_stage_writes_measured_beside_predicted_steps(measured):
+    stage = QUICK.stage("twin-bundled")
+    table = pd.read_csv(measured / stage.out)
+    assert len(table) == stage.size() and sorted(table["tree_size"]) == [1, *stage.sizes]
+    assert (table["measured_step_s"] > 0).all() and table["predicted_step_s"].notna().all()
+    assert set(pd.read_csv(classes_path(measured / stage.out))["batch"]) == set(stage.batches)
+    meta = json.loads((measured / stage.out).with_suffix(".meta.json").read_text())
+    assert meta["device"]["key"] == measured.name and meta["batches"]["1"]["calls_not_replayed"] == 0
+
+
 def test_a_rerun_of_a_complete_campaign_does_nothing_and_says_so(folder, capsys):
     before = contents(folder)
     assert campaign(folder.parent) == 0
-    assert "nothing to do: all 4 stages of the quick campaign are complete" in capsys.readouterr().out
+    assert "nothing to do: all 5 stages of the quick campaign are complete" in capsys.readouterr().out
     assert contents(folder) == before
     assert len(manifest(folder)["runs"]) == 1  # no run recorded: nothing ran
 
@@ -169,7 +182,7 @@ def test_the_dry_run_prints_the_gpu_plan_within_25_minutes_and_writes_nothing(tm
         assert re.search(
             rf"^ *{i}  {re.escape(stage.name)} +{stage.size():,} +\d+:\d\d  {re.escape(stage.out)}$", out, re.M
         )
-    total = re.search(r"^total: 8 stages, ([\d,]+) points, estimated (\d+):(\d\d)$", out, re.M)
+    total = re.search(r"^total: 9 stages, ([\d,]+) points, estimated (\d+):(\d\d)$", out, re.M)
     assert int(total[1].replace(",", "")) == sum(s.size() for s in plan.stages)
     assert 60 < int(total[2]) * 60 + int(total[3]) <= 25 * 60
     assert "h100-sxm datasheet roofline" in out and not (tmp_path / "c").exists()

@@ -23,9 +23,11 @@ from perfmodel.hardware.specs import find_spec
 from perfmodel.measured.store import measured_rows
 from perfmodel.models.grid import Grid
 from profilers.campaign import main as campaign_main
-from profilers.campaign_plan import plan_for
+from profilers.campaign_plan import TWIN_RECORD, TwinStage, plan_for
 from profilers.ceilings import measure_ceilings
+from profilers.closed_loop.twin import TwinConfig, twin_loop
 from profilers.device import cuda_info, decode_clock_events
+from profilers.kernel_replay import KernelTimes
 from profilers.sweep_runs import run_sweep
 from profilers.sweeper import GRAPH_BELOW_S, SweepConfig
 from profilers.timer import TimerConfig, cache_flusher, time_cuda_events, time_cuda_graph
@@ -165,12 +167,48 @@ def test_the_quick_cuda_campaign_writes_data_contract_files(tmp_path, capsys):
     assert manifest["versions"]["cuda"] == torch.version.cuda and manifest["versions"]["driver"]
     assert all(stage["status"] == "done" for stage in manifest["stages"])
     for stage in plan_for("cuda", "quick").stages[1:]:
+        if isinstance(stage, TwinStage):  # its own tables, measured beside predicted steps
+            table = pd.read_csv(folder / stage.out)
+            assert len(table) == stage.size() and (table["measured_step_s"] > 0).all()
+            assert table["predicted_step_s"].notna().all()
+            continue
         rows = measured_rows(folder / stage.out, device=info.key)
         assert len(rows) == stage.size() and (rows["time_s"] > 0).all(), stage.name
         assert set(rows["mode"]) <= {"cuda-events", "cuda-graph"}
     capsys.readouterr()
     assert run(campaign_main, argv) == 0
     assert "nothing to do" in capsys.readouterr().out
+
+
+def test_the_twin_closed_loop_runs_on_cuda_with_every_kernel_replayed():
+    config = TwinConfig(
+        model="bundled",
+        replay=TWIN_RECORD,
+        sizes=(4, 16),
+        dtype="fp16",
+        device="cuda",
+        prompts=2,
+        prompt_len=32,
+        new_tokens=16,
+        rounds=1,
+    )
+    table, classes, summary = twin_loop(config, log=lambda text: None)
+    assert list(table["tree_size"]) == [1, 4, 16]
+    assert (table["measured_step_s"] > 0).all() and table["error"].map(math.isfinite).all()
+    assert summary["calls_not_replayed"] == 0 and summary["in_step_factor"] > 0
+    gpu_kernels = classes[(classes["kernel_class"] == "gemm") & (classes["tree_size"] == 16)]
+    assert gpu_kernels["measured_s"].iloc[0] > 0  # the profiler saw the GEMMs' CUDA kernels
+
+
+def test_kernel_replay_times_a_gemm_call_by_cuda_events():
+    call = (
+        '["aten.mm.default",[{"t":[16,4096],"s":[4096,1],"d":"float16"},'
+        '{"t":[4096,4096],"s":[1,4096],"d":"float16","w":1}],{}]'
+    )
+    kernels = KernelTimes.of([pd.DataFrame({"call": [call]})], "cuda", cuda_info()[0].cache_bytes)
+    (seconds,) = kernels.times().values()
+    # a 32 MB weight streamed cold: at least its bytes at twice any GPU's bandwidth, under a millisecond
+    assert 32e6 / 10e12 < seconds < 1e-3
 
 
 # ----------------------------------------------------------------------------- the decoder on CUDA

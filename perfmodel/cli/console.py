@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "speedup": ("perfmodel.speedup", "Medusa speedup and the best tree size per device (the paper's simulations)"),
     "plan": ("perfmodel.plan", "capacity planning: what fits, which tree at each batch, how fast"),
     "validate": ("perfmodel.validate", "predict the Medusa speedup, then run the decoder and compare"),
+    "twin-results": ("profilers.closed_loop.twin_results", "the twin closed loop's runs as Markdown tables"),
     "latency-check": ("perfmodel.latency_check", "how well the calibrated latency predicts unseen shapes"),
     "transfer-check": ("perfmodel.transfer_check", "how well GEMM latency transfers to unmeasured devices"),
     "trace": ("decoder.trace", "the kernels of one decoding step, traced on the meta device"),

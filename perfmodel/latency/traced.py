@@ -17,6 +17,10 @@ by what bounds it:
   acceptance check), priced as one eager launch: the device is idle while the host reads
   and launches again.
 
+Measured kernel times take precedence: `price_trace(..., measured=...)` maps each row's
+`call` (the operator call the tracer recorded) to seconds timed by replaying that call on
+the device (profilers.kernel_replay); those rows are priced as measured, the rest as above.
+
 The per-kernel launch cost (`launch_costs`) that memory-bound kernels and host syncs pay is,
 on a GPU, its spec's sourced `kernel_launch_us` (hw_specs/README.md): what one more small
 kernel adds to a step launched eagerly, one kernel at a time, as the reference decoder runs.
@@ -41,7 +45,7 @@ that captures its drafting too (SGLang's EAGLE does) runs a little faster than t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,6 +76,7 @@ TRACE_COLUMNS = (
     "flops",
     "bytes",
     "shapes",
+    "call",  # the operator call, replayable on real tensors (decoder.trace.encode_call)
 )
 KINDS = ("gemm", "attention", "elementwise", "reduction", "indexing", "copy", "host_sync")
 MEMORY_KINDS = ("elementwise", "reduction", "indexing", "copy")
@@ -182,18 +187,27 @@ def _memory_times(rows: pd.DataFrame, spec, params: RooflineParams, launched: np
     return moved + launched
 
 
-def price_trace(trace: pd.DataFrame, latency, dtype: str, cuda_graph: bool = False) -> pd.DataFrame:
+def price_trace(
+    trace: pd.DataFrame, latency, dtype: str, cuda_graph: bool = False, measured: Mapping[str, float] | None = None
+) -> pd.DataFrame:
     """The trace with `time_s` per kernel (see the module doc) and the `source` of each.
     cuda_graph: the forward part replayed from a CUDA graph (a graph node per kernel) instead
-    of launched kernel by kernel; refused on a device whose spec prices no graph node."""
+    of launched kernel by kernel; refused on a device whose spec prices no graph node.
+    measured: seconds per call (the trace's `call` column) timed on the device by replaying
+    it (profilers.kernel_replay); a kernel whose call it holds takes that time, the others
+    are priced as above."""
     check_trace(trace)
     spec, params = latency.spec, _params(latency)
     launch = check_cuda_graph(latency) if cuda_graph else launch_costs(latency)
     priced = trace.copy()
     priced["time_s"] = 0.0
     priced["source"] = ""
+    replayed = priced["call"].isin(list(measured or ())).to_numpy()
+    if replayed.any():
+        priced.loc[replayed, "time_s"] = priced.loc[replayed, "call"].map(measured).to_numpy(dtype=float)
+        priced.loc[replayed, "source"] = "measured (kernel replayed)"
     for kind in KINDS:
-        where = priced["kind"] == kind
+        where = (priced["kind"] == kind).to_numpy() & ~replayed
         if not where.any():
             continue
         rows = priced[where]

@@ -11,12 +11,18 @@ For one batch size:
    step (a long run minus a one-token run, so the prefill cancels); what no kernel claims is
    the host's: Python, module calls and dispatch;
 3. predicted: the traced step of every setting (decoder.trace on the meta device) priced
-   by perfmodel.latency.traced with this machine's numbers: every distinct weight GEMM and
-   attention shape of the traces timed here (the GEMM's weights cold, rotated through more
-   than the last-level cache, as a step streams them), memory-bound kernels by their bytes
-   at the measured copy bandwidth, and a per-kernel overhead: the one calibrated constant,
-   (measured plain step - priced plain step) / kernels of the plain step, never taken from
-   a Medusa run;
+   by perfmodel.latency.traced with this machine's measurements: every distinct kernel call
+   of the traces replayed here at its exact shapes, strides and dtypes
+   (profilers.kernel_replay: weights and KV cache cold, activations warm), a round of
+   every call between decoding batches so that both see the same machine; a call that
+   cannot be replayed is priced by the shape model (GEMM and attention shapes timed here,
+   memory-bound kernels at the measured copy bandwidth);
+   one constant is calibrated, on the plain step only, never on a Medusa run: the in-step
+   factor, measured plain step / its replayed kernels. It holds the host's time (Python,
+   module calls, dispatch) and what a kernel loses inside a step against alone (caches
+   and clocks shared with its neighbours); measured, it is about 1.1 on this CPU for
+   plain and 64-token steps alike (a per-kernel constant instead under-predicted large
+   trees by 5-9%);
 4. speedup: a replay is deterministic, so the steps each setting takes are known before it
    runs (decoder.twin.Replay.steps); predicted speedup = plain steps x plain step time /
    (tree steps x predicted tree step time), against the measured tokens/s ratio.
@@ -47,10 +53,11 @@ from perfmodel.models.operators import HEAD_TOP_K, Matmul
 from profilers.ceilings import measure_bandwidth, measure_kernel_overhead
 from profilers.closed_loop.config import TARGET_ERROR
 from profilers.closed_loop.runs import torch_threads
-from profilers.device import cpu_info
-from profilers.timer import TimerConfig, time_wall
+from profilers.device import DeviceInfo, check_device, cpu_info, cuda_info
+from profilers.kernel_replay import KernelTimes
+from profilers.timer import TimerConfig, time_cuda_events, time_wall
 
-TWIN_DTYPES = ("bf16", "fp32")
+TWIN_DTYPES = tuple(TORCH_DTYPES)  # fp16 for a GPU; a CPU runs bf16 where it has it, else fp32
 __all__ = ["TWIN_DTYPES", "TwinConfig", "classes_path", "native_dtype", "print_twin_batch", "twin_loop", "twin_verdict"]
 HOST = "host"  # what no kernel of a step claims: Python, module calls, dispatch
 PROFILED_TOKENS = 1  # the short run whose profile is subtracted (prefill and one step)
@@ -63,6 +70,7 @@ class TwinConfig:
     batch: int = 1
     sizes: tuple[int, ...] = ()  # tree sizes to run; () = every size the record holds
     dtype: str = "bf16"
+    device: str = "cpu"
     prompts: int = 8
     prompt_len: int = 128
     new_tokens: int = 32
@@ -79,6 +87,7 @@ class TwinConfig:
                 raise PerfkitError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.prompts < self.batch:
             raise PerfkitError(f"--prompts {self.prompts} is fewer than batch {self.batch}: give at least one batch")
+        check_device(self.device)
         if any(n < 2 for n in self.sizes):
             raise PerfkitError(f"tree sizes are tokens per step with the root, so >= 2; got {list(self.sizes)}")
 
@@ -95,11 +104,12 @@ class TwinConfig:
 class TimedShapes:
     """A latency source for perfmodel.latency.traced.price_trace whose GEMMs are timed on
     this machine at the exact shapes asked (weights cold), and whose memory-bound kernels
-    run at the measured bandwidth plus the per-kernel overhead."""
+    run at the measured bandwidth plus the per-kernel overhead: the twin's price of a kernel
+    whose call could not be replayed."""
 
-    def __init__(self, spec, params: RooflineParams, dtype: torch.dtype, timer: TimerConfig, cache_bytes: int):
+    def __init__(self, spec, params: RooflineParams, dtype: torch.dtype, timer: TimerConfig, info: DeviceInfo):
         self.spec, self.params, self.torch_dtype, self.timer = spec, params, dtype, timer
-        self.cache_bytes = cache_bytes
+        self.device, self.cache_bytes = info.kind, info.cache_bytes
         self.table = self  # priced as measured, not by the roofline
         self.attention = None  # timed apart (attention_times), head_dim need not be 128
         self.gemms: dict[tuple[int, int, int], float] = {}
@@ -114,18 +124,23 @@ class TimedShapes:
     def _time_gemm(self, m: int, n: int, k: int) -> float:
         if self._pool is None:  # weights for every shape: views into one buffer of twice the cache
             elements = max(2 * self.cache_bytes * 8 // torch.finfo(self.torch_dtype).bits, 1 << 20)
-            self._pool = torch.empty(elements, dtype=self.torch_dtype).uniform_(-1, 1)
+            self._pool = torch.empty(elements, dtype=self.torch_dtype, device=self.device).uniform_(-1, 1)
         copies = max(1, self._pool.numel() // (n * k))
         if copies == 1 and self._pool.numel() < n * k:
-            self._pool = torch.empty(n * k, dtype=self.torch_dtype).uniform_(-1, 1)
+            self._pool = torch.empty(n * k, dtype=self.torch_dtype, device=self.device).uniform_(-1, 1)
         weights = self._pool[: copies * n * k].view(copies, n, k)
-        x = torch.randn(m, k, dtype=self.torch_dtype)
+        x = torch.randn(m, k, dtype=self.torch_dtype, device=self.device)
         turn = iter(range(1 << 62))
         call = lambda: F.linear(x, weights[next(turn) % copies])  # noqa: E731
-        return time_wall(call, self.timer).median_s
+        return timed(call, self.timer, self.device)
 
 
-def attention_times(rows: pd.DataFrame, dtype: torch.dtype, timer: TimerConfig) -> np.ndarray:
+def timed(call, timer: TimerConfig, device: str) -> float:
+    """Median seconds of `call`: wall clock on a CPU, CUDA events on a GPU."""
+    return (time_cuda_events if device == "cuda" else time_wall)(call, timer).median_s
+
+
+def attention_times(rows: pd.DataFrame, dtype: torch.dtype, timer: TimerConfig, device: str) -> np.ndarray:
     """Each attention row timed as the decoder runs it: queries of the tree, the cache's keys
     and values up to kv_len, a boolean mask, grouped-query heads."""
     out, cache = np.empty(len(rows)), {}
@@ -133,24 +148,26 @@ def attention_times(rows: pd.DataFrame, dtype: torch.dtype, timer: TimerConfig) 
         key = tuple(int(v) for v in (r.batch, r.heads, r.kv_heads, r.q_len, r.kv_len, r.head_dim))
         if key not in cache:
             b, h, kvh, q, s, d = key
-            query = torch.randn(b, h, q, d, dtype=dtype)
-            keys, values = (torch.randn(b, kvh, s, d, dtype=dtype) for _ in range(2))
-            mask = torch.ones(b, 1, q, s, dtype=torch.bool)
+            query = torch.randn(b, h, q, d, dtype=dtype, device=device)
+            keys, values = (torch.randn(b, kvh, s, d, dtype=dtype, device=device) for _ in range(2))
+            mask = torch.ones(b, 1, q, s, dtype=torch.bool, device=device)
             call = functools.partial(
                 F.scaled_dot_product_attention, query, keys, values, attn_mask=mask, enable_gqa=h != kvh
             )
-            cache[key] = time_wall(call, timer).median_s
+            cache[key] = timed(call, timer, device)
         out[i] = cache[key]
     return out
 
 
-def priced_step(trace: pd.DataFrame, source: TimedShapes, dtype: str) -> pd.DataFrame:
-    """The trace priced by perfmodel.latency.traced, its attention kernels timed here."""
-    attention = trace["kind"] == "attention"
-    priced = price_trace(trace[~attention], source, dtype)
-    timed = trace[attention].assign(source="timed here")
-    timed["time_s"] = attention_times(timed, source.torch_dtype, source.timer)
-    return pd.concat([priced, timed]).sort_index()
+def priced_step(trace: pd.DataFrame, source: TimedShapes, dtype: str, replayed: dict[str, float]) -> pd.DataFrame:
+    """The trace priced by perfmodel.latency.traced: each kernel at its replayed time
+    (profilers.kernel_replay), a kernel that could not be replayed by the shape-level
+    model (its attention timed here as an SDPA call of its shape)."""
+    attention = (trace["kind"] == "attention") & ~trace["call"].isin(list(replayed))
+    priced = price_trace(trace[~attention], source, dtype, measured=replayed)
+    by_shape = trace[attention].assign(source="timed here")
+    by_shape["time_s"] = attention_times(by_shape, source.torch_dtype, source.timer, source.device)
+    return pd.concat([priced, by_shape]).sort_index()
 
 
 def kernel_class(name: str) -> str:
@@ -166,7 +183,11 @@ def kernel_class(name: str) -> str:
 def profiled_classes(decoder: Decoder, prompts, settings: dict, config: TwinConfig) -> dict:
     """(kind, size) -> seconds per step of each kernel class, measured under torch.profiler
     (a run of new_tokens minus a run of PROFILED_TOKENS, over the steps between them), for
-    the plain step and the largest tree."""
+    the plain step and the largest tree: each aten operator's own CPU time on a CPU, the
+    time of the GPU kernels it launched on a GPU (what is left of the step, the host's, is
+    then the GPU's idle time)."""
+    gpu = config.device == "cuda"
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if gpu else [ProfilerActivity.CPU]
     out = {}
     for key, setting in settings.items():
         if key[1] not in (1, max(n for _, n in settings)):
@@ -176,11 +197,12 @@ def profiled_classes(decoder: Decoder, prompts, settings: dict, config: TwinConf
             kwargs = dict(setting)
             if "replay" in kwargs:
                 kwargs["replay"] = Replay(kwargs["replay"].lengths)  # its own cursor, from the first sequence
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with profile(activities=activities) as prof:
                 result = decoder.generate(prompts[: config.batch], tokens, topk=HEAD_TOP_K, **kwargs)
             seconds = dict.fromkeys((*KINDS, HOST), 0.0)
             for event in prof.key_averages():
-                seconds[kernel_class(event.key)] += event.self_cpu_time_total * 1e-6
+                own = event.self_device_time_total if gpu else event.self_cpu_time_total
+                seconds[kernel_class(event.key)] += own * 1e-6
             totals.append(seconds)
             steps.append(result.steps)
         out[key] = {c: (totals[1][c] - totals[0][c]) / (steps[1] - steps[0]) for c in totals[0]}
@@ -195,39 +217,47 @@ def twin_loop(config: TwinConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame
         record.tree(n)  # refused here, before minutes of work, if the record lacks it
     model = load_model(config.model)
     torch_dtype = TORCH_DTYPES[config.dtype]
-    ckpt = dummy_checkpoint(config.model, torch_dtype, medusa_heads=record.accuracy.shape[0], seed=config.seed)
-    decoder = Decoder(ckpt)
+    ckpt = dummy_checkpoint(
+        config.model, torch_dtype, medusa_heads=record.accuracy.shape[0], seed=config.seed, device=config.device
+    )
+    decoder = Decoder(ckpt, config.device)
     model = dataclasses.replace(model, medusa_heads=len(ckpt.heads))
     prompts = random_prompts(ckpt.config.vocab_size, config.prompts, config.prompt_len, config.seed)
     params = sum(p.numel() for p in (*ckpt.model.parameters(), *ckpt.heads.parameters()))
     settings = {("plain", 1): {}} | {("static", n): {"tree": record.tree(n), "replay": record.replay(n)} for n in sizes}
     with torch_threads(config.threads):
         log(f"{model.name} twin, {params / 1e9:.2f} B parameters with heads, {config.dtype}, batch {config.batch}")
+        traces = {key: trace_step(model, config.batch, config.context, key[1], config.dtype) for key in settings}
+        info = cuda_info()[0] if config.device == "cuda" else cpu_info()
+        kernels = KernelTimes.of(traces.values(), config.device, info.cache_bytes)
+        log(f"{len(kernels.calls)} distinct kernel calls in the traced steps, replayed between decoding batches")
         for setting in settings.values():  # warm-up of every shape, untimed
             decoder.generate(prompts[: config.batch], 2, topk=HEAD_TOP_K, **setting)
         log(f"timing plain decoding and trees of {', '.join(map(str, sizes))} tokens, {config.rounds} round(s) ...")
         fresh = {k: {**s, "replay": Replay(s["replay"].lengths)} if "replay" in s else s for k, s in settings.items()}
+        between = kernels.round if config.device == "cpu" else None  # a GPU times its calls after, by CUDA events
         runs = decode_interleaved(
-            decoder, prompts, config.batch, config.new_tokens, fresh, config.rounds, topk=HEAD_TOP_K
+            decoder, prompts, config.batch, config.new_tokens, fresh, config.rounds, between, topk=HEAD_TOP_K
         )
+        replayed = kernels.times()
         log("profiling every setting's kernels by class ...")
         classes = profiled_classes(decoder, prompts, settings, config)
-        log("timing the traced steps' GEMM and attention shapes on this machine ...")
-        source = this_machine(torch_dtype, config)
-        traces = {key: trace_step(model, config.batch, config.context, key[1], config.dtype) for key in settings}
-        priced = {key: priced_step(trace, source, config.dtype) for key, trace in traces.items()}
-    return compare(config, model, runs, classes, priced, source, settings)
+        source = this_machine(info, torch_dtype, config, measure=bool(kernels.failed))
+        priced = {key: priced_step(trace, source, config.dtype, replayed) for key, trace in traces.items()}
+    return compare(config, model, runs, classes, priced, source, settings, kernels)
 
 
-def this_machine(dtype: torch.dtype, config: TwinConfig) -> TimedShapes:
-    """The latency source of this CPU: its copy bandwidth and per-op overhead measured now."""
-    info = cpu_info()
-    bandwidth = measure_bandwidth(info)["copy"]
-    moved, timing = bandwidth
-    overhead = measure_kernel_overhead(info).median_s
-    spec = _MachineSpec(info.name, moved / timing.median_s)
+def this_machine(info: DeviceInfo, dtype: torch.dtype, config: TwinConfig, measure: bool) -> TimedShapes:
+    """The latency source of this device for the kernels no replay timed: its copy bandwidth
+    and per-op overhead measured now (`measure`; a minute on a CPU of a large cache), else
+    left unknown (nan), as no kernel needs them."""
+    bandwidth = overhead = float("nan")
+    if measure:
+        moved, timing = measure_bandwidth(info)["copy"]
+        bandwidth, overhead = moved / timing.median_s, measure_kernel_overhead(info).median_s
+    spec = _MachineSpec(info.name, bandwidth)
     params = RooflineParams(memory_efficiency=1.0, kernel_overhead_s=overhead)
-    return TimedShapes(spec, params, dtype, TimerConfig(budget_s=config.budget_s, flush_cache=False), info.cache_bytes)
+    return TimedShapes(spec, params, dtype, TimerConfig(budget_s=config.budget_s, flush_cache=False), info)
 
 
 @dataclass(frozen=True)
@@ -238,11 +268,11 @@ class _MachineSpec:
     bandwidth: float
 
 
-def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, source, settings) -> tuple:
+def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, source, settings, kernels) -> tuple:
     plain = runs[("plain", 1)]
     plain_step = plain.decode_s / plain.steps
     priced_plain = priced[("plain", 1)]
-    per_kernel = (plain_step - priced_plain["time_s"].sum()) / len(priced_plain)
+    in_step = plain_step / priced_plain["time_s"].sum()  # the one calibrated constant (module doc)
     plain_steps = config.batches * config.new_tokens  # one token a step
     rows, class_rows = [], []
     for key, result in runs.items():
@@ -253,7 +283,7 @@ def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, 
             else settings[key]["replay"].steps(config.batch, config.new_tokens, config.batches)
         )
         table = priced[key]
-        predicted_step = table["time_s"].sum() + per_kernel * len(table)
+        predicted_step = table["time_s"].sum() * in_step
         measured_step = result.decode_s / result.steps
         measured_speedup = result.tokens_per_s / plain.tokens_per_s
         predicted_speedup = (plain_steps * plain_step) / (predicted_steps * predicted_step)
@@ -285,7 +315,7 @@ def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, 
         measured_classes = dict(classes[key])
         measured_classes[HOST] = measured_step - sum(v for c, v in measured_classes.items() if c != HOST)
         for cls in (*KINDS, HOST):
-            predicted = float(by_kind.get(cls, 0.0)) if cls != HOST else per_kernel * len(table)
+            predicted = float(by_kind.get(cls, 0.0)) if cls != HOST else predicted_step - table["time_s"].sum()
             class_rows.append(
                 {
                     "batch": config.batch,
@@ -300,10 +330,13 @@ def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, 
     summary = {
         "plain_step_s": plain_step,
         "priced_plain_step_s": float(priced_plain["time_s"].sum()),
-        "per_kernel_overhead_s": per_kernel,
+        "in_step_factor": in_step,
         "measured_per_op_overhead_s": source.params.kernel_overhead_s,
         "bandwidth_gb_s": source.spec.bandwidth / 1e9,
         "gemm_shapes_timed": len(source.gemms),
+        "calls_replayed": len(kernels.calls),
+        "calls_not_replayed": len(kernels.failed),
+        "replay_rounds": kernels.rounds,
     }
     out = pd.DataFrame(rows)
     summary["max_abs_error"] = float(out.loc[out["tree_size"] > 1, "error"].abs().max())
@@ -340,10 +373,10 @@ def print_twin_batch(table: pd.DataFrame, classes: pd.DataFrame, summary: dict) 
         )
     )
     print(
-        f"  calibration: plain step {summary['plain_step_s'] * 1e3:.2f} ms measured, its trace priced at "
-        f"{summary['priced_plain_step_s'] * 1e3:.2f} ms, so {summary['per_kernel_overhead_s'] * 1e6:.1f} us of host "
-        f"time per kernel (one tiny op measured {summary['measured_per_op_overhead_s'] * 1e6:.1f} us); copy bandwidth "
-        f"{summary['bandwidth_gb_s']:.1f} GB/s; {summary['gemm_shapes_timed']} GEMM shapes timed"
+        f"  calibration: plain step {summary['plain_step_s'] * 1e3:.2f} ms measured, its kernels replayed "
+        f"{summary['priced_plain_step_s'] * 1e3:.2f} ms, so every step is its replayed kernels x "
+        f"{summary['in_step_factor']:.3f}; {summary['calls_replayed']} distinct calls replayed over "
+        f"{summary['replay_rounds']} rounds, {summary['calls_not_replayed']} priced by the shape model instead"
     )
 
 
