@@ -125,14 +125,7 @@ def build_parser() -> Parser:
         help="memory kept free per device (default %(default)s)",
     )
     options.latency(p)
-    p.add_argument(
-        "--step",
-        choices=WHOLE_STEP_FLAVORS,
-        default="full",
-        help="step latency model: full (default) = the whole model's operators; traced = every kernel the reference "
-        "decoder's step launches, traced on the meta device and priced one by one (about 0.04 s per configuration "
-        "traced)",
-    )
+    options.step(p, choices=WHOLE_STEP_FLAVORS, default="full")
     options.csv(p, "the bands table (device x batch)")
     p.add_argument(
         "--benchmark", action="store_true", help="time plan() over >= 10,000 configurations and print the rate"

@@ -64,15 +64,7 @@ def build_parser():
     options.spec(device, many=True)
     options.model(p)
     options.dtype(p)
-    p.add_argument(
-        "--step",
-        choices=("paper", "full", "traced", "both", "all"),
-        default="both",
-        help="step latency model: paper = the paper's simplified Llama block (Appendix G.3, reproduces its figures); "
-        "full = the whole model step (all layers, LM head, Medusa heads, verification); traced = every kernel the "
-        "reference decoder's step launches, traced on the meta device and priced one by one (a sweep traces each of "
-        "its points once, about 0.04 s each); both (default) draws paper and full; all = the three",
-    )
+    options.step(p, choices=("paper", "full", "traced", "both", "all"), default="both")
     options.latency(p)
     options.acceptance_rates(p)
     p.add_argument(

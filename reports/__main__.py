@@ -70,13 +70,12 @@ def build_parser() -> Parser:
         help="python -m decoder.ablation --csv files, the paper's Fig. 4 (default: the shipped ones for the model)",
     )
     options.tp(b)
-    b.add_argument(
-        "--step",
+    options.step(
+        b,
         choices=WHOLE_STEP_FLAVORS,
         default="full",
-        help="the whole step the page's recommendations, capacity plan and tree are priced by: full (default) = the "
-        "whole model's operators; traced = every kernel the reference decoder's step launches, traced on the meta "
-        "device and priced one by one, drawn beside the paper and full steps (adds about a minute)",
+        use="the whole step the page's recommendations, capacity plan and tree are priced by (traced is drawn beside "
+        "the paper and full steps and adds about a minute)",
     )
     options.out(b, f"{DEFAULT_OUT}/report/<device>-<model>[-<dtype>], the device that was shown")
     options.jobs(b)

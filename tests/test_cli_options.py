@@ -17,7 +17,18 @@ from perfmodel.cli import console, options
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("perfmodel", "profilers", "decoder", "reports")
-SHARED = ("--model", "--gpu", "--spec", "--device", "--dtype", "--acceptance", "--acceptance-rates", "--out", "--csv")
+SHARED = (
+    "--model",
+    "--gpu",
+    "--spec",
+    "--device",
+    "--dtype",
+    "--acceptance",
+    "--acceptance-rates",
+    "--out",
+    "--csv",
+    "--step",
+)
 
 
 def has_main_block(tree: ast.Module) -> bool:

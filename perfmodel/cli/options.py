@@ -230,6 +230,23 @@ def step_point(target: Target, *, tree_default: int | None = None, tree_use: str
     )
 
 
+# What each step flavour of --step prices (perfmodel.planning.step_models builds them).
+STEP_FLAVOR_HELP = {
+    "paper": "the paper's simplified Llama block (Appendix G.3, reproduces its figures)",
+    "full": "the whole model step (all layers, LM head, Medusa heads, verification)",
+    "traced": "every kernel the reference decoder's step launches, traced on the meta device and priced one by one "
+    "(about 0.04 s per point traced)",
+    "both": "paper and full",
+    "all": "the three",
+}
+
+
+def step(target: Target, *, choices: Sequence[str], default: str, use: str = "step latency model") -> None:
+    """--step: which step flavour(s) the command prices."""
+    described = "; ".join(f"{c}{' (default)' if c == default else ''} = {STEP_FLAVOR_HELP[c]}" for c in choices)
+    target.add_argument("--step", choices=tuple(choices), default=default, help=f"{use}: {described}")
+
+
 def twin(target: Target) -> None:
     """A performance twin (decoder.twin): dummy weights, a real run's acceptance replayed."""
     target.add_argument(

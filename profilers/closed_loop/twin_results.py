@@ -71,12 +71,12 @@ def class_table(classes: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def worst(runs: list[pd.DataFrame]) -> str:
+def worst(runs: list[pd.DataFrame], names: list[str]) -> str:
     parts = []
-    for i, table in enumerate(runs, 1):
+    for name, table in zip(names, runs):
         trees = table[table["tree_size"] > 1]
         row = trees.loc[trees["error"].abs().idxmax()]
-        parts.append(f"run {i}: {abs(row['error']) * 100:.1f}% (batch {row['batch']}, tree {row['tree_size']})")
+        parts.append(f"{name}: {abs(row['error']) * 100:.1f}% (batch {row['batch']}, tree {row['tree_size']})")
     return "largest |error| " + "; ".join(parts)
 
 
@@ -89,11 +89,12 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     runs, classes = read_runs(args.runs)
-    print(f"Runs: {', '.join(str(p) for p in args.runs)}; each cell is run by run (run 1 / run 2 ...).\n")
+    names = [p.stem for p in args.runs]
+    print(f"Each cell is run by run: {' / '.join(names)}.\n")
     print(speedup_table(runs) + "\n")
-    print(worst(runs) + "\n")
-    for i, table in enumerate(classes, 1):
-        print(f"Run {i}, ms per step by kernel class with the largest tree, measured by torch.profiler / predicted:\n")
+    print(worst(runs, names) + "\n")
+    for name, table in zip(names, classes):
+        print(f"{name}, ms per step by kernel class with the largest tree, measured by torch.profiler / predicted:\n")
         print(class_table(table) + "\n")
     return 0
 
