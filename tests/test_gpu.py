@@ -94,7 +94,9 @@ def test_a_cuda_graph_times_each_call_and_replays_every_copy():
     sixteen = time_cuda_graph([call] * 16, FAST)
     assert one.mode == sixteen.mode == "cuda-graph"
     assert 0 < sixteen.median_s < GRAPH_BELOW_S and math.isfinite(one.median_s)
-    assert 0.5 < sixteen.median_s / one.median_s < 2  # per call, not per replay of 16
+    # per call, not per replay of 16; a one-call graph also pays the replay's launch, which
+    # 16 calls share (H100: 10.9 us a one-call replay, 4.1 us a call in sixteen)
+    assert one.median_s / 16 < sixteen.median_s < 2 * one.median_s
     # warm-up off the capture stream, one replay after capture, then one replay per sample
     assert counter.item() == 16 * (max(1, FAST.warmup) + 1 + sixteen.reps)
     events = time_cuda_events(call, FAST)
