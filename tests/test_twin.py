@@ -16,8 +16,10 @@ from decoder.twin import KernelList, Replay, ReplayRecord, dummy_checkpoint, ran
 from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import greedy_tree
 from perfmodel.base.errors import PerfkitError
+from perfmodel.cli import run
 from perfmodel.models.config import load_model
 from perfmodel.validate import main as validate_main
+from profilers.closed_loop.twin_results import main as twin_results_main
 
 TINYLLAMA = "decoder/assets/configs/tinyllama-1.1b"
 
@@ -166,3 +168,18 @@ def test_the_twin_loop_refuses_a_batch_larger_than_its_prompts():
 
     with pytest.raises(PerfkitError, match="--prompts 4 is fewer than batch 8"):
         TwinConfig(model=TINYLLAMA, replay="r.json", batch=8, prompts=4)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without CUDA gives")
+def test_the_twin_on_cuda_without_a_gpu_is_a_one_line_error(capsys):
+    argv = ["--weights", "dummy", "--replay", "r.json", "--device", "cuda"]
+    assert run(validate_main, argv) == 1
+    err = capsys.readouterr().err
+    assert "--device cuda: no CUDA device is visible" in err and err.count("\n") == 1
+
+
+def test_twin_results_names_a_missing_run_file_in_one_line(tmp_path, capsys):
+    missing = tmp_path / "run.csv"
+    assert run(twin_results_main, [str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert str(missing) in err and "no such file" in err and err.count("\n") == 1
