@@ -10,6 +10,7 @@ working for library users.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -17,14 +18,14 @@ import types
 
 import pandas as pd
 
-from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, batch_size, options, run
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.planning.capacity import DEFAULT_BATCHES, plan
-from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN
 from perfmodel.planning.memory import DEFAULT_RESERVE
 from perfmodel.planning.result import BAND_SHOWN, PlanResult
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS
+from perfmodel.serving.capacity import serve
+from perfmodel.serving.summary import summary as serving_summary
 
 __all__ = ["PlanResult", "plan", "main"]
 
@@ -71,12 +72,6 @@ def format_bands(bands: pd.DataFrame) -> str:
     return bands[BAND_SHOWN].to_string(index=False, float_format=lambda x: f"{x:,.2f}")
 
 
-def length_arg(values: list[float], flag: str):
-    if len(values) > 2:
-        raise PerfkitError(f"{flag} takes a mean and optionally a p95, got {len(values)} values")
-    return values[0] if len(values) == 1 else tuple(values)
-
-
 def number(text: str) -> float:
     try:
         return float(text)
@@ -90,23 +85,7 @@ def build_parser() -> Parser:
     options.gpu(p, many=True)
     options.spec(p, many=True)
     options.dtype(p)
-    p.add_argument(
-        "--prompt-len",
-        nargs="+",
-        type=number,
-        default=[DEFAULT_PROMPT_LEN],
-        metavar="TOKENS",
-        help=f"prompt tokens: MEAN [P95] (default {DEFAULT_PROMPT_LEN})",
-    )
-    p.add_argument(
-        "--response-len",
-        nargs="+",
-        type=number,
-        default=[DEFAULT_RESPONSE_LEN],
-        metavar="TOKENS",
-        help=f"response tokens: MEAN [P95] (default {DEFAULT_RESPONSE_LEN})",
-    )
-    p.add_argument("--latency-ms", type=number, metavar="MS", help="per-token latency target per user, in ms")
+    options.workload(p)
     p.add_argument("--throughput", type=number, metavar="TOKENS_S", help="aggregate throughput target, output tokens/s")
     options.acceptance_rates(p)
     p.add_argument(
@@ -127,6 +106,7 @@ def build_parser() -> Parser:
     options.latency(p)
     options.step(p, choices=WHOLE_STEP_FLAVORS, default="full")
     options.csv(p, "the bands table (device x batch)")
+    options.json_output(p, "the plan and the serving answer (with its schedules)")
     p.add_argument(
         "--benchmark", action="store_true", help="time plan() over >= 10,000 configurations and print the rate"
     )
@@ -150,13 +130,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (args.gpu or args.spec):
         p.error("at least one --gpu or --spec is required")
+    settings = options.workload_settings(args, args.throughput)
+    devices = [*(args.gpu or ()), *(args.spec or ())]
+    tracer = plan_tracer() if args.step == "traced" else None
     result = plan(
         args.model,
-        [*(args.gpu or ()), *(args.spec or ())],
+        devices,
         dtype=args.dtype,
-        prompt_len=length_arg(args.prompt_len, "--prompt-len"),
-        response_len=length_arg(args.response_len, "--response-len"),
-        latency_target_s=None if args.latency_ms is None else args.latency_ms / 1e3,
+        prompt_len=settings.prompt,
+        response_len=settings.response,
+        latency_target_s=settings.latency_target_s,
         throughput_target=args.throughput,
         acceptance=args.acceptance_rates,
         batches=args.batch or DEFAULT_BATCHES,
@@ -164,16 +147,49 @@ def main(argv: list[str] | None = None) -> int:
         tensor_parallel=args.tp,
         latency=args.latency,
         step=args.step,
-        tracer=plan_tracer() if args.step == "traced" else None,
+        tracer=tracer,
+        medusa=settings.medusa,
     )
-    print("Devices\n" + format_devices(result.devices))
-    for device, bands in result.bands.groupby("device", sort=False):
-        print(f"\nBands on {device} (best tree per batch)\n" + format_bands(bands))
-    print("\n" + result.summary())
+    answer = None
+    if settings.serving is not None:
+        workload, targets, engine = settings.serving
+        answer = serve(
+            args.model,
+            devices,
+            workload,
+            targets,
+            args.acceptance_rates,
+            args.dtype,
+            args.tp,
+            settings.medusa,
+            engine,
+            args.latency,
+            args.reserve,
+            args.step,
+            tracer,
+        )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "plan": json.loads(result.to_json()),
+                    "serving": None if answer is None else json.loads(answer.to_json()),
+                },
+                indent=2,
+            )
+        )
+    else:
+        if answer is not None:  # the answer to the question asked first, the tables behind it after
+            print(serving_summary(answer) + "\n\nCapacity plan, unloaded (one batch at a time):\n")
+        print("Devices\n" + format_devices(result.devices))
+        for device, bands in result.bands.groupby("device", sort=False):
+            print(f"\nBands on {device} (best tree per batch)\n" + format_bands(bands))
+        print("\n" + result.summary())
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         result.bands.to_csv(args.csv, index=False)
-        print(f"\nbands written to {args.csv}")
+        if not args.json:
+            print(f"\nbands written to {args.csv}")
     return 0
 
 

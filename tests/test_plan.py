@@ -211,8 +211,9 @@ def test_cli_prints_the_tables_and_writes_csv(tmp_path, capsys):
 def test_cli_errors_are_one_line(capsys):
     assert run(main, ["--model", "llama-7b", "--gpu", "a101"]) == 1
     assert capsys.readouterr().err.startswith("error: unknown device 'a101'")
-    assert run(main, ["--model", "llama-7b", "--gpu", "a100", "--prompt-len", "-5"]) == 1
-    assert "prompt_len must be a number of tokens >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's usage error, naming the value
+        run(main, ["--model", "llama-7b", "--gpu", "a100", "--prompt-len", "-5"])
+    assert "argument --prompt-len: must be a number > 0, got '-5'" in capsys.readouterr().err
     assert run(main, ["--model", "llama-7b", "--gpu", "a100", "--prompt-len", "1", "2", "3"]) == 1
     assert "--prompt-len takes a mean and optionally a p95" in capsys.readouterr().err
 
@@ -260,8 +261,11 @@ def test_tensor_parallel_steps_pay_for_two_measured_all_reduces_per_layer():
     assert configs.loc[16, "medusa_step_s"] == pytest.approx(float(compute) + float(comm))
 
 
-def test_auto_tensor_parallel_keeps_one_device_where_nothing_times_an_all_reduce():
-    result = plan(ROOT / "decoder" / "assets" / "bundled", "cpu", tensor_parallel=None)
-    assert result.devices.iloc[0]["tensor_parallel"] == 1
-    with pytest.raises(PerfkitError, match="no interconnect"):
-        plan(ROOT / "decoder" / "assets" / "bundled", "cpu", tensor_parallel=2)
+def test_the_cpu_plans_tensor_parallel_only_over_the_ranks_its_all_reduce_was_measured_at():
+    bundled = ROOT / "decoder" / "assets" / "bundled"
+    # A model this small runs fastest per device on one process: the gloo all-reduce costs more than it saves.
+    assert plan(bundled, "cpu", tensor_parallel=None).devices.iloc[0]["tensor_parallel"] == 1
+    two = plan(bundled, "cpu", tensor_parallel=2).devices.iloc[0]
+    assert "measured: torch.distributed gloo all_reduce" in two["latency_model"]
+    with pytest.raises(PerfkitError, match=r"no measured all-reduce over 4 ranks.*profilers.allreduce --device cpu"):
+        plan(bundled, "cpu", tensor_parallel=4)

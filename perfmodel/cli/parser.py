@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 from collections.abc import Callable
 
@@ -77,6 +78,10 @@ def run(main: Callable[[list[str] | None], int | None], argv: list[str] | None =
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader left (`| head`): what is still buffered goes nowhere, not into a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     finally:
         gc.set_threshold(*thresholds)
 
@@ -96,3 +101,14 @@ def tp_degree(text: str) -> int | None:
         return positive_int(text)
     except argparse.ArgumentTypeError as exc:
         raise argparse.ArgumentTypeError(f"{exc} (or auto)") from None
+
+
+def positive_number(text: str) -> float:
+    """A finite number > 0 (a rate, a latency target)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value

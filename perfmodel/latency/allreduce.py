@@ -1,7 +1,7 @@
-"""Tensor-parallel all-reduce time: measured tables where they are shipped, a ring model
-from the spec's interconnect bandwidth elsewhere.
+"""Tensor-parallel all-reduce time: measured tables where there are some (this toolkit's
+own or imported), a ring model from the spec's interconnect bandwidth elsewhere.
 
-Measured tables (`measured_tables`, all read by perfmodel.measured.vidur.read_table):
+Imported tables (`measured_tables`, all read by perfmodel.measured.vidur.read_table), and ours:
 - **nccl-<version>**: NCCL's own benchmark (nccl-tests all_reduce_perf, fp16, one node of
   2, 4 and 8 GPUs, 512 B-512 MiB) as NVIDIA's aiconfigurator-core publishes it (Apache-2.0),
   for a100-sxm, h100-sxm, h200 and l40s; shipped under
@@ -9,14 +9,20 @@ Measured tables (`measured_tables`, all read by perfmodel.measured.vidur.read_ta
 - **vidur**: Vidur's tables (github.com/microsoft/vidur, MIT licence), all-reduces timed
   inside PyTorch on DGX A100 / DGX H100 and on 4-GPU pairwise-NVLink nodes, shipped under
   `profilers/measurements/<device>/imported/all_reduce-*.csv` (perfmodel.measured.vidur).
+- **torch-<backend>**: this toolkit's own, `python -m profilers.allreduce` timing
+  torch.distributed all_reduce (gloo on a CPU, nccl on GPUs) on the machine it runs on,
+  under `<measurements>/<device>/allreduce/` (perfmodel.measured.collectives).
 
-`all_reduce_source(device, topology, stack)` picks one: by default the device's NCCL tables,
-for each GPU count the newest NCCL version that measured it; else Vidur's DGX table; else
-the ring model. NCCL's tables are the default because they cover every imported device
-with one method, and time what a decoding step runs: back-to-back all-reduces on a stream,
-averaged over 100-1000 calls and over the ranks (nccl-tests). Vidur times single eager
-calls after a barrier, whose kernel time includes waiting for the other ranks: at a decoding
-step's message sizes 1.2-2.7x NCCL's in the median, up to 5.6x for small messages
+`all_reduce_source(device, topology, stack)` picks one: by default, for each worker count,
+the device's own torch.distributed measurements where there are some (the deployment's
+own stack and machine), else its NCCL tables (the newest NCCL version that measured that
+count), else Vidur's DGX table; with none of these, the ring model. A CPU has no ring
+model: only its own measurements time its all-reduces. Among the imported tables NCCL's
+are the default because they cover every imported device with one method, and time what
+a decoding step runs: back-to-back all-reduces on a stream, averaged over 100-1000 calls
+and over the ranks (nccl-tests). Vidur times single eager calls after a barrier, whose
+kernel time includes waiting for the other ranks: at a decoding step's message sizes
+1.2-2.7x NCCL's in the median, up to 5.6x for small messages
 (`python -m perfmodel.allreduce_compare` prints the ratios).
 
 The ring model's latency and efficiency are fitted on Vidur's tables
@@ -24,7 +30,7 @@ The ring model's latency and efficiency are fitted on Vidur's tables
 and the model's error against every table.
 
 Everything here is a pure function of its arguments and of the measured tables (the shipped
-ones, and NCCL tables a user imported into the measurements home).
+ones, NCCL tables a user imported and all-reduces measured into the measurements home).
 """
 
 from __future__ import annotations
@@ -40,6 +46,14 @@ from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.specs import HardwareSpec, find_spec
 from perfmodel.measured.aiconfigurator import shipped_stacks, version_key
+from perfmodel.measured.collectives import (
+    BACKEND_ORDER,
+    STACK_PREFIX,
+    MeasuredCollective,
+    collective_table,
+    measured_collectives,
+)
+from perfmodel.measured.device_view import device_key, is_cpu_name
 from perfmodel.measured.vidur import SHIPPED_TABLES, read_table, table_path
 from perfmodel.models.config import ModelConfig
 
@@ -49,7 +63,13 @@ TOPOLOGY_TEXT = {
 }
 RING = "ring"
 TOPOLOGIES = (*TOPOLOGY_TEXT, RING)
-NCCL, VIDUR = "nccl", "vidur"  # the stacks; nccl-<version> names one NCCL version
+NCCL, VIDUR = "nccl", "vidur"  # the stacks; nccl-<version> names one NCCL version, torch-<backend> our own
+
+
+def measure_command(ranks: int, device: str = "cpu") -> str:
+    """The command that measures all-reduces over `ranks` processes on this machine's `device`."""
+    return f"python -m profilers.allreduce --device {device} --ranks {ranks}"
+
 
 # Message sizes typical of decoding: batch x query tokens x hidden x 2 bytes spans about
 # 8 KiB (1 token, hidden 4096) to tens of MiB (a few hundred tree tokens x batch, hidden 8192).
@@ -202,12 +222,25 @@ def table_curves(table: pd.DataFrame, what: str) -> dict[int, Curve]:
 
 @dataclass(frozen=True)
 class MeasuredTable:
-    """One shipped all-reduce table of a device: which stack measured it, and where it is."""
+    """One all-reduce table of a device: which stack measured it, and where it is."""
 
-    stack: str  # vidur, or nccl-<version>
-    topology: str  # Vidur's node (dgx, pairwise_nvlink); for NCCL the aiconfigurator system
+    stack: str  # vidur, nccl-<version>, or torch-<backend>
+    topology: str  # Vidur's node (dgx, pairwise_nvlink); for NCCL the aiconfigurator system; ours: the device
     path: Path
     origin: str  # what a label says it is
+    unit: str = "GPUs"  # what its workers are, as a label counts them
+    collective: MeasuredCollective | None = None  # our own rows: which of the file's curves
+
+    @classmethod
+    def own(cls, collective: MeasuredCollective) -> MeasuredTable:
+        unit = "GPUs" if collective.backend == NCCL else "ranks"
+        return cls(collective.stack, collective.device, collective.path, collective.origin(), unit, collective)
+
+    def curves(self) -> dict[int, Curve]:
+        if self.collective is None:
+            return _curves(self.path)
+        # Keyed by the file's state too: a rerun of the profiler in this process adds rows.
+        return _own_curves(self.collective, self.path.stat().st_mtime_ns)
 
 
 def measured_tables(device_key: str) -> list[MeasuredTable]:
@@ -226,14 +259,41 @@ def measured_tables(device_key: str) -> list[MeasuredTable]:
 
 
 def stack_names(device_key: str) -> list[str]:
-    """The all-reduce stacks a device was measured in: nccl and each nccl-<version>, vidur."""
+    """The all-reduce stacks a device was measured in: our own torch-<backend> (nccl's first),
+    nccl and each nccl-<version>, vidur."""
     nccl = [t.stack for t in measured_tables(device_key) if t.stack != VIDUR]
-    return ([NCCL, *nccl] if nccl else []) + ([VIDUR] if device_key in SHIPPED_TABLES else [])
+    return own_stacks(device_key) + ([NCCL, *nccl] if nccl else []) + ([VIDUR] if device_key in SHIPPED_TABLES else [])
 
 
 @functools.lru_cache(maxsize=None)
 def _curves(path: Path) -> dict[int, Curve]:
     return table_curves(read_table(path), str(path))
+
+
+@functools.lru_cache(maxsize=64)
+def _own_curves(collective: MeasuredCollective, mtime_ns: int) -> dict[int, Curve]:
+    return table_curves(collective_table(collective), str(collective.path))
+
+
+def _backend_rank(backend: str) -> tuple[int, str]:
+    return (BACKEND_ORDER.index(backend) if backend in BACKEND_ORDER else len(BACKEND_ORDER), backend)
+
+
+def own_stacks(device_key: str) -> list[str]:
+    """The torch-<backend> stacks of the device's own measurements, nccl's first."""
+    backends = sorted({c.backend for c in measured_collectives(device_key)}, key=_backend_rank)
+    return [STACK_PREFIX + b for b in backends]
+
+
+def own_tables(device_key: str, stack: str | None = None, dtype: str | None = None) -> dict[int, MeasuredTable]:
+    """Per worker count, the device's own measurement that times it: nccl's before gloo's,
+    then rows of `dtype` (the activations') before others, then the user's before the shipped."""
+    found = [c for c in measured_collectives(device_key) if stack in (None, c.stack)]
+    found.sort(key=lambda c: (_backend_rank(c.backend), dtype is not None and c.dtype != dtype))
+    chosen: dict[int, MeasuredTable] = {}
+    for collective in found:  # a stable sort: the user's files stay before the shipped
+        chosen.setdefault(collective.workers, MeasuredTable.own(collective))
+    return chosen
 
 
 def _size_text(nbytes: float) -> str:
@@ -252,7 +312,8 @@ class MeasuredAllReduce:
     last point with the top octave's slope (all-reduce time grows linearly with bytes once
     bandwidth-bound). Below the smallest size: the smallest size's time (latency-bound).
     Worker counts the tables lack are an error listing the measured ones, not a silent
-    switch to the model: ask for topology='ring' to get the model.
+    switch to the model: ask for topology='ring' to get the model (or, where only our own
+    measurements time it, measure that count).
     """
 
     label: str
@@ -265,15 +326,15 @@ class MeasuredAllReduce:
         """The curve of each worker count from the table given for it; the label names every
         table, with the counts each one times."""
         tables = dict(sorted(tables.items()))
-        curves = {w: _curves(t.path)[w] for w, t in tables.items()}
+        curves = {w: t.curves()[w] for w, t in tables.items()}
         return cls(cls.describe(tables, curves), curves, tables)
 
     @staticmethod
     def describe(tables: dict[int, MeasuredTable], curves: dict[int, Curve]) -> str:
-        by_origin: dict[str, list[int]] = {}
+        by_origin: dict[tuple[str, str], list[int]] = {}
         for workers, table in tables.items():
-            by_origin.setdefault(table.origin, []).append(workers)
-        tables = " and ".join(f"{o}, {'/'.join(map(str, w))} GPUs" for o, w in by_origin.items())
+            by_origin.setdefault((table.origin, table.unit), []).append(workers)
+        tables = " and ".join(f"{o}, {'/'.join(map(str, w))} {unit}" for (o, unit), w in by_origin.items())
         low = min(c[0][0] for c in curves.values())
         high = max(c[0][-1] for c in curves.values())
         return (
@@ -299,9 +360,16 @@ class MeasuredAllReduce:
             if w == 1:
                 continue
             if w not in self.curves:
+                own = [t.collective for t in self.tables.values() if t.collective is not None]
+                hint = (
+                    f"measure it: {measure_command(w, 'cuda' if own[0].backend == NCCL else 'cpu')}"
+                    if len(own) == len(self.tables)
+                    else "topology='ring' gives the ring model"
+                )
+                unit = self.tables[self.workers[0]].unit
                 raise PerfkitError(
-                    f"no measured all-reduce over {w} GPUs in {self.label.split(';')[0]}; measured worker counts: "
-                    f"{', '.join(map(str, self.workers))} (topology='ring' gives the ring model)"
+                    f"no measured all-reduce over {w} {unit} in {self.label.split(';')[0]}; measured worker counts: "
+                    f"{', '.join(map(str, self.workers))} ({hint})"
                 )
             mask = (n == w) & (b > 0)
             out[mask] = _interpolate(*self.curves[w], b[mask])
@@ -319,69 +387,113 @@ def _interpolate(sizes: np.ndarray, times: np.ndarray, slope: float, b: np.ndarr
     return np.where(b > sizes[-1], times[-1] + slope * (b - sizes[-1]), out)
 
 
-def measured_source(device_key: str, topology: str = "dgx") -> MeasuredAllReduce:
-    """Vidur's shipped table of a device and topology, ready to interpolate."""
+def _vidur_tables(device_key: str, topology: str = "dgx") -> dict[int, MeasuredTable]:
     table = next((t for t in measured_tables(device_key) if t.stack == VIDUR and t.topology == topology), None)
     if table is None:
         raise PerfkitError(f"no Vidur {topology} all-reduce table for {device_key}")
-    return MeasuredAllReduce.of(dict.fromkeys(_curves(table.path), table))
+    return dict.fromkeys(_curves(table.path), table)
 
 
-def nccl_source(device_key: str, stack: str = NCCL) -> MeasuredAllReduce:
-    """The device's NCCL tables: `nccl-<version>` that version's; `nccl` for each worker count
-    the newest version that measured it (a later NCCL release is what a deployment runs)."""
+def _nccl_tables(device_key: str, stack: str = NCCL) -> dict[int, MeasuredTable]:
     chosen: dict[int, MeasuredTable] = {}
     for table in measured_tables(device_key):  # oldest first: a newer version overwrites
         if table.stack != VIDUR and stack in (NCCL, table.stack):
             chosen.update(dict.fromkeys(_curves(table.path), table))
     if not chosen:
         raise PerfkitError(f"no {stack} all-reduce table for {device_key}")
-    return MeasuredAllReduce.of(chosen)
+    return chosen
+
+
+def measured_source(device_key: str, topology: str = "dgx") -> MeasuredAllReduce:
+    """Vidur's shipped table of a device and topology, ready to interpolate."""
+    return MeasuredAllReduce.of(_vidur_tables(device_key, topology))
+
+
+def nccl_source(device_key: str, stack: str = NCCL) -> MeasuredAllReduce:
+    """The device's NCCL tables: `nccl-<version>` that version's; `nccl` for each worker count
+    the newest version that measured it (a later NCCL release is what a deployment runs)."""
+    return MeasuredAllReduce.of(_nccl_tables(device_key, stack))
+
+
+def _device(device: str | HardwareSpec) -> tuple[str, HardwareSpec | None]:
+    """The device's key and spec; a CPU named `cpu` or `cpu-...` has no spec to find."""
+    if isinstance(device, HardwareSpec):
+        return device.key, device
+    if is_cpu_name(str(device)):
+        return device_key(str(device), None), None
+    spec = find_spec(device)
+    return spec.key, spec
+
+
+def _ring(key: str, spec: HardwareSpec | None) -> RingAllReduce:
+    if spec is None or is_cpu_name(key):
+        raise PerfkitError(
+            f"{key}: no all-reduce measurements are stored, and a CPU has no interconnect for the ring model; "
+            f"measure them (a minute): {measure_command(2)} (--ranks: the tensor-parallel degree)"
+        )
+    return RingAllReduce.for_spec(spec)
+
+
+def default_source(key: str, spec: HardwareSpec | None, dtype: str | None = None) -> MeasuredAllReduce | RingAllReduce:
+    """For each worker count the device's own measurements where there are some, else the
+    tables of its first imported stack (nccl, else vidur); the ring model where it has none.
+
+    Own rows come first: they time the stack and machine the deployment runs. The ring model
+    does not fill in worker counts a measurement lacks (a label names one source per count)."""
+    imported = [n for n in stack_names(key) if not n.startswith(STACK_PREFIX)]
+    base = {} if not imported else _vidur_tables(key) if imported[0] == VIDUR else _nccl_tables(key)
+    tables = {**base, **own_tables(key, dtype=dtype)}
+    return MeasuredAllReduce.of(tables) if tables else _ring(key, spec)
 
 
 def all_reduce_source(
-    device: str | HardwareSpec, topology: str | None = None, stack: str | None = None
+    device: str | HardwareSpec, topology: str | None = None, stack: str | None = None, dtype: str | None = None
 ) -> MeasuredAllReduce | RingAllReduce:
-    """How to time all-reduces on `device` (a name, key or spec).
+    """How to time all-reduces on `device` (a name, key or spec; `cpu` is this machine's CPU).
 
-    stack None (the default): the device's NCCL tables where shipped (a100-sxm, h100-sxm,
-    h200, l40s; per GPU count the newest NCCL version measuring it), else Vidur's DGX table,
-    else the ring model from the spec's interconnect. stack 'nccl' / 'nccl-<version>': those
+    stack None (the default): per worker count, the device's own torch.distributed
+    measurements (python -m profilers.allreduce) where stored, else its NCCL tables where
+    shipped (a100-sxm, h100-sxm, h200, l40s; per GPU count the newest NCCL version measuring
+    it), else Vidur's DGX table; with none of them the ring model from the spec's
+    interconnect (a CPU has none: an error saying how to measure). stack 'torch-gloo' /
+    'torch-nccl': our own measurements of that backend; 'nccl' / 'nccl-<version>': those
     NCCL tables; 'vidur': Vidur's table of `topology` ('dgx' unless given). topology
     'dgx' / 'pairwise_nvlink': Vidur's table of that node; 'ring': the model, always (no
     stack). A stack or topology the device was not measured in is an error naming those it
-    was. The result has `time(bytes, workers)` and a `label` saying which it is.
+    was. dtype: the activations' dtype, whose own rows are preferred where a worker count was
+    measured in several. The result has `time(bytes, workers)` and a `label` saying which it is.
     """
     if topology is not None and topology not in TOPOLOGIES:
         raise PerfkitError(f"unknown all-reduce topology {topology!r}; choose one of: {', '.join(TOPOLOGIES)}")
-    spec = device if isinstance(device, HardwareSpec) else find_spec(device)
+    key, spec = _device(device)
     if topology == RING:
         if stack is not None:
             raise PerfkitError(f"topology='ring' is the ring model, from the spec: it takes no stack, got {stack!r}")
-        return RingAllReduce.for_spec(spec)
+        return _ring(key, spec)
     if topology is not None:  # one of Vidur's nodes
         if stack not in (None, VIDUR):
             raise PerfkitError(f"topology {topology!r} is a Vidur node; stack {stack!r} has none (stack 'vidur' has)")
-        if topology not in SHIPPED_TABLES.get(spec.key, {}):
-            shipped = "; ".join(f"{key} ({', '.join(t)})" for key, t in SHIPPED_TABLES.items())
+        if topology not in SHIPPED_TABLES.get(key, {}):
+            shipped = "; ".join(f"{k} ({', '.join(t)})" for k, t in SHIPPED_TABLES.items())
             raise PerfkitError(
-                f"no measured {topology} all-reduce table for {spec.key}; measured: {shipped}; "
+                f"no measured {topology} all-reduce table for {key}; measured: {shipped}; "
                 "topology='ring' models it from the spec's interconnect"
             )
-        return measured_source(spec.key, topology)
-    names = stack_names(spec.key)
+        return measured_source(key, topology)
     if stack is None:
-        if not names:
-            return RingAllReduce.for_spec(spec)
-        stack = names[0]  # nccl where shipped, else vidur
+        return default_source(key, spec, dtype)
+    names = stack_names(key)
     if stack not in names:
-        raise PerfkitError(_unknown_stack(spec.key, stack, names))
-    return measured_source(spec.key) if stack == VIDUR else nccl_source(spec.key, stack)
+        raise PerfkitError(_unknown_stack(key, stack, names))
+    if stack.startswith(STACK_PREFIX):
+        return MeasuredAllReduce.of(own_tables(key, stack, dtype))
+    return measured_source(key) if stack == VIDUR else nccl_source(key, stack)
 
 
 def _unknown_stack(device_key: str, stack, names: list[str]) -> str:
     if not names:
-        return f"all-reduce stack {stack!r}: {device_key} has no measured all-reduce tables (None: the ring model)"
+        default = "measure them" if is_cpu_name(device_key) else "None: the ring model"
+        return f"all-reduce stack {stack!r}: {device_key} has no measured all-reduce tables ({default})"
     return f"no all-reduce stack {stack!r} on {device_key}; choose one of: {', '.join(names)} (None: {names[0]})"
 
 

@@ -61,15 +61,20 @@ class StepOp:
         return self.label or self.op
 
 
-def step_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[StepOp, ...]:
-    """The ops of one plain (medusa=False) or Medusa tree (medusa=True) decoding step."""
+def check_flavor(flavor: str) -> None:
     if flavor not in FLAVORS:
         raise PerfkitError(f"unknown step flavor {flavor!r}; choose from: {', '.join(FLAVORS)}")
+
+
+def layer_ops(model: ModelConfig, flavor: str) -> tuple[StepOp, ...]:
+    """The ops every token runs through: each layer's (the paper's one layer) and, outside the
+    paper's step, the embedding."""
+    check_flavor(flavor)
     if flavor == "paper":
         return tuple(StepOp(op) for op in ("q", "k", "v", "qk", "pv", "up", "gate", "down"))
     layers = model.num_layers
     fused = flavor == "full"
-    per_layer = (
+    return (
         StepOp("norm", 2 * layers),
         *(StepOp(op, layers) for op in (("qkv",) if fused else ("q", "k", "v"))),
         *(StepOp(op, layers) for op in ("rope", "kv_write")),
@@ -78,8 +83,16 @@ def step_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[StepO
         StepOp("residual", 2 * layers),
         *(StepOp(op, layers) for op in (("gate_up",) if fused else ("gate", "up"))),
         *(StepOp(op, layers) for op in ("act", "down")),
+        StepOp("embed"),
     )
-    once = (StepOp("embed"), StepOp("norm", label="final_norm"), StepOp("lm_head"), StepOp("verify"))
+
+
+def step_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[StepOp, ...]:
+    """The ops of one plain (medusa=False) or Medusa tree (medusa=True) decoding step."""
+    per_token = layer_ops(model, flavor)
+    if flavor == "paper":
+        return per_token
+    once = (StepOp("norm", label="final_norm"), StepOp("lm_head"), StepOp("verify"))
     # The reference decoder builds the mask and commits the accepted path (a one-token
     # path in plain decoding) in every step; an engine does so in Medusa steps only.
     every_step = flavor == "reference"
@@ -87,7 +100,18 @@ def step_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[StepO
     heads = medusa and model.medusa_heads > 0
     tree = (StepOp("medusa_heads", tokens="last"), StepOp("candidates")) if heads else ()
     commit = (StepOp("kv_move"),) if heads or every_step else ()
-    return per_layer + once + mask + tree + commit
+    return per_token + once + mask + tree + commit
+
+
+def prefill_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[StepOp, ...]:
+    """The ops of a prompt's prefill: layer_ops over every prompt token, then the final norm,
+    LM head (and Medusa heads, for the first tree's candidates) on the last token only, as
+    engines compute logits for the last position. The paper's step is its layer alone."""
+    if flavor == "paper":
+        return layer_ops(model, flavor)
+    last = (StepOp("norm", label="final_norm", tokens="last"), StepOp("lm_head", tokens="last"))
+    heads = (StepOp("medusa_heads", tokens="last"),) if medusa and model.medusa_heads else ()
+    return layer_ops(model, flavor) + last + heads
 
 
 def step_calls(model: ModelConfig, flavor: str, batch, seq_len, candidates=1):
@@ -132,8 +156,7 @@ class StepModel:
     flavor: str = "full"
 
     def __post_init__(self) -> None:
-        if self.flavor not in FLAVORS:
-            raise PerfkitError(f"unknown step flavor {self.flavor!r}; choose from: {', '.join(FLAVORS)}")
+        check_flavor(self.flavor)
 
     def calls(self, batch, seq_len, candidates=1):
         """The op calls of the steps at the points given (step_calls)."""
@@ -152,6 +175,18 @@ class StepModel:
     def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
         """Seconds per decoding step."""
         return sum(self.op_times(batch, seq_len, candidates).values())
+
+    def prefill_time(self, batch, prompt_len, medusa: bool = False) -> np.ndarray:
+        """Seconds to prefill `batch` prompts of `prompt_len` tokens each (arrays broadcast):
+        prefill_inventory's ops, the per-token ones at the prefill phase over the prompt."""
+        b, s = (np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(batch, prompt_len))
+        if (b < 1).any() or (s < 1).any():
+            raise PerfkitError("batch and prompt_len must both be >= 1")
+        total = np.zeros(b.shape)
+        for item in prefill_inventory(self.model, self.flavor, medusa):
+            phase = "decode" if item.tokens == "last" else "prefill"
+            total += item.count * np.asarray(self.latency.op_time(item.op, phase, b, s, np.ones_like(b)), dtype=float)
+        return total
 
     def overhead(self, batch, seq_len, candidates) -> np.ndarray:
         """Medusa step latency over plain step latency (the paper's "overhead")."""

@@ -35,10 +35,12 @@ class TensorParallelStep:
     all_reduce: object | None  # perfmodel.latency.allreduce source; None when tp == 1
     dtype: str
 
-    def comm_time(self, batch, candidates) -> np.ndarray:
+    def comm_time(self, batch, tokens_per_seq) -> np.ndarray:
+        """All-reduce seconds of a step over `tokens_per_seq` query tokens per sequence (the
+        tree's tokens in a Medusa step, the prompt in a prefill)."""
         if self.tp == 1:
-            return np.zeros(np.broadcast(batch, candidates).shape)
-        tokens = np.asarray(batch) * np.asarray(candidates)
+            return np.zeros(np.broadcast(batch, tokens_per_seq).shape)
+        tokens = np.asarray(batch) * np.asarray(tokens_per_seq)
         model = self.shard_step.model
         if self.shard_step.flavor == "paper":  # the paper's step is one layer: its two all-reduces only
             model = dataclasses.replace(model, num_layers=1)
@@ -46,6 +48,10 @@ class TensorParallelStep:
 
     def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
         return self.shard_step.step_time(batch, seq_len, candidates) + self.comm_time(batch, candidates)
+
+    def prefill_time(self, batch, prompt_len, medusa: bool = False) -> np.ndarray:
+        """The shard's prefill of `batch` prompts plus its all-reduces over every prompt token."""
+        return self.shard_step.prefill_time(batch, prompt_len, medusa) + self.comm_time(batch, prompt_len)
 
     @property
     def label(self) -> str:
@@ -67,11 +73,12 @@ def tensor_parallel_steps(
     """One step model per flavor for `model` split tp ways on `view`: the shard timed by the
     view's latency source (perfmodel.latency.source.view_latency, one source for every
     flavor), plus the all-reduces where tp > 1, timed by
-    perfmodel.latency.allreduce.all_reduce_source(view.spec, stack=all_reduce_stack)
-    (None: the device's NCCL tables where shipped, else Vidur's, else the ring model)."""
+    perfmodel.latency.allreduce.all_reduce_source(view.spec, stack=all_reduce_stack, dtype=dtype)
+    (None: per worker count the device's own measurements (python -m profilers.allreduce),
+    else its NCCL tables where shipped, else Vidur's, else the ring model)."""
     shard = model.shard(tp)
     source = view_latency(view, shard, dtype, latency)
-    comm = all_reduce_source(view.spec, stack=all_reduce_stack) if tp > 1 else None
+    comm = all_reduce_source(view.spec, stack=all_reduce_stack, dtype=dtype) if tp > 1 else None
     return {f: TensorParallelStep(StepModel(shard, source, f), tp, comm, dtype) for f in flavors}
 
 
@@ -79,7 +86,8 @@ def usable_degrees(model: ModelConfig, spec: HardwareSpec, all_reduce_stack: str
     """The tensor-parallel degrees that split the model (ModelConfig.tensor_parallel_degrees,
     the rule --tp is checked by) and over which the device's all-reduce can be timed
     (a measured table holds some worker counts only: 2, 4 and 8 GPUs of one node in every
-    shipped one; a device without an interconnect none): 1 always."""
+    shipped one, the rank counts measured by python -m profilers.allreduce in ours; a device
+    without an interconnect or measurements, such as an unmeasured CPU, none): 1 always."""
     try:
         source = all_reduce_source(spec, stack=all_reduce_stack)
     except PerfkitError:

@@ -64,6 +64,7 @@ from perfmodel.measured.device_view import DeviceView, resolve_devices
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.planning.device_plan import Setting, plan_device, plan_device_auto_tp
 from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths, Workload
+from perfmodel.planning.medusa_setting import check_medusa
 from perfmodel.planning.memory import DEFAULT_RESERVE
 from perfmodel.planning.result import DEVICE_COLUMNS, PlanResult
 from perfmodel.planning.simulations import CANDIDATE_SIZES
@@ -90,6 +91,7 @@ def plan(
     latency: str = "auto",
     step: str = "full",
     tracer=None,
+    medusa: str = "auto",
 ) -> PlanResult:
     """Plan serving `model` on each of `devices` (see the module docstring for the model).
 
@@ -115,7 +117,8 @@ def plan(
     step flavour the configurations are timed by (perfmodel.planning.step_models): "full", the
     whole model's operator inventory, or "traced", every kernel of the reference decoder's
     step, which needs `tracer` (decoder.trace.StepTracer; python -m perfmodel.plan --step
-    traced hands it in).
+    traced hands it in). medusa: "auto" (the best tree or none per batch), "on" (the best
+    tree per batch even where plain decoding is faster) or "off" (plain decoding).
 
     Raises PerfkitError for bad input, and when the model fits on none of the devices.
     """
@@ -137,7 +140,9 @@ def plan(
     ):
         raise PerfkitError(f"tensor_parallel must be a positive integer or None (auto), got {tensor_parallel!r}")
     batches = None if batches is None else positive_ints(batches, "batches")
-    sizes = np.union1d(positive_ints(sizes, "tree sizes"), [1]) if model.medusa_heads else np.array([1])
+    check_medusa(medusa)
+    speculate = model.medusa_heads and medusa != "off"
+    sizes = np.union1d(positive_ints(sizes, "tree sizes"), [1]) if speculate else np.array([1])
     acceptance = resolve_acceptance(acceptance).model
     accept = tabulated(acceptance, sizes)
 
@@ -152,7 +157,7 @@ def plan(
         if params is not None:
             view = dataclasses.replace(view, params=params)
         setting = Setting(
-            model, view, view_dtype, workload, accept, batches, sizes, memory_reserve, latency, step, tracer
+            model, view, view_dtype, workload, accept, batches, sizes, memory_reserve, latency, step, tracer, medusa
         )
         row, device_bands, device_configs = (
             plan_device(setting, tensor_parallel) if tensor_parallel else plan_device_auto_tp(setting)

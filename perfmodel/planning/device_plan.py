@@ -38,6 +38,7 @@ class Setting:
     latency: str
     step: str = "full"  # the step flavour (perfmodel.planning.step_models): full or traced
     tracer: object = None  # the traced flavour's tracer (perfmodel.latency.traced.Tracer)
+    medusa: str = "auto"  # auto: a tree where it wins; on: a tree at every batch; off: none
 
 
 # tensor_parallel=None tries these degrees (those that split the model and fit).
@@ -158,7 +159,13 @@ def plan_device(setting: Setting, tp: int):
 
     # Best tree per batch among those whose KV fits (plain decoding always does): the most
     # speedup (so the least time per token at that batch), ties to the smaller tree.
-    band = pick_best(table, ["batch"], eligible=table["fits"]).reset_index(drop=True)
+    eligible = table["fits"]
+    if setting.medusa == "on":  # a tree at every batch one fits at, even where it loses
+        trees = eligible & (table["tree_size"] > 1)
+        eligible = trees | (eligible & ~table["batch"].isin(table.loc[trees, "batch"]))
+    band = pick_best(table, ["batch"], eligible=eligible).reset_index(drop=True)
+    if setting.medusa == "on":
+        band["speculate"] = band["tree_size"] > 1
     band["tree"] = np.where(band["speculate"], band["tree_size"].astype(str), "none")
     band["per_token_ms"] = band["per_token_s"] * 1e3
     band["user_tokens_s"] = 1 / band["per_token_s"]

@@ -4,8 +4,12 @@ devices (fewest devices for the throughput target, or the most tokens/s per repl
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from perfmodel.base.units import bytes_text
@@ -94,9 +98,79 @@ class PlanResult:
         """True where some device fits and meets the latency target."""
         return bool(self.devices["meets_latency"].any())
 
+    @property
+    def recommendations(self) -> tuple[Recommendation, ...]:
+        """The devices table as typed records, one per device."""
+        return tuple(Recommendation.of(row) for row in self.devices.to_dict("records"))
+
+    def to_frame(self) -> pd.DataFrame:
+        """The devices table: one row per device (bands and configs: the fields of the same names)."""
+        return self.devices.copy()
+
+    def to_json(self) -> str:
+        """The inputs, one record per device and the bands, as JSON (NaN and NA as null)."""
+        w = self.workload
+        return json.dumps(
+            {
+                "model": self.model.name,
+                "dtype": self.dtype,
+                "prompt_tokens": {"mean": w.prompt.mean, "p95": w.prompt.p95},
+                "response_tokens": {"mean": w.response.mean, "p95": w.response.p95},
+                "latency_target_s": w.latency_target_s,
+                "throughput_target": w.throughput_target,
+                "acceptance": self.acceptance,
+                "source": "predicted",
+                "devices": [json_ready(dataclasses.asdict(r)) for r in self.recommendations],
+                "bands": [json_ready(r) for r in self.bands.to_dict("records")],
+            },
+            indent=2,
+        )
+
     def summary(self) -> str:
         """The plan in words."""
         return plan_summary(self)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """One device's answer: what fits, and the batch and tree to run (None where nothing
+    meets the latency target or the model does not fit; `note` says why)."""
+
+    device: str
+    name: str
+    tensor_parallel: int
+    fits: bool
+    max_batch: int
+    batch: int | None
+    tree_size: int | None  # 1: plain decoding
+    speedup: float | None
+    per_token_ms: float | None
+    user_tokens_s: float | None
+    total_tokens_s: float | None
+    devices_needed: int | None
+    latency_model: str
+    note: str
+
+    @classmethod
+    def of(cls, row: dict) -> Recommendation:
+        values = json_ready({f.name: row.get(f.name) for f in dataclasses.fields(cls)})
+        return cls(**values)
+
+
+def json_ready(record: dict) -> dict:
+    """Plain Python values: numpy scalars unwrapped, NaN and NA as None."""
+    out = {}
+    for key, value in record.items():
+        if value is pd.NA or (isinstance(value, float | np.floating) and not math.isfinite(value)):
+            value = None
+        elif isinstance(value, np.integer):
+            value = int(value)
+        elif isinstance(value, np.floating):
+            value = float(value)
+        elif isinstance(value, np.bool_):
+            value = bool(value)
+        out[key] = value
+    return out
 
 
 def plan_summary(result: PlanResult) -> str:

@@ -1,0 +1,400 @@
+"""Serving capacity against latency targets: for each device, tensor-parallel degree and
+Medusa setting, the highest request rate one replica serves within the targets (found by
+simulating it, perfmodel.serving.simulator), the latency percentiles there and at the
+target rate's share, and the devices a target rate needs.
+
+`serve(model, devices, workload, targets, ...)` answers; `python -m perfmodel.plan` with
+`--rate` (or `--trace`) prints it. The step and prefill are priced by one latency source
+per device (perfmodel.latency.source, as every plan is), the tree at each batch and context
+by the speculation schedule (perfmodel.planning.schedule) built on that same step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.acceptance.rates import AcceptanceChoice, resolve_acceptance
+from perfmodel.base.dtypes import check_dtype, default_dtype
+from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.tensor_parallel import usable_degrees
+from perfmodel.measured.device_view import DeviceView, resolve_devices
+from perfmodel.models.config import ModelConfig, load_model
+from perfmodel.planning.medusa_setting import check_medusa
+from perfmodel.planning.memory import memory_fit
+from perfmodel.planning.schedule import SpeculationSchedule, build_schedule, view_evidence
+from perfmodel.planning.step_models import flavor_steps
+from perfmodel.serving.costs import ServingCosts, tabulate_costs
+from perfmodel.serving.simulator import EngineConfig, ServingRun, simulate
+from perfmodel.serving.workload import Requests, ServingWorkload, Targets
+
+# The rate search stops when the feasible and infeasible rates are this close (relative).
+RATE_PRECISION = 0.02
+# A rate that saturates any replica: every request arrives at once.
+FLOOD_RATE = 1e9
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One configuration: a device at a tensor-parallel degree, a Medusa setting, and its
+    tabulated costs (None where the model does not fit)."""
+
+    view: DeviceView
+    tp: int
+    dtype: str
+    medusa: str
+    costs: ServingCosts | None
+    schedule: SpeculationSchedule | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ServingOption:
+    """One configuration's answer. Rates are requests/s, tokens/s are output tokens; latencies
+    in seconds at `load_rate` per replica (the target rate's share of the replicas needed,
+    else the highest rate meeting the targets)."""
+
+    device: str
+    name: str
+    tp: int
+    dtype: str
+    medusa: str
+    fits: bool
+    meets_targets: bool
+    max_rate: float  # the highest request rate one replica serves within the targets
+    max_tokens_s: float  # output tokens/s of one replica at max_rate
+    replicas: int | None  # for the target rate (or tokens/s target)
+    devices: int | None  # replicas x tp
+    load_rate: float
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    tpot_p50_s: float
+    tpot_p90_s: float
+    tpot_p99_s: float
+    tokens_s: float  # output tokens/s of one replica at load_rate
+    mean_batch: float
+    tree_share: float  # share of decoding steps that ran a tree
+    unloaded_ttft_s: float
+    unloaded_tpot_s: float
+    kv_capacity_tokens: int
+    max_seqs: int
+    latency: str
+    note: str = ""
+    schedule: SpeculationSchedule | None = field(default=None, repr=False, compare=False)
+
+    def record(self) -> dict:
+        """The option as plain data (the schedule as its bands)."""
+        data = {k: v for k, v in asdict(self).items() if k != "schedule"}
+        data["schedule"] = None if self.schedule is None else json.loads(self.schedule.to_json())
+        return data
+
+
+@dataclass(frozen=True)
+class ServingAnswer:
+    """Every configuration searched, and the one to deploy: the fewest devices for the target
+    rate (ties: the most tokens/s per device), or the most tokens/s per device without one."""
+
+    model: str
+    workload: str
+    targets: Targets
+    engine: EngineConfig
+    acceptance: str
+    target_rate: float | None
+    options: tuple[ServingOption, ...]
+
+    @property
+    def best(self) -> ServingOption | None:
+        ok = [o for o in self.options if o.meets_targets]
+        if not ok:
+            return None
+        if self.target_rate is not None or self.targets.tokens_s is not None:
+            return min(ok, key=lambda o: (o.devices, -o.max_tokens_s / o.tp))
+        return max(ok, key=lambda o: o.max_tokens_s / o.tp)
+
+    def among(self, device: str | None = None, medusa: str | None = None) -> ServingAnswer:
+        """The same answer over the options of one device and/or Medusa setting."""
+        kept = tuple(o for o in self.options if device in (None, o.device) and medusa in (None, o.medusa))
+        return dataclasses.replace(self, options=kept)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per configuration (its schedule left out: SpeculationSchedule.to_frame)."""
+        rows = [{k: v for k, v in o.record().items() if k != "schedule"} for o in self.options]
+        return pd.DataFrame(rows)
+
+    def to_json(self) -> str:
+        best = self.best
+        return json.dumps(
+            {
+                "model": self.model,
+                "workload": self.workload,
+                "targets": asdict(self.targets),
+                "engine": asdict(self.engine),
+                "acceptance": self.acceptance,
+                "target_rate": self.target_rate,
+                "best": None if best is None else self.options.index(best),
+                "options": [clean(o.record()) for o in self.options],
+            },
+            indent=2,
+        )
+
+
+def clean(value):
+    """JSON has no NaN: None instead, recursively."""
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        return None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
+def half_octaves(top: int) -> np.ndarray:
+    """Batches 1, 2, 3, 4, 6, 8, 11, 16, ... up to `top`, and top: the schedule's grid for a
+    simulation, twice as dense as an engine's table, since a band runs the tree of its lowest
+    batch and a tree that wins at 16 may lose at 31."""
+    grid = np.unique(np.rint(2 ** (np.arange(2 * int(top).bit_length() + 1) / 2)).astype(np.int64))
+    return np.union1d(grid[grid <= top], [top])
+
+
+def replica(
+    model: ModelConfig,
+    view: DeviceView,
+    dtype: str,
+    tp: int,
+    medusa: str,
+    acceptance: AcceptanceChoice,
+    workload: ServingWorkload,
+    latency: str = "auto",
+    reserve: float = 0.1,
+    max_seqs: int = 256,
+    step: str = "full",
+    tracer=None,
+) -> Replica:
+    """The costs of `model` split tp ways on `view` with Medusa `medusa`: the step at the
+    schedule's tree for every batch up to what the KV cache holds (at most max_seqs) and every
+    context up to the longest request's, and the prefill."""
+    check_medusa(medusa)
+    kv_tokens = workload.prompt.p95 + workload.output.p95
+    fit = memory_fit(model, view.spec, dtype, tp, kv_tokens, reserve)
+    capacity = int(fit.free // fit.kv_token) if fit.free > 0 else 0
+    if fit.max_batch < 1:
+        where = f"{tp} x {view.spec.key}" if tp > 1 else f"one {view.spec.key}"
+        note = (
+            f"does not fit: {(fit.weights + fit.heads) / 1e9:,.1f} GB of weights and heads, {capacity:,} KV tokens "
+            f"left on {where} for sequences of {kv_tokens:,} (p95) tokens"
+        )
+        return Replica(view, tp, dtype, medusa, None, None, note)
+    steps = flavor_steps(view, model, dtype, tp, latency, dict.fromkeys([step, "full"]), tracer)
+    seqs = int(min(max_seqs, capacity // max(1, round(workload.prompt.mean + workload.output.mean))))
+    max_context = int(workload.prompt.p95 + workload.output.p95) * 2
+    schedule = build_schedule(
+        steps[step],
+        acceptance,
+        half_octaves(max(seqs, 1)),
+        medusa=medusa,
+        model=model,
+        device=view.spec.key,
+        dtype=dtype,
+        tp=tp,
+        evidence=view_evidence(view, steps[step]),
+    )
+    costs = tabulate_costs(
+        ComposedStep(steps[step], steps["full"]),
+        acceptance.model,
+        schedule.tree_size,
+        max(seqs, 1),
+        max_context,
+        capacity,
+        max(band.tree_size for band in schedule.bands),
+        steps[step].label,
+        medusa != "off",
+    )
+    return Replica(view, tp, dtype, medusa, costs, schedule)
+
+
+@dataclass(frozen=True)
+class ComposedStep:
+    """Decoding priced by the chosen step flavour, prefill by the full step (a traced step
+    has no prefill of its own; both use one latency source)."""
+
+    decode: object
+    prefill: object
+
+    def step_time(self, batch, seq_len, candidates=1):
+        return self.decode.step_time(batch, seq_len, candidates)
+
+    def prefill_time(self, batch, prompt_len, medusa=False):
+        return self.prefill.prefill_time(batch, prompt_len, medusa)
+
+
+def max_feasible_rate(requests: Requests, costs: ServingCosts, targets: Targets, engine: EngineConfig):
+    """The highest request rate (per second) meeting the targets, and its run: a bisection
+    between 0 and the rate that saturates the replica. (0, None) where even an idle replica
+    misses them."""
+    flood = simulate(requests.at_rate(FLOOD_RATE), costs, engine)
+    # Past the rate whose tokens the replica makes flat out, the queue grows without bound.
+    mean_output = float(np.mean(requests.output))
+    high = flood.tokens_s / mean_output
+    low = high * 0.01
+    best = simulate(requests.at_rate(low), costs, engine)
+    if not meets(best, targets, low * mean_output):
+        return 0.0, None
+    while (high - low) / high > RATE_PRECISION:
+        mid = math.sqrt(low * high)
+        run = simulate(requests.at_rate(mid), costs, engine)
+        if meets(run, targets, mid * mean_output):
+            low, best = mid, run
+        else:
+            high = mid
+    return low, best
+
+
+# A replica keeps up with a rate when its steady-state output is at least this share of the
+# offered tokens/s; below, its queue grows and TTFT with it, whatever the sample shows.
+KEEPS_UP = 0.9
+
+
+def meets(run: ServingRun, targets: Targets, offered_tokens_s: float) -> bool:
+    q = targets.percentile
+    stable = run.tokens_s >= KEEPS_UP * offered_tokens_s
+    return stable and targets.met(run.percentile("ttft_s", q), run.percentile("tpot_s", q))
+
+
+def serve(
+    model: str | ModelConfig,
+    devices,
+    workload: ServingWorkload,
+    targets: Targets | None = None,
+    acceptance="paper",
+    dtype: str | None = None,
+    tensor_parallel: int | None = None,
+    medusa: str = "auto",
+    engine: EngineConfig | None = None,
+    latency: str = "auto",
+    reserve: float = 0.1,
+    step: str = "full",
+    tracer=None,
+) -> ServingAnswer:
+    """Search every device x tensor-parallel degree (the one given, or each usable degree of
+    1, 2, 4, 8) x Medusa setting (off, and `medusa` unless it is off) for the capacity within
+    `targets` of the workload's requests (see the module docstring).
+
+    model: a preset name, config.json or ModelConfig. devices: names, spec files or
+    DeviceViews (perfmodel.measured.device_view.resolve_devices). acceptance: a preset or a
+    decoder.measure record (perfmodel.acceptance.rates.resolve_acceptance). dtype None: each
+    device's default. The target rate is the workload's rate (a trace's own where none is
+    given), or the rate that makes targets.tokens_s where that is higher."""
+    check_medusa(medusa)
+    model = model if isinstance(model, ModelConfig) else load_model(model)
+    views = resolve_devices(devices)
+    dtypes = [check_dtype(dtype) if dtype else default_dtype(view) for view in views]
+    choice = resolve_acceptance(acceptance)
+    targets = targets or Targets()
+    engine = engine or EngineConfig()
+    if not 0 <= reserve < 1:
+        raise PerfkitError(f"reserve must be a fraction in [0, 1), got {reserve!r}")
+    modes = ("off",) if medusa == "off" or not model.medusa_heads else ("off", medusa)
+    requests = workload.sample()
+    target_rate = workload.rate if workload.rate is not None else (requests.rate if workload.trace else None)
+    if targets.tokens_s is not None:
+        target_rate = max(target_rate or 0.0, targets.tokens_s / float(np.mean(requests.output)))
+    options = []
+    for view, view_dtype in zip(views, dtypes):
+        usable = usable_degrees(model, view.spec)
+        if tensor_parallel is not None and tensor_parallel not in usable:
+            raise PerfkitError(
+                f"tensor parallel {tensor_parallel} cannot be used for {model.name} on {view.spec.key}; usable "
+                f"degrees: {', '.join(map(str, usable))}"
+            )
+        degrees = [tensor_parallel] if tensor_parallel is not None else [tp for tp in (1, 2, 4, 8) if tp in usable]
+        for mode in modes:
+            for tp in degrees:
+                rep = replica(
+                    model, view, view_dtype, tp, mode, choice, workload, latency, reserve, engine.max_seqs, step, tracer
+                )
+                options.append(answer(rep, requests, targets, engine, target_rate))
+    return ServingAnswer(model.name, workload.describe(), targets, engine, choice.label, target_rate, tuple(options))
+
+
+NAN = float("nan")
+
+
+def answer(rep: Replica, requests: Requests, targets: Targets, engine: EngineConfig, target_rate) -> ServingOption:
+    """One configuration's capacity and latencies (see ServingOption)."""
+    spec = rep.view.spec
+    base = dict(device=spec.key, name=spec.name, tp=rep.tp, dtype=rep.dtype, medusa=rep.medusa)
+    if rep.costs is None:
+        return ServingOption(
+            **base,
+            fits=False,
+            meets_targets=False,
+            max_rate=0.0,
+            max_tokens_s=0.0,
+            replicas=None,
+            devices=None,
+            load_rate=NAN,
+            ttft_p50_s=NAN,
+            ttft_p90_s=NAN,
+            ttft_p99_s=NAN,
+            tpot_p50_s=NAN,
+            tpot_p90_s=NAN,
+            tpot_p99_s=NAN,
+            tokens_s=NAN,
+            mean_batch=NAN,
+            tree_share=NAN,
+            unloaded_ttft_s=NAN,
+            unloaded_tpot_s=NAN,
+            kv_capacity_tokens=0,
+            max_seqs=0,
+            latency="",
+            note=rep.note,
+        )
+    costs = rep.costs
+    mean_output = float(np.mean(requests.output))
+    context = float(np.mean(requests.prompt) + mean_output / 2)
+    seconds, tokens, _ = costs.step(1, context)
+    unloaded_ttft = float(costs.prefill(np.mean(requests.prompt)))
+    rate, run = max_feasible_rate(requests, costs, targets, engine)
+    replicas = None if target_rate is None or rate == 0 else max(1, math.ceil(target_rate / rate))
+    load = rate if replicas is None else target_rate / replicas
+    if run is not None and replicas is not None:
+        run = simulate(requests.at_rate(load), costs, engine)
+    note = "" if run is not None else f"misses {targets.describe()} even unloaded"
+    q = lambda what, p: NAN if run is None else run.percentile(what, p)  # noqa: E731
+    return ServingOption(
+        **base,
+        fits=True,
+        meets_targets=run is not None,
+        max_rate=rate,
+        max_tokens_s=rate * mean_output,
+        replicas=replicas,
+        devices=None if replicas is None else replicas * rep.tp,
+        load_rate=load if run is not None else NAN,
+        ttft_p50_s=q("ttft_s", 50),
+        ttft_p90_s=q("ttft_s", 90),
+        ttft_p99_s=q("ttft_s", 99),
+        tpot_p50_s=q("tpot_s", 50),
+        tpot_p90_s=q("tpot_s", 90),
+        tpot_p99_s=q("tpot_s", 99),
+        tokens_s=NAN if run is None else run.tokens_s,
+        mean_batch=NAN if run is None else run.mean_batch,
+        tree_share=NAN if run is None else run.tree_share,
+        unloaded_ttft_s=unloaded_ttft,
+        unloaded_tpot_s=seconds / tokens,
+        kv_capacity_tokens=costs.kv_capacity,
+        max_seqs=costs.max_seqs,
+        latency=costs.label,
+        note=note,
+        schedule=rep.schedule,
+    )

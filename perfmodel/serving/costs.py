@@ -1,0 +1,112 @@
+"""What a serving simulation reads from the performance model, tabulated once per
+configuration: the decoding step's time and tokens per sequence at every running batch and
+context (at the tree the schedule runs there), a prompt's prefill time by length, and the KV
+cache's capacity in tokens.
+
+Tabulating first keeps the simulation's loop free of the latency model: one vectorised
+pricing of batch x context (about 256 x 16 points) per configuration, then lookups."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.base.errors import PerfkitError
+
+# Contexts the step is priced at (tokens); between them the step time is interpolated
+# linearly, as attention's cost is linear in the context it reads.
+CONTEXT_POINTS = 16
+
+
+@dataclass(frozen=True)
+class ServingCosts:
+    """One replica's costs. Arrays are indexed [batch - 1, context point]."""
+
+    contexts: np.ndarray  # the context grid, tokens
+    step_s: np.ndarray  # seconds per decoding step at the tree run there
+    tokens: np.ndarray  # tokens each sequence gains per step (the tree's acceptance; 1 plain)
+    tree: np.ndarray  # the tree size run (1: plain decoding)
+    prefill_lengths: np.ndarray  # prompt lengths the prefill is priced at
+    prefill_s: np.ndarray  # seconds to prefill one prompt of each length
+    kv_capacity: int  # KV-cache tokens the replica holds beside its weights
+    spare_tokens: int  # KV slots a step's tree adds per sequence beyond its context (tree - 1)
+    label: str  # what the costs rest on
+
+    @property
+    def max_seqs(self) -> int:
+        return self.step_s.shape[0]
+
+    def step(self, batch: int, context: float) -> tuple[float, float, int]:
+        """(seconds, tokens per sequence, tree size) of a step of `batch` sequences at a mean
+        context of `context` tokens."""
+        row = batch - 1
+        c = self.contexts
+        j = min(max(int(np.searchsorted(c, context)), 1), len(c) - 1)
+        f = min(max((context - c[j - 1]) / (c[j] - c[j - 1]), 0.0), 1.0)
+        # The tree of the nearer grid point, and its own step time and acceptance.
+        k = j if f >= 0.5 else j - 1
+        seconds = self.step_s[row, j - 1] + f * (self.step_s[row, j] - self.step_s[row, j - 1])
+        return float(seconds), float(self.tokens[row, k]), int(self.tree[row, k])
+
+    def steps(
+        self, batch: int, context: float, tokens: float, tree: int, left: float, until: float
+    ) -> tuple[int, float]:
+        """How many steps of `batch` sequences from a mean context of `context` run before the
+        first sequence, `left` tokens from its end, completes, or before the step that starts
+        after `until` seconds, while the tree stays `tree`; and their seconds in all. At least
+        one step."""
+        count = max(1, math.ceil(left / tokens - 1e-9))
+        ahead = context + tokens * np.arange(count)
+        row, c = batch - 1, self.contexts
+        nearest = np.abs(c[:, None] - ahead[None, :]).argmin(axis=0)
+        same_tree = self.tree[row, nearest] == tree
+        count = max(1, int(np.argmin(same_tree)) if not same_tree.all() else count)
+        seconds = np.interp(ahead[:count], c, self.step_s[row])
+        starts = np.concatenate([[0.0], np.cumsum(seconds)[:-1]])
+        count = max(1, int(np.searchsorted(starts, until, side="left")))
+        return count, float(seconds[:count].sum())
+
+    def prefill(self, tokens) -> np.ndarray:
+        """Seconds to prefill a prompt prefix of `tokens` tokens (the cost of a chunk from p to
+        p + c is prefill(p + c) - prefill(p))."""
+        t = np.asarray(tokens, dtype=float)
+        return np.where(t <= 0, 0.0, np.interp(t, self.prefill_lengths, self.prefill_s))
+
+
+def context_grid(max_context: int, points: int = CONTEXT_POINTS) -> np.ndarray:
+    """Contexts from 1 to max_context, geometric (dense where short contexts change the step
+    most), as integers."""
+    grid = np.unique(np.rint(np.geomspace(1, max(max_context, 2), points)).astype(np.int64))
+    return grid
+
+
+def tabulate_costs(
+    step,
+    acceptance: Callable[[np.ndarray], np.ndarray],
+    tree_size: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    max_seqs: int,
+    max_context: int,
+    kv_capacity: int,
+    max_tree: int,
+    label: str,
+    medusa: bool,
+) -> ServingCosts:
+    """The costs of `step` (a step model with step_time and prefill_time; tensor parallel
+    included) for batches 1..max_seqs and contexts up to max_context. tree_size(batch,
+    context) -> the tree run there (1: plain; arrays); acceptance(n) -> tokens per step.
+    max_tree: the largest tree the schedule may run, whose spare KV slots every sequence
+    keeps free."""
+    if max_seqs < 1:
+        raise PerfkitError(f"the running batch must hold at least one sequence, got {max_seqs}")
+    contexts = context_grid(max_context)
+    batch = np.arange(1, max_seqs + 1, dtype=np.int64)[:, None]
+    b, s = np.broadcast_arrays(batch, contexts[None, :])
+    tree = np.asarray(tree_size(b, s), dtype=np.int64).reshape(b.shape)
+    step_s = np.asarray(step.step_time(b, s, tree), dtype=float).reshape(b.shape)
+    tokens = np.where(tree > 1, np.asarray(acceptance(np.maximum(tree, 1)), dtype=float).reshape(b.shape), 1.0)
+    lengths = context_grid(max_context, 2 * CONTEXT_POINTS)
+    prefill_s = np.asarray(step.prefill_time(1, lengths, medusa), dtype=float)
+    return ServingCosts(contexts, step_s, tokens, tree, lengths, prefill_s, kv_capacity, max_tree - 1, label)

@@ -1,0 +1,202 @@
+"""A continuous-batching serving simulation, iteration by iteration as engines schedule:
+
+- requests queue on arrival and join the running batch while it has room: fewer than the
+  engine's max sequences, and KV cache for their prompt, their whole output and the tree's
+  spare slots (reserved on admission, as an engine that never preempts must);
+- prefill is `separate` (an iteration prefilling every newly admitted prompt, before the
+  next decoding step: vLLM's v0 and TGI's default) or `chunked` (each iteration decodes the
+  running batch and prefills prompts in chunks up to a token budget, the step's own tokens
+  counted against it: vLLM's v1 and SGLang's default). The prefill makes the first token;
+- a decoding step of b sequences at their mean context runs the tree the schedule names
+  for (b, context), and every sequence gains that tree's expected tokens per step (its
+  acceptance; 1 in plain decoding). Progress is the expectation, not a draw: the latency
+  percentiles come from queueing and batching, not from acceptance luck;
+- a sequence leaves when its output is complete, freeing its KV cache.
+
+Why a loop of our own and not a discrete-event library (simpy): an engine's only events are
+its iterations, each a function of the running batch, so a plain loop over iterations with
+the costs tabulated once (perfmodel.serving.costs) is the whole model; it runs a 600-request
+simulation in tens of milliseconds, which a search over devices, degrees and rates needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.serving.costs import ServingCosts
+from perfmodel.serving.workload import Requests
+
+PREFILL_MODES = ("separate", "chunked")
+DEFAULT_CHUNK_TOKENS = 2048
+DEFAULT_MAX_SEQS = 256  # vLLM's default max_num_seqs: the running batch's cap
+# The requests the percentiles and throughput are taken over: those arriving between these
+# shares of the run, past the empty start and before the draining end.
+STEADY = (0.1, 0.9)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine schedules: its prefill mode and, chunked, its token budget per
+    iteration; its cap on running sequences (the KV cache may hold fewer)."""
+
+    prefill: str = "separate"
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    max_seqs: int = DEFAULT_MAX_SEQS
+
+    def __post_init__(self) -> None:
+        if self.prefill not in PREFILL_MODES:
+            raise PerfkitError(f"unknown prefill mode {self.prefill!r}; choose one of: {', '.join(PREFILL_MODES)}")
+        if isinstance(self.chunk_tokens, bool) or not isinstance(self.chunk_tokens, int) or self.chunk_tokens < 1:
+            raise PerfkitError(f"chunk_tokens must be a positive integer, got {self.chunk_tokens!r}")
+        if isinstance(self.max_seqs, bool) or not isinstance(self.max_seqs, int) or self.max_seqs < 1:
+            raise PerfkitError(f"max_seqs must be a positive integer, got {self.max_seqs!r}")
+
+
+@dataclass(frozen=True)
+class ServingRun:
+    """One simulation's outcome: per request its times, and the steady-state statistics."""
+
+    requests: pd.DataFrame = field(repr=False)  # arrival_s, first_token_s, finish_s, prompt, output, ttft_s, tpot_s
+    tokens_s: float  # output tokens per second in the steady state
+    mean_batch: float  # sequences per decoding step, averaged over decoding time
+    tree_share: float  # share of decoding steps that ran a tree
+    duration_s: float
+
+    def percentile(self, what: str, q: float) -> float:
+        """The q-th percentile of ttft_s or tpot_s over the steady-state requests."""
+        values = steady(self.requests)[what].dropna()
+        return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+def steady(frame: pd.DataFrame) -> pd.DataFrame:
+    n = len(frame)
+    return frame.iloc[int(STEADY[0] * n) : max(int(STEADY[1] * n), int(STEADY[0] * n) + 1)]
+
+
+def simulate(requests: Requests, costs: ServingCosts, engine: EngineConfig = EngineConfig()) -> ServingRun:
+    """Serve `requests` on one replica priced by `costs` (see the module docstring)."""
+    n = len(requests)
+    arrival, prompt, output = requests.arrival_s, requests.prompt, requests.output
+    need = prompt + output + costs.spare_tokens
+    too_long = np.flatnonzero(need > costs.kv_capacity)
+    if too_long.size:
+        i = too_long[0]
+        raise PerfkitError(
+            f"request {i} ({prompt[i]} prompt + {output[i]} output tokens) needs more KV cache than the replica holds "
+            f"({costs.kv_capacity:,} tokens); use more devices, a smaller dtype or shorter requests"
+        )
+    first = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+    gained = np.zeros(n)  # tokens after the first
+    prefilled = np.zeros(n, dtype=np.int64)  # prompt tokens prefilled so far
+    waiting: deque[int] = deque()
+    prefilling: list[int] = []
+    running = np.empty(0, dtype=np.int64)
+    kv_used, t, upcoming, done = 0, 0.0, 0, 0
+    times, produced = [0.0], [0.0]  # iteration end times and output tokens made by then
+    decode_time = batch_time = tree_steps = steps = 0.0
+    chunked = engine.prefill == "chunked"
+
+    while done < n:
+        while upcoming < n and arrival[upcoming] <= t:
+            waiting.append(upcoming)
+            upcoming += 1
+        while (
+            waiting
+            and len(running) + len(prefilling) < costs.max_seqs
+            and kv_used + need[waiting[0]] <= costs.kv_capacity
+        ):
+            i = waiting.popleft()
+            kv_used += need[i]
+            prefilling.append(i)
+        if not len(running) and not prefilling:
+            t = max(t, float(arrival[upcoming]))
+            continue
+
+        made = 0.0
+        if not chunked and prefilling:
+            ready = np.array(prefilling)
+            t += float(costs.prefill(prompt[ready]).sum())
+            prefilling = []
+        else:
+            dt, budget = 0.0, engine.chunk_tokens
+            if len(running):
+                b = len(running)
+                context = float((prompt[running] + gained[running]).mean())
+                seconds, tokens, tree = costs.step(b, context)
+                count = 1
+                if not prefilling:
+                    # Nothing joins or leaves before the next arrival or completion: take the
+                    # steps up to then at once.
+                    left = float((output[running] - 1 - gained[running]).min())
+                    next_arrival = float(arrival[upcoming]) if upcoming < n else math.inf
+                    count, seconds = costs.steps(b, context, tokens, tree, left, next_arrival - t)
+                dt += seconds
+                budget -= b * tree
+                gained[running] += tokens * count
+                made += b * tokens * count
+                decode_time += seconds
+                batch_time += seconds * b
+                tree_steps += count * (tree > 1)
+                steps += count
+            ready_list = []
+            for i in prefilling:
+                if budget <= 0:
+                    break
+                chunk = min(int(prompt[i] - prefilled[i]), budget)
+                dt += float(costs.prefill(prefilled[i] + chunk) - costs.prefill(prefilled[i]))
+                prefilled[i] += chunk
+                budget -= chunk
+                if prefilled[i] == prompt[i]:
+                    ready_list.append(i)
+            prefilling = [i for i in prefilling if prefilled[i] < prompt[i]]
+            ready = np.array(ready_list, dtype=np.int64)
+            t += dt
+            if len(running):
+                over = gained[running] >= output[running] - 1
+                finished = running[over]
+                finish[finished] = t
+                kv_used -= int(need[finished].sum())
+                done += len(finished)
+                made -= float((gained[finished] - (output[finished] - 1)).sum())  # tokens past the end are dropped
+                running = running[~over]
+        if len(ready):
+            first[ready] = t
+            made += len(ready)
+            single = output[ready] <= 1
+            finish[ready[single]] = t
+            kv_used -= int(need[ready[single]].sum())
+            done += int(single.sum())
+            running = np.concatenate([running, ready[~single]])
+        times.append(t)
+        produced.append(produced[-1] + made)
+
+    frame = pd.DataFrame(
+        {"arrival_s": arrival, "first_token_s": first, "finish_s": finish, "prompt": prompt, "output": output}
+    )
+    frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
+    frame["tpot_s"] = np.where(output > 1, (finish - first) / np.maximum(output - 1, 1), np.nan)
+    return ServingRun(
+        frame,
+        steady_throughput(frame, np.array(times), np.array(produced)),
+        batch_time / decode_time if decode_time else 0.0,
+        tree_steps / steps if steps else 0.0,
+        t,
+    )
+
+
+def steady_throughput(frame: pd.DataFrame, times: np.ndarray, produced: np.ndarray) -> float:
+    """Output tokens per second between the times the steady-state window's first and last
+    requests finish (the span where the engine is neither filling nor draining)."""
+    window = steady(frame.sort_values("finish_s"))
+    start, end = float(window["finish_s"].min()), float(window["finish_s"].max())
+    if not end > start:
+        return float(produced[-1] / times[-1]) if times[-1] > 0 else math.nan
+    made = np.interp([start, end], times, produced)
+    return float((made[1] - made[0]) / (end - start))

@@ -1,0 +1,189 @@
+"""What a serving deployment is asked to carry and to meet: requests (a rate with length
+distributions, or a trace of arrivals and lengths) and service-level targets (time to first
+token and time per output token at a percentile, a throughput)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.planning.lengths import Lengths
+
+# How many requests one simulation serves unless told: enough that the middle 80% (the
+# steady state the percentiles are taken over) holds several hundred requests, few enough
+# that a search over devices and degrees runs in seconds.
+DEFAULT_REQUESTS = 600
+PERCENTILES = (50, 90, 99)
+TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+# 1.645 standard deviations above the mean of a normal is its 95th percentile.
+Z95 = 1.6448536269514722
+
+
+def positive(value, name: str, allow_none: bool = True):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise PerfkitError(f"{name} must be a positive number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise PerfkitError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Service-level targets: time to first token and time per output token (seconds), each
+    met by `percentile` percent of requests, and output tokens/s in all. None: no target."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    percentile: int = 90
+    tokens_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_s", "tpot_s", "tokens_s"):
+            positive(getattr(self, name), name)
+        if self.percentile not in PERCENTILES:
+            raise PerfkitError(
+                f"percentile {self.percentile!r} is not offered; choose one of: {', '.join(map(str, PERCENTILES))}"
+            )
+
+    def met(self, ttft_s: float, tpot_s: float) -> bool:
+        """Whether latencies at the target percentile meet the targets set."""
+        return (self.ttft_s is None or ttft_s <= self.ttft_s) and (self.tpot_s is None or tpot_s <= self.tpot_s)
+
+    def describe(self) -> str:
+        parts = []
+        if self.ttft_s is not None:
+            parts.append(f"p{self.percentile} TTFT <= {self.ttft_s * 1e3:g} ms")
+        if self.tpot_s is not None:
+            parts.append(f"p{self.percentile} TPOT <= {self.tpot_s * 1e3:g} ms")
+        if self.tokens_s is not None:
+            parts.append(f">= {self.tokens_s:,.0f} output tokens/s")
+        return ", ".join(parts) or "no latency target"
+
+
+@dataclass(frozen=True)
+class Requests:
+    """Requests to serve, sorted by arrival: seconds since the first, and token counts."""
+
+    arrival_s: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    origin: str
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def rate(self) -> float:
+        """Requests per second over the span of the arrivals."""
+        span = float(self.arrival_s[-1] - self.arrival_s[0])
+        return (len(self) - 1) / span if span > 0 else math.inf
+
+    def at_rate(self, rate: float) -> Requests:
+        """The same requests in the same order, their arrival times scaled to `rate` per second."""
+        positive(rate, "request rate", allow_none=False)
+        scale = self.rate / rate if math.isfinite(self.rate) else 0.0
+        return Requests(self.arrival_s * scale, self.prompt, self.output, f"{self.origin}, at {rate:g} requests/s")
+
+
+@dataclass(frozen=True)
+class ServingWorkload:
+    """Requests arriving as a Poisson process at `rate` per second with prompt and output
+    lengths drawn from log-normal distributions of the given mean and p95 (a fixed length
+    where the two are equal), or the arrivals and lengths of a trace file."""
+
+    rate: float | None = None
+    prompt: Lengths = Lengths(512, 512)
+    output: Lengths = Lengths(256, 256)
+    trace: Path | None = None
+    requests: int = DEFAULT_REQUESTS
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive(self.rate, "request rate")
+        if isinstance(self.requests, bool) or not isinstance(self.requests, int) or self.requests < 10:
+            raise PerfkitError(f"requests must be an integer >= 10 (a simulation's sample), got {self.requests!r}")
+
+    def sample(self, rate: float | None = None) -> Requests:
+        """The requests of one simulation: the trace's (at `rate` where given), else drawn at
+        `rate` (default the workload's) with the workload's seed, so every configuration
+        compared sees the same requests."""
+        if self.trace is not None:
+            requests = read_trace(self.trace)
+            return requests if rate is None else requests.at_rate(rate)
+        rate = positive(rate if rate is not None else self.rate, "request rate", allow_none=False)
+        rng = np.random.default_rng(self.seed)
+        gaps = rng.exponential(1.0, self.requests)
+        arrivals = np.cumsum(gaps) - gaps[0]
+        prompt = draw_lengths(self.prompt, self.requests, rng)
+        output = draw_lengths(self.output, self.requests, rng)
+        origin = f"{self.requests} Poisson arrivals at {rate:g}/s, prompts {self.prompt}, outputs {self.output}"
+        return Requests(arrivals / rate, prompt, output, origin)
+
+    def describe(self) -> str:
+        if self.trace is not None:
+            return f"trace {self.trace}" + (f" at {self.rate:g} requests/s" if self.rate else "")
+        return f"{self.rate:g} requests/s, prompts {self.prompt} tokens, outputs {self.output} tokens"
+
+
+def lognormal_sigma(lengths: Lengths) -> float:
+    """The log-normal's sigma whose mean and 95th percentile are the given ones: the smaller
+    root of sigma^2/2 - z95 sigma + ln(p95/mean) = 0. A p95 beyond e^(z95^2/2) = 3.87 x the
+    mean has none: that tail is heavier than a log-normal's, and is an error."""
+    ratio = lengths.p95 / lengths.mean
+    if ratio <= 1:
+        return 0.0
+    disc = Z95**2 - 2 * math.log(ratio)
+    if disc < 0:
+        raise PerfkitError(
+            f"a p95 of {lengths.p95} is {ratio:.1f}x the mean {lengths.mean:g}: no log-normal has a tail that heavy "
+            "(at most 3.87x); give samples or a trace instead"
+        )
+    return Z95 - math.sqrt(disc)
+
+
+def draw_lengths(lengths: Lengths, count: int, rng: np.random.Generator) -> np.ndarray:
+    """`count` token counts >= 1 from the log-normal of `lengths`' mean and p95."""
+    sigma = lognormal_sigma(lengths)
+    mu = math.log(lengths.mean) - sigma**2 / 2
+    return np.maximum(1, np.rint(rng.lognormal(mu, sigma, count))).astype(np.int64)
+
+
+def read_trace(path: str | Path) -> Requests:
+    """A CSV trace: one request per row with arrival_s (seconds, any origin), prompt_tokens and
+    output_tokens; rows are sorted by arrival."""
+    path = Path(path)
+    try:
+        frame = pd.read_csv(path)
+    except FileNotFoundError:
+        raise PerfkitError(f"cannot read trace {path}: no such file") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise PerfkitError(f"cannot read trace {path}: {exc}".splitlines()[0]) from None
+    missing = [c for c in TRACE_COLUMNS if c not in frame.columns]
+    if missing:
+        raise PerfkitError(f"trace {path} lacks column(s) {', '.join(missing)}; a trace has {', '.join(TRACE_COLUMNS)}")
+    if len(frame) < 10:
+        raise PerfkitError(f"trace {path} holds {len(frame)} request(s); a simulation needs at least 10")
+    values = frame[list(TRACE_COLUMNS)].apply(pd.to_numeric, errors="coerce")
+    bad = values.isna().any(axis=1) | (values["prompt_tokens"] < 1) | (values["output_tokens"] < 1)
+    bad |= values["arrival_s"] < 0
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise PerfkitError(
+            f"trace {path}, row {row + 2}: {frame.iloc[row][list(TRACE_COLUMNS)].to_dict()}; arrival_s must be a "
+            "number >= 0 and token counts integers >= 1"
+        )
+    values = values.sort_values("arrival_s", kind="stable")
+    arrivals = values["arrival_s"].to_numpy(float)
+    return Requests(
+        arrivals - arrivals[0],
+        values["prompt_tokens"].to_numpy(np.int64),
+        values["output_tokens"].to_numpy(np.int64),
+        f"trace {path.name} ({len(values)} requests)",
+    )

@@ -1,0 +1,125 @@
+"""The serving simulation against the step model it is built on: unloaded, each request's
+latencies are the step model's; flooded, the replica makes max batch / step time tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from perfmodel.acceptance.rates import PAPER_ACCEPTANCE
+from perfmodel.base.errors import PerfkitError
+from perfmodel.measured.device_view import resolve_devices
+from perfmodel.models.config import load_model
+from perfmodel.planning.lengths import Lengths
+from perfmodel.planning.step_models import flavor_steps
+from perfmodel.serving.costs import tabulate_costs
+from perfmodel.serving.simulator import EngineConfig, simulate
+from perfmodel.serving.workload import ServingWorkload, read_trace
+
+PROMPT, OUTPUT = 256, 256
+
+
+@pytest.fixture(scope="module")
+def step():
+    view = resolve_devices(["h100"])[0]
+    return flavor_steps(view, load_model("llama-7b"), "fp16", 1)["full"]
+
+
+def costs_at(step, tree: int, max_seqs: int = 64, capacity: int = 10**7):
+    return tabulate_costs(
+        step, PAPER_ACCEPTANCE, lambda b, s: np.full(np.shape(b), tree), max_seqs, 2048, capacity, tree, "t", tree > 1
+    )
+
+
+def fixed(rate: float, prompt: int = PROMPT, output: int = OUTPUT, requests: int = 200) -> ServingWorkload:
+    return ServingWorkload(rate, Lengths.of(prompt), Lengths.of(output), requests=requests)
+
+
+@pytest.mark.parametrize("tree", [1, 16])
+@pytest.mark.parametrize("prefill", ["separate", "chunked"])
+def test_low_load_latency_is_the_unloaded_step_models(step, tree, prefill):
+    run = simulate(fixed(0.02).sample(), costs_at(step, tree), EngineConfig(prefill))
+    context = PROMPT + OUTPUT / 2  # the mean context over a request's decoding
+    tokens = float(PAPER_ACCEPTANCE(tree)) if tree > 1 else 1.0
+    tpot = float(step.step_time(1, context, tree)) / tokens
+    ttft = float(step.prefill_time(1, PROMPT, tree > 1))
+    for q in (50, 90):
+        assert run.percentile("tpot_s", q) == pytest.approx(tpot, rel=0.02)
+        assert run.percentile("ttft_s", q) == pytest.approx(ttft, rel=0.02)
+    assert run.mean_batch < 1.05  # requests seldom overlap
+
+
+@pytest.mark.parametrize("tree", [1, 8])
+def test_saturated_throughput_is_max_batch_over_step_time(step, tree):
+    max_seqs, prompt, output = 32, 16, 1024  # short prompts: prefill is a sliver of the time
+    run = simulate(fixed(1e9, prompt, output, 400).sample(), costs_at(step, tree, max_seqs), EngineConfig())
+    tokens = float(PAPER_ACCEPTANCE(tree)) if tree > 1 else 1.0
+    expected = max_seqs * tokens / float(step.step_time(max_seqs, prompt + output / 2, tree))
+    assert run.tokens_s == pytest.approx(expected, rel=0.05)
+    assert run.mean_batch == pytest.approx(max_seqs, rel=0.05)
+
+
+def test_kv_capacity_limits_the_batch(step):
+    need = PROMPT + OUTPUT
+    run = simulate(fixed(1e9).sample(), costs_at(step, 1, 64, capacity=4 * need), EngineConfig())
+    assert run.mean_batch <= 4 + 1e-9
+    assert run.mean_batch > 3
+
+
+def test_more_load_means_more_queueing(step):
+    costs = costs_at(step, 1)
+    light, heavy = (simulate(fixed(rate).sample(), costs) for rate in (1, 40))
+    assert heavy.percentile("ttft_s", 90) > light.percentile("ttft_s", 90)
+    assert heavy.percentile("tpot_s", 90) > light.percentile("tpot_s", 90)
+    assert heavy.tokens_s > light.tokens_s
+
+
+def test_a_request_longer_than_the_cache_is_a_one_line_error(step):
+    with pytest.raises(PerfkitError, match=r"request 0 \(256 prompt \+ 256 output tokens\) needs more KV cache"):
+        simulate(fixed(1).sample(), costs_at(step, 1, capacity=300))
+
+
+def test_a_trace_is_read_sorted_and_checked(tmp_path):
+    path = tmp_path / "trace.csv"
+    rows = [(f"{(12 - i) * 0.5}", 100 + i, 20) for i in range(12)]
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + "\n".join(",".join(map(str, r)) for r in rows))
+    requests = read_trace(path)
+    assert requests.arrival_s[0] == 0 and (np.diff(requests.arrival_s) >= 0).all()
+    assert requests.prompt[0] == 111  # the earliest arrival
+    assert requests.at_rate(4.0).rate == pytest.approx(4.0)
+    path.write_text("arrival_s,prompt_tokens\n" + "\n".join(f"{i},5" for i in range(12)))
+    with pytest.raises(PerfkitError, match="lacks column.*output_tokens"):
+        read_trace(path)
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + "\n".join(f"{i},5,{i - 3}" for i in range(12)))
+    with pytest.raises(PerfkitError, match="row 2: .*token counts integers >= 1"):
+        read_trace(path)
+
+
+def test_lengths_are_drawn_with_the_asked_mean_and_p95():
+    w = ServingWorkload(1.0, Lengths(1000, 2000), Lengths(256, 256), requests=5000)
+    requests = w.sample()
+    assert np.mean(requests.prompt) == pytest.approx(1000, rel=0.05)
+    assert np.percentile(requests.prompt, 95) == pytest.approx(2000, rel=0.05)
+    assert (requests.output == 256).all()
+    with pytest.raises(PerfkitError, match="no log-normal has a tail that heavy"):
+        ServingWorkload(1.0, Lengths(100, 1000)).sample()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(rate=0), "request rate must be a positive number, got 0"),
+        (dict(rate=float("nan")), "request rate must be a positive number"),
+        (dict(rate=1, requests=3), "requests must be an integer >= 10"),
+    ],
+)
+def test_bad_workloads_are_one_line_errors(kwargs, message):
+    with pytest.raises(PerfkitError, match=message):
+        ServingWorkload(**kwargs)
+
+
+def test_bad_engine_settings_are_one_line_errors():
+    with pytest.raises(PerfkitError, match="unknown prefill mode 'mixed'; choose one of: separate, chunked"):
+        EngineConfig("mixed")
+    with pytest.raises(PerfkitError, match="chunk_tokens must be a positive integer, got 0"):
+        EngineConfig("chunked", 0)
