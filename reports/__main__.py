@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import gc
 import sys
 from pathlib import Path
 
 from perfmodel.base.dtypes import check_dtype
-from perfmodel.cli import Parser, options, positive_int, run
+from perfmodel.cli import Parser, options, run
 from perfmodel.models.config import load_model
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS
 from reports.build import BuildConfig, build
 from reports.compare import CompareConfig, compare
 
 DEFAULT_OUT = Path("perf-reports")
-
-
-def positive_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
 
 
 def build_parser() -> Parser:
@@ -87,24 +76,9 @@ def build_parser() -> Parser:
     options.acceptance_rates(c)
     options.out(c, f"{DEFAULT_OUT}/compare/<model>")
     options.jobs(c)
+    options.tp(c)
     for sub in (b, c):
-        sub.add_argument(
-            "--prompt-len",
-            type=positive_int,
-            default=512,
-            metavar="TOKENS",
-            help="mean prompt length for the capacity plan (default %(default)s)",
-        )
-        sub.add_argument(
-            "--response-len",
-            type=positive_int,
-            default=256,
-            metavar="TOKENS",
-            help="mean response length for the capacity plan (default %(default)s)",
-        )
-        sub.add_argument(
-            "--latency-ms", type=positive_number, metavar="MS", help="per-token latency target for the capacity plan"
-        )
+        options.workload(sub)
         options.latency(sub)
     return p
 
@@ -116,8 +90,12 @@ def model_name(model: str) -> str:
 
 def shared(args) -> dict:
     """The options build and compare share, as their configs name them."""
-    names = ("model", "dtype", "prompt_len", "response_len", "latency_ms", "jobs", "latency")
-    return {"acceptance": args.acceptance_rates, **{name: getattr(args, name) for name in names}}
+    names = ("model", "dtype", "jobs", "latency", "tp")
+    return {
+        "acceptance": args.acceptance_rates,
+        "workload": options.workload_settings(args),
+        **{name: getattr(args, name) for name in names},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
             validation=tuple(args.validation),
             ablation=tuple(args.ablation),
             measure=args.measure,
-            tp=args.tp,
             step=args.step,
             **shared(args),
         )

@@ -1,10 +1,12 @@
 """python -m reports build: everything the toolkit knows about one (device, model) on one page.
 
 One self-contained HTML file (figures embedded, nothing fetched) and the same figures as
-PNG files beside it: the device and its ceilings, rooflines per op group and phase, the
-Medusa variation studies with their TFLOP/s and intensity tables, simulated (and, where
-measured, real) speedups, acceptance data, the recommended tree, a capacity plan, and the
-prediction error wherever predictions and measurements meet.
+PNG files beside it. It opens with the answer (reports.answer: the tree to run at the
+workload, the capacity line, the decision map), then: the device and its ceilings,
+rooflines per op group and phase, the Medusa variation studies with their TFLOP/s and
+intensity tables, simulated (and, where measured, real) speedups, acceptance data, the
+recommended tree, a capacity plan, and the prediction error wherever predictions and
+measurements meet.
 
 This module gathers the inputs and orchestrates; the page's sections are reports.sections,
 its tables reports.tables and its sentences reports.prose.
@@ -37,11 +39,12 @@ from perfmodel.planning.capacity import PlanResult, plan, serving_plan
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS, check_flavors
 from reports.ablation_figures import tree_ablation_figure
 from reports.acceptance_figures import Curve, acceptance_figure, tree_figure
+from reports.answer import answer_section, gather
 from reports.capacity_figures import capacity_figure
 from reports.html import Page
 from reports.output_folder import staged
 from reports.render import FigureJob, Renderer
-from reports.report import BuildConfig, Report, simulated_flavors
+from reports.report import BuildConfig, Report, latency_target_ms, simulated_flavors
 from reports.roofline_page import describe_device, submit_roofline_figures
 from reports.sections import (
     ablation_section,
@@ -53,6 +56,7 @@ from reports.sections import (
     intro,
     roofline_section,
     speedup_section,
+    stand_in,
     tree_section,
 )
 from reports.sources import (
@@ -62,7 +66,7 @@ from reports.sources import (
     recommended_tree,
     report_acceptance,
 )
-from reports.speedup_figures import closed_loop_figure, submit_speedup_figures
+from reports.speedup_figures import closed_loop_figure, speedup_jobs
 
 DEFAULT_FOLDER = Path("perf-reports") / "report"
 
@@ -140,11 +144,12 @@ def build(config: BuildConfig, log=print) -> Report:
             config.tp,
             acceptance.choice.model,
             config.latency,
-            config.prompt_len,
-            config.response_len,
-            config.latency_ms / 1e3 if config.latency_ms else None,
+            config.workload.prompt,
+            config.workload.response,
+            config.workload.latency_target_s,
             config.step,
             tracer,
+            config.workload.medusa,
         )
         if config.tp is None:
             log(f"--tp auto: {tp} device(s) per replica, the capacity plan's choice (the most tokens/s per device)")
@@ -161,27 +166,32 @@ def build(config: BuildConfig, log=print) -> Report:
         flavors = simulated_flavors(config.step)
         sims = simulations.device_table(view, model, dtype, flavors, acceptance.choice, config.latency, tp, tracer)
         draft = simulations.draft_model_table()
-        speed_pngs = submit_speedup_figures(renderer, view, model, dtype, sims, draft, acceptance.choice)
+        speed_jobs = speedup_jobs(view, model, dtype, sims, draft, acceptance.choice)
+        speed_pngs = {name: renderer.draw(job) for name, job in speed_jobs.items()}
         best = simulations.optima(sims)
         head = best[(best["simulation"] == "a") & (best["step"] == report.flavor)].iloc[0]
         tree = (
             recommended_tree(int(head["tree_size"]), acceptance, bool(head["at_edge"])) if head["speculate"] else None
         )
+        answer = gather(report, planned, validation, config, tracer)
         jobs = extra_jobs(where, report, sims, planned, tree, validation, config)
         if len(ablation):
             jobs["tree-ablation"] = ablation_job(ablation, report)
-        extra_pngs = {name: renderer.submit(job) for name, job in jobs.items()}
+        extra_pngs = {name: renderer.draw(job) for name, job in jobs.items()}
 
         with staged(config.out) as folder:
             page = Page(f"Medusa performance report: {where}", contents=True)
 
-            def figure(name: str, png_getter, caption: str, sources: tuple[str, ...]) -> None:
-                png = png_getter()
-                (folder / f"{name}.png").write_bytes(png)
+            def figure(name: str, drawn, caption: str, sources: tuple[str, ...]) -> None:
+                shown = drawn()
+                (folder / f"{name}.png").write_bytes(shown.png)
                 report.figures.append(f"{name}.png")
-                page.figure(png, caption, sources)
+                page.figure(shown.png, caption, sources, shown.svg)
 
-            intro(page, report, validation)
+            stand_in(page, report)
+            answer_section(page, report, answer, validation)
+            intro(page, report, validation)  # what the numbers rest on, ending the answer
+            page.contents_here()
             glance(page, report, sims, planned, validation)
             describe_device(page, view, dtype)
             roofline_section(page, figure, roof, op_errors)
@@ -207,11 +217,13 @@ def capacity_plan(model, view: DeviceView, dtype: str, acceptance: ReportAccepta
             model,
             [view],
             dtype,
-            prompt_len=config.prompt_len,
-            response_len=config.response_len,
-            latency_target_s=config.latency_ms / 1e3 if config.latency_ms else None,
+            prompt_len=config.workload.prompt,
+            response_len=config.workload.response,
+            latency_target_s=config.workload.latency_target_s,
             latency=config.latency,
             acceptance=acceptance.choice.model,
+            tensor_parallel=config.tp,
+            medusa=config.workload.medusa,
         )
     except PerfkitError as exc:  # the model does not fit: a finding of the comparison, not a failure
         return str(exc)
@@ -290,7 +302,7 @@ def extra_jobs(where, report: Report, sims, planned, tree, validation, config) -
                 bands=planned.bands,
                 title=f"Predicted capacity: {where}",
                 subtitle=subtitle,
-                latency_target_ms=config.latency_ms,
+                latency_target_ms=latency_target_ms(config.workload),
             ),
         )
     if len(validation):

@@ -1,7 +1,9 @@
 """python -m reports compare: one model on several devices, side by side.
 
-Ceilings (datasheet, latency model, measured where shipped), decode latency, the best
-tree and speedup per batch, and a capacity plan, each device in its own column.
+The answer first (reports.answer: the capacity line, and a decision-map row per device at
+the workload's context), then ceilings (datasheet, latency model, measured where shipped),
+decode latency, the best tree and speedup per batch, and a capacity plan, each device in
+its own column.
 Every number is predicted unless the device has shipped measured ceilings, which are
 labelled measured.
 """
@@ -17,6 +19,7 @@ import pandas as pd
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import writable_dir
+from perfmodel.cli.options import WorkloadSettings
 from perfmodel.latency import roofline_table
 from perfmodel.latency.source import view_latency
 from perfmodel.latency.step import StepModel
@@ -25,6 +28,7 @@ from perfmodel.models.config import load_model
 from perfmodel.planning import simulations
 from perfmodel.planning.capacity import PlanResult
 from perfmodel.planning.result import device_paragraph, overall
+from reports.answer import compare_answer_line, compare_answer_section, device_answers, serving_answer
 from reports.build import capacity_plan
 from reports.capacity_figures import capacity_figure
 from reports.compare_figures import (
@@ -35,6 +39,7 @@ from reports.compare_figures import (
 from reports.html import Page
 from reports.output_folder import staged
 from reports.render import FigureJob, Renderer
+from reports.report import DEFAULT_WORKLOAD, latency_target_ms
 from reports.sources import report_acceptance
 
 # perfmodel.latency.source modes, as a figure's subtitle names them (the full label is in the page's table)
@@ -57,11 +62,10 @@ class CompareConfig:
     out: Path
     dtype: str | None = None
     acceptance: str | None = None
-    prompt_len: int = 512
-    response_len: int = 256
-    latency_ms: float | None = None
+    workload: WorkloadSettings = DEFAULT_WORKLOAD  # lengths, targets, rate or trace, Medusa setting
     jobs: int | None = None
     latency: str = "auto"  # perfmodel.latency.source choice
+    tp: int | None = 1  # tensor-parallel degree of the answer and the capacity plans; None: each plan's choice
 
 
 @dataclass
@@ -156,6 +160,10 @@ def compare(config: CompareConfig, log=print) -> Comparison:
         ignore_index=True,
     )
     results = [capacity_plan(model, v, d, acceptance, config) for v, d in pairs]
+    answers = device_answers(model, pairs, acceptance, config, dict(zip(keys, results)))
+    serving = serving_answer(
+        model, [v for v, _ in pairs], config.dtype, acceptance.choice, config.tp, config.workload, config.latency
+    )
     plans = [p for p in results if isinstance(p, PlanResult)]
     unplanned = [p for p in results if not isinstance(p, PlanResult)]
     if not plans:
@@ -195,26 +203,30 @@ def compare(config: CompareConfig, log=print) -> Comparison:
                 bands=bands,
                 title=f"Predicted capacity: {what}",
                 subtitle=f"{predicted} {plans[0].summary().splitlines()[0]}",
-                latency_target_ms=config.latency_ms,
+                latency_target_ms=latency_target_ms(config.workload),
             ),
         ),
     }
     with Renderer(config.jobs) as renderer, staged(config.out) as folder:
-        pngs = {name: renderer.submit(job) for name, job in jobs.items()}
+        drawn = {name: renderer.draw(job) for name, job in jobs.items()}
         page = Page(f"Medusa device comparison: {model.name}", contents=True)
-        page.paragraph(
-            "Devices side by side for one model. Every number is predicted, except measured ceilings, which come "
-            "from profiler sweeps shipped for that device. Step times come from each device's latency source "
-            f"(the latency column below): {latency_modes(sources)}."
-        )
         if skipped:
             page.paragraph(f"Skipped: {', '.join(skipped)}.", note=True)
+        compare_answer_section(
+            page,
+            answers,
+            compare_answer_line(serving, overall(planned_devices, plans[0].workload)),
+            "Devices side by side for one model. Every number is predicted, except measured ceilings, which come "
+            "from profiler sweeps shipped for that device, and closed-loop speedups (M). Step times come from each "
+            f"device's latency source (the latency column below): {latency_modes(sources)}.",
+        )
+        page.contents_here()
 
         def figure(name: str, caption: str, sources=("predicted",)) -> None:
-            png = pngs[name]()
-            (folder / f"{name}.png").write_bytes(png)
+            shown = drawn[name]()
+            (folder / f"{name}.png").write_bytes(shown.png)
             result.figures.append(f"{name}.png")
-            page.figure(png, caption, sources)
+            page.figure(shown.png, caption, sources, shown.svg)
 
         has_measured = devices["measured_tflops"].notna().any()
         page.heading("Ceilings")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -26,6 +27,9 @@ details { margin: .3em 0 1em; } summary { cursor: pointer; color: #0b5394; }
 nav { background: #f7f7f7; border: 1px solid #e3e3e3; padding: .4em 1em; font-size: 14px; }
 nav ol { margin: .3em 0; } pre { background: #f7f7f7; padding: .5em; white-space: pre-wrap; font-size: 12px; }
 .note { color: #555; font-size: 14px; }
+td.cell { text-align: center; white-space: nowrap; } td.cell sup { font-weight: bold; margin-left: 3px; }
+td.here { outline: 2px solid #0b5394; outline-offset: -2px; font-weight: bold; }
+.legend span.key { display: inline-block; padding: 0 5px; margin: 0 3px 0 10px; border: 1px solid #ccc; }
 """
 
 
@@ -33,8 +37,24 @@ def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def png_data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+def data_uri(data: bytes, kind: str) -> str:
+    return f"data:{kind};base64," + base64.b64encode(data).decode("ascii")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A table cell with its own look: a CSS class, a short key set apart after the text (a
+    legend says what it means) and a longer note shown on hover."""
+
+    text: str
+    css: str = ""
+    key: str = ""
+    note: str = ""
+
+    def html(self) -> str:
+        title = f' title="{esc(self.note)}"' if self.note else ""
+        key = f" <sup>{esc(self.key)}</sup>" if self.key else ""
+        return f'<td class="cell {esc(self.css)}"{title}>{esc(self.text)}{key}</td>'
 
 
 class Page:
@@ -45,6 +65,19 @@ class Page:
         self.parts: list[str] = []
         self.sections: list[tuple[str, str]] = []  # (anchor, text) of each level-2 heading
         self.contents = contents
+        self.contents_at = (0, 0)  # (part, section) the table of contents stands before
+        self.styles: list[str] = []  # CSS a page's own tables add to STYLE
+
+    def contents_here(self) -> Page:
+        """The table of contents goes here, listing the sections that follow: what was written
+        before it (the answer a page opens with) is read first and needs no entry."""
+        self.contents_at = (len(self.parts), len(self.sections))
+        return self
+
+    def style(self, css: str) -> Page:
+        if css not in self.styles:
+            self.styles.append(css)
+        return self
 
     def heading(self, text: str, level: int = 2) -> Page:
         anchor = f"s{len(self.sections) + 1}"
@@ -71,10 +104,12 @@ class Page:
         """A coloured 'predicted'/'measured' badge."""
         return f'<span class="tag {esc(source)}">{esc(source)}</span>'
 
-    def figure(self, png: bytes, caption: str, sources: tuple[str, ...] = ()) -> Page:
+    def figure(self, png: bytes, caption: str, sources: tuple[str, ...] = (), svg: bytes | None = None) -> Page:
+        """A figure, embedded as its SVG where given (reports.render.Drawn), else its PNG."""
         badges = " ".join(self.tag(s) for s in sources)
+        src = data_uri(svg, "image/svg+xml") if svg is not None else data_uri(png, "image/png")
         self.parts.append(
-            f'<figure><img src="{png_data_uri(png)}" alt="{esc(caption)}">'
+            f'<figure><img src="{src}" alt="{esc(caption)}">'
             f"<figcaption>{badges} {esc(after_badges(caption, sources))}</figcaption></figure>"
         )
         return self
@@ -91,15 +126,35 @@ class Page:
         self.parts.append(f"<details><summary>{esc(summary)}</summary>{table}</details>" if summary else table)
         return self
 
+    def cell_table(self, columns: list[str], rows: list[list[str | Cell]]) -> Page:
+        """A table of styled cells; a plain string is a row's label."""
+        head = "".join(f'<th class="{"text" if i == 0 else "num"}">{esc(c)}</th>' for i, c in enumerate(columns))
+        body = "".join(
+            "<tr>"
+            + "".join(c.html() if isinstance(c, Cell) else f'<td class="text">{esc(c)}</td>' for c in row)
+            + "</tr>"
+            for row in rows
+        )
+        self.parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+        return self
+
+    def legend(self, entries: list[tuple[Cell, str]]) -> Page:
+        """What each cell style means: a sample cell's key in its colours, then the words."""
+        items = "; ".join(f'<span class="key {esc(c.css)}">{esc(c.key)}</span> {esc(words)}' for c, words in entries)
+        self.parts.append(f'<p class="legend note">Key: {items}.</p>')
+        return self
+
     def render(self) -> str:
+        part, section = self.contents_at
         nav = ""
-        if self.contents and self.sections:
-            items = "".join(f'<li><a href="#{a}">{esc(t)}</a></li>' for a, t in self.sections)
+        if self.contents and self.sections[section:]:
+            items = "".join(f'<li><a href="#{a}">{esc(t)}</a></li>' for a, t in self.sections[section:])
             nav = f"<nav><strong>Contents</strong><ol>{items}</ol></nav>"
+        body = "".join(self.parts[:part]) + nav + "".join(self.parts[part:])
         return (
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>{esc(self.title)}</title><style>{STYLE}</style></head><body>"
-            f"<h1>{esc(self.title)}</h1>{nav}{''.join(self.parts)}</body></html>\n"
+            f"<title>{esc(self.title)}</title><style>{STYLE}{''.join(self.styles)}</style></head><body>"
+            f"<h1>{esc(self.title)}</h1>{body}</body></html>\n"
         )
 
     def write(self, path: str | Path) -> Path:

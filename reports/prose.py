@@ -13,7 +13,7 @@ from perfmodel.acceptance.ablation import dense_against_sparse
 from perfmodel.acceptance.rates import fit_error
 from perfmodel.planning import simulations
 from perfmodel.planning.capacity import PlanResult
-from reports.report import BuildConfig, Report
+from reports.report import BuildConfig, Report, latency_target_ms
 from reports.sources import ReportAcceptance
 
 
@@ -282,8 +282,13 @@ def input_items(report: Report, config: BuildConfig, validation: pd.DataFrame, a
         f"Acceptance: {acceptance_text}.",
         f"Closed-loop runs: {runs_text}.",
         f"Tree ablation: {', '.join(sorted(set(ablation['file']))) if len(ablation) else 'none'}.",
-        f"Workload for capacity planning: prompts {config.prompt_len} tokens, responses {config.response_len} tokens"
-        + (f", latency target {config.latency_ms:g} ms/token." if config.latency_ms else ", no latency target."),
+        f"Workload for capacity planning: prompts {config.workload.prompt} tokens, responses "
+        f"{config.workload.response} tokens"
+        + (
+            f", latency target {target:g} ms/token."
+            if (target := latency_target_ms(config.workload))
+            else ", no latency target."
+        ),
     ]
 
 

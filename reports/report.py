@@ -9,10 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from perfmodel.cli.options import WorkloadSettings
 from perfmodel.latency.source import LatencyModel
 from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
+from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths
 from reports.sources import ReportAcceptance
 
 FLAVORS = ("paper", "full")  # the step models simulated: the paper's simplified block, the whole model
@@ -20,6 +22,16 @@ FLAVORS = ("paper", "full")  # the step models simulated: the paper's simplified
 
 # How the page names the whole step it recommends from, per flavour.
 STEP_PHRASES = {"full": "whole-model step", "traced": "traced step (the reference decoder's kernels)"}
+
+
+# What a page answers without workload options: perfmodel.cli.options.workload's defaults.
+DEFAULT_WORKLOAD = WorkloadSettings(
+    Lengths.of(DEFAULT_PROMPT_LEN), Lengths.of(DEFAULT_RESPONSE_LEN), None, "auto", None
+)
+
+
+def latency_target_ms(workload: WorkloadSettings) -> float | None:
+    return None if workload.latency_target_s is None else workload.latency_target_s * 1e3
 
 
 def simulated_flavors(step: str) -> tuple[str, ...]:
@@ -39,9 +51,7 @@ class BuildConfig:
     acceptance: str | None = None  # a decoder.measure record, "paper", or None (the checkpoint's own, else paper)
     validation: tuple[Path, ...] = ()  # perfmodel.validate CSVs (default: the device's shipped ones)
     ablation: tuple[Path, ...] = ()  # decoder.ablation CSVs (default: the shipped ones)
-    prompt_len: int = 512
-    response_len: int = 256
-    latency_ms: float | None = None
+    workload: WorkloadSettings = DEFAULT_WORKLOAD  # lengths, targets, rate or trace, Medusa setting (--prompt-len ...)
     jobs: int | None = None
     latency: str = "auto"  # perfmodel.latency.source choice
     measure: bool = False  # first sweep this machine's device for the model (stored for later runs)

@@ -2,8 +2,8 @@
 
 Each writes its heading, paragraphs, figures and tables to the Page; the tables come from
 reports.tables and the sentences built from data from reports.prose. `figure(name,
-png_getter, caption, sources)` (from reports.build) writes one PNG beside the page and
-embeds it.
+drawn, caption, sources)` (from reports.build) writes one PNG beside the page and embeds the
+figure (its SVG where smaller, reports.render.Drawn).
 """
 
 from __future__ import annotations
@@ -18,17 +18,22 @@ from perfmodel.planning import simulations
 from perfmodel.planning.capacity import PlanResult
 from reports import prose, tables
 from reports.html import Page
+from reports.render import Drawn, png_only
 from reports.report import Report
 from reports.roofline_page import stand_in_note
 
 ENGINES = ("reference", "tensorrt-llm", "vllm")
 
-FigureWriter = Callable[[str, Callable[[], bytes], str, tuple[str, ...]], None]
+FigureWriter = Callable[[str, Callable[[], Drawn], str, tuple[str, ...]], None]
+
+
+def stand_in(page: Page, report: Report) -> None:
+    """Above everything: the device shown is another CPU's measurements, not this machine's."""
+    if report.view.stand_in_for:
+        page.paragraph(stand_in_note(report.view), note=True)
 
 
 def intro(page: Page, report: Report, validation: pd.DataFrame) -> None:
-    if report.view.stand_in_for:
-        page.paragraph(stand_in_note(report.view), note=True)
     page.paragraph(prose.intro_text(report, validation))
 
 
@@ -51,7 +56,8 @@ def roofline_section(page: Page, figure: FigureWriter, roof, op_errors) -> None:
                     "attention's with q alone (each sequence reads its own KV cache). Paper Figs 18-20 and Tables 6-8."
                 )
         sources = tuple(sorted(set(planned.points["source"])))
-        figure(planned.name, planned.png, f"{', '.join(sources)}: {planned.caption}", sources)
+        # PNG only: a roofline's cloud of points weighs more as SVG on a GPU's grid
+        figure(planned.name, png_only(planned.png), f"{', '.join(sources)}: {planned.caption}", sources)
         if "variations" in section:
             for source in sources:
                 page.paragraph(

@@ -21,7 +21,7 @@ import pandas as pd
 from perfmodel.acceptance.rates import ACCEPTANCE_PRESETS, AcceptanceChoice, HeadAccuracyAcceptance, resolve_acceptance
 from perfmodel.acceptance.record import AcceptanceRecord, own_record_path
 from perfmodel.acceptance.trees import VICUNA_7B_ORDER, Tree, vicuna_7b_prefix
-from perfmodel.base.errors import PerfkitError
+from perfmodel.measured.command_tables import read_command_csvs
 
 ABLATION_COLUMNS = (
     "device",
@@ -113,26 +113,9 @@ def recommended_tree(size: int, acceptance: ReportAcceptance, at_edge: bool = Fa
     return RecommendedTree(vicuna_7b_prefix(nodes), None, size, note, at_edge)
 
 
-def _read_tables(paths: list[Path], columns: tuple[str, ...], command: str) -> pd.DataFrame:
-    """The CSV files a command wrote, one table with each row's file name."""
-    frames = []
-    for path in paths:
-        try:
-            table = pd.read_csv(path)
-        except (OSError, ValueError) as exc:
-            raise PerfkitError(f"{path}: cannot read a {command} CSV ({exc})") from None
-        missing = [c for c in columns if c not in table.columns]
-        if missing:
-            raise PerfkitError(f"{path}: not a {command} CSV (missing {', '.join(missing)})")
-        frames.append(table.assign(file=path.name))
-    if not frames:
-        return pd.DataFrame(columns=[*columns, "file"])
-    return pd.concat(frames, ignore_index=True)
-
-
 def load_validation(paths: list[Path], device_key: str, model_name: str) -> pd.DataFrame:
     """The closed-loop rows of `paths` that describe this device and model."""
-    table = _read_tables(paths, VALIDATION_COLUMNS, "perfmodel.validate --csv")
+    table = read_command_csvs(paths, VALIDATION_COLUMNS, "perfmodel.validate --csv")
     return table[(table["device"] == device_key) & (table["model"] == model_name)].reset_index(drop=True)
 
 
@@ -140,7 +123,7 @@ def load_ablation(paths: list[Path], device_key: str, model_name: str) -> pd.Dat
     """The tree-ablation rows (decoder.ablation) of this model: this device's where it has
     any, else another device's (tokens per step do not depend on the device; the section says
     whose speedups they are)."""
-    table = _read_tables(paths, ABLATION_COLUMNS, "python -m decoder.ablation")
+    table = read_command_csvs(paths, ABLATION_COLUMNS, "python -m decoder.ablation")
     table = table[table["model"] == model_name]
     own = table[table["device"] == device_key]
     if len(own):

@@ -241,6 +241,14 @@ def submit_speedup_figures(
     acceptance: AcceptanceChoice,
 ) -> dict:
     """Submit the device's four figures for rendering; returns file name -> function giving the PNG bytes."""
+    jobs = speedup_jobs(device, model, dtype, table, draft, acceptance)
+    return {name: renderer.submit(job) for name, job in jobs.items()}
+
+
+def speedup_jobs(
+    device: DeviceView, model, dtype: str, table: pd.DataFrame, draft: pd.DataFrame, acceptance: AcceptanceChoice
+) -> dict[str, FigureJob]:
+    """The device's four speedup figures to draw, by file name (without .png)."""
     where = f"{model.name} on {device.spec.name} ({dtype})"
     latency = table["latency_model"].iloc[0]
     subtitle = f"Predicted speedup (step latency: {latency}). Acceptance: {acceptance.label}."
@@ -266,4 +274,4 @@ def submit_speedup_figures(
     jobs["draft-model-vs-medusa"] = FigureJob(
         draft_figure, dict(draft=draft, medusa=medusa, title=title, subtitle=draft_sub)
     )
-    return {name: renderer.submit(job) for name, job in jobs.items()}
+    return jobs

@@ -1,5 +1,6 @@
 """Headless Chromium for the report tests: a screenshot of a page, and the state of its
-images after the page has loaded (the DOM as the browser built it)."""
+images and the order and look of what it opens with after the page has loaded (the DOM as
+the browser built it, styles computed)."""
 
 from __future__ import annotations
 
@@ -26,12 +27,18 @@ FLAGS = [
     "--hide-scrollbars",
 ]
 
-# Reports carry no script; the test's copy gets this one, which records every image's state.
-IMAGE_CHECK = """<script>
+# Reports carry no script; the test's copy gets this one, which records every image's state,
+# the page's top-level elements in order, and the first table's cells with their computed look.
+PAGE_CHECK = """<script>
 window.addEventListener('load', () => {
   const images = [...document.images].map(i => ({alt: i.alt, complete: i.complete, natural: i.naturalWidth,
     shown: Math.round(i.getBoundingClientRect().width), src: i.getAttribute('src').slice(0, 22)}));
-  document.body.setAttribute('data-images', JSON.stringify(images));
+  const outline = [...document.body.children].filter(e => e.tagName !== 'SCRIPT')
+    .map(e => ({tag: e.tagName.toLowerCase(), text: e.textContent.slice(0, 80), top: Math.round(e.offsetTop)}));
+  const table = document.querySelector('table');
+  const cells = table ? [...table.rows].map(r => [...r.cells].map(c => ({text: c.textContent, cls: c.className,
+    background: getComputedStyle(c).backgroundColor, outline: getComputedStyle(c).outlineStyle}))) : [];
+  document.body.setAttribute('data-page', JSON.stringify({images, outline, cells}));
 });
 </script>"""
 
@@ -64,15 +71,17 @@ def screenshot(page: Path, out: Path, width: int = 1300, height: int = 2400) -> 
     return out
 
 
-def loaded_images(page: Path) -> list[dict]:
-    """Every <img> of the page after load: complete, natural width, width shown."""
+def loaded_page(page: Path) -> dict:
+    """The page after load: `images`, every <img> (complete, natural width, width shown);
+    `outline`, the body's elements in order (tag, text, offset from the top); `cells`, the
+    first table's rows of cells (text, class, computed background and outline style)."""
     probe = page.with_name(page.stem + ".probe.html")
-    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", IMAGE_CHECK + "</body>"), encoding="utf-8")
+    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", PAGE_CHECK + "</body>"), encoding="utf-8")
     dom = _run(
         ["--dump-dom", "--virtual-time-budget=15000", "--window-size=1300,1000", probe.resolve().as_uri()],
         page.parent / ".chromium-profile",
     )
     probe.unlink()
-    found = re.search(r'data-images="([^"]*)"', dom)
+    found = re.search(r'data-page="([^"]*)"', dom)
     assert found, "the page never finished loading in chromium"
     return json.loads(html.unescape(found.group(1)))

@@ -3,6 +3,7 @@ predicted and measured labelled, and the numbers a person acts on."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from browser import loaded_images, screenshot
+from browser import loaded_page, screenshot
 from PIL import Image
 
 from reports.__main__ import main
@@ -22,6 +23,7 @@ BUNDLED = ROOT / "decoder" / "assets" / "bundled"
 SHIPPED_CLOSED_LOOP = ROOT / "profilers" / "measurements" / "cpu-intel-xeon-processor-2c" / "closed-loop"
 MAX_BYTES = 5_000_000
 SECTIONS = [
+    "The answer",
     "At a glance",
     "Device",
     "Ceilings and latency model",
@@ -66,10 +68,20 @@ def check_self_contained(page: Path) -> str:
     html = page.read_text(encoding="utf-8")
     assert page.stat().st_size < MAX_BYTES, f"{page} is {page.stat().st_size:,} bytes"
     sources = attributes(html, "src")
-    assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
+    assert sources and all(s.startswith(("data:image/png;base64,", "data:image/svg+xml;base64,")) for s in sources)
     assert all(h.startswith("#") for h in attributes(html, "href")), "only in-page links"
     assert "<script" not in html and "<link" not in html and "@import" not in html and "url(" not in html
+    for svg in embedded_svgs(html):  # nothing inside an SVG reaches out either: links to itself, images inline
+        assert "<script" not in svg and not re.search(r'href="(?!#|data:image/png;base64,)', svg)
     return html
+
+
+def embedded_svgs(html: str) -> list[str]:
+    return [
+        base64.b64decode(uri.split(",", 1)[1]).decode("utf-8")
+        for uri in attributes(html, "src")
+        if uri.startswith("data:image/svg+xml")
+    ]
 
 
 def read_page(path: Path) -> ParsedPage:
@@ -103,11 +115,18 @@ def test_a100_report_is_self_contained_with_every_section(a100):
         "capacity",
     ):
         assert f"{name}.png" in pngs
+    # the rooflines' clouds of points as PNG; every other figure as SVG where that is smaller than its PNG
+    kinds = re.findall(r'<img src="data:image/([a-z+]+);base64,', html)
+    assert kinds[:4] == ["png"] * 4  # the rooflines come first
+    svgs = embedded_svgs(html)
+    assert len(svgs) == 7 and all("<text" in svg for svg in svgs)  # text kept as text: small, sharp, searchable
+    pngs_after = sorted((a100 / p).stat().st_size for p in pngs if not p.startswith(("roofline", "medusa-")))
+    assert sum(len(svg) for svg in svgs) < 0.6 * sum(pngs_after)
     page = parse_page(html)
-    assert page.headings == page.contents, "the contents list every section, in order"
+    assert page.headings[1:] == page.contents, "the contents list every section after the answer, in order"
     assert len(page.headings) == len(SECTIONS)
     assert_in_order(page.headings, SECTIONS)
-    assert page.headings[4] == "llama-7b: Medusa tree decoding variations"
+    assert page.headings[5] == "llama-7b: Medusa tree decoding variations"
     # nothing measured for an A100 here: every figure carries the predicted badge, none measured
     assert len(page.figures()) == 11 and all(f.badges == ["predicted"] for f in page.figures())
     assert 'class="tag measured"' not in html
@@ -281,6 +300,8 @@ def test_operator_errors_where_a_sweep_meets_predictions(tmp_path):
                 "llama-7b",
                 "--acceptance",
                 "paper",
+                "--tp",  # llama-7b in fp32 needs two of this CPU where its all-reduce was measured: auto takes them
+                "auto",
                 "--out",
                 str(tmp_path),
             ]
@@ -363,7 +384,13 @@ def test_compare_puts_devices_side_by_side(tmp_path, capsys):
     )
     html = check_self_contained(tmp_path / "compare.html")
     assert len(list(tmp_path.glob("*.png"))) == len(attributes(html, "src")) == 4
-    assert headings(html)[:4] == ["Ceilings", "Decode latency", "Best tree and speedup per batch", "Capacity planning"]
+    assert headings(html)[:5] == [
+        "The answer",
+        "Ceilings",
+        "Decode latency",
+        "Best tree and speedup per batch",
+        "Capacity planning",
+    ]
     header = re.search(
         r"<th[^>]*>batch</th>((?:<th[^>]*>[^<]+</th>)+)</tr></thead><tbody><tr><td[^>]*>1</td><td[^>]*>n(=|&gt;=)", html
     )
@@ -379,31 +406,182 @@ def test_compare_puts_devices_side_by_side(tmp_path, capsys):
     # the faster memory of an H100 gives a shorter plain step than an A40's
     steps = dict(re.findall(r"(\S+): plain step (\d+\.\d+) ms", out))
     assert float(steps["h100-sxm"]) < float(steps["a100-pcie"]) < float(steps["a40"])
+    # the page opens with the answer: the device with the most tokens/s, and a decision-map row per device
+    page = parse_page(html)
+    answer = page.section("The answer")
+    plans = page.section("Capacity planning").table("device", "total_tokens_s", "max_batch")
+    fastest = max(plans.records(), key=lambda r: number(r["total_tokens_s"]))
+    assert answer.paragraphs[0].startswith(
+        f"Capacity plan (predicted): Most tokens/s per replica: {fastest['device']} "
+    )
+    check_device_map(answer, ["a100-pcie", "a40", "rtx-a6000", "h100-sxm"], plans)
+
+
+def check_device_map(answer, devices: list[str], plans: Table, dtype: str | None = None) -> None:
+    """One row per device, one column per batch band at the workload's context (640 tokens):
+    the device's own schedule there, or no room past its largest batch."""
+    from perfmodel.planning.schedule import speculation_schedule
+
+    table = answer.table("device \\ batch")
+    assert table.column("device \\ batch") == devices
+    assert table.columns[1:4] == ["1", "2-3", "4-7"] and table.columns[-1] == "256+"
+    rooms = dict(zip(plans.column("device"), plans.numbers("max_batch")))
+    for row in table.records():
+        key = row["device \\ batch"].split()[0]
+        tp = int(row["device \\ batch"].split(" x")[1]) if " x" in row["device \\ batch"] else 1
+        schedule = speculation_schedule("llama-7b", key, tp, dtype, latency="datasheet")
+        for label in table.columns[1:]:
+            batch = int(number(label))
+            band = schedule.band(batch, 640)
+            expected = f"tree {band.tree_size} · {band.speedup:.2f}x D" if band.tree_size > 1 else "off D"
+            assert row[label] == ("no room" if batch > rooms[key] else expected), (key, label)
 
 
 def test_compare_skips_devices_without_the_dtype(tmp_path, capsys):
-    assert (
-        main(["compare", "--gpu", "a100", "h100", "--model", "llama-7b", "--dtype", "fp8", "--out", str(tmp_path)]) == 0
-    )
+    args = ["--gpu", "a100", "h100", "--model", "llama-7b", "--dtype", "fp8", "--out", str(tmp_path)]
+    assert main(["compare", *args, "--tp", "2", "--rate", "8", "--latency", "datasheet"]) == 0
     page = read_page(tmp_path / "compare.html")
     (skipped,) = page.sections[0].notes
     assert "a100-pcie" in skipped and "fp8" in skipped
     assert page.section("Ceilings").tables[0].column("device") == ["h100-sxm"]
     assert page.section("Best tree and speedup per batch").tables[0].columns == ["batch", "h100-sxm"]
+    # the rate's answer at --tp 2: the devices it needs and the latencies at the 90th percentile
+    answer = page.section("The answer")
+    capacity = next(p for p in answer.paragraphs if p.startswith("Capacity at 8 requests/s"))
+    assert re.search(r"h100-sxm tp 2, Medusa \w+: \d+ devices .* p90 TTFT [\d.]+ ms, p90 TPOT [\d.]+ ms", capacity)
+    plans = page.section("Capacity planning").table("device", "total_tokens_s", "max_batch")
+    check_device_map(answer, ["h100-sxm x2"], plans, "fp8")
 
 
 def test_report_renders_in_a_real_browser(a100, bundled_cpu, tmp_path):
     for folder in (a100, bundled_cpu):
         page = folder / "report.html"
-        images = loaded_images(page)
+        shown = loaded_page(page)
+        images = shown["images"]
         assert len(images) == len(list(folder.glob("*.png")))
         broken = [i["alt"][:60] for i in images if not (i["complete"] and i["natural"] > 0)]
         assert not broken, f"broken images: {broken}"
         small = [i["alt"][:60] for i in images if i["shown"] < 500]
         assert not small, f"figures shown too small to read: {small}"
+        check_opens_with_the_answer(shown)
         shot = np.asarray(Image.open(screenshot(page, tmp_path / f"{folder.name}.png")).convert("L"), dtype=float)
-        # the top of the page: title, contents, device table, text; not a blank window
+        # the top of the page: title, the answer and its map, contents; not a blank window
         assert (shot < 128).mean() > 0.02 and shot.std() > 20
+
+
+def check_opens_with_the_answer(shown: dict) -> None:
+    """As the browser lays the page out: the title, then the answer with its decision map
+    (each cell a tree or off, coloured and keyed by its evidence, the workload's outlined),
+    then the table of contents."""
+    tags = [e["tag"] for e in shown["outline"]]
+    answer = next(i for i, e in enumerate(shown["outline"]) if e["tag"] == "h2")
+    assert tags[0] == "h1" and shown["outline"][answer]["text"] == "The answer"
+    nav = tags.index("nav")
+    assert answer < tags.index("table") < nav and tags[nav + 1 :].count("h2") == tags.count("h2") - 1
+    assert shown["outline"][answer]["top"] < 400, "the answer starts on the first screen"
+    header, *rows = shown["cells"]
+    assert header[0]["text"] == "batch \\ context" and header[1]["text"].startswith("1-")
+    cells = [c for row in rows for c in row[1:]]
+    assert cells and all(re.fullmatch(r"(tree \d+ · \d+\.\d\dx|off) [A-Z]", c["text"]) for c in cells)
+    assert all(re.search(r"\bev-[a-z-]+", c["cls"]) for c in cells)
+    assert all(c["background"] not in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)") for c in cells), "evidence colours"
+    assert [c["outline"] for c in cells].count("solid") == 1, "one cell outlined: the workload's"
+
+
+def answer_of(folder: Path, name: str = "report.html"):
+    return read_page(folder / name).section("The answer")
+
+
+def map_of(section) -> Table:
+    return section.table("batch \\ context")
+
+
+def test_the_page_opens_with_the_answer_and_its_decision_map(a100):
+    html = (a100 / "report.html").read_text(encoding="utf-8")
+    assert html.index("<h1>") < html.index(">The answer</h2>") < html.index("<nav>") < html.index(">At a glance</h2>")
+    section = answer_of(a100)
+    tree, capacity, _, key, *_ = section.paragraphs
+    assert (
+        workload_note(section)
+        == "Workload: prompts 512 tokens, responses 256 tokens (average decoding context 640 tokens); Medusa auto."
+    )
+    # the capacity line is the plan's, and the tree is the map's cell at its batch and the workload's context
+    glance = read_page(a100 / "report.html").section("At a glance").bullets
+    assert capacity == glance[-1]
+    batch = int(numbers(capacity.split("recommended batch")[1])[0])
+    assert f"batch {batch} (the capacity plan's batch) and context 640" in tree and "predicted" in tree
+    # the map is the speculation schedule of the page's step: rows of batches up to the largest that fits
+    from perfmodel.planning.schedule import default_batches, speculation_schedule
+
+    max_batch = int(number(capacity.split("max batch")[1]))
+    schedule = speculation_schedule("llama-7b", "a100", latency="datasheet", batches=default_batches(max_batch))
+    table = map_of(section)
+    assert [int(number(b)) for b in table.column("batch \\ context")] == list(schedule.batch_grid)
+    assert table.columns[1:] == ["1-1023", "1024-2047", "2048+"]
+    for row, batch_ in zip(table.rows, schedule.batch_grid):
+        for cell, context in zip(row[1:], schedule.context_grid):
+            band = schedule.band(batch_, context)
+            expected = f"tree {band.tree_size} · {band.speedup:.2f}x" if band.tree_size > 1 else "off"
+            assert cell == f"{expected} D", (batch_, context)
+    assert "predicted by the datasheet roofline" in key
+    rests = dict(b.split(": ", 1) for b in section.bullets)
+    assert rests["Decision map"].startswith("predicted in every cell")
+    assert "datasheet" in rests["Step times"] and "not measured" in rests["Acceptance"]
+    assert "Software stack of the step times" in rests
+
+
+def workload_note(section) -> str:
+    (note,) = [n for n in section.notes if n.startswith("Workload:")]
+    return note
+
+
+def test_a_closed_loop_marks_its_cell_measured(bundled_cpu):
+    section = answer_of(bundled_cpu)
+    table = map_of(section)
+    (csv,) = SHIPPED_CLOSED_LOOP.glob("*bundled*.csv")
+    shipped = pd.read_csv(csv)
+    assert set(shipped["batch"]) == {1} and shipped["context"].max() < 1024  # the first cell: batch 1, context 1-1023
+    fastest = shipped.loc[shipped["measured_speedup"].idxmax()]
+    assert table.rows[0][1] == f"tree {fastest['tree_size']} · {fastest['measured_speedup']:.2f}x M"
+    # measured before predicted: the closed loop's cell is said first, then the recommendation
+    measured, recommended = section.paragraphs[:2]
+    assert measured.startswith("Measured (closed loop") and f"{fastest['measured_speedup']:.2f}x" in measured
+    assert recommended.startswith("Recommended at batch") and "(predicted by the roofline" in recommended
+    others = [cell for i, row in enumerate(table.rows) for j, cell in enumerate(row[1:]) if (i, j) != (0, 0)]
+    assert all(cell.endswith(" R") for cell in others)  # predicted by the CPU's measured ceilings
+    assert "measured in 1 cell(s) (M) by the closed loop" in section.bullets[0]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Path:
+    """A workload with a rate, on two devices in tensor parallel: the serving simulation answers."""
+    out = tmp_path_factory.mktemp("served")
+    args = ["--gpu", "a100", "--model", "llama-7b", "--latency", "datasheet", "--tp", "2", "--rate", "4"]
+    assert main(["build", *args, "--tpot-ms", "40", "--out", str(out)]) == 0
+    return out
+
+
+def test_a_rate_gets_the_devices_it_needs_and_their_latencies(served):
+    from perfmodel.serving.capacity import serve
+    from perfmodel.serving.summary import ms
+    from perfmodel.serving.workload import ServingWorkload, Targets
+
+    section = answer_of(served)
+    assert workload_note(section).startswith("Workload: 4 requests/s, prompts 512 tokens, outputs 256 tokens")
+    assert "p90 TPOT <= 40 ms" in workload_note(section)
+    capacity = next(p for p in section.paragraphs if p.startswith("Capacity"))
+    best = serve(
+        "llama-7b", ["a100"], ServingWorkload(4.0), Targets(tpot_s=0.04), tensor_parallel=2, latency="datasheet"
+    ).best
+    assert capacity.startswith("Capacity at 4 requests/s (predicted by simulating the engine")
+    assert f"a100-pcie tp 2, Medusa {best.medusa}: {best.devices} devices" in capacity
+    assert f"p90 TTFT {ms(best.ttft_p90_s)}" in capacity and f"p90 TPOT {ms(best.tpot_p90_s)}" in capacity
+    assert f"({best.max_tokens_s:,.0f} tokens/s)" in capacity
+    # --tp reaches the map and the plan below it
+    assert any("a100-pcie x2 (tensor parallel)" in p for p in section.paragraphs)
+    assert "on 2 devices in tensor parallel" in read_page(served / "report.html").section("At a glance").bullets[-1]
+    batch = max(1, round(best.mean_batch))
+    assert f"batch {batch} (the simulation's mean batch at 4 requests/s)" in section.paragraphs[0]
 
 
 def test_recommended_tree_comes_from_head_accuracies_when_measured():

@@ -202,6 +202,7 @@ def serving_plan(
     latency_target_s: float | None = None,
     step: str = "full",
     tracer=None,
+    medusa: str = "auto",
 ) -> tuple[int, PlanResult | str]:
     """The tensor-parallel degree to price `model` at on one device, and its capacity plan;
     the one meaning of --tp for every command. tensor_parallel: that degree, or None for the
@@ -210,7 +211,7 @@ def serving_plan(
     Where the model does not fit at the degree but another degree usable on the device
     holds it, a DoesNotFit error names that degree. Where no usable degree holds it, there
     is nothing to advise: (the degree asked, or 1, and why it does not fit), for the caller
-    to say beside numbers that then price its steps as if it did. step, tracer: plan()'s."""
+    to say beside numbers that then price its steps as if it did. step, tracer, medusa: plan()'s."""
     try:
         result = plan(
             model,
@@ -224,6 +225,7 @@ def serving_plan(
             latency=latency,
             step=step,
             tracer=tracer,
+            medusa=medusa,
         )
     except DoesNotFit as exc:
         if any(degree is not None for degree in exc.degrees.values()):

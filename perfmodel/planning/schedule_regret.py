@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.measured.command_tables import read_command_csvs
 from perfmodel.measured.store import measurement_roots, stored_closed_loops
 from perfmodel.planning.schedule import SpeculationSchedule
 from perfmodel.planning.simulations import pick_best
@@ -39,21 +40,10 @@ def stored_closed_loop_files(device_key: str, roots: list[Path] | None = None) -
 
 def read_closed_loops(paths) -> pd.DataFrame:
     """The rows of closed-loop CSVs, each with its file's name as `run`."""
-    frames = []
-    for path in map(Path, paths):
-        try:
-            table = pd.read_csv(path)
-        except (OSError, ValueError) as exc:
-            raise PerfkitError(f"{path}: cannot read a closed-loop CSV ({exc})") from None
-        missing = [c for c in NEEDED if c not in table.columns]
-        if missing:
-            raise PerfkitError(
-                f"{path}: not a closed-loop CSV (missing {', '.join(missing)}; perfmodel.validate --csv)"
-            )
-        frames.append(table.assign(run=path.stem))
-    if not frames:
+    paths = list(paths)
+    if not paths:
         raise PerfkitError("no closed-loop CSVs given")
-    return pd.concat(frames, ignore_index=True)
+    return read_command_csvs(paths, NEEDED, "closed-loop (perfmodel.validate --csv)", "run", lambda p: p.stem)
 
 
 def with_plain(measured: pd.DataFrame) -> pd.DataFrame:
