@@ -133,10 +133,12 @@ class PageAnswer:
         ]
 
 
-def gather(report, planned: PlanResult | str, validation: pd.DataFrame, config, tracer=None) -> PageAnswer:
+def gather(
+    report, planned: PlanResult | str, validation: pd.DataFrame, config, tracer=None, serving=None
+) -> PageAnswer:
     """The answer of one device's page (reports.build): the schedule of the page's very step
     (device view, degree, latency source, step flavour), the closed loop's cells, the serving
-    simulation where the workload has a rate."""
+    simulation where the workload has a rate (`serving`, where the build already ran it)."""
     settings = config.workload
     schedule = speculation_schedule(
         report.model,
@@ -150,7 +152,7 @@ def gather(report, planned: PlanResult | str, validation: pd.DataFrame, config, 
         batches=map_batches(planned),
         medusa=settings.medusa,
     )
-    serving = serving_answer(
+    serving = serving or serving_answer(
         report.model,
         [report.view],
         report.dtype,
@@ -320,6 +322,15 @@ def serving_sentence(serving: ServingAnswer) -> str:
     if best is not None:
         return head + option_line(best, q) + "."
     return head + f"no configuration meets {serving.targets.describe()}; " + option_line(closest(serving), q) + "."
+
+
+def chosen_degree(serving: ServingAnswer | None) -> int | None:
+    """The tensor-parallel degree the serving answer deploys (or comes nearest with), None
+    without one or where nothing fits."""
+    if serving is None:
+        return None
+    option = serving.best or closest(serving)
+    return option.tp if option.fits else None
 
 
 def closest(serving: ServingAnswer) -> ServingOption:

@@ -39,7 +39,7 @@ from perfmodel.planning.capacity import PlanResult, plan, serving_plan
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS, check_flavors
 from reports.ablation_figures import tree_ablation_figure
 from reports.acceptance_figures import Curve, acceptance_figure, tree_figure
-from reports.answer import answer_section, gather
+from reports.answer import answer_section, chosen_degree, gather, serving_answer
 from reports.capacity_figures import capacity_figure
 from reports.html import Page
 from reports.output_folder import staged
@@ -137,11 +137,19 @@ def build(config: BuildConfig, log=print) -> Report:
         roof, tables, op_errors = submit_roofline_figures(renderer, view, [model], model, dtype, grid, config.latency)
         # the plan next: it says whether the model fits at --tp (or picks the degree), and the
         # speedups are then priced at that degree, so every section is of one deployment
+        # With a rate and --tp auto, the degree is the serving simulation's (the fewest devices
+        # for the rate within the targets), and the whole page is of that deployment.
+        serving = None
+        if config.tp is None and config.workload.serving is not None:
+            serving = serving_answer(
+                model, [view], dtype, acceptance.choice, None, config.workload, config.latency, config.step, tracer
+            )
+        degree = chosen_degree(serving) or config.tp
         tp, planned = serving_plan(
             model,
             view,
             dtype,
-            config.tp,
+            degree,
             acceptance.choice.model,
             config.latency,
             config.workload.prompt,
@@ -152,7 +160,12 @@ def build(config: BuildConfig, log=print) -> Report:
             config.workload.medusa,
         )
         if config.tp is None:
-            log(f"--tp auto: {tp} device(s) per replica, the capacity plan's choice (the most tokens/s per device)")
+            why = (
+                "the serving simulation's choice (the fewest devices for the rate)"
+                if degree is not None
+                else "the capacity plan's choice (the most tokens/s per device)"
+            )
+            log(f"--tp auto: {tp} device(s) per replica, {why}")
         if config.out is None:
             config = replace(config, out=writable_dir(default_folder(view, model, config.dtype), "report folder"))
         # The device is resolved here, once: its latency source and the step it prices go to the
@@ -173,7 +186,7 @@ def build(config: BuildConfig, log=print) -> Report:
         tree = (
             recommended_tree(int(head["tree_size"]), acceptance, bool(head["at_edge"])) if head["speculate"] else None
         )
-        answer = gather(report, planned, validation, config, tracer)
+        answer = gather(report, planned, validation, config, tracer, serving)
         jobs = extra_jobs(where, report, sims, planned, tree, validation, config)
         if len(ablation):
             jobs["tree-ablation"] = ablation_job(ablation, report)

@@ -584,6 +584,20 @@ def test_a_rate_gets_the_devices_it_needs_and_their_latencies(served):
     assert f"batch {batch} (the simulation's mean batch at 4 requests/s)" in section.paragraphs[0]
 
 
+def test_tp_auto_with_a_rate_builds_the_page_of_the_serving_answers_degree(tmp_path, capsys):
+    from perfmodel.serving.capacity import serve
+    from perfmodel.serving.workload import ServingWorkload, Targets
+
+    args = ["--gpu", "a100", "--model", "llama-7b", "--latency", "datasheet", "--tp", "auto", "--rate", "40"]
+    assert main(["build", *args, "--tpot-ms", "30", "--out", str(tmp_path)]) == 0
+    best = serve(
+        "llama-7b", ["a100"], ServingWorkload(40.0), Targets(tpot_s=0.03), tensor_parallel=None, latency="datasheet"
+    ).best
+    assert f"--tp auto: {best.tp} device(s) per replica, the serving simulation's choice" in capsys.readouterr().out
+    capacity = next(p for p in answer_of(tmp_path).paragraphs if p.startswith("Capacity"))
+    assert f"a100-pcie tp {best.tp}, Medusa {best.medusa}: {best.devices} devices" in capacity
+
+
 def test_recommended_tree_comes_from_head_accuracies_when_measured():
     from perfmodel.acceptance.trees import greedy_tree, vicuna_7b_prefix
     from reports.sources import recommended_tree, report_acceptance
