@@ -107,6 +107,7 @@ def tabulate_costs(
     tree = np.asarray(tree_size(b, s), dtype=np.int64).reshape(b.shape)
     step_s = np.asarray(step.step_time(b, s, tree), dtype=float).reshape(b.shape)
     tokens = np.where(tree > 1, np.asarray(acceptance(np.maximum(tree, 1)), dtype=float).reshape(b.shape), 1.0)
-    lengths = context_grid(max_context, 2 * CONTEXT_POINTS)
+    # Every length: measured GEMM times are staircases an interpolation would smooth away.
+    lengths = np.arange(1, max(max_context, 2) + 1, dtype=np.int64)
     prefill_s = np.asarray(step.prefill_time(1, lengths, medusa), dtype=float)
     return ServingCosts(contexts, step_s, tokens, tree, lengths, prefill_s, kv_capacity, max_tree - 1, label)
