@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
+from decoder.eagle import EAGLE_FILE, EagleDrafter
 from decoder.heads import MedusaHeads
 from decoder.model import LlamaConfig, Transformer
 from perfmodel.acceptance.trees import Tree, load_tree
@@ -59,6 +60,7 @@ class Checkpoint:
     tokenizer: object | None  # tokenizers.Tokenizer
     tree: Tree | None  # the tree shipped with the heads, if any
     info: dict  # anything else the folder records (training card)
+    eagle: EagleDrafter | None = None  # the EAGLE drafter shipped beside the heads, if any
 
 
 def _config_file(folder: Path) -> Path:
@@ -215,7 +217,7 @@ def load_checkpoint(model: str | Path = "bundled", heads: str | Path | None = No
     config_file = _config_file(folder)
     parsed = parse_hf_config(read_config_json(config_file), config_file)
     config = LlamaConfig.from_hf(parsed)
-    weights = sorted(p for p in folder.glob("*.safetensors") if p.name not in HEADS_FILES)
+    weights = sorted(p for p in folder.glob("*.safetensors") if p.name not in (*HEADS_FILES, EAGLE_FILE))
     if not weights:
         raise PerfkitError(f"missing checkpoint file: no *.safetensors weights in {folder}")
     verify_manifest(folder)
@@ -266,7 +268,17 @@ def load_checkpoint(model: str | Path = "bundled", heads: str | Path | None = No
     info = read_json(folder / "training.json", "training card") if (folder / "training.json").exists() else {}
     if not isinstance(info, dict):
         raise PerfkitError(f"{folder / 'training.json'}: expected a JSON object (the training card)")
-    return Checkpoint(folder, config, net, medusa, tokenizer, tree, info)
+    eagle = None
+    if (folder / EAGLE_FILE).exists():
+        eagle = EagleDrafter(config)
+        try:
+            eagle.load_state_dict(_load_tensors([folder / EAGLE_FILE])[0])
+        except RuntimeError as exc:
+            raise PerfkitError(
+                f"{folder / EAGLE_FILE}: not this model's EAGLE drafter ({str(exc).splitlines()[0]})"
+            ) from None
+        eagle = eagle.to(dtype).eval()
+    return Checkpoint(folder, config, net, medusa, tokenizer, tree, info, eagle)
 
 
 def save_checkpoint(

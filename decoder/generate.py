@@ -7,7 +7,7 @@ import sys
 from decoder.acceptance import SCHEMES, AcceptanceConfig
 from decoder.auto_tree import auto_tree, default_tree_name
 from decoder.checkpoint import load_checkpoint
-from decoder.medusa import Decoder, check_context
+from decoder.medusa import DRAFTERS, Decoder, check_context
 from decoder.tree import TREE_NAMES, resolve_tree
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, positive_int, run
@@ -63,6 +63,7 @@ def build_parser() -> Parser:
     )
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed for sampling (default %(default)s)")
     p.add_argument("--no-medusa", action="store_true", help="plain decoding, for comparison")
+    options.drafter(p, choices=DRAFTERS)
     p.add_argument(
         "--recalibrate",
         action="store_true",
@@ -80,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.prompt or not ids:
         raise PerfkitError("empty prompt: give some text to continue")
     check_context(ckpt.config, len(ids), args.max_new_tokens, "--max-new-tokens")
+    if args.drafter == "eagle" and (args.no_medusa or args.tree == "auto" or ckpt.eagle is None):
+        raise PerfkitError(
+            f"{ckpt.folder} has no EAGLE drafter (python -m decoder.train --eagle)"
+            if ckpt.eagle is None
+            else "--drafter eagle drafts a tree by name: not with --no-medusa or --tree auto"
+        )
     tree = None
     decoder = Decoder(ckpt)
     if not args.no_medusa:
@@ -100,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         acceptance=AcceptanceConfig(args.acceptance, temperature=args.temperature, seed=args.seed),
         eos=ckpt.config.eos_token_id,
         on_tokens=Streamer(ckpt.tokenizer),
+        drafter=args.drafter,
     )
     print()
     print(

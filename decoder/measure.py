@@ -21,7 +21,7 @@ from decoder.acceptance import SCHEMES, AcceptanceConfig
 from decoder.auto_tree import auto_tree, default_tree_name
 from decoder.checkpoint import load_checkpoint
 from decoder.heads import topk_accuracy
-from decoder.medusa import STEP_PARTS, Decoder, check_context
+from decoder.medusa import DRAFTERS, STEP_PARTS, Decoder, check_context
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
 from decoder.trace import TORCH_DTYPES
 from decoder.tree import TREE_NAMES, resolve_tree
@@ -47,6 +47,29 @@ def head_accuracy(decoder: Decoder, prompts, outputs) -> np.ndarray:
     with torch.inference_mode():
         logits = decoder.heads(decoder.model.hidden(tokens))
     return topk_accuracy(logits, tokens, HEAD_TOP_K, mask)
+
+
+def check_drafter(args, ckpt) -> None:
+    """EAGLE drafts the static trees the heads' accuracies shape (the same trees Medusa runs,
+    so the two compare at equal tree sizes): it needs the drafter, and neither a dynamic tree
+    (the heads' probabilities build it) nor --tree auto (priced for the heads)."""
+    if args.drafter != "eagle":
+        return
+    if ckpt.eagle is None:
+        raise PerfkitError(f"{ckpt.folder} has no EAGLE drafter; python -m decoder.train --eagle --model {ckpt.folder}")
+    if args.dynamic:
+        raise PerfkitError("--drafter eagle drafts static trees; --dynamic builds the tree from the Medusa heads")
+    if args.tree == "auto":
+        raise PerfkitError("--tree auto prices the Medusa heads' trees; give --drafter eagle a tree by name")
+
+
+def per_depth_acceptance(path_lengths: list[list[int]]) -> list[float]:
+    """The share of steps whose accepted path reached each depth 1, 2, ... (the root is depth 0
+    and always accepted): how far down the tree the drafts hold."""
+    lengths = np.array([n for row in path_lengths for n in row])
+    if lengths.size == 0:
+        return []
+    return [round(float((lengths > d).mean()), 4) for d in range(1, int(lengths.max()))]
 
 
 def batch_run(batch: int, prompts: int, log=print) -> int:
@@ -119,13 +142,14 @@ def measure(args) -> dict:
     if ckpt.heads is None:
         raise PerfkitError(f"{ckpt.folder} has no Medusa heads (medusa_num_heads in config.json); pass --heads DIR")
     check_context(ckpt.config, args.prompt_len, args.new_tokens, "--new-tokens")
+    check_drafter(args, ckpt)
     batch = batch_run(args.batch, args.prompts, lambda text: print(text, file=sys.stderr))
     torch.manual_seed(args.seed)
     decoder = Decoder(ckpt)
     acceptance = AcceptanceConfig(args.acceptance, temperature=args.temperature, seed=args.seed)
     prompts = heldout_prompts(ckpt, args.prompts, args.prompt_len, args.seed)
     eos = ckpt.config.eos_token_id
-    run_kwargs = dict(acceptance=acceptance, topk=HEAD_TOP_K)
+    run_kwargs = dict(acceptance=acceptance, topk=HEAD_TOP_K, drafter=args.drafter)
 
     # Warm-up: the first calls of every kernel are slow; none of this is timed.
     warm = min(8, args.new_tokens)  # within the context the check above allowed
@@ -181,6 +205,7 @@ def measure(args) -> dict:
     step_time = sum(medusa.times.values())
     report = {
         "model": str(ckpt.folder),
+        "drafter": args.drafter,
         "acceptance": acceptance.__dict__,
         "tree": {
             "name": f"dynamic-{nodes}" if nodes else name,
@@ -204,6 +229,7 @@ def measure(args) -> dict:
         "new_tokens_per_prompt": args.new_tokens,
         "mean_accepted_tokens": round(mean_accepted(medusa), 4),
         "accepted_length_histogram": {str(k): histogram[k] for k in sorted(histogram)},
+        "per_depth_acceptance": per_depth_acceptance(medusa.path_lengths),
         "head_topk_accuracy": np.round(accuracy, 4).tolist(),
         "per_tree_size": sizes,
         "tokens_per_s_medusa": round(medusa.tokens_per_s, 1),
@@ -235,6 +261,7 @@ def build_parser() -> Parser:
         f"no tree beats it; the default where the checkpoint records head accuracies), {TREE_NAMES}",
     )
     options.acceptance(p, choices=SCHEMES)
+    options.drafter(p, choices=DRAFTERS)
     p.add_argument("--temperature", type=float, default=0.7, help="for typical and rejection (default %(default)s)")
     p.add_argument(
         "--dynamic",

@@ -22,6 +22,7 @@ import torch
 
 from decoder.acceptance import ACCEPT, AcceptanceConfig, next_token
 from decoder.checkpoint import Checkpoint
+from decoder.eagle import EAGLE_FILE, History, draft_tree
 from decoder.model import KVCache
 from decoder.tree import TreeBuffers, path_of_length, tree_buffers
 from perfmodel.acceptance.trees import Tree, greedy_tree
@@ -30,6 +31,7 @@ from perfmodel.models.operators import HEAD_TOP_K
 
 # Where a Medusa step's time goes (timed per step); not the operator phases prefill/decode/tree.
 STEP_PARTS = ("candidates", "forward", "verification", "kv_update")
+DRAFTERS = ("medusa", "eagle")
 ROOT_ONLY = Tree(())
 
 
@@ -130,6 +132,7 @@ class Decoder:
         self.ckpt, self.device = checkpoint, device
         self.model = checkpoint.model.to(device)
         self.heads = checkpoint.heads.to(device) if checkpoint.heads is not None else None
+        self.eagle = checkpoint.eagle.to(device) if checkpoint.eagle is not None else None
 
     # -- shared machinery --------------------------------------------------------------
 
@@ -182,21 +185,35 @@ class Decoder:
         eos: int | None = None,
         on_tokens=None,
         replay=None,
+        drafter: str = "medusa",
     ) -> DecodeResult:
         """Decode every prompt. `tree=None` is plain decoding; a Tree is Medusa with that
         tree; `dynamic_nodes > 0` is Medusa with a per-step dynamic tree of that many nodes.
         `on_tokens(batch_index, tokens)` is called as tokens are accepted (streaming).
         `replay` (decoder.twin.Replay): every step verifies as the scheme does, then keeps
         a path of the length a recorded run accepted there (its `take(batch)` gives each
-        sequence's lengths), so a model with dummy weights does a real run's work."""
+        sequence's lengths), so a model with dummy weights does a real run's work.
+        drafter: "medusa" (the heads draft the tree) or "eagle" (the checkpoint's EAGLE drafter
+        drafts a static `tree` depth by depth, decoder.eagle)."""
         if max_new_tokens < 1:
             raise PerfkitError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if prompts:
             check_context(self.model.config, max(len(p) for p in prompts), max_new_tokens)
         medusa = tree is not None or dynamic_nodes > 0
-        if medusa and self.heads is None:
+        if drafter not in DRAFTERS:
+            raise PerfkitError(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
+        eagle = drafter == "eagle" and medusa
+        if eagle and (self.eagle is None or tree is None):
+            raise PerfkitError(
+                f"{self.ckpt.folder} has no EAGLE drafter ({EAGLE_FILE}; python -m decoder.train --eagle trains one)"
+                if self.eagle is None
+                else "the EAGLE drafter drafts a static tree: pass a tree (dynamic trees are Medusa's)"
+            )
+        if medusa and not eagle and self.heads is None:
             raise PerfkitError(f"{self.ckpt.folder} has no Medusa heads; pass a heads folder or decode without a tree")
-        if tree is not None:
+        if eagle:
+            static = tree_buffers(tree, tree.depth, max(p[-1] for p in tree.paths) + 1, self.device)
+        elif tree is not None:
             static = tree_buffers(tree, len(self.heads), topk, self.device)
         elif dynamic_nodes > 0:
             static = None  # built each step; its depth and ranks fit by construction
@@ -222,12 +239,18 @@ class Decoder:
             started = time.perf_counter()
             lengths, last_hidden, last_logits = self._prefill(prompts, cache)
             roots = [next_token(last_logits[b], acceptance, generator) for b in range(batch)]
+            history = History.empty(batch)
+            for b, prompt in enumerate(prompts):
+                history.push(b, last_hidden[b : b + 1], prompt[-1:])
             self._sync()
             result.prefill_s = time.perf_counter() - started
             started = time.perf_counter()
             while not all(done):
                 t0 = time.perf_counter()
-                buffers, candidates = self._candidates(roots, last_hidden, static, dynamic_nodes, topk)
+                if eagle:
+                    buffers, candidates = self._eagle_candidates(roots, last_hidden, static, history, lengths)
+                else:
+                    buffers, candidates = self._candidates(roots, last_hidden, static, dynamic_nodes, topk)
                 self._sync()
                 t1 = time.perf_counter()
                 hidden, logits = self._tree_forward(candidates, buffers, lengths, cache)
@@ -244,6 +267,7 @@ class Decoder:
                     if done[b]:
                         continue
                     new = commit_path(cache, lengths, b, path, hidden, last_hidden, candidates)
+                    history.push(b, hidden[b, path], new)
                     result.path_lengths[b].append(len(path))
                     roots[b] = next_root
                     room = max_new_tokens - len(result.tokens[b])
@@ -263,6 +287,19 @@ class Decoder:
             result.decode_s = time.perf_counter() - started
         result.cache, result.cache_lengths = cache, lengths
         return result
+
+    def _eagle_candidates(self, roots, last_hidden, static: TreeBuffers, history: History, lengths: list[int]):
+        """Per-sequence buffers and candidate tokens (B, T) drafted by the EAGLE drafter."""
+        embed, lm_head = self.model.model.embed_tokens, self.model.lm_head
+        candidates = torch.stack(
+            [
+                draft_tree(
+                    self.eagle, embed, lm_head, static.tree, roots[b], last_hidden[b], history.inputs(b), lengths[b]
+                )
+                for b in range(len(roots))
+            ]
+        )
+        return [static] * len(roots), candidates
 
     def _candidates(self, roots, last_hidden, static: TreeBuffers | None, dynamic_nodes: int, topk: int):
         """Per-sequence tree buffers and candidate tokens (B, T), root first."""

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from decoder.checkpoint import Checkpoint, load_checkpoint, replacing, resolve_folder, save_checkpoint
 from decoder.corpus import sample_prompts
+from decoder.eagle import EAGLE_FILE
 from decoder.heads import MedusaHeads, medusa_loss
 from decoder.lora import adapters_off, add_lora, lora_parameters, merged
 from decoder.model import Transformer
@@ -94,9 +95,11 @@ def load_base(model: str | Path) -> tuple[Checkpoint, TrainConfig]:
 
 
 def fingerprint(folder: Path) -> str:
-    """Of the weights and config: a resume or cached distillation never mixes two base models."""
+    """Of the weights and config: a resume or cached distillation never mixes two base models.
+    An EAGLE drafter beside them is not the base model's."""
     digest = hashlib.sha1()
-    for path in sorted(folder.glob("*.safetensors")) + [folder / "config.json"]:
+    weights = sorted(p for p in folder.glob("*.safetensors") if p.name != EAGLE_FILE)
+    for path in weights + [folder / "config.json"]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]

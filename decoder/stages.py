@@ -4,6 +4,7 @@ measurements of a backbone and its heads on held-out text."""
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,3 +130,22 @@ def training_texts(config: TrainConfig) -> tuple[list[str], list[str], dict]:
     if config.max_files:
         train_texts, heldout_texts = train_texts[: config.max_files], heldout_texts[: max(2, config.max_files // 10)]
     return train_texts, heldout_texts, corpus
+
+
+def cosine_batches(optimizer: torch.optim.Optimizer, lr: float, count: int, batch: int, epochs: int, seed: int):
+    """(epoch, its minibatches): `epochs` shuffled passes over `count` rows in batches of
+    `batch` indices, the optimizer's learning rate set on a cosine from `lr` to 0 before each."""
+    total = epochs * math.ceil(count / batch)
+    generator = torch.Generator().manual_seed(seed)
+    step = 0
+
+    def passes(order: torch.Tensor):
+        nonlocal step
+        for i in range(0, count, batch):
+            for group in optimizer.param_groups:
+                group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / total))
+            step += 1
+            yield order[i : i + batch]
+
+    for epoch in range(epochs):
+        yield epoch, passes(torch.randperm(count, generator=generator))

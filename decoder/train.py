@@ -37,14 +37,16 @@ import torch
 import torch.nn.functional as F
 
 from decoder import medusa2
-from decoder.checkpoint import BUNDLED, folder_in_the_way, replacing, save_checkpoint
+from decoder.checkpoint import BUNDLED, folder_in_the_way, load_checkpoint, replacing, save_checkpoint
 from decoder.corpus import EOS, sample_prompts
+from decoder.eagle_train import QUICK_EAGLE, EagleConfig, build_eagle
 from decoder.heads import MedusaHeads, medusa_loss
 from decoder.model import Transformer
 from decoder.stages import (
     QUICK,
     TrainConfig,
     as_shipped,
+    cosine_batches,
     distill,
     encode,
     heldout_loss,
@@ -157,14 +159,11 @@ def train_heads(
     target_mask = torch.zeros_like(sequences, dtype=torch.bool)
     target_mask[:, prompt_len:] = True  # learn the model's own continuations, not the prompt text
     started, steps = time.perf_counter(), 0
-    total_steps = config.head_epochs * math.ceil(len(sequences) / config.head_batch)
-    generator = torch.Generator().manual_seed(config.seed)
-    for epoch in range(config.head_epochs):
-        order = torch.randperm(len(sequences), generator=generator)
-        for i in range(0, len(order), config.head_batch):
-            idx = order[i : i + config.head_batch]
-            for group in optimizer.param_groups:
-                group["lr"] = config.head_lr * 0.5 * (1 + math.cos(math.pi * steps / total_steps))
+    schedule = cosine_batches(
+        optimizer, config.head_lr, len(sequences), config.head_batch, config.head_epochs, config.seed
+    )
+    for epoch, batches in schedule:
+        for idx in batches:
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 logits = heads(hidden[idx].clone())
             loss, accuracy = medusa_loss(logits, sequences[idx], target_mask=target_mask[idx])
@@ -307,8 +306,36 @@ def build_parser() -> Parser:
         help="Medusa-2 instead: LoRA on the backbone trained jointly with the heads of a Medusa-1 checkpoint (--model)"
         ", on the original model's continuations; with --quick, a few sequences for one epoch",
     )
+    p.add_argument(
+        "--eagle",
+        action="store_true",
+        help="train an EAGLE drafter (decoder.eagle) for a checkpoint (--model) on its own continuations and write the "
+        f"checkpoint with it (default {EAGLE_OUT}; --install: into the bundled model); with --quick, a few sequences",
+    )
     options.model(p, needs_weights=True)
     return p
+
+
+EAGLE_OUT = Path("perf-reports") / "trained-eagle"
+
+
+def eagle_main(parser: Parser, args) -> int:
+    if args.steps or args.medusa2:
+        parser.error("--eagle trains the drafter alone: --steps and --medusa2 do not apply")
+    config = dataclasses.replace(QUICK_EAGLE if args.quick else EagleConfig(), seed=args.seed)
+    out = BUNDLED if args.install else (EAGLE_OUT if args.out == DEFAULT_OUT else args.out)
+    checkpoint = load_checkpoint(args.model or "bundled")
+    if out.resolve() != checkpoint.folder.resolve():
+        check_output(out, args.work, args.force)
+    started = time.perf_counter()
+    card = build_eagle(checkpoint, out, config, quick_corpus=args.quick)
+    heads = card.get("medusa_heads_parameters")
+    beside = f" (the Medusa heads: {heads:,})" if heads else ""
+    print(
+        f"wrote {out} in {time.perf_counter() - started:.0f} s: EAGLE drafter of {card['parameters']:,} parameters"
+        f"{beside}, held-out top-1 {card['heldout_top1']}"
+    )
+    return 0
 
 
 def check_output(out: Path, work: Path, force: bool) -> None:
@@ -367,10 +394,14 @@ def main(argv: list[str] | None = None) -> int:
     # model=None in the namespace survives parsing unless --model is given (argparse fills in
     # only missing defaults): an explicit --model bundled without --medusa2 is refused too.
     args = parser.parse_args(argv, namespace=argparse.Namespace(model=None))
+    if args.eagle:
+        return eagle_main(parser, args)
     if args.medusa2:
         return medusa2_main(parser, args, argv)
     if args.model is not None:
-        parser.error("--model picks the checkpoint --medusa2 starts from; without --medusa2 a model is trained anew")
+        parser.error(
+            "--model picks the checkpoint --medusa2 or --eagle starts from; without them a model is trained anew"
+        )
     config = QUICK if args.quick else TrainConfig()
     config = dataclasses.replace(config, seed=args.seed, **({"steps": args.steps} if args.steps else {}))
     out = BUNDLED if args.install else args.out

@@ -1,19 +1,21 @@
 """python -m perfmodel.speedup: the paper's three simulations (Appendix G.3) and the
-draft-model comparison on any device, drawn (PNG) and written (CSV). The model is
-perfmodel.planning.simulations; the figures are reports.speedup_figures.
+draft-model comparison on any device, drawn (PNG) and written (CSV), for the Medusa heads,
+EAGLE or a draft model (--drafter), or the best of them per batch and context (--drafter
+all). The model is perfmodel.planning.simulations (the drafters: perfmodel.planning.drafters,
+drafter_choice); the figures (Medusa's) are reports.speedup_figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 
-from perfmodel.acceptance.rates import resolve_acceptance
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, run
@@ -23,6 +25,8 @@ from perfmodel.latency.tensor_parallel import TensorParallelStep, tensor_paralle
 from perfmodel.latency.traced import TracedStep
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import serving_plan
+from perfmodel.planning.drafter_choice import choice_lines
+from perfmodel.planning.drafters import DEFAULT_DRAFT_ALPHA, drafters_for
 from perfmodel.planning.simulations import (
     DEFAULT_DRAFT_COST,
     best_trees,
@@ -40,14 +44,23 @@ from reports.speedup_figures import submit_speedup_figures
 DEFAULT_OUT = Path("perf-reports") / "speedup"
 
 
-def cost_ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1e3:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0 (draft step time / target step time), got {text!r}")
-    return value
+def number_in(low: float, high: float, what: str):
+    """An argparse type: a number from low to high, `what` saying which in its error."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be a number {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+cost_ratio = number_in(0.0, 1e3, ">= 0 (draft step time / target step time)")
+acceptance_rate = number_in(0.0, 1.0, "from 0 to 1 (the share of drafts the target accepts)")
 
 
 def build_parser():
@@ -74,6 +87,15 @@ def build_parser():
         metavar="C",
         help=f"draft-model step time / target step time for the comparison (default {DEFAULT_DRAFT_COST:g}: about a "
         "350M draft for a 7B target)",
+    )
+    options.drafter(p)
+    p.add_argument(
+        "--draft-alpha",
+        type=acceptance_rate,
+        default=DEFAULT_DRAFT_ALPHA,
+        metavar="A",
+        help="with --drafter draft or all: the draft model's acceptance rate alpha, the chance the target accepts "
+        f"each drafted token (default {DEFAULT_DRAFT_ALPHA:g}, the middle of the comparison's 0.6-0.9)",
     )
     options.out(p, f"{DEFAULT_OUT}/<device>-<model>-<dtype>; with several devices, one such subfolder of DIR each")
     options.csv(p, "every device's rows", default="DIR/speedup.csv per device")
@@ -164,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         check_dtype(args.dtype)
     if args.acceleration is not None and args.tree_size is None:
         raise PerfkitError("--acceleration is the tokens per step of one tree: give its size with --tree-size")
-    acceptance = resolve_acceptance(args.acceptance_rates)
+    if args.tree_size is not None and args.drafter != "medusa":
+        raise PerfkitError(f"--tree-size prices one Medusa tree; --drafter {args.drafter} runs the simulations only")
+    drafters = drafters_for(args.drafter, args.acceptance_rates, args.draft_alpha, args.draft_cost)
+    acceptance = drafters[0].choice  # None for the draft model alone
     devices = choose_devices(args.gpu, args.spec, args.all)
     flavors = {"both": ("paper", "full"), "all": ("paper", "full", "traced")}.get(args.step, (args.step,))
     if args.tree_size is not None:
@@ -182,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         device.spec.peak_flops(dtype)  # one clear line when the device lacks the dtype
         try:
-            tp, planned_here = serving_plan(model, device, dtype, args.tp, acceptance.model, args.latency)
+            tp, planned_here = serving_plan(model, device, dtype, args.tp, drafters[0].acceptance, args.latency)
         except PerfkitError as exc:  # another --tp would hold the model: with --all, one device less
             if not args.all:
                 raise
@@ -190,13 +215,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         folder = f"{device.spec.key}-{model.name}-{dtype}" + (f"-tp{tp}" if tp > 1 else "")
         out = args.out if args.out and len(devices) == 1 else (args.out or DEFAULT_OUT) / folder
-        table = device_table(device, model, dtype, flavors, acceptance, args.latency, tp, tracer)
+        table = device_table(device, model, dtype, flavors, drafters, args.latency, tp, tracer)
         split = [tp_line(args.tp, tp)] if args.tp is None or tp > 1 else []
         if isinstance(planned_here, str):  # nothing to advise: say so above steps priced as if it fitted
             split.append(f"  note: {planned_here}; the speedups below time its steps as if it fitted")
         compared = []
-        if view_latency(device, model.shard(tp), dtype, args.latency).mode != "datasheet":
-            datasheet = device_table(device, model, dtype, flavors, acceptance, "datasheet", tp, tracer)
+        # one drafter's optima against the datasheet's; the three drafters' would bury the choice
+        if len(drafters) == 1 and view_latency(device, model.shard(tp), dtype, args.latency).mode != "datasheet":
+            datasheet = device_table(device, model, dtype, flavors, drafters, "datasheet", tp, tracer)
             compared = optima_side_by_side(table, datasheet)
         planned.append((device, dtype, out, table, split, compared))
 
@@ -205,19 +231,26 @@ def main(argv: list[str] | None = None) -> int:
             f"no device can run {model.name}{' in ' + args.dtype if args.dtype else ''}; skipped: {', '.join(skipped)}"
         )
 
+    medusa = args.drafter == "medusa"  # the figures and best trees are Medusa's
     with Renderer(args.jobs) as renderer:
         figures = [
-            submit_speedup_figures(renderer, d, model, dtype, table, draft, acceptance)
+            submit_speedup_figures(renderer, d, model, dtype, table, draft, acceptance) if medusa else {}
             for d, dtype, _, table, _, _ in planned
         ]
         for (device, dtype, out, table, split, compared), pngs in zip(planned, figures):
             out.mkdir(parents=True, exist_ok=True)
-            print(
-                f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted; acceptance "
-                f"{acceptance.label}"
+            what = (
+                "the best drafter and tree per batch and context"
+                if args.drafter == "all"
+                else f"acceptance {drafters[0].describe()}"
             )
+            print(f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted; {what}")
             print(f"  latency: {table['latency_model'].iloc[0]}")
-            for line in split + summary_lines(device, dtype, table, draft) + compared:
+            if args.drafter == "all":
+                found = choice_lines(table, drafters)
+            else:
+                found = summary_lines(device, dtype, table, draft)
+            for line in split + found + compared:
                 print(line)
             written = []
             for name, png in pngs.items():
@@ -232,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.csv:
                 table.to_csv(out / "speedup.csv", index=False)
                 written.append(f"speedup.csv ({len(table)} rows)")
-            if acceptance.trees is not None:
+            if medusa and acceptance.trees is not None:
                 trees = best_trees(optima(table), acceptance)
                 # one optimum per line: paths of top-ranks, the format engines read
                 lines = ",\n".join(f"  {json.dumps(t)}" for t in trees)

@@ -24,4 +24,7 @@ def test_model_is_only_for_medusa2(capsys):
 
     with pytest.raises(SystemExit) as exit_:
         main(["--model", "bundled"])
-    assert exit_.value.code == 2 and "--model picks the checkpoint --medusa2 starts from" in capsys.readouterr().err
+    assert (
+        exit_.value.code == 2
+        and "--model picks the checkpoint --medusa2 or --eagle starts from" in capsys.readouterr().err
+    )

@@ -11,7 +11,8 @@
   draft model (Leviathan et al.), for comparison.
 - `resolve_acceptance`: the one policy for what an acceptance setting means (a preset name
   of ACCEPTANCE_PRESETS or None, a decoder.measure record, or a model from Python), as an
-  `AcceptanceChoice`.
+  `AcceptanceChoice`; `drafter_acceptances` gives each drafter its own (a setting is of one
+  drafter: Medusa's heads, or EAGLE's, `EAGLE_ACCEPTANCE` its published preset).
 
 Every model is a callable n -> tokens per step (arrays welcome), never below 1: the
 root, the model's own next token, is always accepted.
@@ -115,6 +116,24 @@ PAPER_ACCEPTANCE = LogAcceptance(0.0, PAPER_LOG_SLOPE, "Medusa paper Appendix G.
 # acceptance the paper measured; kept by name ("paper-ln") to compare with.
 PAPER_LN_ACCEPTANCE = LogAcceptance(
     0.0, PAPER_LOG_SLOPE, "Medusa paper Appendix G.3 slope read as a natural log", base=math.e
+)
+
+
+# EAGLE-2 (Li et al. 2024, "EAGLE-2: Faster Inference of Language Models with Dynamic Draft
+# Trees") measured by Spec-Bench (github.com/hemingkx/Spec-Bench, Leaderboard.md, "Leaderboard on
+# 3090": Vicuna-7B-v1.3, greedy, fp16, batch 1, mean of its six tasks): 4.35 mean accepted tokens
+# per step, root included, with the settings of its evaluation/inference_eagle2.py: total_token 60
+# (59 drafts and the root: 60 tokens verified), depth 5 (6 draft passes: 6 levels), top_k 10.
+# One point fixes a log curve through the origin, the form of the Medusa paper's preset:
+# b = 4.35 / log2(60) = 0.736. The same leaderboard measures Medusa-1 (its 64-token tree) at
+# 2.32 tokens per step, where the Medusa paper's preset says 0.477 log2(64) = 2.86.
+EAGLE_PRESET_TREE = 60
+EAGLE_PRESET_TOKENS = 4.35
+EAGLE_ACCEPTANCE = LogAcceptance(
+    0.0,
+    EAGLE_PRESET_TOKENS / math.log2(EAGLE_PRESET_TREE),
+    f"EAGLE-2 on Spec-Bench preset: {EAGLE_PRESET_TOKENS} tokens/step with {EAGLE_PRESET_TREE} tokens, Vicuna-7B",
+    base=2.0,
 )
 
 
@@ -231,6 +250,7 @@ class AcceptanceChoice:
     trees: object | None = None
     log: object | None = None
     record: AcceptanceRecord | None = field(default=None, repr=False, compare=False)  # the decoder.measure record
+    drafter: str = "medusa"  # whose trees it describes (RECORD_DRAFTERS): the Medusa heads' or EAGLE's
 
     @property
     def curve(self):
@@ -245,15 +265,18 @@ def describe_acceptance(model) -> str:
 
 PAPER_CHOICE = AcceptanceChoice(PAPER_ACCEPTANCE, PAPER_ACCEPTANCE.describe(), log=PAPER_ACCEPTANCE)
 PAPER_LN_CHOICE = AcceptanceChoice(PAPER_LN_ACCEPTANCE, PAPER_LN_ACCEPTANCE.describe(), log=PAPER_LN_ACCEPTANCE)
+EAGLE_CHOICE = AcceptanceChoice(EAGLE_ACCEPTANCE, EAGLE_ACCEPTANCE.describe(), log=EAGLE_ACCEPTANCE, drafter="eagle")
 # The names an acceptance setting may give instead of a decoder.measure record.
-ACCEPTANCE_PRESETS = {"paper": PAPER_CHOICE, "paper-ln": PAPER_LN_CHOICE}
+ACCEPTANCE_PRESETS = {"paper": PAPER_CHOICE, "paper-ln": PAPER_LN_CHOICE, "eagle": EAGLE_CHOICE}
+# Each drafter's acceptance where no setting of its own is given.
+DRAFTER_PRESETS = {"medusa": "paper", "eagle": "eagle"}
 
 
 def resolve_acceptance(acceptance=None) -> AcceptanceChoice:
     """What an acceptance setting (`--acceptance paper|paper-ln|FILE.json`, or a Python value) means:
 
-    - "paper" or None: the paper's preset 0.477 log2 n; "paper-ln": 0.477 ln n
-      (ACCEPTANCE_PRESETS);
+    - "paper" or None: the paper's preset 0.477 log2 n; "paper-ln": 0.477 ln n; "eagle":
+      EAGLE's preset, an EAGLE choice (ACCEPTANCE_PRESETS);
     - a decoder.measure JSON record (a str or Path): of its log fit a + b ln n and its
       head-accuracy model, the one closer to the record's measurements (closer_to_record)
       sizes the tree; the record's head accuracies shape it;
@@ -287,9 +310,33 @@ def resolve_acceptance(acceptance=None) -> AcceptanceChoice:
     )
 
 
+def drafter_acceptances(setting, drafters) -> dict[str, AcceptanceChoice]:
+    """Each drafter's acceptance (drafters: keys of DRAFTER_PRESETS): the setting's
+    (resolve_acceptance) for the drafter it is of, DRAFTER_PRESETS' for the others; a setting
+    of none of them is an error."""
+    given = None if setting is None else resolve_acceptance(setting)
+    if given is not None and given.drafter not in drafters:
+        raise PerfkitError(
+            f"acceptance {setting} is of the {given.drafter} drafter, not of {' or '.join(drafters)}: give one of "
+            f"theirs ({', '.join(n for n, c in ACCEPTANCE_PRESETS.items() if c.drafter in drafters)}, or a record)"
+        )
+    return {
+        d: given if given is not None and given.drafter == d else ACCEPTANCE_PRESETS[DRAFTER_PRESETS[d]]
+        for d in drafters
+    }
+
+
 def record_choice(path) -> AcceptanceChoice:
-    """The acceptance of a decoder.measure record at `path` (see resolve_acceptance)."""
+    """The acceptance of a decoder.measure record at `path` (see resolve_acceptance). An
+    EAGLE record (its `drafter`) has no heads: its log fit is its curve."""
     record = AcceptanceRecord.load(path)
+    if record.drafter != "medusa":
+        try:
+            log = fit_log_acceptance(record.tree_sizes, record.tokens_per_step, label="fitted to decoder.measure")
+        except PerfkitError as exc:
+            raise PerfkitError(f"{path}: {exc}") from None
+        label = f"{log.describe()} from {Path(path).name} ({record.drafter})"
+        return AcceptanceChoice(log, label, None, log, record, record.drafter)
     try:
         log, heads = models_from_record(record)
     except PerfkitError as exc:

@@ -21,6 +21,8 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.models.config import resolve_model_path
 
+# Who drafted the trees a record measured: the Medusa heads, or an EAGLE drafter (decoder.eagle).
+RECORD_DRAFTERS = ("medusa", "eagle")
 OWN_RECORD_PATTERN = "acceptance-*.json"
 PREFERRED_RECORD = "acceptance-greedy.json"
 WRITER = "python -m decoder.measure"
@@ -45,7 +47,8 @@ class AcceptanceRecord:
     written (to_dict)."""
 
     per_tree_size: tuple[TreeSizeRun, ...]
-    head_topk_accuracy: tuple[tuple[float, ...], ...]  # (heads, top-k): a_k^(i)
+    head_topk_accuracy: tuple[tuple[float, ...], ...]  # (heads, top-k): a_k^(i); () in an EAGLE record without them
+    drafter: str = "medusa"  # RECORD_DRAFTERS; records written before the field are Medusa's
     model: str | None = None
     scheme: str | None = None  # the acceptance scheme: greedy, typical or rejection
     tree_name: str | None = None
@@ -85,12 +88,18 @@ class AcceptanceRecord:
         source = path if path is not None else "acceptance record"
         if not isinstance(data, dict):
             raise PerfkitError(f"{source}: expected a JSON object written by {WRITER}")
-        for key in ("per_tree_size", "head_topk_accuracy"):
-            if key not in data:
-                raise PerfkitError(f"{source}: missing {key!r}; write it with {WRITER}")
 
         def bad(what: str) -> PerfkitError:
             return PerfkitError(f"{source}: not a usable decoder.measure record ({what})")
+
+        drafter = _optional(data, "drafter", TEXT, bad) or "medusa"
+        if drafter not in RECORD_DRAFTERS:
+            raise bad(f"drafter must be one of {', '.join(RECORD_DRAFTERS)}, got {drafter!r}")
+        # Head accuracies shape Medusa's trees; an EAGLE run has no heads to score.
+        required = ("per_tree_size", "head_topk_accuracy") if drafter == "medusa" else ("per_tree_size",)
+        for key in required:
+            if key not in data:
+                raise PerfkitError(f"{source}: missing {key!r}; write it with {WRITER}")
 
         runs = data["per_tree_size"]
         if not isinstance(runs, list) or not runs:
@@ -113,9 +122,11 @@ class AcceptanceRecord:
                 )
             paths = tuple(tuple(r) for r in lengths) if lengths is not None else None
             per_tree_size.append(TreeSizeRun(size, tokens, paths))
-        accuracy = data["head_topk_accuracy"]
+        accuracy = data.get("head_topk_accuracy")
         rows = accuracy if isinstance(accuracy, list) and accuracy else [None]
-        if not all(isinstance(r, list) and r and len(r) == len(rows[0]) for r in rows) or not all(
+        if accuracy is None and drafter != "medusa":
+            rows = []
+        elif not all(isinstance(r, list) and r and len(r) == len(rows[0]) for r in rows) or not all(
             _number(a) and 0 <= a <= 1 for r in rows for a in r
         ):
             raise bad("head_topk_accuracy must be a (heads, top-k) list of lists of probabilities in [0, 1]")
@@ -123,6 +134,7 @@ class AcceptanceRecord:
         return cls(
             per_tree_size=tuple(per_tree_size),
             head_topk_accuracy=tuple(tuple(r) for r in rows),
+            drafter=drafter,
             model=_optional(data, "model", TEXT, bad),
             scheme=_optional(_optional(data, "acceptance", OBJECT, bad) or {}, "scheme", TEXT, bad),
             tree_name=_optional(tree, "name", TEXT, bad),

@@ -12,7 +12,8 @@ Flags with one meaning each:
   --device cpu|cuda      a torch device
   --dtype                the data type, default fp16 on a GPU and fp32 on a CPU
   --acceptance           the decoder's verification scheme (greedy, typical, ...)
-  --acceptance-rates     the performance model's acceptance rates (paper, paper-ln, a record)
+  --acceptance-rates     the performance model's acceptance rates (paper, paper-ln, eagle, a record)
+  --drafter              who drafts the speculative tree: Medusa heads, EAGLE, a draft model, all
   --batch, --context, --tree-size   one step's shape (step_point)
   --weights real|dummy, --replay RECORD   a performance twin (twin)
   --cuda-graph           the traced step's forward replayed from a CUDA graph (cuda_graph)
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfmodel.acceptance.rates import ACCEPTANCE_PRESETS
+from perfmodel.acceptance.rates import ACCEPTANCE_PRESETS, EAGLE_ACCEPTANCE, EAGLE_PRESET_TOKENS, EAGLE_PRESET_TREE
 from perfmodel.base.dtypes import DTYPES
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli.parser import TP_HELP, batch_size, positive_int, positive_number, token_count, tp_degree
@@ -34,6 +35,7 @@ from perfmodel.latency.gemm_grid import ENGINES, VIDUR
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.latency.source import LATENCY_CHOICES
 from perfmodel.models.config import PRESETS
+from perfmodel.planning.drafters import DRAFTERS
 from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths
 from perfmodel.planning.medusa_setting import MEDUSA_MODES
 from perfmodel.serving.simulator import DEFAULT_CHUNK_TOKENS, DEFAULT_MAX_SEQS, PREFILL_MODES, EngineConfig
@@ -152,9 +154,31 @@ def acceptance_rates(target: Target, *, own_record: bool = False) -> None:
         "--acceptance-rates",
         metavar=f"{presets}|FILE.json",
         help="the performance model's acceptance rates: paper = acc(n) = 0.477 log2(n), the paper's curve; paper-ln "
-        "= the same slope read as ln(n); FILE = a python -m decoder.measure record (of its fitted a + b ln(n) and its "
-        "head-accuracy model, the closer to its measurements sizes the tree; its head accuracies shape it) "
-        f"(default: {first}paper)",
+        f"= the same slope read as ln(n); eagle = EAGLE's, {EAGLE_ACCEPTANCE.formula()} (EAGLE-2 on Spec-Bench: "
+        f"{EAGLE_PRESET_TOKENS} tokens/step with {EAGLE_PRESET_TREE} tokens); FILE = a python -m decoder.measure "
+        "record (of its fitted a + b ln(n) and its head-accuracy model, the closer to its measurements sizes the "
+        "tree; its head accuracies shape it; a record "
+        f"of an EAGLE run is EAGLE's curve) (default: {first}paper; EAGLE's: eagle)",
+    )
+
+
+DRAFTER_MEANINGS = {
+    "medusa": "the Medusa heads, in the step",
+    "eagle": "EAGLE, one layer and the LM head per depth, then the tree verified",
+    "draft": "a separate draft model, gamma draft steps then gamma + 1 tokens verified",
+    "all": "the three side by side and the best drafter and tree per batch and context",
+}
+
+
+def drafter(target: Target, choices: Sequence[str] = (*DRAFTERS, "all")) -> None:
+    """--drafter: who drafts the speculative step's tree (perfmodel.planning.drafters); the
+    decoder runs the two it implements (medusa, eagle)."""
+    meanings = "; ".join(f"{name} = {DRAFTER_MEANINGS[name]}" for name in choices)
+    target.add_argument(
+        "--drafter",
+        choices=tuple(choices),
+        default="medusa",
+        help=f"who drafts the tree: {meanings} (default %(default)s)",
     )
 
 

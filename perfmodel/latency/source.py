@@ -69,7 +69,7 @@ from perfmodel.latency.transfer import TransferredGemm, transferred_gemm
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.measured.store import stored_profiles
 from perfmodel.models.config import ModelConfig, load_model
-from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, Matmul, op_kernels
+from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, WEIGHT_OPS, Matmul, op_kernels
 
 LATENCY_CHOICES = ("auto", "measured", "calibrated", "datasheet")
 
@@ -187,7 +187,7 @@ class LatencyModel:
             if measured is not None:
                 return measured
         kernels = op_kernels(op, phase, self.model, np.asarray(batch), np.asarray(seq_len), np.asarray(candidates))
-        if (self.table is not None or self.grid is not None) and (op in LINEAR_OPS or op == "medusa_heads"):
+        if (self.table is not None or self.grid is not None) and op in WEIGHT_OPS:
             return np.asarray(sum(self.gemm_time(k) for k in kernels), dtype=float)
         if self.elementwise is not None and op in STEP_OPS and op in set(self.elementwise["op"]):
             part = self.elementwise[self.elementwise["op"] == op]

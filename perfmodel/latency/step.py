@@ -87,8 +87,11 @@ def layer_ops(model: ModelConfig, flavor: str) -> tuple[StepOp, ...]:
     )
 
 
-def step_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[StepOp, ...]:
-    """The ops of one plain (medusa=False) or Medusa tree (medusa=True) decoding step."""
+def step_inventory(model: ModelConfig, flavor: str, medusa: bool, with_heads: bool = True) -> tuple[StepOp, ...]:
+    """The ops of one plain (medusa=False) or Medusa tree (medusa=True) decoding step.
+    with_heads=False: a tree step whose tree another drafter drafted (EAGLE, a draft model,
+    priced apart: perfmodel.latency.eagle), so without the heads and the candidates built
+    from them; it still verifies the tree and commits the accepted path."""
     per_token = layer_ops(model, flavor)
     if flavor == "paper":
         return per_token
@@ -97,9 +100,10 @@ def step_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[StepO
     # path in plain decoding) in every step; an engine does so in Medusa steps only.
     every_step = flavor == "reference"
     mask = (StepOp("mask", kv=True),) if medusa or every_step else ()
-    heads = medusa and model.medusa_heads > 0
+    heads = medusa and with_heads and model.medusa_heads > 0
     tree = (StepOp("medusa_heads", tokens="last"), StepOp("candidates")) if heads else ()
-    commit = (StepOp("kv_move"),) if heads or every_step else ()
+    drafted = heads or (medusa and not with_heads)
+    commit = (StepOp("kv_move"),) if drafted or every_step else ()
     return per_token + once + mask + tree + commit
 
 
@@ -114,13 +118,13 @@ def prefill_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[St
     return layer_ops(model, flavor) + last + heads
 
 
-def step_calls(model: ModelConfig, flavor: str, batch, seq_len, candidates=1):
+def step_calls(model: ModelConfig, flavor: str, batch, seq_len, candidates=1, with_heads: bool = True):
     """(step op, phase, batch, seq_len, candidates, where) for every op call of the
     steps at the points given (broadcast arrays): the points each op runs at, and a
     mask of the step points they belong to. candidates == 1 is a plain decoding step;
     > 1 a Medusa tree step of that many tokens (root included) over a context of
-    seq_len cached tokens. What a step runs needs no latency source: a measurement lists
-    the calls it must time before it has any."""
+    seq_len cached tokens (with_heads: as step_inventory). What a step runs needs no
+    latency source: a measurement lists the calls it must time before it has any."""
     b, s, q = (np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(batch, seq_len, candidates))
     if (b < 1).any() or (s < 1).any() or (q < 1).any():
         raise PerfkitError("batch, seq_len and candidates must all be >= 1")
@@ -130,7 +134,7 @@ def step_calls(model: ModelConfig, flavor: str, batch, seq_len, candidates=1):
             continue
         bb, ss, qq = b[where], s[where], q[where]
         phase = "tree" if kind else "decode"
-        for item in step_inventory(model, flavor, kind):
+        for item in step_inventory(model, flavor, kind, with_heads):
             if item.tokens == "last":
                 yield item, "decode", bb, ss, np.ones_like(qq), where
             else:
@@ -149,18 +153,20 @@ def op_points(model: ModelConfig, flavor: str, batch, seq_len, candidates=1) -> 
 
 @dataclass(frozen=True)
 class StepModel:
-    """Step latency of a model from a latency source, for plain and Medusa steps."""
+    """Step latency of a model from a latency source, for plain and Medusa steps
+    (with_heads=False: tree steps verifying a tree another drafter drafted, step_inventory)."""
 
     model: ModelConfig
     latency: LatencySource
     flavor: str = "full"
+    with_heads: bool = True
 
     def __post_init__(self) -> None:
         check_flavor(self.flavor)
 
     def calls(self, batch, seq_len, candidates=1):
         """The op calls of the steps at the points given (step_calls)."""
-        return step_calls(self.model, self.flavor, batch, seq_len, candidates)
+        return step_calls(self.model, self.flavor, batch, seq_len, candidates, self.with_heads)
 
     def op_times(self, batch, seq_len, candidates=1) -> dict[str, np.ndarray]:
         """Seconds per step spent in each op (summed over its count), broadcast over the

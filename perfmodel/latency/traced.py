@@ -82,6 +82,9 @@ KINDS = ("gemm", "attention", "elementwise", "reduction", "indexing", "copy", "h
 MEMORY_KINDS = ("elementwise", "reduction", "indexing", "copy")
 # The parts of a step (decoder.medusa.STEP_PARTS) an engine's CUDA graph captures (module doc).
 CAPTURED_PARTS = ("forward",)
+# The part of a Medusa step that drafts its tree: the heads and the candidates built from their
+# top-k. A step verifying a tree another drafter drafted (TracedStep.with_heads=False) omits it.
+DRAFT_PARTS = ("candidates",)
 # Tracer: (model, batch, context, candidates, dtype) -> trace table of one step.
 Tracer = Callable[[ModelConfig, int, int, int, str], pd.DataFrame]
 
@@ -241,7 +244,8 @@ class TracedStep:
 
     Speaks StepModel's interface (step_time, overhead), so the speedup commands take it as
     a step flavour. The tracer is handed in by the command (decoder.trace.trace_step): the
-    analytic core never imports the decoder."""
+    analytic core never imports the decoder. with_heads=False: a tree step verifying a tree
+    another drafter drafted (EAGLE, a draft model): the trace less its DRAFT_PARTS."""
 
     model: ModelConfig
     latency: object
@@ -250,6 +254,7 @@ class TracedStep:
     flavor: str = "traced"
     cuda_graph: bool = False  # the forward part replayed from a CUDA graph (module doc)
     _cache: dict = field(default_factory=dict, repr=False)
+    with_heads: bool = True
 
     def __post_init__(self) -> None:
         if self.cuda_graph:
@@ -271,10 +276,17 @@ class TracedStep:
             self._cache[key] = price_trace(trace, self.latency, self.dtype, self.cuda_graph)
         return self._cache[key]
 
+    def seconds(self, batch: int, seq_len: int, candidates: int = 1) -> float:
+        """One step's seconds: its priced kernels, less the tree's drafting without heads."""
+        priced = self.priced(batch, seq_len, candidates)
+        if not self.with_heads and candidates > 1:
+            priced = priced[~priced["part"].isin(DRAFT_PARTS)]
+        return float(priced["time_s"].sum())
+
     def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
         """Seconds per step, broadcast over the points given (one trace per distinct point)."""
         b, s, q = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (batch, seq_len, candidates)))
-        out = np.array([self.priced(*p)["time_s"].sum() for p in zip(b.ravel(), s.ravel(), q.ravel())])
+        out = np.array([self.seconds(*p) for p in zip(b.ravel(), s.ravel(), q.ravel())])
         return out.reshape(b.shape)
 
     def overhead(self, batch, seq_len, candidates) -> np.ndarray:

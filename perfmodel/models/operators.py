@@ -32,7 +32,12 @@ FUSED_OPS = ("sdpa",)
 # The rest of a decoding step: memory-bound elementwise work around the matmuls, and the
 # Medusa tree's own overhead (candidate top-k, verification, moving accepted KV entries).
 STEP_OPS = ("embed", "norm", "rope", "kv_write", "act", "residual", "mask", "candidates", "verify", "kv_move")
-ALL_OPS = OPS + FUSED_OPS + STEP_OPS
+# Drafters' own weights beside the target's layer shapes: EAGLE's fc fuses the target's last
+# feature and the sampled token's embedding, [f; e] (2h) -> h, before its one decoder layer.
+DRAFTER_OPS = ("eagle_fc",)
+ALL_OPS = OPS + FUSED_OPS + STEP_OPS + DRAFTER_OPS
+# Operators whose every kernel is a GEMM against a weight: latency sources time them as such.
+WEIGHT_OPS = (*LINEAR_OPS, "medusa_heads", *DRAFTER_OPS)
 DEFAULT_OPS = OPS + FUSED_OPS  # what sweeps and rooflines cover unless asked for more
 PHASES = ("prefill", "decode", "tree")
 # The paper's figure groups: XW_Q/XW_K/XW_V, QK^T/PV, XW_u/XW_g/XW_d.
@@ -229,6 +234,7 @@ def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
         "gate_up": (h, 2 * i),
         "down": (i, h),
         "lm_head": (h, v),
+        "eagle_fc": (2 * h, h),
     }
     return (linear(*shapes[op]),)
 

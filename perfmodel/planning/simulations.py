@@ -7,7 +7,8 @@ decoding (speedup 1); where no n > 1 beats it, the answer is "do not speculate".
 `simulate` runs the paper's three simulations (Appendix G.3) on any device: (a) b=1,
 s=1024 over tree sizes; (b) s=1024 over batch; (c) b=4 over context length, for the
 paper's simplified step, the whole-model step and the decoder's traced step
-(perfmodel.planning.step_models). `draft_model_table` is speculative decoding with a draft
+(perfmodel.planning.step_models), for any drafter (perfmodel.planning.drafters: the Medusa
+heads, EAGLE, a draft model). `draft_model_table` is speculative decoding with a draft
 model (Leviathan et al.), for comparison. The command line is
 `python -m perfmodel.speedup`; the figures are reports.speedup_figures'.
 """
@@ -26,6 +27,14 @@ from perfmodel.hardware import specs as hardware
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.latency.step import StepModel
 from perfmodel.measured.device_view import DeviceView, resolve_devices
+from perfmodel.planning.drafters import (
+    DEFAULT_DRAFT_COST,
+    DRAFT_ALPHAS,
+    DRAFT_GAMMAS,
+    DRAFTER_NAMES,
+    Drafter,
+    medusa_drafter,
+)
 from perfmodel.planning.step_models import flavor_steps
 
 # Tree sizes searched for the optimum: dense where trees are common, up to 256 tokens.
@@ -92,12 +101,19 @@ def size_text(row) -> str:
     return f">= {row['tree_size']}" if row.get("at_edge", False) else str(row["tree_size"])
 
 
+def depth_text(row, form: str = " (depth {})") -> str:
+    """A tree's depth in `form` where the row has one (EAGLE's passes, a draft model's gamma;
+    a Medusa tree's depth is its built tree's), else nothing."""
+    depth = row.get("depth", pd.NA) if hasattr(row, "get") else getattr(row, "depth", pd.NA)
+    return "" if pd.isna(depth) else form.format(int(depth))
+
+
 def verdict(row) -> str:
     """A sentence a person can act on, for one row of best_sizes or optima."""
     if not row["speculate"]:
         return f"batch {row['batch']}, context {row['seq_len']}: do not speculate (no tree beats plain decoding)"
     return (
-        f"batch {row['batch']}, context {row['seq_len']}: tree of {size_text(row)} tokens, "
+        f"batch {row['batch']}, context {row['seq_len']}: tree of {size_text(row)} tokens{depth_text(row)}, "
         f"{row['acceptance']:.2f} tokens/step at {row['overhead']:.2f}x step time -> {row['speedup']:.2f}x"
     )
 
@@ -117,14 +133,6 @@ STEP_LABELS = {
     "full": "full step (whole model)",
     "traced": "traced step (decoder's kernels)",
 }
-
-# Draft-model comparison (speculative decoding with a draft model, Leviathan et al. 2023).
-# c = draft step / target step: at batch 1 both steps are weight reads, so c is about the
-# parameter ratio plus launch overheads: 68M/7B is 0.01, 1B/7B is 0.14; 0.05 sits between
-# them (a draft of about 350M for a 7B target).
-DRAFT_ALPHAS = (0.6, 0.7, 0.8, 0.9)
-DRAFT_GAMMAS = tuple(range(1, 9))
-DEFAULT_DRAFT_COST = 0.05
 
 
 @dataclass(frozen=True)
@@ -208,9 +216,11 @@ CSV_COLUMNS = [
     "dtype",
     "simulation",
     "step",
+    "drafter",
     "batch",
     "seq_len",
     "tree_size",
+    "depth",
     "plain_step_s",
     "medusa_step_s",
     "overhead",
@@ -237,7 +247,7 @@ def device_table(
     model,
     dtype: str,
     flavors,
-    acceptance: AcceptanceChoice,
+    acceptance: AcceptanceChoice | list[Drafter],
     latency_choice: str = "auto",
     tp: int = 1,
     tracer=None,
@@ -245,19 +255,29 @@ def device_table(
     sizes=SIMULATION_SIZES,
 ) -> pd.DataFrame:
     """The three simulations (or those given, over `sizes`) on one device, in the CSV's
-    columns; latency_choice is perfmodel.latency.source's (auto: measured where the device
-    was measured). tp > 1 prices the model split over tp devices with its all-reduces, as the
-    capacity plan does (perfmodel.planning.step_models.flavor_steps). tracer: the traced
-    flavour's (decoder.trace.StepTracer; perfmodel.latency.traced.Tracer)."""
-
-    steps = flavor_steps(device, model, dtype, tp, latency_choice, flavors, tracer)
-    table = simulate(steps, acceptance.model, simulations, sizes)
+    columns. acceptance: the Medusa heads' (an AcceptanceChoice), or the drafters to price
+    (perfmodel.planning.drafters), one after the other: each one's steps over the same step
+    flavours (priced once), searched over its own sizes (`sizes` where it has none); the
+    `drafter` column says whose each row is. latency_choice is perfmodel.latency.source's
+    (auto: measured where the device was measured). tp > 1 prices the model split over tp
+    devices with its all-reduces, as the capacity plan does
+    (perfmodel.planning.step_models.flavor_steps). tracer: the traced flavour's
+    (decoder.trace.StepTracer; perfmodel.latency.traced.Tracer)."""
+    drafters = acceptance if isinstance(acceptance, list) else [medusa_drafter(acceptance)]
+    priced = flavor_steps(device, model, dtype, tp, latency_choice, flavors, tracer)
+    frames = []
+    for drafter in drafters:
+        steps = {flavor: drafter.step(step) for flavor, step in priced.items()}
+        table = simulate(steps, drafter.acceptance, simulations, drafter.sizes or sizes)
+        frames.append(
+            table.assign(drafter=drafter.name, depth=drafter.depths(table["tree_size"]), acceptance_model=drafter.label)
+        )
+    table = pd.concat(frames, ignore_index=True)
     table = table.assign(
         device=device.spec.key,
         model=model.name,
         dtype=dtype,
-        acceptance_model=acceptance.label,
-        latency_model=next(iter(steps.values())).label,
+        latency_model=next(iter(priced.values())).label,
         source="predicted",
         **context_columns(table["seq_len"], model),
     )
@@ -325,7 +345,7 @@ def summary_lines(device: DeviceView, dtype: str, table: pd.DataFrame, draft: pd
         rows = best[(best["simulation"] == "b") & (best["step"] == step)].sort_values("batch")
         lost = loses_from(rows, "batch")
         cells = [
-            f"b={r.batch} n{'>=' if r.at_edge else '='}{r.tree_size} {r.speedup:.2f}x"
+            f"b={r.batch} n{'>=' if r.at_edge else '='}{r.tree_size}{depth_text(r, ' d={}')} {r.speedup:.2f}x"
             if r.speculate
             else f"b={r.batch} do not speculate"
             for r in rows.itertuples()
@@ -342,7 +362,11 @@ def summary_lines(device: DeviceView, dtype: str, table: pd.DataFrame, draft: pd
         rows = best[(best["simulation"] == "c") & (best["step"] == step)].sort_values("seq_len")
         cells = [
             f"s={r.seq_len}{'*' if getattr(r, 'beyond_context', False) else ''} "
-            + (f"n{'>=' if r.at_edge else '='}{r.tree_size} {r.speedup:.2f}x" if r.speculate else "do not speculate")
+            + (
+                f"n{'>=' if r.at_edge else '='}{r.tree_size}{depth_text(r, ' d={}')} {r.speedup:.2f}x"
+                if r.speculate
+                else "do not speculate"
+            )
             for r in rows.itertuples()
         ]
         sizes = rows.loc[rows["speculate"], "tree_size"]
@@ -360,10 +384,11 @@ def summary_lines(device: DeviceView, dtype: str, table: pd.DataFrame, draft: pd
         f"alpha {r.alpha:g} {r.improvement:.2f}x (gamma {'>= ' if r.gamma == longest else ''}{r.gamma})"
         for r in tops.itertuples()
     ]
-    medusa = best[best["simulation"] == "a"]
-    versus = ", ".join(f"{r.step} step {r.speedup:.2f}x" for r in medusa.itertuples())
+    drafted = best[best["simulation"] == "a"]
+    versus = ", ".join(f"{r.step} step {r.speedup:.2f}x" for r in drafted.itertuples())
+    name = DRAFTER_NAMES[table["drafter"].iloc[0]] if "drafter" in table else DRAFTER_NAMES["medusa"]
     lines.append(
-        f"  draft model (c={draft['cost_ratio'].iloc[0]:g}), best per alpha: {', '.join(cells)}; Medusa at b=1, "
+        f"  draft model (c={draft['cost_ratio'].iloc[0]:g}), best per alpha: {', '.join(cells)}; {name} at b=1, "
         f"s=1024: {versus}"
     )
     return lines
@@ -384,7 +409,7 @@ def beyond_context_note(rows: pd.DataFrame) -> list[str]:
 def optima_side_by_side(chosen: pd.DataFrame, datasheet: pd.DataFrame) -> list[str]:
     """Where the chosen latency source's optima differ from the datasheet roofline's: one
     line per (simulation, step, batch, context) whose best tree or speedup differs."""
-    key = ["simulation", "step", "batch", "seq_len"]
+    key = [c for c in ("drafter", "simulation", "step", "batch", "seq_len") if c in chosen and c in datasheet]
     both = optima(chosen).merge(optima(datasheet), on=key, suffixes=("", "_datasheet"))
     differ = both[(both["tree_size"] != both["tree_size_datasheet"])]
     if differ.empty:

@@ -1,0 +1,144 @@
+"""Training the EAGLE drafter (decoder.eagle) on a checkpoint, self-distilled as its Medusa
+heads are: the backbone (frozen) continues training prompts greedily, and the drafter learns
+to predict its next feature (smooth L1) and, through the backbone's LM head, its next token
+(cross entropy, weight 0.1 as EAGLE's), over a sliding window of the drafter's context plus
+the deepest tree it drafts.
+
+`python -m decoder.train --eagle` runs it (decoder.train); the drafter is written beside the
+heads as eagle_drafter.safetensors, with an `eagle` entry in training.json.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from decoder.checkpoint import MANIFEST, Checkpoint, replacing, write_manifest
+from decoder.corpus import sample_prompts
+from decoder.eagle import CONTEXT, EAGLE_FILE, EagleDrafter, eagle_loss, parameters_of
+from decoder.model import Transformer
+from decoder.stages import QUICK, TrainConfig, as_shipped, cosine_batches, distill, encode, training_texts
+from perfmodel.base.errors import PerfkitError
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    seed: int = 0
+    distill_prompts: int = 1024
+    distill_prompt_len: int = 32
+    distill_new: int = 96
+    eval_prompts: int = 128
+    epochs: int = 6
+    batch: int = 32
+    lr: float = 2e-3
+    depth: int = 5  # the deepest draft the window is trained for
+    cls_weight: float = 0.1
+
+    @property
+    def window(self) -> int:
+        return CONTEXT + self.depth
+
+
+QUICK_EAGLE = EagleConfig(distill_prompts=32, distill_new=24, eval_prompts=8, epochs=1, batch=16)
+
+
+def features_of(model: Transformer, sequences: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.cat([model.hidden(sequences[i : i + 256]) for i in range(0, len(sequences), 256)])
+
+
+def continuation_mask(sequences: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    keep = torch.zeros_like(sequences, dtype=torch.bool)
+    keep[:, prompt_len:] = True  # learn the model's own continuations, not the prompt text
+    return keep
+
+
+def train_eagle(model: Transformer, sequences: torch.Tensor, config: EagleConfig, log) -> tuple[EagleDrafter, dict]:
+    """The drafter trained on the backbone's continuations `sequences` (N, prompt + new)."""
+    torch.manual_seed(config.seed)
+    features = features_of(model, sequences)
+    keep = continuation_mask(sequences, config.distill_prompt_len)
+    drafter = EagleDrafter(model.config)
+    embed, lm_head = model.model.embed_tokens, model.lm_head
+    for p in model.parameters():
+        p.requires_grad_(False)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=0.0)
+    started, steps = time.perf_counter(), 0
+    for epoch, batches in cosine_batches(
+        optimizer, config.lr, len(sequences), config.batch, config.epochs, config.seed
+    ):
+        for idx in batches:
+            loss, accuracy = eagle_loss(
+                drafter, features[idx], sequences[idx], embed, lm_head, config.window, config.cls_weight, keep[idx]
+            )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            steps += 1
+        log(f"eagle: epoch {epoch + 1}/{config.epochs}, loss {float(loss.detach()):.4f}, top-1 {float(accuracy):.3f}")
+    drafter = as_shipped(drafter)
+    return drafter, {
+        "steps": steps,
+        "sequences": len(sequences),
+        "seconds": round(time.perf_counter() - started, 1),
+        "final_loss": round(float(loss.detach()), 4),
+        "parameters": parameters_of(drafter),
+        "window": config.window,
+        "config": asdict(config),
+    }
+
+
+def heldout_accuracy(drafter: EagleDrafter, model: Transformer, sequences: torch.Tensor, prompt_len: int, window: int):
+    """Top-1 accuracy of the drafter's next token at one step ahead, on held-out continuations
+    with true features (its first depth: deeper ones read its own drafted features)."""
+    features = features_of(model, sequences)
+    with torch.inference_mode():
+        _, accuracy = eagle_loss(
+            drafter,
+            features,
+            sequences,
+            model.model.embed_tokens,
+            model.lm_head,
+            window,
+            keep=continuation_mask(sequences, prompt_len),
+        )
+    return round(float(accuracy), 4)
+
+
+def build_eagle(checkpoint: Checkpoint, out: Path, config: EagleConfig, quick_corpus: bool, log=print) -> dict:
+    """Train the drafter for `checkpoint` and write the checkpoint with it to `out` (every file
+    of the checkpoint copied, the drafter added, training.json given an `eagle` entry,
+    checksums recorded); returns that entry."""
+    if checkpoint.tokenizer is None:
+        raise PerfkitError(f"{checkpoint.folder} has no tokenizer.json: its training prompts cannot be encoded")
+    texts = training_texts(QUICK if quick_corpus else TrainConfig())
+    train_docs, heldout_docs = encode(checkpoint.tokenizer, texts[0]), encode(checkpoint.tokenizer, texts[1])
+    model = checkpoint.model.float().eval()
+    started = time.perf_counter()
+    prompts = sample_prompts(train_docs, config.distill_prompts, config.distill_prompt_len, seed=config.seed)
+    sequences = distill(model, prompts, config.distill_new, log, "eagle self-distillation")
+    heldout = sample_prompts(heldout_docs, config.eval_prompts, config.distill_prompt_len, seed=config.seed + 2)
+    heldout_sequences = distill(model, heldout, config.distill_new, log, "held-out continuations")
+    distilled_s = time.perf_counter() - started
+    drafter, card = train_eagle(model, sequences, config, log)
+    card["distillation_seconds"] = round(distilled_s, 1)
+    card["heldout_top1"] = heldout_accuracy(drafter, model, heldout_sequences, config.distill_prompt_len, config.window)
+    if checkpoint.heads is not None:
+        card["medusa_heads_parameters"] = parameters_of(checkpoint.heads)
+    log(f"eagle: {card['parameters']:,} parameters, held-out top-1 {card['heldout_top1']}")
+    with replacing(out) as staging:
+        for path in checkpoint.folder.iterdir():
+            if path.is_file() and path.name not in (EAGLE_FILE, MANIFEST):
+                shutil.copy2(path, staging / path.name)
+        state = {k: v.detach().half().contiguous() for k, v in drafter.state_dict().items()}
+        save_file(state, str(staging / EAGLE_FILE))
+        info = dict(checkpoint.info, eagle=card)
+        (staging / "training.json").write_text(json.dumps(info, indent=1))
+        write_manifest(staging)
+    return card

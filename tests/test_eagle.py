@@ -1,0 +1,105 @@
+"""The EAGLE drafter: trained by the project's own command, lossless under greedy verification,
+exact in distribution under rejection sampling, and refused where it cannot run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from decoder.acceptance import AcceptanceConfig
+from decoder.checkpoint import Checkpoint, load_checkpoint
+from decoder.eagle import EAGLE_FILE, EagleDrafter, draft_tree
+from decoder.medusa import Decoder
+from decoder.model import Transformer
+from decoder.train import main as train_main
+from decoder.tree import resolve_tree
+from perfmodel.acceptance.trees import Tree
+from perfmodel.base.errors import PerfkitError
+from tests.test_decoder import CONFIG
+
+# the decoder tests' tiny model with an 8-token vocabulary: sampled distributions converge in a few thousand draws
+TINY = dataclasses.replace(CONFIG, vocab_size=8)
+TREE = Tree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The bundled model with a drafter from `decoder.train --eagle --quick` (a few seconds)."""
+    out = tmp_path_factory.mktemp("eagle") / "ckpt"
+    work = tmp_path_factory.mktemp("eagle-work")
+    assert train_main(["--eagle", "--quick", "--out", str(out), "--work", str(work)]) == 0
+    return load_checkpoint(out)
+
+
+def test_training_writes_the_drafter_with_its_budget_beside_the_heads(trained):
+    assert trained.eagle is not None and (trained.folder / EAGLE_FILE).is_file()
+    card = json.loads((trained.folder / "training.json").read_text())["eagle"]
+    drafter_params = sum(p.numel() for p in trained.eagle.parameters())
+    assert card["parameters"] == drafter_params
+    assert card["medusa_heads_parameters"] == sum(p.numel() for p in trained.heads.parameters())
+    assert 0 <= card["heldout_top1"] <= 1
+    # the checkpoint keeps everything else: heads, tokenizer, tree, and checksums that verify
+    assert trained.heads is not None and trained.tokenizer is not None and trained.tree is not None
+
+
+def test_greedy_eagle_decoding_is_lossless(trained):
+    decoder = Decoder(trained)
+    prompts = [trained.tokenizer.encode(t).ids for t in ("def parse_args(argv):\n", "import os\n\nclass A:\n")]
+    plain = decoder.generate(prompts, 48)
+    eagle = decoder.generate(prompts, 48, tree=resolve_tree("default", trained), drafter="eagle")
+    assert eagle.tokens == plain.tokens
+    assert eagle.steps < 48  # it drafts more than the root somewhere
+    assert all(n >= 1 for row in eagle.accepted for n in row)
+
+
+def test_rejection_sampling_with_eagle_drafts_keeps_the_models_distribution():
+    torch.manual_seed(0)
+    model = Transformer(TINY).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)  # peaked distributions: few samples tell them apart
+    decoder = Decoder(Checkpoint(None, TINY, model, None, None, None, {}, EagleDrafter(TINY).eval()))
+    prompt = [1, 2, 3]
+    counts, trials = np.zeros((TINY.vocab_size, TINY.vocab_size)), 0
+    for seed in range(12):
+        result = decoder.generate(
+            [prompt] * 200, 2, tree=TREE, drafter="eagle", acceptance=AcceptanceConfig("rejection", 1.0, seed=seed)
+        )
+        for first, second in (tokens[:2] for tokens in result.tokens):
+            counts[first, second] += 1
+            trials += 1
+    first = counts.sum(1).argmax()  # the commonest first token; its second token's distribution
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + [int(first)]]))[0, -1]
+    expected = torch.softmax(logits.float(), -1).numpy()
+    observed = counts[first] / counts[first].sum()
+    assert counts[first].sum() > 600
+    np.testing.assert_allclose(observed, expected, atol=0.05)
+
+
+def test_a_drafted_tree_follows_its_parents_ranks():
+    torch.manual_seed(1)
+    model = Transformer(TINY).eval()
+    drafter = EagleDrafter(TINY).eval()
+    with torch.no_grad():
+        feature = model.hidden(torch.tensor([[1, 2, 3]]))[0, -1]
+        tokens = draft_tree(drafter, model.model.embed_tokens, model.lm_head, TREE, 5, feature, ([], []), 3)
+        first = model.lm_head(
+            drafter(feature[None, None], model.model.embed_tokens(torch.tensor([[5]])), torch.tensor([[3]]))
+        )
+    ranked = first[0, 0].topk(2).indices.tolist()
+    assert tokens[0] == 5 and tokens[1:3].tolist() == ranked  # depth 1: ranks 0 and 1 of the root's draft
+
+
+def test_eagle_is_refused_where_it_cannot_run(trained):
+    decoder = Decoder(trained)
+    with pytest.raises(PerfkitError, match="unknown drafter 'heads'; choose one of: medusa, eagle"):
+        decoder.generate([[1, 2]], 4, tree=TREE, drafter="heads")
+    with pytest.raises(PerfkitError, match="drafts a static tree: pass a tree"):
+        decoder.generate([[1, 2]], 4, dynamic_nodes=4, drafter="eagle")
+    bare = Decoder(Checkpoint(None, trained.config, trained.model, trained.heads, None, None, {}))
+    with pytest.raises(PerfkitError, match="has no EAGLE drafter .*python -m decoder.train --eagle"):
+        bare.generate([[1, 2]], 4, tree=TREE, drafter="eagle")
