@@ -30,9 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from decoder.model import DecoderLayer, LlamaConfig, RMSNorm, rope_cos_sin
-from perfmodel.acceptance.trees import Tree
+from perfmodel.acceptance.trees import Tree, TreePath
 
 CONTEXT = 4  # accepted positions the drafter attends to besides the tree
+EAGLE_DEPTH = 5  # the dynamic tree's draft passes: the deepest the drafter is trained for
 EAGLE_FILE = "eagle_drafter.safetensors"
 
 
@@ -130,36 +131,174 @@ def draft_tree(
     nodes down to that depth run with the context window before them (each seeing the window
     and its own ancestors), and every child takes rank r of its parent's drafted tokens and,
     as its input feature, the parent's drafted feature. position: the root's."""
+    context = context_of(history, root_feature)
+    info: dict[TreePath, tuple[int, torch.Tensor]] = {(): (root, root_feature)}
+    for depth in range(tree.depth):
+        needed = [(), *(p for p in tree.paths if len(p) <= depth)]
+        drafted = dict(zip(needed, run_nodes(drafter, embed, context, needed, info, position)))
+        children = [p for p in tree.paths if len(p) == depth + 1]
+        wanted = max(p[-1] for p in children) + 1
+        for parent in dict.fromkeys(p[:-1] for p in children):
+            top = lm_head(drafted[parent]).topk(wanted).indices.tolist()
+            for child in (p for p in children if p[:-1] == parent):
+                info[child] = (top[child[-1]], drafted[parent])
+    return torch.tensor([root] + [info[p][0] for p in tree.paths], dtype=torch.long, device=root_feature.device)
+
+
+def context_of(history: tuple[list[torch.Tensor], list[int]], root_feature: torch.Tensor):
+    """The context window's input features (C, h) and next tokens (C,) as tensors."""
+    features, tokens = history
+    stacked = torch.stack(features) if features else root_feature.new_zeros(0, root_feature.shape[-1])
+    return stacked, torch.tensor(tokens, dtype=torch.long, device=root_feature.device)
+
+
+def run_nodes(drafter, embed, context, paths: list[TreePath], info: dict, position: int) -> torch.Tensor:
+    """The drafter's output features for `paths` (a set closed under ancestors, root () first),
+    each node seeing the context window and its ancestors. info: path -> (token, input feature)."""
+    ctx_f, ctx_t = context
+    c = len(ctx_t)
+    index = {p: i for i, p in enumerate(paths)}
+    n = c + len(paths)
+    device = ctx_f.device
+    mask = torch.zeros(n, n, dtype=torch.bool, device=device)
+    mask[:c, :c] = window_mask(c, c + 1, device)[0, 0]
+    mask[c:, :c] = True
+    for i, path in enumerate(paths):
+        for cut in range(len(path) + 1):
+            mask[c + i, c + index[path[:cut]]] = True
+    tokens = torch.tensor([info[p][0] for p in paths], dtype=torch.long, device=device)
+    feats = torch.stack([info[p][1] for p in paths])
+    positions = torch.tensor([position + len(p) for p in paths], device=device)
+    positions = torch.cat([torch.arange(position - c, position, device=device), positions])
+    out = drafter(
+        torch.cat([ctx_f, feats])[None],
+        embed(torch.cat([ctx_t, tokens]))[None],
+        positions[None],
+        mask[None, None],
+    )
+    return out[0, c:]
+
+
+def dynamic_eagle_tree(
+    drafter: EagleDrafter,
+    embed: nn.Embedding,
+    lm_head: nn.Linear,
+    root: int,
+    root_feature: torch.Tensor,
+    history: tuple[list[torch.Tensor], list[int]],
+    position: int,
+    nodes: int,
+    depth: int,
+    topk: int,
+) -> tuple[Tree, torch.Tensor]:
+    """EAGLE-2's dynamic tree for one sequence: `depth` expansions, each drafting the children
+    of the `topk` most confident nodes of the depth above (confidence: the product of drafted
+    probabilities along the path), keeping each one's top-k children; then the `nodes` most
+    confident nodes of all drafted are the tree (a child is never more confident than its
+    parent, so they form one). Returns the tree (paths of child ranks) and its tokens, root
+    first, in the tree's order."""
     device = root_feature.device
-    size, depths, parents = tree.size, torch.as_tensor(tree.depths), tree.parents
-    ranks = [-1] + [p[-1] for p in tree.paths]
-    context_features, context_tokens = history
-    c = len(context_features)
-    ctx_f = torch.stack(context_features) if c else root_feature.new_zeros(0, root_feature.shape[-1])
-    ctx_t = torch.tensor(context_tokens, dtype=torch.long, device=device)
-    tokens = torch.full((size,), root, dtype=torch.long, device=device)
-    feats = root_feature.expand(size, -1).clone()
-    ancestors = torch.as_tensor(tree.ancestor_mask, device=device)
-    for depth in range(int(depths.max()) if size > 1 else 0):
-        run = torch.nonzero(depths <= depth).ravel().to(device)
-        n = c + len(run)
-        mask = torch.zeros(n, n, dtype=torch.bool, device=device)
-        mask[:c, :c] = window_mask(c, c + 1, device)[0, 0]
-        mask[c:, :c] = True
-        mask[c:, c:] = ancestors[run][:, run]
-        positions = torch.cat([torch.arange(position - c, position, device=device), position + depths.to(device)[run]])
+    context = context_of(history, root_feature)
+    info: dict[TreePath, tuple[int, torch.Tensor]] = {(): (root, root_feature)}
+    score: dict[TreePath, float] = {(): 1.0}
+    frontier: list[TreePath] = [()]
+    for _ in range(depth):
+        needed = sorted({p[:cut] for p in frontier for cut in range(len(p) + 1)}, key=lambda p: (len(p), p))
+        out = run_nodes(drafter, embed, context, needed, info, position)
+        drafted = dict(zip(needed, out))
+        children = []
+        for parent in frontier:
+            probs = torch.softmax(lm_head(drafted[parent]).float(), dim=-1)
+            top = probs.topk(topk)
+            for rank, (p, token) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
+                child = parent + (rank,)
+                info[child] = (token, drafted[parent])
+                score[child] = score[parent] * p
+                children.append(child)
+        frontier = sorted(children, key=lambda p: -score[p])[:topk]
+    chosen = sorted((p for p in score if p), key=lambda p: (-score[p], len(p), p))[:nodes]
+    tree = Tree(tuple(chosen))
+    tokens = torch.tensor([root] + [info[p][0] for p in tree.paths], dtype=torch.long, device=device)
+    return tree, tokens
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """What drafting a static tree runs at each depth, worked out once per tree: the nodes
+    run (those down to that depth, in the tree's order), the attention among them, and the
+    children made from them (each child's parent's place among the nodes run, and its rank)."""
+
+    tree: Tree
+    runs: tuple[torch.Tensor, ...]
+    masks: tuple[torch.Tensor, ...]
+    children: tuple[torch.Tensor, ...]
+    parents: tuple[torch.Tensor, ...]
+    ranks: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def of(cls, tree: Tree, device="cpu") -> DraftPlan:
+        depths = torch.as_tensor(tree.depths, device=device)
+        ancestors = torch.as_tensor(tree.ancestor_mask, device=device)
+        parents_of = torch.as_tensor(tree.parents, device=device)
+        ranks_of = torch.tensor([-1] + [p[-1] for p in tree.paths], device=device)
+        runs, masks, children, parents, ranks = [], [], [], [], []
+        for depth in range(tree.depth):
+            run = torch.nonzero(depths <= depth).ravel()
+            child = torch.nonzero(depths == depth + 1).ravel()
+            place = torch.searchsorted(run, parents_of[child])  # run is sorted: the parent's column
+            runs.append(run)
+            masks.append(ancestors[run][:, run])
+            children.append(child)
+            parents.append(place)
+            ranks.append(ranks_of[child])
+        return cls(tree, *(tuple(x) for x in (runs, masks, children, parents, ranks)))
+
+
+def draft_batch(
+    drafter: EagleDrafter,
+    embed: nn.Embedding,
+    lm_head: nn.Linear,
+    plan: DraftPlan,
+    roots: torch.Tensor,
+    root_features: torch.Tensor,
+    histories: list[tuple[list[torch.Tensor], list[int]]],
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Candidate tokens (B, T) of every sequence's static tree, drafted together: per depth one
+    drafter pass over the batch (context windows left-padded and masked), one LM head over the
+    parents and one gather of the children's ranks. roots (B,), root_features (B, h),
+    positions (B,) the roots' positions. The same tokens as draft_tree, sequence by sequence."""
+    batch, size, device = len(roots), plan.tree.size, root_features.device
+    width = max((len(h[1]) for h in histories), default=0)
+    ctx_f = root_features.new_zeros(batch, width, root_features.shape[-1])
+    ctx_t = torch.zeros(batch, width, dtype=torch.long, device=device)
+    valid = torch.zeros(batch, width, dtype=torch.bool, device=device)
+    for b, (features, tokens) in enumerate(histories):
+        if tokens:
+            ctx_f[b, width - len(tokens) :] = torch.stack(features)
+            ctx_t[b, width - len(tokens) :] = torch.tensor(tokens, device=device)
+            valid[b, width - len(tokens) :] = True
+    ctx_pos = positions[:, None] - torch.arange(width, 0, -1, device=device)[None, :]
+    causal = window_mask(width, width + 1, device)[0, 0]
+    tokens = roots[:, None].repeat(1, size)
+    feats = root_features[:, None, :].repeat(1, size, 1)
+    depths = torch.as_tensor(plan.tree.depths, device=device)
+    for run, among, child, parent, rank in zip(plan.runs, plan.masks, plan.children, plan.parents, plan.ranks):
+        n = width + len(run)
+        mask = torch.zeros(batch, n, n, dtype=torch.bool, device=device)
+        mask[:, :width, :width] = causal & valid[:, None, :]
+        mask[:, torch.arange(width), torch.arange(width)] = True  # a padded slot sees itself: no empty row
+        mask[:, width:, :width] = valid[:, None, :]
+        mask[:, width:, width:] = among
+        pos = torch.cat([ctx_pos, positions[:, None] + depths[run][None, :]], dim=1)
         out = drafter(
-            torch.cat([ctx_f, feats[run]])[None],
-            embed(torch.cat([ctx_t, tokens[run]]))[None],
-            positions[None],
-            mask[None, None],
-        )[0, c:]
-        drafted = dict(zip(run.tolist(), out))
-        children = [i for i in range(1, size) if depths[i] == depth + 1]
-        wanted = max(ranks[i] for i in children) + 1
-        for parent in {int(parents[i]) for i in children}:
-            top = lm_head(drafted[parent]).topk(wanted).indices
-            for child in (i for i in children if int(parents[i]) == parent):
-                tokens[child] = top[ranks[child]]
-                feats[child] = drafted[parent]
+            torch.cat([ctx_f, feats[:, run]], dim=1),
+            embed(torch.cat([ctx_t, tokens[:, run]], dim=1)),
+            pos,
+            mask[:, None],
+        )[:, width:]
+        wanted = int(rank.max()) + 1
+        top = lm_head(out[:, parent]).topk(wanted, dim=-1).indices  # (B, children, wanted)
+        tokens[:, child] = top.gather(2, rank[None, :, None].expand(batch, -1, 1)).squeeze(2)
+        feats[:, child] = out[:, parent]
     return tokens

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from decoder.checkpoint import MANIFEST, Checkpoint, replacing, write_manifest
 from decoder.corpus import sample_prompts
-from decoder.eagle import CONTEXT, EAGLE_FILE, EagleDrafter, eagle_loss, parameters_of
+from decoder.eagle import CONTEXT, EAGLE_DEPTH, EAGLE_FILE, EagleDrafter, eagle_loss, parameters_of
 from decoder.model import Transformer
 from decoder.stages import QUICK, TrainConfig, as_shipped, cosine_batches, distill, encode, training_texts
 from perfmodel.base.errors import PerfkitError
@@ -37,7 +37,7 @@ class EagleConfig:
     epochs: int = 6
     batch: int = 32
     lr: float = 2e-3
-    depth: int = 5  # the deepest draft the window is trained for
+    depth: int = EAGLE_DEPTH  # the deepest draft the window is trained for
     cls_weight: float = 0.1
 
     @property

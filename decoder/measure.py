@@ -51,14 +51,12 @@ def head_accuracy(decoder: Decoder, prompts, outputs) -> np.ndarray:
 
 def check_drafter(args, ckpt) -> None:
     """EAGLE drafts the static trees the heads' accuracies shape (the same trees Medusa runs,
-    so the two compare at equal tree sizes): it needs the drafter, and neither a dynamic tree
-    (the heads' probabilities build it) nor --tree auto (priced for the heads)."""
+    so the two compare at equal tree sizes) or, with --dynamic, EAGLE-2's own dynamic trees:
+    it needs the drafter, and not --tree auto (priced for the heads)."""
     if args.drafter != "eagle":
         return
     if ckpt.eagle is None:
         raise PerfkitError(f"{ckpt.folder} has no EAGLE drafter; python -m decoder.train --eagle --model {ckpt.folder}")
-    if args.dynamic:
-        raise PerfkitError("--drafter eagle drafts static trees; --dynamic builds the tree from the Medusa heads")
     if args.tree == "auto":
         raise PerfkitError("--tree auto prices the Medusa heads' trees; give --drafter eagle a tree by name")
 

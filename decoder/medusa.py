@@ -22,7 +22,7 @@ import torch
 
 from decoder.acceptance import ACCEPT, AcceptanceConfig, next_token
 from decoder.checkpoint import Checkpoint
-from decoder.eagle import EAGLE_FILE, History, draft_tree
+from decoder.eagle import EAGLE_DEPTH, EAGLE_FILE, DraftPlan, History, draft_batch, dynamic_eagle_tree
 from decoder.model import KVCache
 from decoder.tree import TreeBuffers, path_of_length, tree_buffers
 from perfmodel.acceptance.trees import Tree, greedy_tree
@@ -133,6 +133,7 @@ class Decoder:
         self.model = checkpoint.model.to(device)
         self.heads = checkpoint.heads.to(device) if checkpoint.heads is not None else None
         self.eagle = checkpoint.eagle.to(device) if checkpoint.eagle is not None else None
+        self._plans: dict = {}  # static tree -> its EAGLE draft plan (decoder.eagle.DraftPlan)
 
     # -- shared machinery --------------------------------------------------------------
 
@@ -203,16 +204,16 @@ class Decoder:
         if drafter not in DRAFTERS:
             raise PerfkitError(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
         eagle = drafter == "eagle" and medusa
-        if eagle and (self.eagle is None or tree is None):
+        if eagle and self.eagle is None:
             raise PerfkitError(
                 f"{self.ckpt.folder} has no EAGLE drafter ({EAGLE_FILE}; python -m decoder.train --eagle trains one)"
-                if self.eagle is None
-                else "the EAGLE drafter drafts a static tree: pass a tree (dynamic trees are Medusa's)"
             )
         if medusa and not eagle and self.heads is None:
             raise PerfkitError(f"{self.ckpt.folder} has no Medusa heads; pass a heads folder or decode without a tree")
-        if eagle:
-            static = tree_buffers(tree, tree.depth, max(p[-1] for p in tree.paths) + 1, self.device)
+        if eagle and tree is not None:
+            static = tree_buffers(tree, tree.depth, tree.max_rank + 1, self.device)
+        elif eagle:
+            static = None  # EAGLE-2's dynamic tree, drafted each step
         elif tree is not None:
             static = tree_buffers(tree, len(self.heads), topk, self.device)
         elif dynamic_nodes > 0:
@@ -248,7 +249,9 @@ class Decoder:
             while not all(done):
                 t0 = time.perf_counter()
                 if eagle:
-                    buffers, candidates = self._eagle_candidates(roots, last_hidden, static, history, lengths)
+                    buffers, candidates = self._eagle_candidates(
+                        roots, last_hidden, static, history, lengths, dynamic_nodes, topk
+                    )
                 else:
                     buffers, candidates = self._candidates(roots, last_hidden, static, dynamic_nodes, topk)
                 self._sync()
@@ -288,18 +291,33 @@ class Decoder:
         result.cache, result.cache_lengths = cache, lengths
         return result
 
-    def _eagle_candidates(self, roots, last_hidden, static: TreeBuffers, history: History, lengths: list[int]):
-        """Per-sequence buffers and candidate tokens (B, T) drafted by the EAGLE drafter."""
+    def _eagle_candidates(
+        self,
+        roots,
+        last_hidden,
+        static: TreeBuffers | None,
+        history: History,
+        lengths: list[int],
+        nodes: int,
+        topk: int,
+    ):
+        """Per-sequence buffers and candidate tokens (B, T) drafted by the EAGLE drafter: a
+        static tree's, or EAGLE-2's dynamic tree of `nodes` nodes (decoder.eagle)."""
         embed, lm_head = self.model.model.embed_tokens, self.model.lm_head
-        candidates = torch.stack(
-            [
-                draft_tree(
-                    self.eagle, embed, lm_head, static.tree, roots[b], last_hidden[b], history.inputs(b), lengths[b]
-                )
-                for b in range(len(roots))
-            ]
-        )
-        return [static] * len(roots), candidates
+        histories = [history.inputs(b) for b in range(len(roots))]
+        if static is not None:  # one tree for all: drafted together
+            roots_t = torch.tensor(roots, device=self.device)
+            positions = torch.tensor(lengths, device=self.device)
+            plan = self._plans.setdefault(static.tree, DraftPlan.of(static.tree, self.device))
+            candidates = draft_batch(self.eagle, embed, lm_head, plan, roots_t, last_hidden, histories, positions)
+            return [static] * len(roots), candidates
+        buffers, rows = [], []
+        for b in range(len(roots)):
+            where = (roots[b], last_hidden[b], histories[b], lengths[b])
+            tree, tokens = dynamic_eagle_tree(self.eagle, embed, lm_head, *where, nodes, EAGLE_DEPTH, topk)
+            buffers.append(tree_buffers(tree, tree.depth, topk, self.device))
+            rows.append(tokens)
+        return buffers, torch.stack(rows)
 
     def _candidates(self, roots, last_hidden, static: TreeBuffers | None, dynamic_nodes: int, topk: int):
         """Per-sequence tree buffers and candidate tokens (B, T), root first."""

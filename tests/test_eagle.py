@@ -12,7 +12,7 @@ import torch
 
 from decoder.acceptance import AcceptanceConfig
 from decoder.checkpoint import Checkpoint, load_checkpoint
-from decoder.eagle import EAGLE_FILE, EagleDrafter, draft_tree
+from decoder.eagle import EAGLE_FILE, EagleDrafter, draft_tree, dynamic_eagle_tree
 from decoder.medusa import Decoder
 from decoder.model import Transformer
 from decoder.train import main as train_main
@@ -54,6 +54,26 @@ def test_greedy_eagle_decoding_is_lossless(trained):
     assert eagle.tokens == plain.tokens
     assert eagle.steps < 48  # it drafts more than the root somewhere
     assert all(n >= 1 for row in eagle.accepted for n in row)
+
+
+def test_eagle_2_dynamic_trees_are_lossless_trees_of_the_budget(trained):
+    decoder = Decoder(trained)
+    prompts = [trained.tokenizer.encode(t).ids for t in ("def parse_args(argv):\n", "import os\n\nclass A:\n")]
+    plain = decoder.generate(prompts, 32)
+    eagle = decoder.generate(prompts, 32, dynamic_nodes=12, drafter="eagle")
+    assert eagle.tokens == plain.tokens and set(eagle.tree_sizes) == {13}
+    torch.manual_seed(2)
+    model, drafter = Transformer(TINY).eval(), EagleDrafter(TINY).eval()
+    with torch.no_grad():
+        feature = model.hidden(torch.tensor([[1, 2, 3]]))[0, -1]
+        tree, tokens = dynamic_eagle_tree(
+            drafter, model.model.embed_tokens, model.lm_head, 5, feature, ([], []), 3, nodes=6, depth=3, topk=3
+        )
+    assert tree.size == 7 and tree.depth <= 3 and tree.max_rank < 3 and len(tokens) == 7 and tokens[0] == 5
+    # the drafted tokens are those the static drafting of the same tree gives
+    with torch.no_grad():
+        static = draft_tree(drafter, model.model.embed_tokens, model.lm_head, tree, 5, feature, ([], []), 3)
+    assert static.tolist() == tokens.tolist()
 
 
 def test_rejection_sampling_with_eagle_drafts_keeps_the_models_distribution():
@@ -98,8 +118,6 @@ def test_eagle_is_refused_where_it_cannot_run(trained):
     decoder = Decoder(trained)
     with pytest.raises(PerfkitError, match="unknown drafter 'heads'; choose one of: medusa, eagle"):
         decoder.generate([[1, 2]], 4, tree=TREE, drafter="heads")
-    with pytest.raises(PerfkitError, match="drafts a static tree: pass a tree"):
-        decoder.generate([[1, 2]], 4, dynamic_nodes=4, drafter="eagle")
     bare = Decoder(Checkpoint(None, trained.config, trained.model, trained.heads, None, None, {}))
     with pytest.raises(PerfkitError, match="has no EAGLE drafter .*python -m decoder.train --eagle"):
         bare.generate([[1, 2]], 4, tree=TREE, drafter="eagle")
