@@ -4,9 +4,9 @@ One self-contained HTML file (figures embedded, nothing fetched) and the same fi
 PNG files beside it. It opens with the answer (reports.answer: the tree to run at the
 workload, the capacity line, the decision map), then: the device and its ceilings,
 rooflines per op group and phase, the Medusa variation studies with their TFLOP/s and
-intensity tables, simulated (and, where measured, real) speedups, acceptance data, the
-recommended tree, a capacity plan, and the prediction error wherever predictions and
-measurements meet.
+intensity tables, simulated (and, where measured, real) speedups, the drafters compared
+(Medusa heads, EAGLE, a draft model), acceptance data, the recommended tree, a capacity
+plan, and the prediction error wherever predictions and measurements meet.
 
 This module gathers the inputs and orchestrates; the page's sections are reports.sections,
 its tables reports.tables and its sentences reports.prose.
@@ -50,6 +50,7 @@ from reports.sections import (
     ablation_section,
     acceptance_section,
     capacity_section,
+    drafter_section,
     error_section,
     glance,
     inputs_section,
@@ -65,6 +66,7 @@ from reports.sources import (
     load_validation,
     recommended_tree,
     report_acceptance,
+    report_drafters,
 )
 from reports.speedup_figures import closed_loop_figure, speedup_jobs
 
@@ -179,6 +181,8 @@ def build(config: BuildConfig, log=print) -> Report:
         flavors = simulated_flavors(config.step)
         sims = simulations.device_table(view, model, dtype, flavors, acceptance.choice, config.latency, tp, tracer)
         draft = simulations.draft_model_table()
+        drafters = report_drafters(acceptance, config.model)
+        compared = drafter_table(view, model, dtype, flavors, drafters, config.latency, tp, tracer)
         speed_jobs = speedup_jobs(view, model, dtype, sims, draft, acceptance.choice)
         speed_pngs = {name: renderer.draw(job) for name, job in speed_jobs.items()}
         best = simulations.optima(sims)
@@ -209,6 +213,7 @@ def build(config: BuildConfig, log=print) -> Report:
             describe_device(page, view, dtype)
             roofline_section(page, figure, roof, op_errors)
             speedup_section(page, figure, report, sims, draft, speed_pngs, extra_pngs, validation)
+            drafter_section(page, report, compared, drafters)
             acceptance_section(page, figure, report, extra_pngs)
             tree_section(page, figure, report, tree, best, extra_pngs)
             ablation_section(page, figure, report, ablation, extra_pngs)
@@ -220,6 +225,14 @@ def build(config: BuildConfig, log=print) -> Report:
     elapsed = time.perf_counter() - started
     log(f"  {len(report.figures)} figures, report.html {size / 1e6:.1f} MB in {config.out}/ ({elapsed:.1f} s)")
     return report
+
+
+def drafter_table(view, model, dtype, flavors, drafters, latency: str, tp: int, tracer) -> pd.DataFrame:
+    """Simulation (b) of each drafter over the page's whole-step flavours (not the paper's
+    block: the drafters differ in what a whole step holds), for the drafters' section."""
+    by_batch = tuple(s for s in simulations.SIMULATIONS if s.key == "b")
+    whole = [f for f in flavors if f in WHOLE_STEP_FLAVORS]
+    return simulations.device_table(view, model, dtype, whole, drafters, latency, tp, tracer, simulations=by_batch)
 
 
 def capacity_plan(model, view: DeviceView, dtype: str, acceptance: ReportAcceptance, config) -> PlanResult | str:

@@ -16,8 +16,12 @@ import pandas as pd
 from perfmodel.acceptance.trees import export_tree
 from perfmodel.planning import simulations
 from perfmodel.planning.capacity import PlanResult
+from perfmodel.planning.drafter_choice import best_drafters
+from perfmodel.planning.drafters import DRAFTER_NAMES, Drafter
+from perfmodel.planning.schedule import view_evidence
 from reports import prose, tables
-from reports.html import Page
+from reports.answer import EVIDENCE_CSS, evidence, legend
+from reports.html import Cell, Page
 from reports.render import Drawn, png_only
 from reports.report import Report
 from reports.roofline_page import stand_in_note
@@ -122,6 +126,52 @@ def speedup_section(
         )
     shown = tables.optima_table(sims)
     page.table(shown, summary=f"predicted: the optimum of every curve ({len(shown)})")
+
+
+DRAFTERS_HEADING = "Drafters: Medusa heads, EAGLE, a draft model"
+BEST_CSS = "td.best { font-weight: bold; }"
+
+
+def drafter_section(page: Page, report: Report, compared: pd.DataFrame, drafters: list[Drafter]) -> None:
+    """Simulation (b) per drafter (compared: simulations.device_table of `drafters` over the
+    page's whole-step flavours): per flavour where each drafter wins and a table of each
+    one's best tree and speedup per batch, every cell keyed by what it rests on (as the
+    decision map's), the fastest in bold; then what each drafter's acceptance rests on."""
+    page.heading(DRAFTERS_HEADING)
+    page.paragraph(
+        "Three ways to draft the tokens a step verifies, priced alike: speedup = tokens per step x T(plain) / "
+        "T(step). The Medusa heads draft the tree inside the step, in one parallel pass; EAGLE drafts it depth "
+        "by depth (one decoder layer and the LM head a pass) before the target verifies it; a draft model takes "
+        "gamma steps of its own, then the target verifies the gamma + 1 tokens, a chain. Each drafter's best tree "
+        f"per batch at context {int(compared['seq_len'].iloc[0])} (the paper's simulation (b)), "
+        f"latency: {compared['latency_model'].iloc[0]}. "
+        "python -m perfmodel.speedup --drafter all prints the same, and per context."
+    )
+    chosen = best_drafters(compared)
+    name = view_evidence(report.view, report.step)
+    said = evidence(name)
+    page.style(EVIDENCE_CSS).style(BEST_CSS)
+    for step in dict.fromkeys(compared["step"]):
+        page.paragraph(prose.drafter_wins_text(chosen, step))
+        table = tables.drafter_table(chosen, step)
+        rows = [
+            [
+                str(row["batch"]),
+                *(
+                    Cell(row[d], f"ev-{name}" + (" best" if d == row["best drafter"] else ""), said.key, said.words)
+                    for d in DRAFTER_NAMES.values()
+                ),
+                row["best drafter"],
+            ]
+            for _, row in table.iterrows()
+        ]
+        page.cell_table(list(table.columns), rows)
+    legend(page, {name})
+    page.paragraph("What each drafter's numbers rest on:")
+    page.bullets(prose.drafter_sources(drafters))
+    caveat = prose.through_origin_text(drafters)
+    if caveat:
+        page.paragraph(caveat, note=True)
 
 
 def acceptance_section(page: Page, figure: FigureWriter, report: Report, extra_pngs) -> None:

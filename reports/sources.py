@@ -18,10 +18,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfmodel.acceptance.rates import ACCEPTANCE_PRESETS, AcceptanceChoice, HeadAccuracyAcceptance, resolve_acceptance
-from perfmodel.acceptance.record import AcceptanceRecord, own_record_path
+from perfmodel.acceptance.rates import (
+    ACCEPTANCE_PRESETS,
+    AcceptanceChoice,
+    HeadAccuracyAcceptance,
+    drafter_acceptances,
+    resolve_acceptance,
+)
+from perfmodel.acceptance.record import OWN_RECORD_PATTERN, AcceptanceRecord, own_record_path
 from perfmodel.acceptance.trees import VICUNA_7B_ORDER, Tree, vicuna_7b_prefix
+from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.command_tables import read_command_csvs
+from perfmodel.models.config import resolve_model_path
+from perfmodel.planning.drafters import Drafter, draft_model_drafter, eagle_drafter, medusa_drafter
 
 ABLATION_COLUMNS = (
     "device",
@@ -49,9 +58,10 @@ VALIDATION_COLUMNS = (
 
 @dataclass(frozen=True)
 class ReportAcceptance:
-    choice: AcceptanceChoice  # what the speedups use
+    choice: AcceptanceChoice  # what the speedups use: the Medusa heads'
     record: AcceptanceRecord | None  # the measured record behind it, if any
     record_path: Path | None
+    eagle: AcceptanceChoice | None = None  # an EAGLE record or preset the page was given, for the drafters' section
 
     @property
     def measured(self) -> bool:
@@ -61,12 +71,44 @@ class ReportAcceptance:
 def report_acceptance(acceptance: str | None, model: str) -> ReportAcceptance:
     """`acceptance` (a preset such as "paper", or a record) as
     perfmodel.acceptance.rates.resolve_acceptance reads it; None: the checkpoint's own record, else
-    the paper's preset."""
-    if acceptance in ACCEPTANCE_PRESETS:
-        return ReportAcceptance(resolve_acceptance(acceptance), None, None)
-    path = Path(acceptance) if acceptance else own_record_path(model)
-    choice = resolve_acceptance(path)
-    return ReportAcceptance(choice, choice.record, path)
+    the paper's preset. EAGLE's (its preset or record) prices EAGLE in the drafters' section,
+    and the Medusa heads keep the paper's preset."""
+    path = None if acceptance in ACCEPTANCE_PRESETS else (Path(acceptance) if acceptance else own_record_path(model))
+    given = resolve_acceptance(acceptance if path is None else path)
+    if given.drafter != "medusa":  # EAGLE's: the drafters' section prices it; the heads keep their preset
+        return ReportAcceptance(resolve_acceptance("paper"), None, None, eagle=given)
+    return ReportAcceptance(given, given.record, path)
+
+
+def own_eagle_record_path(model: str) -> Path | None:
+    """The first acceptance-*.json by name in a checkpoint folder that an EAGLE drafter wrote
+    (decoder.measure --drafter eagle); None for a model that is not a folder, or without one.
+    A file that is no usable record is passed over: the page's own record is checked where it
+    is read (report_acceptance)."""
+    folder = resolve_model_path(model)
+    if folder is None or not folder.is_dir():
+        return None
+    for path in sorted(folder.glob(OWN_RECORD_PATTERN)):
+        try:
+            if AcceptanceRecord.load(path).drafter == "eagle":
+                return path
+        except PerfkitError:
+            continue
+    return None
+
+
+def report_drafters(acceptance: ReportAcceptance, model: str) -> list[Drafter]:
+    """The drafters the page compares (perfmodel.planning.drafters), each with its acceptance
+    as perfmodel.acceptance.rates.drafter_acceptances gives it: the page's acceptance goes to
+    the drafter it is of (the Medusa heads', or EAGLE's: an EAGLE record or preset), the other
+    gets its preset; where the page's is not EAGLE's, an EAGLE record the checkpoint folder
+    ships (own_eagle_record_path) is EAGLE's. The draft model: the comparison's alpha and
+    cost ratio."""
+    choices = drafter_acceptances(acceptance.choice, ["medusa", "eagle"])
+    shipped = own_eagle_record_path(model) if acceptance.eagle is None else None
+    if acceptance.eagle is not None or shipped is not None:
+        choices["eagle"] = acceptance.eagle or resolve_acceptance(shipped)
+    return [medusa_drafter(choices["medusa"]), eagle_drafter(choices["eagle"]), draft_model_drafter()]
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfmodel.planning.drafter_choice import cell
+from perfmodel.planning.drafters import DRAFTER_NAMES
 from perfmodel.planning.result import BAND_SHOWN, PlanResult
 from reports.sources import ReportAcceptance
 
@@ -50,6 +52,19 @@ def best_per_batch(best: pd.DataFrame, step: str = "full") -> pd.DataFrame:
     """Simulation (b)'s best tree size per batch for the whole step (full or traced)."""
     rows = best[(best["simulation"] == "b") & (best["step"] == step)][["batch", "tree_size", "speedup", "speculate"]]
     return rows.reset_index(drop=True)
+
+
+def drafter_table(chosen: pd.DataFrame, step: str) -> pd.DataFrame:
+    """Simulation (b) for one step flavour from perfmodel.planning.drafter_choice.best_drafters:
+    per batch each drafter's best tree and speedup ('n=64 2.90x', 'n=40 d=6 2.75x',
+    'gamma=5 2.32x' or off, as `python -m perfmodel.speedup --drafter all` prints them) and
+    the best drafter (off where none beats plain decoding), columns named by DRAFTER_NAMES."""
+    rows = chosen[(chosen["simulation"] == "b") & (chosen["step"] == step)].sort_values("batch")
+    table = pd.DataFrame({"batch": rows["batch"].astype(int)})
+    for drafter, name in DRAFTER_NAMES.items():
+        table[name] = [cell(row, drafter) for _, row in rows.iterrows()]
+    table["best drafter"] = [DRAFTER_NAMES.get(d, d) for d in rows["drafter"]]
+    return table.reset_index(drop=True)
 
 
 def capacity_table(planned: PlanResult) -> pd.DataFrame:

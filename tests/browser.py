@@ -28,17 +28,21 @@ FLAGS = [
 ]
 
 # Reports carry no script; the test's copy gets this one, which records every image's state,
-# the page's top-level elements in order, and the first table's cells with their computed look.
+# the page's top-level elements in order, and the cells of the first table and of every table of
+# styled cells (reports.html.Cell) with their computed look.
 PAGE_CHECK = """<script>
 window.addEventListener('load', () => {
   const images = [...document.images].map(i => ({alt: i.alt, complete: i.complete, natural: i.naturalWidth,
     shown: Math.round(i.getBoundingClientRect().width), src: i.getAttribute('src').slice(0, 22)}));
   const outline = [...document.body.children].filter(e => e.tagName !== 'SCRIPT')
     .map(e => ({tag: e.tagName.toLowerCase(), text: e.textContent.slice(0, 80), top: Math.round(e.offsetTop)}));
+  const look = table => [...table.rows].map(r => [...r.cells].map(c => ({text: c.textContent, cls: c.className,
+    background: getComputedStyle(c).backgroundColor, outline: getComputedStyle(c).outlineStyle,
+    weight: getComputedStyle(c).fontWeight})));
   const table = document.querySelector('table');
-  const cells = table ? [...table.rows].map(r => [...r.cells].map(c => ({text: c.textContent, cls: c.className,
-    background: getComputedStyle(c).backgroundColor, outline: getComputedStyle(c).outlineStyle}))) : [];
-  document.body.setAttribute('data-page', JSON.stringify({images, outline, cells}));
+  const cells = table ? look(table) : [];
+  const styled = [...document.querySelectorAll('table')].filter(t => t.querySelector('td.cell')).map(look);
+  document.body.setAttribute('data-page', JSON.stringify({images, outline, cells, styled}));
 });
 </script>"""
 
@@ -74,7 +78,8 @@ def screenshot(page: Path, out: Path, width: int = 1300, height: int = 2400) -> 
 def loaded_page(page: Path) -> dict:
     """The page after load: `images`, every <img> (complete, natural width, width shown);
     `outline`, the body's elements in order (tag, text, offset from the top); `cells`, the
-    first table's rows of cells (text, class, computed background and outline style)."""
+    first table's rows of cells (text, class, computed background, outline style and font
+    weight); `styled`, the same of every table of styled cells, in page order."""
     probe = page.with_name(page.stem + ".probe.html")
     probe.write_text(page.read_text(encoding="utf-8").replace("</body>", PAGE_CHECK + "</body>"), encoding="utf-8")
     dom = _run(

@@ -65,7 +65,7 @@ def test_a_model_from_python_is_used_as_is():
 
 @pytest.mark.parametrize("value", [3, 0.5, ["paper"]])
 def test_anything_else_is_a_clear_error(value):
-    with pytest.raises(PerfkitError, match=r"acceptance must be a preset \(paper, paper-ln\), a decoder.measure JSON"):
+    with pytest.raises(PerfkitError, match=r"acceptance must be a preset \(paper, paper-ln, eagle\), a decoder"):
         resolve_acceptance(value)
 
 
@@ -133,3 +133,33 @@ def test_plan_picks_the_best_tree_whose_kv_cache_fits():
     assert configs.loc[configs["speedup"].idxmax(), "tree_size"] > 61 and not configs["fits"].all()
     band = result.bands.iloc[0]
     assert band["tree_size"] == pick_best(configs, ["batch"], eligible=configs["fits"])["tree_size"].item() <= 61
+
+
+EAGLE_RECORD = Path(__file__).resolve().parents[1] / "docs" / "results" / "data" / "acceptance-eagle-greedy.json"
+
+
+@pytest.mark.parametrize("setting", ["eagle", str(EAGLE_RECORD)])
+def test_the_medusa_heads_answers_refuse_eagles_acceptance(setting):
+    from perfmodel.planning.capacity import plan
+    from perfmodel.planning.schedule import speculation_schedule
+    from perfmodel.serving.capacity import serve
+    from perfmodel.serving.workload import ServingWorkload
+
+    message = f"acceptance {setting} is of the eagle drafter, not of medusa"
+    for call in (
+        lambda: plan("llama-7b", "a100", acceptance=setting),
+        lambda: speculation_schedule("llama-7b", "a100", acceptance=setting),
+        lambda: serve("llama-7b", ["a100"], ServingWorkload(1.0), acceptance=setting),
+    ):
+        with pytest.raises(PerfkitError, match=message):
+            call()
+
+
+def test_a_report_given_eagles_record_prices_eagle_with_it_and_the_heads_with_their_preset():
+    from reports.sources import report_acceptance, report_drafters
+
+    acceptance = report_acceptance(str(EAGLE_RECORD), "bundled")
+    assert acceptance.choice.drafter == "medusa" and acceptance.record is None
+    medusa, eagle, _ = report_drafters(acceptance, "bundled")
+    assert eagle.choice.record is not None and eagle.choice.drafter == "eagle"
+    assert medusa.choice.label == resolve_acceptance("paper").label

@@ -85,7 +85,7 @@ def test_every_command_takes_paper_ln_by_name(tmp_path):
 
 
 def test_an_unknown_preset_names_the_presets():
-    with pytest.raises(PerfkitError, match=r"paper-log2: no such file; .*preset \(paper, paper-ln\)"):
+    with pytest.raises(PerfkitError, match=r"paper-log2: no such file; .*preset \(paper, paper-ln, eagle\)"):
         resolve_acceptance("paper-log2")
 
 

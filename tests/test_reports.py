@@ -15,7 +15,15 @@ import yaml
 from browser import loaded_page, screenshot
 from PIL import Image
 
+from perfmodel.acceptance.rates import ACCEPTANCE_PRESETS
+from perfmodel.measured.device_view import resolve_view
+from perfmodel.models.config import load_model
+from perfmodel.planning import simulations
+from perfmodel.planning.drafter_choice import best_drafters
+from perfmodel.planning.drafter_choice import cell as drafter_cell
+from perfmodel.planning.drafters import DRAFTER_NAMES, drafters_for
 from reports.__main__ import main
+from reports.sources import ReportAcceptance, report_acceptance, report_drafters
 from tests.helpers import ParsedPage, Table, assert_in_order, number, numbers, parse_page
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +38,7 @@ SECTIONS = [
     "Rooflines: ",
     "",  # "<model>: Medusa tree decoding variations"
     "Speedup",
+    "Drafters",
     "Acceptance",
     "Recommended tree",
     "Tree ablation",
@@ -464,6 +473,7 @@ def test_report_renders_in_a_real_browser(a100, bundled_cpu, tmp_path):
         small = [i["alt"][:60] for i in images if i["shown"] < 500]
         assert not small, f"figures shown too small to read: {small}"
         check_opens_with_the_answer(shown)
+        check_drafters_table(shown)
         shot = np.asarray(Image.open(screenshot(page, tmp_path / f"{folder.name}.png")).convert("L"), dtype=float)
         # the top of the page: title, the answer and its map, contents; not a blank window
         assert (shot < 128).mean() > 0.02 and shot.std() > 20
@@ -486,6 +496,18 @@ def check_opens_with_the_answer(shown: dict) -> None:
     assert all(re.search(r"\bev-[a-z-]+", c["cls"]) for c in cells)
     assert all(c["background"] not in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)") for c in cells), "evidence colours"
     assert [c["outline"] for c in cells].count("solid") == 1, "one cell outlined: the workload's"
+
+
+def check_drafters_table(shown: dict) -> None:
+    """As the browser draws the drafters' table (the styled table after the decision map):
+    every drafter's cell coloured by its evidence, one bold per row, the best drafter's."""
+    header, *rows = shown["styled"][1]
+    assert [c["text"] for c in header] == ["batch", *DRAFTER_NAMES.values(), "best drafter"]
+    for row in rows:
+        cells = row[1:-1]
+        assert all(c["background"] not in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)") for c in cells)
+        bold = [name for name, c in zip(DRAFTER_NAMES.values(), cells) if int(c["weight"]) >= 600]
+        assert bold == ([] if row[-1]["text"] == "off" else [row[-1]["text"]]), row
 
 
 def answer_of(folder: Path, name: str = "report.html"):
@@ -610,3 +632,58 @@ def test_recommended_tree_comes_from_head_accuracies_when_measured():
     capped = recommended_tree(160, paper)
     assert capped.tree.size == 64 and capped.wanted == 160 and "160" in capped.note
     assert recommended_tree(1, paper) is None
+
+
+def winner_runs(batches: list[int], winners: list[str]) -> list[tuple[str, int]]:
+    """Each run of consecutive batches with one best drafter: (drafter, its first batch)."""
+    return [(w, b) for i, (b, w) in enumerate(zip(batches, winners)) if i == 0 or winners[i - 1] != w]
+
+
+def test_the_drafters_section_compares_them(a100):
+    """Medusa heads, EAGLE and a draft model side by side: simulation (b) of the whole step,
+    each drafter's best tree and speedup per batch as best_drafters finds them, the best
+    drafter named, every cell keyed predicted, where each wins said, what each rests on."""
+    page = read_page(a100 / "report.html")
+    section = page.section("Drafters")
+    assert page.headings[page.headings.index(section.heading) - 1].startswith("Speedup")
+    by_batch = tuple(s for s in simulations.SIMULATIONS if s.key == "b")
+    view, model = resolve_view("a100", None, []), load_model("llama-7b")
+    sims = simulations.device_table(view, model, "fp16", ("full",), drafters_for("all"), "datasheet", 1, None, by_batch)
+    rows = best_drafters(sims).sort_values("batch")
+    table = section.table("batch", *DRAFTER_NAMES.values(), "best drafter")
+    assert table.numbers("batch") == list(simulations.SIMULATION_BATCHES) == list(rows["batch"])
+    assert table.column("best drafter") == [DRAFTER_NAMES.get(d, d) for d in rows["drafter"]]
+    # every drafter's cell is its best tree and speedup, keyed D: predicted by the datasheet roofline
+    for drafter, name in DRAFTER_NAMES.items():
+        assert table.column(name) == [f"{drafter_cell(row, drafter)} D" for _, row in rows.iterrows()]
+    assert "Key: D predicted by the datasheet roofline." in section.paragraphs
+    # a100, llama-7b: EAGLE from batch 1, the draft model from batch 8 on; Medusa's heads never
+    runs = winner_runs([int(b) for b in table.numbers("batch")], table.column("best drafter"))
+    assert [name for name, _ in runs] == ["EAGLE", "draft model"]
+    wins = next(p for p in section.paragraphs if p.startswith("Full step (whole model), context 1024"))
+    said = [wins.find(f"{name} from batch {first}") for name, first in runs]  # each run where it begins, in order
+    assert -1 not in said and said == sorted(said), wins
+    assert wins.endswith("on (predicted). Fastest at no batch: the Medusa heads.")
+    medusa, eagle, draft = section.bullets
+    assert "Medusa paper" in medusa and "Spec-Bench" in eagle and "EAGLE-2" in eagle
+    assert "alpha 0.7" in draft and "c = 0.05" in draft
+    assert "through the origin" in section.notes[0]
+
+
+def test_the_drafters_take_an_eagle_record_given_or_shipped(tmp_path):
+    """An EAGLE record as the page's acceptance goes to EAGLE (Medusa keeps its preset); a
+    checkpoint that ships one beside its own (Medusa) record gives it to EAGLE too."""
+    runs = [{"tree_size": n, "mean_accepted_tokens": a} for n, a in ((4, 2.1), (16, 3.0), (60, 3.9))]
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    record = checkpoint / "acceptance-eagle.json"
+    record.write_text(json.dumps({"drafter": "eagle", "per_tree_size": runs}))
+    (checkpoint / "acceptance-broken.json").write_text("{")  # not a record: passed over
+    paper = ReportAcceptance(ACCEPTANCE_PRESETS["paper"], None, None)
+    medusa, eagle, draft = report_drafters(paper, str(checkpoint))
+    assert medusa.choice is ACCEPTANCE_PRESETS["paper"] and eagle.choice.record.path == record
+    assert draft.name == "draft" and eagle.describe().startswith("acc(n) = ")
+    given = report_acceptance("eagle", str(checkpoint))  # an EAGLE setting wins over the shipped one
+    medusa, eagle, _ = report_drafters(given, str(checkpoint))
+    assert medusa.choice is ACCEPTANCE_PRESETS["paper"] and eagle.choice is ACCEPTANCE_PRESETS["eagle"]
+    assert report_drafters(paper, "llama-7b")[1].choice is ACCEPTANCE_PRESETS["eagle"]  # not a folder: the preset

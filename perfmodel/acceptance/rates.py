@@ -326,6 +326,13 @@ def drafter_acceptances(setting, drafters) -> dict[str, AcceptanceChoice]:
     }
 
 
+def medusa_acceptance(setting) -> AcceptanceChoice:
+    """The Medusa heads' acceptance of a setting (resolve_acceptance; None: the paper's preset).
+    Another drafter's record or preset (EAGLE's) is refused in one line: its curve is not the
+    heads'."""
+    return drafter_acceptances(setting, ("medusa",))["medusa"]
+
+
 def record_choice(path) -> AcceptanceChoice:
     """The acceptance of a decoder.measure record at `path` (see resolve_acceptance). An
     EAGLE record (its `drafter`) has no heads: its log fit is its curve."""

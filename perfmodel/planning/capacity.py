@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, describe_acceptance, resolve_acceptance
+from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, describe_acceptance, medusa_acceptance
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.efficiencies import RooflineParams
@@ -143,7 +143,7 @@ def plan(
     check_medusa(medusa)
     speculate = model.medusa_heads and medusa != "off"
     sizes = np.union1d(positive_ints(sizes, "tree sizes"), [1]) if speculate else np.array([1])
-    acceptance = resolve_acceptance(acceptance).model
+    acceptance = medusa_acceptance(acceptance).model
     accept = tabulated(acceptance, sizes)
 
     if latency not in LATENCY_CHOICES:

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfmodel.acceptance.rates import AcceptanceChoice, HeadAccuracyAcceptance, resolve_acceptance
+from perfmodel.acceptance.rates import AcceptanceChoice, HeadAccuracyAcceptance, medusa_acceptance
 from perfmodel.acceptance.trees import VICUNA_7B_ORDER, Tree, expected_acceptance, vicuna_7b_prefix
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
@@ -422,7 +422,7 @@ def build_schedule(
     (default step_evidence(step)). family: tree (the best tree of each size) or chain (one token
     per head, the trees vLLM's Medusa drafts)."""
     medusa, family = check_medusa(medusa), check_family(family)
-    choice = resolve_acceptance(acceptance_choice)
+    choice = medusa_acceptance(acceptance_choice)
     model = model or getattr(getattr(step, "shard_step", step), "model", None)
     if model is None:
         raise PerfkitError("build_schedule needs the model (its heads and name): pass model=")

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from perfmodel.acceptance.rates import AcceptanceChoice, resolve_acceptance
+from perfmodel.acceptance.rates import AcceptanceChoice, medusa_acceptance
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.tensor_parallel import usable_degrees
@@ -299,7 +299,7 @@ def serve(
     model = model if isinstance(model, ModelConfig) else load_model(model)
     views = resolve_devices(devices)
     dtypes = [check_dtype(dtype) if dtype else default_dtype(view) for view in views]
-    choice = resolve_acceptance(acceptance)
+    choice = medusa_acceptance(acceptance)
     targets = targets or Targets()
     engine = engine or EngineConfig()
     if not 0 <= reserve < 1:
