@@ -33,6 +33,7 @@ from perfmodel.serving.costs import ServingCosts, tabulate_costs
 from perfmodel.serving.simulator import EngineConfig, ServingRun, simulate
 from perfmodel.serving.workload import Requests, ServingWorkload, Targets
 
+NAN = float("nan")  # a latency or rate a configuration that serves nothing has not
 # The rate search stops when the feasible and infeasible rates are this close (relative).
 RATE_PRECISION = 0.02
 # A rate that saturates any replica: every request arrives at once.
@@ -66,25 +67,25 @@ class ServingOption:
     medusa: str
     fits: bool
     meets_targets: bool
-    max_rate: float  # the highest request rate one replica serves within the targets
-    max_tokens_s: float  # output tokens/s of one replica at max_rate
-    replicas: int | None  # for the target rate (or tokens/s target)
-    devices: int | None  # replicas x tp
-    load_rate: float
-    ttft_p50_s: float
-    ttft_p90_s: float
-    ttft_p99_s: float
-    tpot_p50_s: float
-    tpot_p90_s: float
-    tpot_p99_s: float
-    tokens_s: float  # output tokens/s of one replica at load_rate
-    mean_batch: float
-    tree_share: float  # share of decoding steps that ran a tree
-    unloaded_ttft_s: float
-    unloaded_tpot_s: float
-    kv_capacity_tokens: int
-    max_seqs: int
-    latency: str
+    max_rate: float = 0.0  # the highest request rate one replica serves within the targets
+    max_tokens_s: float = 0.0  # output tokens/s of one replica at max_rate
+    replicas: int | None = None  # for the target rate (or tokens/s target)
+    devices: int | None = None  # replicas x tp
+    load_rate: float = NAN
+    ttft_p50_s: float = NAN
+    ttft_p90_s: float = NAN
+    ttft_p99_s: float = NAN
+    tpot_p50_s: float = NAN
+    tpot_p90_s: float = NAN
+    tpot_p99_s: float = NAN
+    tokens_s: float = NAN  # output tokens/s of one replica at load_rate
+    mean_batch: float = NAN
+    tree_share: float = NAN  # share of decoding steps that ran a tree
+    unloaded_ttft_s: float = NAN
+    unloaded_tpot_s: float = NAN
+    kv_capacity_tokens: int = 0
+    max_seqs: int = 0
+    latency: str = ""
     note: str = ""
     schedule: SpeculationSchedule | None = field(default=None, repr=False, compare=False)
 
@@ -327,39 +328,12 @@ def serve(
     return ServingAnswer(model.name, workload.describe(), targets, engine, choice.label, target_rate, tuple(options))
 
 
-NAN = float("nan")
-
-
 def answer(rep: Replica, requests: Requests, targets: Targets, engine: EngineConfig, target_rate) -> ServingOption:
     """One configuration's capacity and latencies (see ServingOption)."""
     spec = rep.view.spec
     base = dict(device=spec.key, name=spec.name, tp=rep.tp, dtype=rep.dtype, medusa=rep.medusa)
-    if rep.costs is None:
-        return ServingOption(
-            **base,
-            fits=False,
-            meets_targets=False,
-            max_rate=0.0,
-            max_tokens_s=0.0,
-            replicas=None,
-            devices=None,
-            load_rate=NAN,
-            ttft_p50_s=NAN,
-            ttft_p90_s=NAN,
-            ttft_p99_s=NAN,
-            tpot_p50_s=NAN,
-            tpot_p90_s=NAN,
-            tpot_p99_s=NAN,
-            tokens_s=NAN,
-            mean_batch=NAN,
-            tree_share=NAN,
-            unloaded_ttft_s=NAN,
-            unloaded_tpot_s=NAN,
-            kv_capacity_tokens=0,
-            max_seqs=0,
-            latency="",
-            note=rep.note,
-        )
+    if rep.costs is None:  # nothing served, nothing measured: the fields' defaults
+        return ServingOption(**base, fits=False, meets_targets=False, note=rep.note)
     costs = rep.costs
     mean_output = float(np.mean(requests.output))
     context = float(np.mean(requests.prompt) + mean_output / 2)
