@@ -1,14 +1,15 @@
-"""A speculation schedule engines can load: the Medusa tree (or off) per band of batch size and
-context length for one device, model, tensor-parallel degree and acceptance record.
+"""A speculation schedule engines can load: the drafter's tree (or off) per band of batch size
+and context length for one device, model, tensor-parallel degree and acceptance record.
 
 `python -m perfmodel.schedule --model llama-7b --gpu a100` prints the bands (the tree or off,
 the predicted speedup, what the step times rest on) and writes the engines' formats under
 --out: vLLM's speculative configs and dynamic-speculation table, SGLang's server arguments,
-TensorRT-LLM's medusa_choices YAML, and the schedule's own JSON
-(perfmodel.planning.engine_exports). Where a closed loop measured speedups on the device
-(a CPU's stored runs, or --closed-loop FILE), it prints the schedule's regret: the measured
-speedup lost against the best tree measured at each point (perfmodel.planning.schedule_regret).
-The model behind the bands: perfmodel.planning.schedule.
+TensorRT-LLM's extra LLM API options YAML, and the schedule's own JSON
+(perfmodel.planning.engine_exports). --drafter picks who drafts: the Medusa heads (default),
+EAGLE, a draft model, or the best of them per band. Where a closed loop measured Medusa's
+speedups on the device (a CPU's stored runs, or --closed-loop FILE), it prints a Medusa
+schedule's regret: the measured speedup lost against the best tree measured at each point
+(perfmodel.planning.schedule_regret). The model behind the bands: perfmodel.planning.schedule.
 """
 
 from __future__ import annotations
@@ -19,16 +20,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfmodel.acceptance.rates import resolve_acceptance
 from perfmodel.base.dtypes import default_dtype
+from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, batch_size, options, run, token_count
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import serving_plan
-from perfmodel.planning.engine_exports import ENGINES, check_engines, write_exports
+from perfmodel.planning.drafters import DRAFTER_NAMES, DRAFTERS, drafters_for
+from perfmodel.planning.engine_exports import ENGINES, check_engines, drafter_weights, vllm_note, write_exports
 from perfmodel.planning.schedule import (
+    ACCEPTANCE_SEPARATOR,
     DEFAULT_MAX_BATCH,
     FLOOR_RULE,
+    OFF,
+    SCHEDULE_DRAFTERS,
     SpeculationSchedule,
     default_batches,
     speculation_schedule,
@@ -50,6 +55,7 @@ def build_parser() -> Parser:
     options.acceptance_rates(p)
     options.latency(p)
     options.medusa(p)
+    options.drafter(p, tuple(SCHEDULE_DRAFTERS))
     p.add_argument(
         "--batch",
         nargs="+",
@@ -78,7 +84,8 @@ def build_parser() -> Parser:
         type=token_count,
         default=list(CANDIDATE_SIZES),
         metavar="T",
-        help="tree sizes to search, root included (default: the planner's 22 sizes, 1 to 256)",
+        help="Medusa's and EAGLE's tree sizes to search, root included (default: the planner's 22 sizes, 1 to 256); "
+        "the draft model searches gamma 1 to 8",
     )
     p.add_argument(
         "--engine",
@@ -90,8 +97,11 @@ def build_parser() -> Parser:
     options.out(p, DEFAULT_OUT, what="the folder of the exports")
     p.add_argument(
         "--heads",
-        metavar="PATH",
-        help="the Medusa heads' path or hub id, as vLLM's speculative model (default: a placeholder, MODEL-medusa)",
+        nargs="+",
+        metavar="[DRAFTER=]PATH",
+        help="the drafter's weights, path or hub id, as the engines load them: the Medusa heads, the EAGLE head or "
+        "the draft model; with --drafter best, DRAFTER=PATH for each (default: placeholders, MODEL-medusa, "
+        "MODEL-eagle, MODEL-draft)",
     )
     options.json_output(p, "the schedule (its own JSON format; files are written only with --out)")
     p.add_argument(
@@ -106,13 +116,21 @@ def build_parser() -> Parser:
     return p
 
 
+# A band's tree in the table, per drafter (str.format over the band's fields): its tokens (Medusa), tokens,
+# depth and top-k (EAGLE), gamma (a draft model), or off.
+TREE_TEXT = {"medusa": "{tree_size}", "eagle": "{tree_size} d={depth} k={top_k}", "draft": "gamma={depth}", OFF: "off"}
+
+
 def format_bands(schedule: SpeculationSchedule) -> str:
     frame = schedule.to_frame()
+    # a Medusa schedule's table reads as it always has; another drafter's says who drafts each band
+    who = {} if schedule.drafter == "medusa" else {"drafter": [DRAFTER_NAMES.get(d, d) for d in frame["drafter"]]}
     shown = pd.DataFrame(
         {
             "batch": frame["batch_min"].astype(str) + "-" + frame["batch_max"].astype(str),
             "context": frame["context_min"].astype(str) + "-" + frame["context_max"].astype(str),
-            "tree": [str(n) if n > 1 else "off" for n in frame["tree_size"]],
+            **who,
+            "tree": [TREE_TEXT[b.drafter].format(**vars(b)) for b in schedule.bands],
             "draft tokens": frame["draft_tokens"],
             "speedup": [f"{x:.2f}x" for x in frame["speedup"]],
             "tokens/step": [f"{x:.2f}" for x in frame["acceptance"]],
@@ -123,15 +141,48 @@ def format_bands(schedule: SpeculationSchedule) -> str:
 
 
 def summary(schedule: SpeculationSchedule) -> list[str]:
+    several = schedule.acceptance.split(ACCEPTANCE_SEPARATOR)
+    accepted = (
+        [f"  acceptance: {several[0]}"] if len(several) == 1 else ["  acceptance:", *(f"    {a}" for a in several)]
+    )
     return [
         f"Speculation schedule: {schedule.model} on {schedule.device}, tp={schedule.tp}, {schedule.dtype}, "
-        f"medusa {schedule.medusa}",
+        f"{schedule.setting()}",
         f"  step times: {schedule.latency}",
-        f"  acceptance: {schedule.acceptance}",
+        *accepted,
         f"  grid: batches {' '.join(map(str, schedule.batch_grid))}; "
         f"contexts {' '.join(map(str, schedule.context_grid))}",
         f"  bands ({FLOOR_RULE}):",
     ]
+
+
+# Why vLLM's export is a second schedule, over chains, per drafter setting (a draft model's is a chain already).
+CHAINS_WHY = {
+    "medusa": "vLLM's Medusa drafts one token per head, top-1",
+    "eagle": "vLLM's EAGLE drafts one token per pass, top-1",
+    "best": "vLLM's Medusa drafts one token per head, its EAGLE one per pass, top-1",
+}
+
+
+def weights_arg(values: list[str] | None) -> str | dict[str, str] | None:
+    """--heads: one PATH (the schedule's one drafter's weights), or DRAFTER=PATH per drafter."""
+    if not values:
+        return None
+    named = {v.split("=", 1)[0]: v.split("=", 1)[1] for v in values if v.split("=", 1)[0] in DRAFTERS}
+    plain = [v for v in values if v.split("=", 1)[0] not in DRAFTERS]
+    if plain and (named or len(plain) > 1):
+        raise PerfkitError(
+            f"--heads takes one PATH, or DRAFTER=PATH for each of {', '.join(DRAFTERS)}; got {' '.join(values)!r}"
+        )
+    return plain[0] if plain else named
+
+
+def plan_acceptance(drafter: str, acceptance):
+    """What --tp auto's capacity plan prices: the Medusa heads' acceptance setting, or the one
+    drafter's curve as python -m perfmodel.speedup hands it (the plan reads Medusa's settings
+    only); drafters_for refuses another drafter's record here, in one line."""
+    first = drafters_for("all" if drafter == "best" else drafter, acceptance)[0]
+    return first.choice if first.name == "medusa" else first.acceptance
 
 
 REGRET_SHOWN = {
@@ -190,8 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     view = resolve_devices([args.spec or args.gpu], log=lambda line: print(line, file=sys.stderr))[0]
     dtype = args.dtype or default_dtype(view)
     tp = args.tp
+    weights = weights_arg(args.heads)
     if tp is None:  # auto: the capacity plan's degree
-        tp, _ = serving_plan(model, view, dtype, None, resolve_acceptance(args.acceptance_rates), args.latency)
+        tp, _ = serving_plan(
+            model, view, dtype, None, plan_acceptance(args.drafter, args.acceptance_rates), args.latency
+        )
     setting = dict(
         tp=tp,
         dtype=dtype,
@@ -201,26 +255,33 @@ def main(argv: list[str] | None = None) -> int:
         contexts=args.context,
         medusa=args.medusa,
         sizes=args.sizes,
+        drafter=args.drafter,
     )
     schedule = speculation_schedule(model, view, **setting)
-    # vLLM's Medusa drafts one token per head: its export is the schedule over chains
-    chains = speculation_schedule(model, view, **setting, family="chain") if "vllm" in engines else None
+    weights = drafter_weights(schedule, weights)  # a --heads that names no drafter fails here, before any output
+    # vLLM's Medusa drafts one token per head, its EAGLE one per pass: its export is the schedule over chains
+    chains = None
+    if "vllm" in engines and args.drafter in CHAINS_WHY:
+        chains = speculation_schedule(model, view, **setting, family="chain")
     out = args.out or Path(DEFAULT_OUT.replace("<device>", schedule.device).replace("<model>", schedule.model))
     if args.json:
         print(schedule.to_json())
         if args.out:
-            write_exports(schedule, engines, args.out, args.heads, chains)
+            write_exports(schedule, engines, args.out, weights, chains)
         return 0
     print("\n".join(summary(schedule)))
     print(format_bands(schedule))
     for note in schedule.notes:
         print(f"  note: {note}")
     if chains is not None:
-        print("\n  vLLM's export: the same rule over chains (vLLM's Medusa drafts one token per head, top-1):")
+        print(f"\n  vLLM's export: the same rule over chains ({CHAINS_WHY[args.drafter]}):")
         print(format_bands(chains))
         for note in chains.notes:
             print(f"  note: {note}")
-    written = write_exports(schedule, engines, out, args.heads, chains)
+    vllm_said = vllm_note(chains or schedule) if "vllm" in engines else None
+    if vllm_said:
+        print(f"  note: {vllm_said}")
+    written = write_exports(schedule, engines, out, weights, chains)
     per_engine = Counter("json" if path.parent == out else path.parent.name for path in written)
     counts = ", ".join(f"{engine} {per_engine[engine]}" for engine in engines)
     print(f"\nwrote {len(written)} files under {out} ({counts})")
@@ -229,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         schedule.to_frame().to_csv(args.csv, index=False)
         print(f"bands written to {args.csv}")
     stored = stored_closed_loop_files(schedule.device) if view.is_cpu else []
+    if schedule.drafter != "medusa":  # the closed loops run the Medusa heads' trees
+        if args.closed_loop or stored:
+            print(f"\nno regret: the closed-loop runs measured Medusa's trees, not the {args.drafter} drafter's")
+        return 0
     rows, source = closed_loop_rows(args.closed_loop or stored, schedule)
     if rows is not None:
         print(

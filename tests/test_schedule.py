@@ -1,6 +1,7 @@
 """The speculation schedule: its bands tile the (batch x context) grid, pick the tree the one
-rule picks, and load back from every engine's export in that engine's documented form; its
-regret against the shipped CPU closed loop is 0 exactly where it chose the measured best."""
+rule picks, run the drafter asked for (Medusa, EAGLE, a draft model, or the best per band),
+and load back from every engine's export in that engine's documented form; its regret
+against the shipped CPU closed loop is 0 exactly where it chose the measured best."""
 
 from __future__ import annotations
 
@@ -22,20 +23,27 @@ from perfmodel.cli import run
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning import engine_exports as ex
+from perfmodel.planning.drafter_choice import best_drafters
+from perfmodel.planning.drafters import DRAFT_SIZES, drafters_for
 from perfmodel.planning.schedule import (
+    FORMAT,
+    OFF,
     ScheduleBand,
     SpeculationSchedule,
     build_schedule,
     speculation_schedule,
 )
 from perfmodel.planning.schedule_regret import read_closed_loops, schedule_regret, stored_closed_loop_files
-from perfmodel.planning.simulations import CANDIDATE_SIZES, pick_best, speedup_table
+from perfmodel.planning.simulations import CANDIDATE_SIZES, mark_best, pick_best, speedup_table
 from perfmodel.planning.step_models import flavor_steps
 
 CPU = "cpu-intel-xeon-processor-2c"  # the stored CPU with closed-loop runs, named so any machine reads it
 TWIN = TOOLKIT_ROOT / "profilers" / "measurements" / CPU / "twin"
 RECORD = TWIN / "bundled-greedy-record.json"
+EAGLE_RECORD = TOOLKIT_ROOT / "docs" / "results" / "data" / "acceptance-eagle-greedy.json"
 TINYLLAMA = "decoder/assets/configs/tinyllama-1.1b"
+# A small grid for the other drafters' schedules: each builds in well under a second.
+SMALL = dict(batches=[1, 8, 64], contexts=[512, 2048])
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +153,11 @@ def test_bad_bands_are_refused(a100):
         (lambda: speculation_schedule("llama-7b", "a100", family="bush"), "'bush'"),
         (lambda: ex.check_engines(["vllm", "trt"]), "'trt'"),
         (lambda: SpeculationSchedule.from_json('{"format": "x"}'), "not a speculation schedule"),
+        (lambda: SpeculationSchedule.from_json(json.dumps({"format": FORMAT, "version": 3})), "version 3"),
+        (lambda: speculation_schedule("llama-7b", "a100", drafter="sideways"), "'sideways'"),
+        # a Medusa record is the heads' acceptance, not EAGLE's: named, with what EAGLE takes
+        (lambda: speculation_schedule("llama-7b", "a100", drafter="eagle", acceptance=str(RECORD)), str(RECORD)),
+        (lambda: speculation_schedule("llama-7b", "a100", drafter="eagle", acceptance="paper"), "not of eagle"),
     ],
 )
 def test_bad_input_is_one_line(call, said):
@@ -250,6 +263,7 @@ def test_tensorrt_llm_yaml_loads_with_its_medusa_choices(a100):
         assert choices == [list(p) for p in band.paths]
         assert all(type(r) is int for path in choices for r in path)
         assert all(path[:-1] in choices for path in choices if len(path) > 1)  # TensorRT-LLM needs every prefix
+        assert set(config) == {"decoding_type", "max_draft_len", "num_medusa_heads", "medusa_choices"}
         assert config["decoding_type"] == "Medusa" and config["max_draft_len"] == len(choices)
         assert max(map(len, choices)) <= config["num_medusa_heads"] == 4
 
@@ -259,6 +273,7 @@ def sglang_parser() -> argparse.ArgumentParser:
     (python/sglang/srt/server_args.py)."""
     p = argparse.ArgumentParser()
     p.add_argument("--speculative-algorithm", type=str, choices=["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"])
+    p.add_argument("--speculative-draft-model-path", type=str)
     p.add_argument("--speculative-num-steps", type=int)
     p.add_argument("--speculative-eagle-topk", type=int)
     p.add_argument("--speculative-num-draft-tokens", type=int)
@@ -276,6 +291,7 @@ def test_sglang_arguments_parse_as_sglang_declares_them(measured_heads):
             assert words == [] and args.speculative_algorithm is None
             continue
         band = next(b for b in trees.bands if b.tree_size == int(name.split("tree-")[1].split(".")[0]))
+        assert args.speculative_algorithm == "EAGLE" and args.speculative_draft_model_path is None  # no Medusa
         depth = max(map(len, band.paths))
         assert (args.speculative_num_steps, args.speculative_num_draft_tokens) == (depth, band.tree_size)
         assert args.speculative_eagle_topk == 1 + max(max(p) for p in band.paths)
@@ -295,6 +311,228 @@ def test_the_command_writes_every_export(tmp_path, capsys):
     assert SpeculationSchedule.load(out / "vllm" / "schedule.json").family == "chain"
     assert main(["--gpu", "a100", "--json", "--engine", "json"]) == 0
     assert SpeculationSchedule.from_json(capsys.readouterr().out).model == "llama-7b"
+
+
+# ----------------------------------------------------------------------------- drafters
+
+
+@pytest.fixture(scope="module")
+def full_step():
+    return flavor_steps(resolve_devices(["a100"])[0], load_model("llama-7b"), "fp16")["full"]
+
+
+@pytest.fixture(scope="module")
+def eagle():
+    """EAGLE's schedule (trees) and its chain schedule (vLLM's export) on the small grid."""
+    trees = speculation_schedule("llama-7b", "a100", drafter="eagle", **SMALL)
+    chains = speculation_schedule("llama-7b", "a100", drafter="eagle", family="chain", **SMALL)
+    return trees, chains
+
+
+@pytest.fixture(scope="module")
+def best():
+    return speculation_schedule("llama-7b", "a100", drafter="best", **SMALL)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return speculation_schedule("llama-7b", "a100", drafter="draft", **SMALL)
+
+
+def test_eagle_bands_are_eagles_best_trees_priced_by_its_step(eagle, full_step, a100):
+    trees, _ = eagle
+    (drafter,) = drafters_for("eagle")  # the EAGLE-2 preset and its step: what the schedule must price with
+    table = speedup_table(drafter.step(full_step), drafter.acceptance, SMALL["batches"], SMALL["contexts"])
+    for row in pick_best(table).itertuples():
+        band = trees.band(row.batch, row.seq_len)
+        assert (band.tree_size, band.speedup) == (row.tree_size, pytest.approx(row.speedup)), (row.batch, row.seq_len)
+        if band.speculate:
+            assert band.drafter == "eagle" and band.paths == ()  # EAGLE-2 draws its tree each step
+            assert band.acceptance == pytest.approx(float(drafter.acceptance(band.tree_size)))
+            assert band.depth == min(6, band.tree_size - 1) and band.top_k == min(10, band.tree_size - 1)
+    assert trees.drafters == ("eagle",) and {b.drafter for b in trees.bands} == {"eagle", OFF}
+    assert trees.band(1, 512).speedup > a100.band(1, 512).speedup  # not Medusa's numbers
+    assert "EAGLE-2" in trees.acceptance and trees.drafter == "eagle"
+
+
+def test_an_eagle_record_is_eagles_acceptance():
+    schedule = speculation_schedule("llama-7b", "a100", drafter="eagle", acceptance=str(EAGLE_RECORD), **SMALL)
+    assert EAGLE_RECORD.name in schedule.acceptance
+    preset = speculation_schedule("llama-7b", "a100", drafter="eagle", **SMALL)
+    assert schedule.band(1, 512).acceptance != preset.band(1, 512).acceptance
+
+
+def test_draft_model_bands_carry_their_gamma(draft):
+    assert draft.drafters == ("draft",)
+    for band in draft.bands:
+        assert band.tree_size in DRAFT_SIZES and band.paths == ()
+        if band.speculate:
+            assert band.drafter == "draft" and band.depth == band.draft_tokens == band.tree_size - 1
+            assert band.top_k == 1 and band.chain
+
+
+def test_best_runs_the_drafter_best_drafters_picks(best, full_step):
+    """At every grid point, the drafter and tree perfmodel.planning.drafter_choice.best_drafters
+    names over the same drafters, sizes and step."""
+    frames = []
+    for drafter in drafters_for("all"):
+        sizes = drafter.sizes or [n for n in CANDIDATE_SIZES if drafter.name != "medusa" or n <= 64]
+        table = speedup_table(drafter.step(full_step), drafter.acceptance, SMALL["batches"], SMALL["contexts"], sizes)
+        depth = drafter.depths(table["tree_size"])
+        frames.append(mark_best(table).assign(drafter=drafter.name, depth=depth, simulation="s", step="full"))
+    chosen = best_drafters(pd.concat(frames, ignore_index=True))
+    assert len(chosen) == len(SMALL["batches"]) * len(SMALL["contexts"])
+    for row in chosen.itertuples():
+        band = best.band(row.batch, row.seq_len)
+        assert (band.drafter, band.tree_size) == (row.drafter, row.tree_size), (row.batch, row.seq_len)
+        assert band.speedup <= row.speedup + 1e-12
+    assert len(best.drafters) >= 2  # the grid makes it choose
+
+
+def test_the_printed_bands_say_their_drafter(tmp_path, capsys):
+    from perfmodel.schedule import main
+
+    common = ["--gpu", "a100", "--batch", "1", "8", "64", "--context", "512", "2048", "--out", str(tmp_path)]
+    assert main([*common, "--drafter", "best"]) == 0
+    shown = capsys.readouterr().out
+    assert "drafter best, speculation auto" in shown.splitlines()[0]
+    bands = shown.split("its grid points):\n")[1].split("\n  note:")[0].splitlines()
+    assert "drafter" in bands[0].split() and len(bands) > 2
+    assert any("EAGLE" in line and "d=6 k=10" in line for line in bands[1:])
+    assert any("draft model" in line and "gamma=" in line for line in bands[1:])
+    assert SpeculationSchedule.load(tmp_path / "schedule.json").drafter == "best"
+    assert main([*common, "--drafter", "medusa", "--engine", "json"]) == 0  # Medusa's table as it always read
+    assert "drafter" not in capsys.readouterr().out.split("its grid points):\n")[1].splitlines()[0].split()
+
+
+def test_drafter_schedules_round_trip_and_a_version_1_file_loads(a100, eagle, best, draft):
+    for schedule in (*eagle, best, draft):
+        assert SpeculationSchedule.from_json(schedule.to_json()) == schedule
+        assert json.loads(schedule.to_json())["version"] == 2
+    # version 1: Medusa's bands without drafter, depth or top_k, and no drafter setting
+    data = json.loads(a100.to_json())
+    old = data | {
+        "version": 1,
+        "bands": [{k: v for k, v in b.items() if k not in ("drafter", "depth", "top_k")} for b in data["bands"]],
+    }
+    del old["drafter"]
+    loaded = SpeculationSchedule.from_json(json.dumps(old))
+    assert loaded == a100 and loaded.drafter == "medusa"
+    assert {b.drafter for b in loaded.bands} == {"medusa", OFF}
+
+
+def test_a_medusa_record_with_drafter_eagle_is_refused_in_one_line(capsys):
+    from perfmodel.schedule import main
+
+    assert (
+        run(main, ["--gpu", "a100", "--drafter", "eagle", "--acceptance-rates", str(RECORD), "--engine", "json"]) == 1
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(RECORD) in err and "eagle" in err
+
+
+def test_eagle_exports_parse_as_each_engine_reads_them(eagle):
+    trees, chains = eagle
+    sizes = {b.tree_size: b for b in trees.bands}
+    parser = sglang_parser()
+    for name, text in ex.export_files(trees, "sglang", "org/eagle").items():
+        args = parser.parse_args(
+            [w for line in text.splitlines() if not line.startswith("#") for w in shlex.split(line)]
+        )
+        if name.endswith(".off.txt"):
+            assert args.speculative_algorithm is None
+            continue
+        band = sizes[int(name.split(".eagle-")[1].split(".")[0])]
+        assert (args.speculative_algorithm, args.speculative_draft_model_path) == ("EAGLE", "org/eagle")
+        steps, topk, tokens = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
+        assert (steps, topk, tokens) == (band.depth, band.top_k, band.tree_size)
+        # SGLang keeps the num_draft_tokens - 1 best of topk + (steps - 1) topk^2 drafts; topk 1 is a chain
+        assert tokens - 1 <= topk + (steps - 1) * topk**2 and (topk > 1 or tokens == steps + 1)
+    for name, text in ex.export_files(trees, "tensorrt-llm", {"eagle": "org/eagle"}).items():
+        options = yaml.safe_load(text)
+        if name.endswith(".off.yaml"):
+            assert options == {}
+            continue
+        config = options["speculative_config"]
+        band = sizes[int(name.split(".eagle-")[1].split(".")[0])]
+        assert config == {
+            "decoding_type": "Eagle",
+            "max_draft_len": band.tree_size - 1,
+            "num_eagle_layers": band.depth,
+            "max_non_leaves_per_layer": band.top_k,
+            "use_dynamic_tree": True,
+            "dynamic_tree_max_topK": band.top_k,
+            "speculative_model": "org/eagle",
+        }
+    with pytest.raises(PerfkitError, match="one token per pass") as error:
+        ex.export_files(trees, "vllm")  # EAGLE-2's trees are no chains
+    assert "\n" not in str(error.value)
+    files = ex.export_files(chains, "vllm", "org/eagle")
+    fixed = {name: json.loads(text) for name, text in files.items() if ".eagle-" in name}
+    assert fixed and all(b.chain for b in chains.bands)
+    for config in fixed.values():
+        assert set(config) == {"method", "model", "num_speculative_tokens"}
+        assert (config["method"], config["model"]) == ("eagle", "org/eagle")
+    dynamic = json.loads(files["speculative-config.dynamic.json"])
+    assert (dynamic["method"], dynamic["model"]) == ("eagle", "org/eagle")
+    lookup = vllm_lookup(dynamic["num_speculative_tokens_per_batch_size"])
+    for batch in (1, 7, 8, 63, 64, 300):
+        for context in (1, 600, 2048):
+            assert lookup(batch, context) == chains.band(batch, context).draft_tokens, (batch, context)
+
+
+def test_draft_model_exports_name_the_draft_model(draft):
+    files = ex.export_files(draft, "vllm", "org/small")
+    configs = [json.loads(t) for n, t in files.items() if ".draft-gamma-" in n]
+    assert configs and all(c["method"] == "draft_model" and c["model"] == "org/small" for c in configs)
+    assert json.loads(files["speculative-config.dynamic.json"])["method"] == "draft_model"
+    for name, text in ex.export_files(draft, "sglang").items():
+        args = sglang_parser().parse_args(shlex.split(text.splitlines()[-1]) if not name.endswith("off.txt") else [])
+        if args.speculative_algorithm:
+            assert (args.speculative_algorithm, args.speculative_eagle_topk) == ("STANDALONE", 1)
+            assert args.speculative_num_draft_tokens == args.speculative_num_steps + 1
+            assert args.speculative_draft_model_path == "llama-7b-draft"  # the placeholder to replace
+    for name, text in ex.export_files(draft, "tensorrt-llm").items():
+        options = yaml.safe_load(text)
+        if options:
+            gamma = int(name.split("gamma-")[1].split(".")[0])
+            assert options["disable_overlap_scheduler"] is True
+            assert options["speculative_config"] == {
+                "decoding_type": "DraftTarget",
+                "max_draft_len": gamma,
+                "speculative_model": "llama-7b-draft",
+            }
+
+
+def test_vllm_gets_no_dynamic_table_where_the_bands_run_several_drafters():
+    # a costly draft model: EAGLE's chains win at some points, the draft model's at others
+    chains = speculation_schedule("llama-7b", "a100", drafter="best", family="chain", cost_ratio=0.2, **SMALL)
+    assert set(chains.drafters) == {"eagle", "draft"}
+    files = ex.export_files(chains, "vllm", {"eagle": "org/eagle", "draft": "org/small"})
+    assert not any("dynamic" in name for name in files)
+    methods = {json.loads(t)["method"] for n, t in files.items() if n.startswith("speculative-config.")}
+    assert methods == {"eagle", "draft_model"}
+    assert "EAGLE, draft model" in ex.vllm_note(chains)
+
+
+def test_weights_are_named_per_drafter(best):
+    assert ex.drafter_weights(best, {"eagle": "org/e"}) == {
+        "medusa": "llama-7b-medusa",
+        "eagle": "org/e",
+        "draft": "llama-7b-draft",
+    }
+    for given, said in (("org/e", "DRAFTER=PATH"), ({"hydra": "x"}, "'hydra'")):
+        with pytest.raises(PerfkitError, match=said) as error:
+            ex.drafter_weights(best, given)
+        assert "\n" not in str(error.value)
+    from perfmodel.schedule import weights_arg
+
+    assert weights_arg(["org/e"]) == "org/e" and weights_arg(["eagle=org/e", "draft=a=b"]) == {
+        "eagle": "org/e",
+        "draft": "a=b",
+    }
+    with pytest.raises(PerfkitError, match="one PATH"):
+        weights_arg(["org/e", "draft=org/d"])
 
 
 # ----------------------------------------------------------------------------- regret

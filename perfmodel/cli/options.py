@@ -13,7 +13,7 @@ Flags with one meaning each:
   --dtype                the data type, default fp16 on a GPU and fp32 on a CPU
   --acceptance           the decoder's verification scheme (greedy, typical, ...)
   --acceptance-rates     the performance model's acceptance rates (paper, paper-ln, eagle, a record)
-  --drafter              who drafts the speculative tree: Medusa heads, EAGLE, a draft model, all
+  --drafter              who drafts the speculative tree: Medusa heads, EAGLE, a draft model, all (best)
   --batch, --context, --tree-size   one step's shape (step_point)
   --weights real|dummy, --replay RECORD   a performance twin (twin)
   --cuda-graph           the traced step's forward replayed from a CUDA graph (cuda_graph)
@@ -167,6 +167,7 @@ DRAFTER_MEANINGS = {
     "eagle": "EAGLE, one layer and the LM head per depth, then the tree verified",
     "draft": "a separate draft model, gamma draft steps then gamma + 1 tokens verified",
     "all": "the three side by side and the best drafter and tree per batch and context",
+    "best": "each band runs whichever of the three is best there, or off",
 }
 
 

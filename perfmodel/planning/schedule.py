@@ -1,41 +1,54 @@
 """A speculation schedule: for one device, model, tensor-parallel degree and acceptance record,
-the Medusa tree to run (its paths) or "off" for each band of batch size and context length,
-with the predicted speedup over plain decoding and what the step times rest on.
+the drafter and tree to run (or "off") for each band of batch size and context length, with
+the predicted speedup over plain decoding and what the step times rest on.
 
 Engines load it through perfmodel.planning.engine_exports (vLLM, SGLang, TensorRT-LLM, and
 this module's own JSON); `python -m perfmodel.schedule` prints and writes it;
 perfmodel.planning.schedule_regret scores it against closed-loop measurements.
+
+The drafter (`drafter=`, perfmodel.planning.drafters): `medusa` (the default) runs the Medusa
+heads' trees; `eagle` EAGLE's trees (EAGLE-2's top-k expansion: a budget of n tokens, its depth
+and top-k); `draft` a draft model's chain of gamma tokens; `best` whichever of the three is best
+in each band, or off. Each drafter is priced by its own step model and acceptance
+(Drafter.step, Drafter.acceptance): nothing here prices a step.
 
 How the bands are made:
 
 - The best tree is evaluated at every point of a grid of batches (default: powers of two up
   to 256) x contexts (default 512 to 16384 tokens, those within the model's trained context)
   by the one rule of every best tree (perfmodel.planning.simulations.pick_best: the highest
-  speedup, the smaller tree on ties, plain decoding where no tree beats it). `medusa="on"`
-  takes the best tree of two tokens or more everywhere, even where it loses; `"off"` none.
+  speedup, the smaller tree on ties, plain decoding where no tree beats it), per drafter over
+  its own sizes. `medusa="on"` takes the best tree of two tokens or more everywhere, even
+  where it loses; `"off"` none (the setting applies to whichever drafter runs).
+- With `best`, each point runs the drafter whose best tree has the highest speedup there
+  (perfmodel.planning.drafter_choice.best_drafters' rule: pick_best again, over the drafters'
+  best trees), off where none beats plain decoding.
 - The floor rule: grid point g_i stands for the values g_i .. g_(i+1) - 1, the first grid
   point from 1, the last for itself and, on lookup, everything beyond it (an edge band: it
   was not evaluated there). So batch 3 runs the tree of batch 2. Step times grow with batch
   and context, so the floor is the optimistic side: a band's tree is the best at its lowest
   batch and context.
-- Adjacent cells with the same tree merge into one band: along batch within each context,
-  then contexts whose batch runs agree. The bands tile the grid as rectangles, no gaps and
-  no overlaps (SpeculationSchedule checks it), which is the shape vLLM's (batch x context)
-  table takes.
+- Adjacent cells with the same drafter and tree merge into one band: along batch within each
+  context, then contexts whose batch runs agree. The bands tile the grid as rectangles, no
+  gaps and no overlaps (SpeculationSchedule checks it), which is the shape vLLM's (batch x
+  context) table takes.
 - A band's speedup is the lowest predicted among its grid points (what it can promise); its
   acceptance, the tokens per step of its tree.
 
-The trees come from the acceptance record's head accuracies (the greedy tree of each size,
-perfmodel.acceptance.trees), or without one (the paper's preset) from the reference
+The Medusa trees come from the acceptance record's head accuracies (the greedy tree of each
+size, perfmodel.acceptance.trees), or without one (the paper's preset) from the reference
 implementation's Vicuna-7B tree, whose first n - 1 nodes are its own tree of n tokens: at
 most 64 tokens. Sizes no tree of exactly that size exists for, or that need more heads than
-the model has, are not searched; the schedule's notes say which. A `chain` schedule searches
-chains of one token per head instead (the top-1 of heads 1..k, at most the model's heads),
-which is all vLLM's Medusa drafts: its engine export is made from one.
+the model has, are not searched; the schedule's notes say which. EAGLE's tree is drawn anew
+each step (EAGLE-2), so its bands carry its budget, depth and top-k, not paths; a draft
+model's band carries its gamma (its depth). A `chain` schedule searches chains of one token
+per head (the top-1 of heads 1..k, at most the model's heads) or per EAGLE pass (top-1) instead,
+which is all vLLM's Medusa and EAGLE draft by default: its engine export is made from one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -44,23 +57,49 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfmodel.acceptance.rates import AcceptanceChoice, HeadAccuracyAcceptance, medusa_acceptance
+from perfmodel.acceptance.rates import AcceptanceChoice, HeadAccuracyAcceptance
 from perfmodel.acceptance.trees import VICUNA_7B_ORDER, Tree, expected_acceptance, vicuna_7b_prefix
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.eagle import DraftShape
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.operators import LINEAR_OPS
 from perfmodel.planning.capacity import positive_ints
+from perfmodel.planning.drafters import (
+    DEFAULT_DRAFT_ALPHA,
+    DEFAULT_DRAFT_COST,
+    DRAFTER_NAMES,
+    DRAFTERS,
+    Drafter,
+    drafters_for,
+    eagle_drafter,
+)
 from perfmodel.planning.medusa_setting import check_medusa, check_setting
 from perfmodel.planning.simulations import CANDIDATE_SIZES, pick_best, speedup_table
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS, check_flavors, flavor_steps
 
-FAMILIES = {"tree": "the best tree of each size", "chain": "one token per head, as vLLM's Medusa drafts"}
+FAMILIES = {
+    "tree": "the best tree of each size",
+    "chain": "one token per Medusa head or EAGLE pass (top-1), as vLLM's Medusa and EAGLE draft",
+}
+# Who drafts a schedule's bands: one drafter everywhere (perfmodel.planning.drafters), or the best per band.
+SCHEDULE_DRAFTERS = {
+    "medusa": "the Medusa heads' tree",
+    "eagle": "EAGLE's tree (EAGLE-2's top-k expansion: its token budget, depth and top-k)",
+    "draft": "a draft model's chain of gamma tokens",
+    "best": "whichever of the three is best in each band, or off",
+}
+# An off band's drafter: plain decoding drafts nothing, whichever drafter the schedule searched.
+OFF = "off"
+# Between the drafters' acceptance labels where a schedule searched several (best).
+ACCEPTANCE_SEPARATOR = " | "
 DEFAULT_MAX_BATCH = 256
 DEFAULT_CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384)
 FORMAT = "medusa-perfkit speculation schedule"
-FORMAT_VERSION = 1
+# 2: bands carry their drafter, depth and top_k; the schedule its drafter setting. 1: Medusa only.
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
 FLOOR_RULE = (
     "floor: grid point g_i covers g_i .. g_(i+1) - 1, the first from 1, the last itself and beyond on lookup; "
     "a band's speedup is the lowest predicted at its grid points"
@@ -75,11 +114,25 @@ class ScheduleBand:
     batch_max: int
     context_min: int
     context_max: int
-    tree_size: int  # tokens per step, root included; 1 = off (plain decoding)
-    paths: Paths  # the tree's Medusa paths (choices), () when off
+    tree_size: int  # tokens per step, root included (EAGLE: its token budget); 1 = off (plain decoding)
+    paths: Paths  # the Medusa tree's paths (choices); () when off, and for EAGLE (drawn each step) and a draft model
     speedup: float  # predicted vs plain decoding: the lowest at the band's grid points
     acceptance: float  # tokens per step at this tree
     evidence: str  # what the step times rest on: measured | calibrated | grid | borrowed | ceilings | datasheet ...
+    drafter: str  # medusa | eagle | draft; off (OFF) where the band decodes plainly
+    # What an engine needs to draft it: depth = the Medusa tree's depth (heads), EAGLE's draft passes, the
+    # draft model's gamma; top_k = the widest rank + 1 (Medusa), the nodes each EAGLE pass after the first
+    # expands, each into its top-k (EAGLE-2), 1 for a chain; both 0 when off.
+    depth: int
+    top_k: int
+
+    def __post_init__(self) -> None:
+        check_setting(self.drafter, {OFF: "plain decoding"} | DRAFTER_NAMES, "band drafter")
+        if (self.drafter == OFF) != (self.tree_size == 1):
+            raise PerfkitError(
+                f"band {self.label()}: drafter {self.drafter!r} with a tree of {self.tree_size} tokens; a band is off "
+                "exactly where its tree is 1 token"
+            )
 
     @property
     def speculate(self) -> bool:
@@ -87,8 +140,13 @@ class ScheduleBand:
 
     @property
     def draft_tokens(self) -> int:
-        """Tokens the heads propose per step (the tree's nodes, the root excluded)."""
-        return len(self.paths)
+        """Tokens the drafter proposes per step (the tree's nodes, the root excluded; a draft model's gamma)."""
+        return self.tree_size - 1
+
+    @property
+    def chain(self) -> bool:
+        """One token per depth: the only tree vLLM's Medusa and EAGLE draft (off counts as one)."""
+        return self.top_k <= 1
 
     def label(self) -> str:
         return f"batch {self.batch_min}-{self.batch_max}, context {self.context_min}-{self.context_max}"
@@ -105,7 +163,8 @@ class SpeculationSchedule:
     medusa: str  # auto | on | off
     bands: tuple[ScheduleBand, ...]
     medusa_heads: int = 0  # the model's heads (the deepest tree it can run)
-    family: str = "tree"  # tree: the best tree of each size; chain: one token per head (vLLM's Medusa)
+    family: str = "tree"  # tree: the best tree of each size; chain: one token per head or pass (vLLM's)
+    drafter: str = "medusa"  # medusa | eagle | draft | best (SCHEDULE_DRAFTERS): whose trees the bands run
     notes: tuple[str, ...] = ()
     batch_grid: tuple[int, ...] = ()  # the grid the bands were evaluated at
     context_grid: tuple[int, ...] = ()
@@ -113,8 +172,15 @@ class SpeculationSchedule:
     def __post_init__(self) -> None:
         check_medusa(self.medusa)
         check_family(self.family)
+        check_drafter(self.drafter)
         if not self.bands:
             raise PerfkitError("a speculation schedule needs at least one band")
+        allowed = DRAFTERS if self.drafter == "best" else (self.drafter,)
+        for band in self.bands:
+            if band.speculate and band.drafter not in allowed:
+                raise PerfkitError(
+                    f"band {band.label()} runs {band.drafter!r}; a {self.drafter} schedule runs {', '.join(allowed)}"
+                )
         _ = self._cells  # the bands must tile the grid: checked once, here
 
     @cached_property
@@ -170,6 +236,17 @@ class SpeculationSchedule:
     def evidence(self) -> str:
         return "/".join(dict.fromkeys(b.evidence for b in self.bands))
 
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        """The drafters its speculating bands run, in DRAFTERS' order (none where it is off everywhere)."""
+        return tuple(d for d in DRAFTERS if any(b.drafter == d for b in self.bands))
+
+    def setting(self) -> str:
+        """Who drafts and the speculation setting, in words: 'medusa auto', 'drafter best, speculation auto'."""
+        if self.drafter == "medusa":
+            return f"medusa {self.medusa}"
+        return f"drafter {self.drafter}, speculation {self.medusa}"
+
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(
             [
@@ -185,6 +262,9 @@ class SpeculationSchedule:
                     "acceptance": b.acceptance,
                     "evidence": b.evidence,
                     "paths": str([list(p) for p in b.paths]),
+                    "drafter": b.drafter,
+                    "depth": b.depth,
+                    "top_k": b.top_k,
                 }
                 for b in self.bands
             ]
@@ -203,17 +283,18 @@ class SpeculationSchedule:
             raise PerfkitError(f"not a speculation schedule: invalid JSON ({exc.msg} at line {exc.lineno})") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise PerfkitError(f'not a speculation schedule (no "format": "{FORMAT}")')
-        if data.get("version") != FORMAT_VERSION:
-            raise PerfkitError(f"speculation schedule version {data.get('version')!r}; this reads {FORMAT_VERSION}")
-        try:
-            bands = tuple(
-                ScheduleBand(**{**band, "paths": tuple(tuple(int(r) for r in p) for p in band["paths"])})
-                for band in data["bands"]
+        version = data.get("version")
+        if version not in READ_VERSIONS:
+            raise PerfkitError(
+                f"speculation schedule version {version!r}; this reads {', '.join(map(str, READ_VERSIONS))}"
             )
+        try:
+            bands = tuple(ScheduleBand(**band_fields(band, version)) for band in data["bands"])
             fields = {k: data[k] for k in ("device", "model", "tp", "dtype", "acceptance", "latency", "medusa")}
             extra = {k: tuple(data.get(k, ())) for k in ("notes", "batch_grid", "context_grid")}
             heads, family = int(data.get("medusa_heads", 0)), data.get("family", "tree")
-            return cls(**fields, bands=bands, medusa_heads=heads, family=family, **extra)
+            drafter = data.get("drafter", "medusa")  # version 1 schedules are all Medusa's
+            return cls(**fields, bands=bands, medusa_heads=heads, family=family, drafter=drafter, **extra)
         except (KeyError, TypeError, ValueError) as exc:
             raise PerfkitError(f"not a usable speculation schedule ({type(exc).__name__}: {exc})") from None
 
@@ -224,6 +305,17 @@ class SpeculationSchedule:
         except OSError as exc:
             raise PerfkitError(f"cannot read schedule {path}: {exc.strerror or exc}") from None
         return cls.from_json(text)
+
+
+def band_fields(band: dict, version: int) -> dict:
+    """A band of a schedule's JSON as ScheduleBand's fields: paths as tuples; a version-1 band
+    (Medusa's, or off) given its drafter, depth and top-k from its paths."""
+    fields = {**band, "paths": tuple(tuple(int(r) for r in p) for p in band["paths"])}
+    if version == 1:
+        tree = Tree(fields["paths"])
+        speculate = int(band["tree_size"]) > 1
+        fields |= {"drafter": "medusa" if speculate else OFF, "depth": tree.depth, "top_k": tree.max_rank + 1}
+    return fields
 
 
 # ----------------------------------------------------------------------------- building
@@ -245,6 +337,10 @@ def check_family(family: str) -> str:
     return check_setting(family, FAMILIES, "tree family")
 
 
+def check_drafter(drafter: str) -> str:
+    return check_setting(drafter, SCHEDULE_DRAFTERS, "drafter")
+
+
 @dataclass(frozen=True)
 class TreeBook:
     """The tree of each size the schedule may choose, its tokens per step (the acceptance the
@@ -253,9 +349,6 @@ class TreeBook:
     trees: dict[int, Tree] = field(default_factory=dict)  # size > 1 -> tree
     accepted: dict[int, float] = field(default_factory=dict)  # size > 1 -> tokens per step
     notes: tuple[str, ...] = ()
-
-    def paths(self, size: int) -> Paths:
-        return self.trees[size].paths if size > 1 else ()
 
     def __call__(self, n) -> np.ndarray:
         n = np.asarray(n)
@@ -351,11 +444,13 @@ def default_contexts(max_context: int | None) -> np.ndarray:
 
 
 def best_cells(table: pd.DataFrame, medusa: str) -> pd.DataFrame:
-    """The chosen row per (batch, seq_len): pick_best among the sizes `medusa` allows."""
+    """The chosen row per (batch, seq_len): pick_best among the sizes `medusa` allows, in
+    (batch, seq_len) order."""
     eligible = None if medusa == "auto" else (table["tree_size"] > 1 if medusa == "on" else table["tree_size"] == 1)
     if medusa == "on" and not eligible.any():
         eligible = None  # nothing but plain decoding to choose from (a model without heads)
-    return pick_best(table, eligible=eligible).reset_index(drop=True)
+    best = pick_best(table, eligible=eligible)
+    return best.sort_values(["batch", "seq_len"], kind="stable").reset_index(drop=True)
 
 
 def grid_ranges(grid: np.ndarray) -> list[tuple[int, int]]:
@@ -375,33 +470,116 @@ def runs(values: list) -> list[tuple[int, int]]:
     return out
 
 
-def merge_bands(sizes: np.ndarray, speedups: np.ndarray, batches, contexts, book: TreeBook, evidence: str) -> list:
-    """Bands from the grid's (batch x context) best sizes: runs of one tree along batch per
-    context, then neighbouring contexts with the same runs merged."""
+Choice = tuple[str, int]  # what a cell runs: (drafter or OFF, tree size)
+
+
+def merge_bands(
+    chosen: list[list[Choice]], speedups: np.ndarray, batches, contexts, drafted: dict[Choice, dict], evidence: str
+) -> list[ScheduleBand]:
+    """Bands from the grid's (batch x context) choices: runs of one drafter and tree along
+    batch per context, then neighbouring contexts with the same runs merged. drafted: each
+    choice's band fields (drafted_fields)."""
     batch_span, context_span = grid_ranges(batches), grid_ranges(contexts)
-    columns = [tuple((a, b, int(sizes[a, c])) for a, b in runs(sizes[:, c].tolist())) for c in range(len(contexts))]
+    columns = [tuple((a, b, chosen[a][c]) for a, b in runs([row[c] for row in chosen])) for c in range(len(contexts))]
     bands = []
     for first, last in runs(columns):
-        for a, b, size in columns[first]:
+        for a, b, choice in columns[first]:
             bands.append(
                 ScheduleBand(
                     batch_span[a][0],
                     batch_span[b][1],
                     context_span[first][0],
                     context_span[last][1],
-                    size,
-                    book.paths(size),
-                    float(speedups[a : b + 1, first : last + 1].min()),
-                    float(book(size)),
-                    evidence,
+                    speedup=float(speedups[a : b + 1, first : last + 1].min()),
+                    evidence=evidence,
+                    **drafted[choice],
                 )
             )
     return bands
 
 
+def drafted_fields(drafter: Drafter | None, size: int) -> dict:
+    """The band fields of `drafter`'s tree of `size` tokens (None or size 1: off): the tree, the
+    drafter, what an engine needs to draft it (ScheduleBand's depth and top_k) and its tokens
+    per step. A Medusa drafter's acceptance is its TreeBook, which holds the tree."""
+    if drafter is None or size == 1:
+        return dict(tree_size=1, paths=(), acceptance=1.0, drafter=OFF, depth=0, top_k=0)
+    if drafter.name == "medusa":
+        tree = drafter.acceptance.trees[size]
+        shape = dict(paths=tree.paths, depth=tree.depth, top_k=tree.max_rank + 1)
+    elif drafter.name == "eagle":
+        # the width of EAGLE's last pass: the nodes every pass after the first expands (DraftShape)
+        passes = drafter.shape.pass_tokens(size)
+        shape = dict(paths=(), depth=len(passes), top_k=int(passes[-1]))
+    else:  # a draft model drafts a chain of gamma = size - 1 tokens
+        shape = dict(paths=(), depth=size - 1, top_k=1)
+    return dict(tree_size=size, acceptance=float(drafter.acceptance(size)), drafter=drafter.name, **shape)
+
+
+EAGLE_CHAIN_NOTE = (
+    "EAGLE chains: one token per draft pass (top-1), as vLLM's EAGLE drafts; a chain is credited the EAGLE "
+    "curve's tokens per step at its size, a curve of trees that says little of chains"
+)
+
+
+def searched_drafters(
+    drafter: str, acceptance, model: ModelConfig, sizes: np.ndarray, family: str, alpha: float, cost_ratio: float
+) -> tuple[list[Drafter], list[str]]:
+    """The drafters a schedule of `drafter` searches (all three for best; drafters_for, which
+    refuses an acceptance of another drafter), each with the sizes searched (Drafter.sizes,
+    root included), and the notes on what was left out. Medusa's acceptance becomes its
+    TreeBook (the trees of `sizes`, or its chains), EAGLE's chain family drafts top-1 up to its
+    depth; EAGLE's trees are searched over `sizes`, the draft model over its own gammas."""
+    several = drafter == "best"
+    out, notes = [], []
+    for found in drafters_for("all" if several else drafter, acceptance, alpha, cost_ratio):
+        if found.name == "medusa":
+            if model.medusa_heads:
+                book = tree_book(found.choice, sizes[sizes > 1], model.medusa_heads, family)
+                notes += book.notes
+            else:
+                book = TreeBook()
+                notes.append(
+                    f"{model.name} has no Medusa heads: "
+                    + ("Medusa is not searched" if several else "plain decoding everywhere")
+                )
+            found = dataclasses.replace(found, acceptance=book, sizes=(1, *sorted(book.trees)))
+        elif found.name == "eagle" and family == "chain":
+            shape = DraftShape(found.shape.depth, top_k=1)
+            found = dataclasses.replace(eagle_drafter(found.choice, shape), sizes=tuple(range(1, shape.depth + 2)))
+            notes.append(EAGLE_CHAIN_NOTE)
+        elif found.name == "eagle":
+            found = dataclasses.replace(found, sizes=tuple(int(n) for n in np.union1d(sizes, [1])))
+        out.append(found)
+    return out, notes
+
+
+def edge_note(drafter: Drafter, cells: pd.DataFrame, family: str, named: bool) -> list[str]:
+    """The note where a drafter's best tree is somewhere the largest it searched (a bound: a
+    larger one may do better); a chain family's Medusa and EAGLE chains end at their depth."""
+    top = max(drafter.sizes)
+    if len(drafter.sizes) <= 2 or not (cells["tree_size"] == top).any():
+        return []
+    if drafter.name == "draft":
+        text = f"the longest draft searched (gamma {top - 1}) is the best somewhere: a longer one may do better"
+    elif family == "tree":
+        text = f"the largest tree searched ({top} tokens) is the best somewhere: a larger one may do better"
+    else:
+        return []
+    # beside other drafters, its own best: the schedule may run another drafter there
+    return [f"{DRAFTER_NAMES[drafter.name]}: {text.replace(' is the best', ' is its best')}" if named else text]
+
+
+def acceptance_label(drafters: list[Drafter]) -> str:
+    """What each drafter's acceptance (and, EAGLE's and a draft model's, its shape) assumes."""
+    if len(drafters) == 1:
+        return drafters[0].describe()
+    return ACCEPTANCE_SEPARATOR.join(f"{DRAFTER_NAMES[d.name]}: {d.describe()}" for d in drafters)
+
+
 def build_schedule(
     step,
-    acceptance_choice,
+    acceptance_choice=None,
     batches=None,
     contexts=None,
     sizes=CANDIDATE_SIZES,
@@ -413,54 +591,55 @@ def build_schedule(
     tp: int = 1,
     evidence: str | None = None,
     family: str = "tree",
+    drafter: str = "medusa",
+    alpha: float = DEFAULT_DRAFT_ALPHA,
+    cost_ratio: float = DEFAULT_DRAFT_COST,
 ) -> SpeculationSchedule:
     """The schedule of one step model (perfmodel.planning.step_models.flavor_steps: the shard
-    and its all-reduces) and acceptance (anything resolve_acceptance reads). batches,
-    contexts: the grid (None: default_batches(), default_contexts(the model's context)).
-    sizes: tree sizes to search, root included (1 is always among them). model: the whole
-    model (its name and heads; default the step's). evidence: what the step times rest on
-    (default step_evidence(step)). family: tree (the best tree of each size) or chain (one token
-    per head, the trees vLLM's Medusa drafts)."""
-    medusa, family = check_medusa(medusa), check_family(family)
-    choice = medusa_acceptance(acceptance_choice)
+    and its all-reduces) and acceptance (anything resolve_acceptance reads; None: each
+    drafter's preset). batches, contexts: the grid (None: default_batches(),
+    default_contexts(the model's context)). sizes: tree sizes to search, root included (1 is
+    always among them; Medusa's and EAGLE's, the draft model searches gamma 1..8). model: the
+    whole model (its name and heads; default the step's). evidence: what the step times rest on
+    (default step_evidence(step)). family: tree (the best tree of each size) or chain (one
+    token per head or EAGLE pass, the trees vLLM drafts). drafter: medusa, eagle, draft or best
+    (SCHEDULE_DRAFTERS); alpha and cost_ratio: the draft model's (perfmodel.planning.drafters)."""
+    medusa, family, drafter = check_medusa(medusa), check_family(family), check_drafter(drafter)
     model = model or getattr(getattr(step, "shard_step", step), "model", None)
     if model is None:
         raise PerfkitError("build_schedule needs the model (its heads and name): pass model=")
     batches = default_batches() if batches is None else positive_ints(batches, "batches")
     contexts = default_contexts(model.max_context) if contexts is None else positive_ints(contexts, "contexts")
     sizes = positive_ints(sizes, "tree sizes")
-    notes = []
-    if not model.medusa_heads:
-        book, medusa_used = TreeBook(), "off"
-        notes.append(f"{model.name} has no Medusa heads: plain decoding everywhere")
-    else:
-        book, medusa_used = tree_book(choice, sizes[sizes > 1], model.medusa_heads, family), medusa
-        notes += book.notes
-    searched = np.array([1, *sorted(book.trees)] if medusa_used != "off" else [1], dtype=np.int64)
-    table = speedup_table(step, book, batches, contexts, searched)
-    best = best_cells(table, medusa_used)
-    shape = (len(batches), len(contexts))
-    # best keeps speedup_table's order: batch-major, then context
-    chosen = best["tree_size"].to_numpy().reshape(shape)
+    drafters, notes = searched_drafters(drafter, acceptance_choice, model, sizes, family, alpha, cost_ratio)
+    cells = []
+    for searched in drafters:
+        table = speedup_table(searched.step(step), searched.acceptance, batches, contexts, searched.sizes)
+        cells.append(best_cells(table, medusa).assign(drafter=searched.name))
+        notes += edge_note(searched, cells[-1], family, len(drafters) > 1)
+    # the drafter whose best tree is fastest per point: pick_best once more, over the drafters' best cells
+    best = best_cells(pd.concat(cells, ignore_index=True), medusa)
+    by_name = {d.name: d for d in drafters}
+    choices = [(d if n > 1 else OFF, int(n)) for d, n in zip(best["drafter"], best["tree_size"])]
+    drafted = {c: drafted_fields(by_name.get(c[0]), c[1]) for c in choices}
+    shape = (len(batches), len(contexts))  # best is in (batch, seq_len) order: batch-major, then context
+    chosen = [choices[i * shape[1] : (i + 1) * shape[1]] for i in range(shape[0])]
     gains = best["speedup"].to_numpy().reshape(shape)
-    if family == "tree" and len(searched) > 2 and (chosen == searched.max()).any():
-        notes.append(
-            f"the largest tree searched ({searched.max()} tokens) is the best somewhere: a larger one may do better"
-        )
     if model.max_context and contexts.max() > model.max_context:
         notes.append(f"contexts beyond {model.name}'s {model.max_context}-token context are priced as if it ran there")
-    bands = merge_bands(chosen, gains, batches, contexts, book, evidence or step_evidence(step))
+    bands = merge_bands(chosen, gains, batches, contexts, drafted, evidence or step_evidence(step))
     return SpeculationSchedule(
         device=device,
         model=model.name,
         tp=int(tp),
         dtype=dtype,
-        acceptance=choice.label,
+        acceptance=acceptance_label(drafters),
         latency=getattr(step, "label", ""),
         medusa=medusa,
         bands=tuple(bands),
         medusa_heads=model.medusa_heads,
         family=family,
+        drafter=drafter,
         notes=tuple(notes),
         batch_grid=tuple(int(b) for b in batches),
         context_grid=tuple(int(c) for c in contexts),
@@ -472,7 +651,7 @@ def speculation_schedule(
     device,
     tp: int = 1,
     dtype: str | None = None,
-    acceptance="paper",
+    acceptance=None,
     latency: str = "auto",
     step: str = "full",
     tracer=None,
@@ -481,15 +660,20 @@ def speculation_schedule(
     medusa: str = "auto",
     sizes=CANDIDATE_SIZES,
     family: str = "tree",
+    drafter: str = "medusa",
+    alpha: float = DEFAULT_DRAFT_ALPHA,
+    cost_ratio: float = DEFAULT_DRAFT_COST,
 ) -> SpeculationSchedule:
     """The schedule of `model` (preset, config.json or ModelConfig) split `tp` ways on `device`
     (a name, spec file or DeviceView; cpu: this machine's CPU), priced by the whole-model step
     (step "full", or "traced" with the decoder's tracer) from the device's latency source
     (perfmodel.latency.source: auto = measured where it was measured). acceptance: a preset
-    or a decoder.measure record (resolve_acceptance). dtype None: the device's default.
-    family: build_schedule's (chain for vLLM's Medusa)."""
+    or a decoder.measure record (resolve_acceptance; None: each drafter's preset, the paper's
+    for Medusa, EAGLE-2's for EAGLE). dtype None: the device's default. family, drafter, alpha
+    and cost_ratio: build_schedule's (chain for vLLM's Medusa and EAGLE)."""
     check_medusa(medusa)
     check_family(family)
+    check_drafter(drafter)
     check_flavors([step], WHOLE_STEP_FLAVORS)
     model = model if isinstance(model, ModelConfig) else load_model(model)
     view = resolve_devices([device])[0]
@@ -509,4 +693,7 @@ def speculation_schedule(
         tp=tp,
         evidence=evidence,
         family=family,
+        drafter=drafter,
+        alpha=alpha,
+        cost_ratio=cost_ratio,
     )
