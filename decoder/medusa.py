@@ -249,7 +249,7 @@ class Decoder:
             while not all(done):
                 t0 = time.perf_counter()
                 if eagle:
-                    buffers, candidates = self._eagle_candidates(
+                    buffers, candidates = self.eagle_candidates(
                         roots, last_hidden, static, history, lengths, dynamic_nodes, topk
                     )
                 else:
@@ -291,7 +291,7 @@ class Decoder:
         result.cache, result.cache_lengths = cache, lengths
         return result
 
-    def _eagle_candidates(
+    def eagle_candidates(
         self,
         roots,
         last_hidden,
@@ -302,13 +302,16 @@ class Decoder:
         topk: int,
     ):
         """Per-sequence buffers and candidate tokens (B, T) drafted by the EAGLE drafter: a
-        static tree's, or EAGLE-2's dynamic tree of `nodes` nodes (decoder.eagle)."""
+        static tree's, or EAGLE-2's dynamic tree of `nodes` nodes (decoder.eagle). What a
+        step's candidates part runs with EAGLE, so the closed loop times it as it runs."""
         embed, lm_head = self.model.model.embed_tokens, self.model.lm_head
         histories = [history.inputs(b) for b in range(len(roots))]
         if static is not None:  # one tree for all: drafted together
             roots_t = torch.tensor(roots, device=self.device)
             positions = torch.tensor(lengths, device=self.device)
-            plan = self._plans.setdefault(static.tree, DraftPlan.of(static.tree, self.device))
+            plan = self._plans.get(static.tree)
+            if plan is None:  # worked out once per tree, not every step
+                plan = self._plans[static.tree] = DraftPlan.of(static.tree, self.device)
             candidates = draft_batch(self.eagle, embed, lm_head, plan, roots_t, last_hidden, histories, positions)
             return [static] * len(roots), candidates
         buffers, rows = [], []

@@ -13,7 +13,14 @@ import pandas as pd
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, batch_size, options, positive_int, run
 from profilers.closed_loop.compare import verdict, write_outputs
-from profilers.closed_loop.config import DEFAULT_SIZES, FLUSH_MODES, MIN_TIMED_BATCHES, VALIDATED_SCHEMES, batch_configs
+from profilers.closed_loop.config import (
+    DEFAULT_SIZES,
+    FLUSH_MODES,
+    MIN_TIMED_BATCHES,
+    VALIDATED_DRAFTERS,
+    VALIDATED_SCHEMES,
+    batch_configs,
+)
 from profilers.closed_loop.loop import run_batches
 from profilers.closed_loop.twin import (
     TWIN_DTYPES,
@@ -89,6 +96,7 @@ def build_parser() -> Parser:
         "evict the last-level cache",
     )
     options.acceptance(p, choices=VALIDATED_SCHEMES)
+    options.drafter(p, choices=VALIDATED_DRAFTERS)
     p.add_argument(
         "--dynamic",
         action="store_true",
@@ -109,7 +117,13 @@ def twin_main(args, started: float) -> int:
     """--weights dummy: the twin's closed loop (profilers.closed_loop.twin), batch by batch."""
     if args.replay is None:
         raise PerfkitError("--weights dummy needs --replay RECORD (a python -m decoder.measure record to replay)")
-    for given, option in ((args.flush != "none", "--flush"), (args.dynamic, "--dynamic"), (args.ops_csv, "--ops-csv")):
+    real_only = (
+        (args.flush != "none", "--flush"),
+        (args.dynamic, "--dynamic"),
+        (args.ops_csv, "--ops-csv"),
+        (args.drafter != "medusa", "--drafter eagle"),
+    )
+    for given, option in real_only:
         if given:
             raise PerfkitError(f"{option} is for the real closed loop; the twin (--weights dummy) does not take it")
     if args.acceptance not in (None, "greedy"):

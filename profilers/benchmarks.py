@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from decoder.acceptance import AcceptanceConfig, greedy
+from decoder.eagle import child_tokens
 from decoder.heads import MedusaHeads
 from decoder.medusa import build_candidates, commit_path
 from decoder.medusa import tree_attention_mask as decoder_tree_mask  # the decoder's batched mask, not the benchmark's
@@ -244,6 +245,11 @@ class OpBenchmark:
             return KernelRun(
                 kernel, {"logits": logits}, lambda: build_candidates(roots, logits, [buffers] * len(roots), HEAD_TOP_K)
             )
+        if op == "draft_topk":
+            # every node expanded drafts children up to rank HEAD_TOP_K - 1, as a wide EAGLE tree does
+            logits = new(shape["logits"])
+            slot, rank = torch.arange(q, device=device), torch.full((q,), HEAD_TOP_K - 1, device=device)
+            return KernelRun(kernel, {"logits": logits}, lambda: child_tokens(logits, slot, rank))
         # verify: greedy acceptance of every row's tree from its logits
         logits = new(shape["logits"])
         tokens = torch.randint(0, m.vocab_size, logits.shape[:2], device=device)

@@ -100,6 +100,7 @@ def tiny_step_elements(op: str, b: int, s: int, q: int) -> int:
         "candidates": 2 * b * v + 2 * b * 10,  # two heads' logits in, their top-10 out
         "verify": t * v + t,
         "kv_move": 2 * 2 * (2 * d * b * min(q - 1, 2)),  # k and v of a path of <= 2 tokens, read and written
+        "draft_topk": t * v + t * 10,  # the expanded nodes' logits in, their top-10 out
     }[op]
 
 
@@ -114,7 +115,7 @@ def test_the_rest_of_a_step_runs_on_the_decoders_own_code(op, phase):
 
 
 # Tensors the decoder's functions compute inside and do not hand back.
-INTERNAL = {"candidates": {"top_tokens"}, "verify": {"prediction"}}
+INTERNAL = {"candidates": {"top_tokens"}, "verify": {"prediction"}, "draft_topk": {"top_tokens"}}
 
 
 def returned_tensors(value) -> list:

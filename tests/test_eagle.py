@@ -12,7 +12,7 @@ import torch
 
 from decoder.acceptance import AcceptanceConfig
 from decoder.checkpoint import Checkpoint, load_checkpoint
-from decoder.eagle import EAGLE_FILE, EagleDrafter, draft_tree, dynamic_eagle_tree
+from decoder.eagle import EAGLE_FILE, DraftPlan, EagleDrafter, draft_batch, draft_tree, dynamic_eagle_tree
 from decoder.medusa import Decoder
 from decoder.model import Transformer
 from decoder.train import main as train_main
@@ -112,6 +112,31 @@ def test_a_drafted_tree_follows_its_parents_ranks():
         )
     ranked = first[0, 0].topk(2).indices.tolist()
     assert tokens[0] == 5 and tokens[1:3].tolist() == ranked  # depth 1: ranks 0 and 1 of the root's draft
+
+
+def test_a_batch_drafts_each_sequence_as_it_drafts_alone():
+    """Windows of different lengths left-padded, each parent read by the LM head once: every
+    sequence's tree is the one drafting it alone gives."""
+    torch.manual_seed(3)
+    model = Transformer(CONFIG).eval()
+    drafter = EagleDrafter(CONFIG).eval()
+    tree = Tree(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)))
+    plan = DraftPlan.of(tree)
+    # what the performance model prices per pass: (nodes run, nodes expanded)
+    assert tree.draft_passes == ((1, 1), (4, 2), (7, 2))
+    assert [(len(r), len(e)) for r, e in zip(plan.runs, plan.expanded)] == list(tree.draft_passes)
+    with torch.no_grad():
+        hidden = model.hidden(torch.tensor([[1, 2, 3, 4, 5, 6, 7]]))[0]
+        histories = [([], []), ([hidden[1]], [3]), ([hidden[2], hidden[3], hidden[4]], [4, 5, 6])]
+        roots, features, positions = torch.tensor([5, 6, 7]), hidden[[0, 2, 5]], torch.tensor([3, 4, 6])
+        batched = draft_batch(
+            drafter, model.model.embed_tokens, model.lm_head, plan, roots, features, histories, positions
+        )
+        alone = [
+            draft_tree(drafter, model.model.embed_tokens, model.lm_head, tree, int(r), f, h, int(p))
+            for r, f, h, p in zip(roots, features, histories, positions)
+        ]
+    assert batched.tolist() == [t.tolist() for t in alone]
 
 
 def test_eagle_is_refused_where_it_cannot_run(trained):

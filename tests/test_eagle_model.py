@@ -62,7 +62,7 @@ def test_the_step_is_the_draft_passes_plus_the_verification_op_by_op():
     attention over the context plus the draft's tokens so far."""
     b, s, n = 2, 512, 24
     layer = ("norm", "norm", "qkv", "rope", "kv_write", "o", "residual", "residual", "gate_up", "act", "down")
-    per_pass = (*layer, "embed", "eagle_fc", "lm_head", "verify")
+    per_pass = (*layer, "embed", "eagle_fc", "lm_head", "draft_topk")
     assert sorted(o.op for o in draft_pass_ops(LLAMA, "full") for _ in range(o.count)) == sorted((*per_pass, "sdpa"))
     draft, drafted = 0.0, 0
     for tokens in (1, 10, 10, 10, 10, 10):

@@ -131,6 +131,25 @@ def accepted_lengths(tree: Tree, hits: np.ndarray) -> np.ndarray:
     return lengths
 
 
+def conditional_accuracy(hits: np.ndarray) -> np.ndarray:
+    """a_k^(i) of a drafter whose depth k + 1 drafts from depth k's (EAGLE): how often rank i at
+    depth k + 1 is the token that came, among the positions where every shallower depth's
+    token came within the top-k (where a tree can reach depth k + 1 at all). hits:
+    (positions, depth, topk), as accepted_lengths takes them. A depth no position reaches
+    gets accuracy 0."""
+    hits = np.asarray(hits, dtype=float)
+    if hits.ndim != 3:
+        raise PerfkitError(f"hits must be (positions, depth, topk), got shape {hits.shape}")
+    accuracy = np.zeros(hits.shape[1:])
+    reached = np.ones(len(hits), dtype=bool)
+    for k in range(hits.shape[1]):
+        known = reached & ~np.isnan(hits[:, k]).any(-1)
+        if known.any():
+            accuracy[k] = hits[known, k].mean(axis=0)
+        reached &= np.nan_to_num(hits[:, k], nan=0.0).sum(-1) > 0
+    return accuracy
+
+
 def replayed_tokens(lengths: Sequence[np.ndarray], new_tokens: int) -> list[np.ndarray]:
     """Per prompt, (1, new_tokens) tokens emitted after each step (cumulative), walked
     through the prompt's recorded positions: a step starting after the i-th new token

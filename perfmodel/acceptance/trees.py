@@ -71,6 +71,16 @@ class Tree:
             mask[i] |= mask[self.parents[i]]
         return mask
 
+    @cached_property
+    def draft_passes(self) -> tuple[tuple[int, int], ...]:
+        """What drafting this tree depth by depth (EAGLE, decoder.eagle) runs in each pass j =
+        0 .. depth - 1: (nodes run, nodes expanded). A pass runs every node down to depth j,
+        the root included (a drafter without a KV cache recomputes them), and expands the
+        parents of depth j + 1's nodes, each once."""
+        depths = self.depths
+        expanded = [{p[:-1] for p in self.paths if len(p) == j + 1} for j in range(self.depth)]
+        return tuple((int((depths <= j).sum()), len(expanded[j])) for j in range(self.depth))
+
     def check_fits(self, heads: int, topk: int) -> None:
         """Refuse a tree that needs more heads or ranks than the model has."""
         if self.depth > heads:

@@ -25,6 +25,12 @@ heads. Every op goes through the step's latency source (op_time, phase "tree", c
 = the pass's tokens). Not counted: pass 1 also runs over the tokens the last step accepted
 (the draft's KV cache catches up): it is priced as the root's one token.
 
+This toolkit's reference decoder drafts differently (decoder.eagle.draft_batch), and
+`StaticTreeDraft` prices what it runs: a static tree, no draft KV cache, so pass j runs the
+last W accepted positions (its context window) and every node down to depth j again, its
+attention over those tokens only, and the LM head reads the nodes pass j expands, each once
+(Tree.draft_passes); the closed loop (perfmodel.validate --drafter eagle) checks it.
+
 Flavours: `paper` drafts with the paper's simplified layer and, like the paper's step,
 leaves out the LM head (as it leaves out Medusa's heads); the paper's step is one layer
 standing for each of the model's L, so a draft pass, one more layer, costs 1/L of it.
@@ -43,9 +49,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmodel.acceptance.trees import Tree
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.allreduce import tp_comm_time_per_step
-from perfmodel.latency.step import LatencySource, StepOp, check_flavor, layer_ops
+from perfmodel.latency.step import LatencySource, StepOp, check_flavor, distinct_points, layer_ops
 from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.models.config import ModelConfig
 
@@ -56,12 +63,24 @@ EAGLE_DEPTH = 6
 
 
 @dataclass(frozen=True)
+class DraftPass:
+    """One sequential draft pass at each point (arrays), per sequence: `tokens` run through the
+    draft layer (0 where the tree has no such pass) and `expanded`, the nodes whose logits
+    the LM head and the top-k read."""
+
+    tokens: np.ndarray
+    expanded: np.ndarray
+
+
+@dataclass(frozen=True)
 class DraftShape:
     """The tree EAGLE drafts for a budget of n tokens: its depth (draft passes) and the
-    nodes each pass after the first expands (top-k expansion, module doc)."""
+    nodes each pass after the first expands (top-k expansion, module doc). The drafter keeps
+    a KV cache: a pass attends to the context and the drafts so far, and writes its own."""
 
     depth: int = EAGLE_DEPTH
     top_k: int = EAGLE_TOP_K
+    cached = True
 
     def __post_init__(self) -> None:
         for name in ("depth", "top_k"):
@@ -84,6 +103,10 @@ class DraftShape:
         width = np.clip(n - 1, 1, self.top_k)  # pass 1 drafts from the root alone
         return [np.where(d >= j, 1 if j == 1 else width, 0) for j in range(1, int(d.max(initial=0)) + 1)]
 
+    def passes(self, candidates, depth=None) -> list[DraftPass]:
+        """Each pass expands every token it runs."""
+        return [DraftPass(tokens, tokens) for tokens in self.pass_tokens(candidates, depth)]
+
     def describe(self) -> str:
         return (
             f"EAGLE-2's top-k expansion: min({self.depth}, n - 1) draft passes of one layer and the LM head, the "
@@ -94,15 +117,113 @@ class DraftShape:
 EAGLE2_SHAPE = DraftShape()
 
 
-def draft_pass_ops(model: ModelConfig, flavor: str) -> tuple[StepOp, ...]:
-    """The ops of one draft pass over its tokens (module doc): the paper's layer, or one
-    layer of the model's shapes with the embedding, EAGLE's fc, the LM head and the top-k."""
+@dataclass(frozen=True)
+class StaticTreeDraft:
+    """Static trees drafted without a draft KV cache, as the reference decoder drafts them
+    (decoder.eagle.draft_batch): pass j runs the `window` last accepted positions and every
+    node down to depth j (Tree.draft_passes), attending among those alone, and expands the
+    parents of depth j + 1 (module doc). trees: the tree of every size priced."""
+
+    trees: tuple[Tree, ...]
+    window: int
+    cached = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
+            raise PerfkitError(f"the draft's context window must be an integer >= 0, got {self.window!r}")
+        sizes = [t.size for t in self.trees]
+        if len(set(sizes)) != len(sizes):
+            raise PerfkitError(f"one tree per size: got sizes {sorted(sizes)}")
+
+    def tree(self, size: int) -> Tree:
+        for tree in self.trees:
+            if tree.size == size:
+                return tree
+        have = ", ".join(str(t.size) for t in sorted(self.trees, key=lambda t: t.size))
+        raise PerfkitError(f"no static tree of {size} tokens to draft; the trees priced have {have} tokens")
+
+    def depths(self, candidates, depth=None) -> np.ndarray:
+        """Each tree's own depth (0 for plain decoding)."""
+        if depth is not None:
+            raise PerfkitError("a static tree's depth is its own: do not pass depth")
+        n = np.asarray(candidates, dtype=np.int64)
+        return np.vectorize(lambda size: 0 if size == 1 else self.tree(int(size)).depth, otypes=[np.int64])(n)
+
+    def passes(self, candidates, depth=None) -> list[DraftPass]:
+        n = np.asarray(candidates, dtype=np.int64)
+        d = self.depths(n, depth)
+        work = {int(size): self.tree(int(size)).draft_passes for size in np.unique(n[n > 1])}
+        out = []
+        for j in range(int(d.max(initial=0))):
+            run = [work[int(size)][j] if size > 1 and j < d_i else (0, 0) for size, d_i in zip(n.ravel(), d.ravel())]
+            tokens = np.array([r + self.window if r else 0 for r, _ in run], dtype=np.int64).reshape(n.shape)
+            expanded = np.array([e for _, e in run], dtype=np.int64).reshape(n.shape)
+            out.append(DraftPass(tokens, expanded))
+        return out
+
+    def describe(self) -> str:
+        return (
+            f"static trees drafted without a draft KV cache: pass j runs the last {self.window} accepted positions "
+            "and every node down to depth j, and expands the parents of depth j + 1"
+        )
+
+
+def draft_pass_ops(model: ModelConfig, flavor: str, cached: bool = True) -> tuple[StepOp, ...]:
+    """The ops of one draft pass (module doc): the paper's layer, or one layer of the model's
+    shapes with the embedding, EAGLE's fc, and over the nodes expanded (tokens="expanded") the
+    LM head and the top-k. A drafter without a KV cache (cached=False) writes none, builds
+    its mask every pass and ends in a norm, as the reference decoder's does."""
     check_flavor(flavor)
     if flavor == "paper":
         return layer_ops(model, "paper")
     one_layer = dataclasses.replace(model, num_layers=1)
-    # The top-k over a pass's logits reads them as verification reads the tree's: its op prices it.
-    return (*layer_ops(one_layer, flavor), StepOp("eagle_fc"), StepOp("lm_head"), StepOp("verify", label="draft_topk"))
+    layer = layer_ops(one_layer, flavor)
+    if not cached:
+        layer = (
+            *(item for item in layer if item.op != "kv_write"),
+            StepOp("mask", kv=True),
+            StepOp("norm", label="final_norm"),
+        )
+    expanded = (StepOp("lm_head", tokens="expanded"), StepOp("draft_topk", tokens="expanded"))
+    return (*layer, StepOp("eagle_fc"), *expanded)
+
+
+def pass_calls(ops, cached: bool, batch, seq_len, work: DraftPass, drafted):
+    """(step op, phase, batch, seq_len, candidates) of every op call of one draft pass at the
+    points given (arrays, every one with tokens > 0): `candidates` are the pass's tokens, or
+    the nodes it expands; a cached drafter attends to the context and the drafted tokens so
+    far (`drafted`, this pass's included), one without a cache to the pass's tokens alone."""
+    for item in ops:
+        rows = work.expanded if item.tokens == "expanded" else work.tokens
+        if cached:
+            keys = seq_len + drafted if item.kv else seq_len
+        else:
+            keys = work.tokens
+        yield item, "tree", batch, keys, rows
+
+
+def draft_calls(model: ModelConfig, flavor: str, shape, batch, seq_len, candidates, depth=None):
+    """(pass, step op, phase, batch, seq_len, candidates, where) of every op call of drafting
+    the trees at the points given (broadcast arrays): which points it runs at and a mask of
+    the points it belongs to. What drafting runs needs no latency source: the closed loop
+    lists the calls it must time from this, and EagleStep prices them."""
+    b, s, n = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (batch, seq_len, candidates)))
+    drafted = np.zeros(b.shape, dtype=np.int64)
+    ops = draft_pass_ops(model, flavor, shape.cached)
+    for index, work in enumerate(shape.passes(n, None if depth is None else np.broadcast_to(depth, b.shape))):
+        drafted = drafted + work.tokens
+        on = work.tokens > 0
+        if not on.any():
+            continue
+        here = DraftPass(work.tokens[on], work.expanded[on])
+        for call in pass_calls(ops, shape.cached, b[on], s[on], here, drafted[on]):
+            yield (index, *call, on)
+
+
+def draft_points(model: ModelConfig, flavor: str, shape, batch, seq_len, candidates) -> list[tuple]:
+    """The distinct (op, phase, batch, seq_len, candidates) points drafting runs its ops at, in
+    order of first call: what timing the drafts takes."""
+    return distinct_points(call[1:] for call in draft_calls(model, flavor, shape, batch, seq_len, candidates))
 
 
 @dataclass(frozen=True)
@@ -111,13 +232,14 @@ class EagleStep:
     (module doc). Speaks StepModel's step_time, so speedup_table prices it as it prices a
     Medusa step. verify: the step model verifying the tree (with_heads=False), its
     all-reduces included; model and latency: the shard the draft layer is a layer of and
-    its latency source; flavor: the draft's inventory (paper or full)."""
+    its latency source; flavor: the draft's inventory (paper, full or reference); shape: the
+    trees drafted (DraftShape, EAGLE-2's; StaticTreeDraft, the reference decoder's)."""
 
     verify: object
     model: ModelConfig
     latency: LatencySource
     flavor: str = "full"
-    shape: DraftShape = EAGLE2_SHAPE
+    shape: object = EAGLE2_SHAPE
     tp: int = 1
     all_reduce: object | None = None  # perfmodel.latency.allreduce source; None when tp == 1
     dtype: str = "fp16"
@@ -129,29 +251,31 @@ class EagleStep:
     def label(self) -> str:
         return getattr(self.verify, "label", None) or self.latency.label
 
-    def pass_time(self, batch, seq_len, tokens, drafted) -> np.ndarray:
-        """Seconds of one draft pass over `tokens` tokens per sequence, with `drafted` draft
-        tokens (this pass's included) cached beside the seq_len context (arrays broadcast)."""
-        total = np.zeros(np.broadcast(batch, seq_len, tokens, drafted).shape)
-        for item in draft_pass_ops(self.model, self.flavor):
-            attended = seq_len + drafted if item.kv else seq_len
-            total += item.count * np.asarray(self.latency.op_time(item.op, "tree", batch, attended, tokens), float)
+    def pass_times(self, batch, seq_len, candidates, depth=None) -> list[np.ndarray]:
+        """Seconds of each draft pass at the points given (broadcast arrays; 0 where a tree has
+        no such pass), its all-reduces included."""
+        b, n = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (batch, seq_len, candidates)))[::2]
+        work = self.shape.passes(n, None if depth is None else np.broadcast_to(depth, n.shape))
+        times = [np.zeros(n.shape) for _ in work]
+        calls = draft_calls(self.model, self.flavor, self.shape, batch, seq_len, candidates, depth)
+        for index, item, phase, bb, s, q, where in calls:
+            times[index][where] += item.count * np.asarray(self.latency.op_time(item.op, phase, bb, s, q), float)
         if self.tp > 1:
             one_layer = dataclasses.replace(self.model, num_layers=1)
-            total += tp_comm_time_per_step(one_layer, self.tp, batch * tokens, self.dtype, self.all_reduce)
-        return total
+            for index, draft in enumerate(work):
+                on = draft.tokens > 0
+                tokens = b[on] * draft.tokens[on]
+                times[index][on] += tp_comm_time_per_step(one_layer, self.tp, tokens, self.dtype, self.all_reduce)
+        return times
 
     def draft_time(self, batch, seq_len, candidates, depth=None) -> np.ndarray:
         """Seconds of drafting a tree of `candidates` tokens (root included) at the points
         given (broadcast arrays); depth: the tree's (default the shape's, at most n - 1)."""
-        b, s, n = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (batch, seq_len, candidates)))
-        out, drafted = np.zeros(b.shape), np.zeros(b.shape, dtype=np.int64)
-        for tokens in self.shape.pass_tokens(n, None if depth is None else np.broadcast_to(depth, b.shape)):
-            drafted = drafted + tokens
-            on = tokens > 0
-            out[on] += self.pass_time(b[on], s[on], tokens[on], drafted[on])
+        total = sum(
+            self.pass_times(batch, seq_len, candidates, depth), np.zeros(np.broadcast(batch, seq_len, candidates).shape)
+        )
         # The paper's step is one layer standing for each of the model's: a pass is 1/L of it.
-        return out / self.model.num_layers if self.flavor == "paper" else out
+        return total / self.model.num_layers if self.flavor == "paper" else total
 
     def step_time(self, batch, seq_len, candidates=1, depth=None) -> np.ndarray:
         """Seconds per step: drafting (none for plain decoding) plus the verification."""

@@ -141,14 +141,22 @@ def step_calls(model: ModelConfig, flavor: str, batch, seq_len, candidates=1, wi
                 yield item, phase, bb, ss + qq if item.kv and kind else ss, qq if kind else np.ones_like(qq), where
 
 
-def op_points(model: ModelConfig, flavor: str, batch, seq_len, candidates=1) -> list[tuple[str, str, int, int, int]]:
-    """The distinct (op, phase, batch, seq_len, candidates) points the steps given run
-    their ops at, in order of first call: what timing those steps takes."""
+def distinct_points(calls) -> list[tuple[str, str, int, int, int]]:
+    """The distinct (op, phase, batch, seq_len, candidates) points of op calls (step op,
+    phase, batch, seq_len, candidates arrays, ...), in order of first call."""
     points: dict[tuple[str, str, int, int, int], None] = {}
-    for item, phase, b, s, q, _ in step_calls(model, flavor, batch, seq_len, candidates):
+    for item, phase, b, s, q, *_ in calls:
         for point in zip(b.tolist(), s.tolist(), q.tolist()):
             points.setdefault((item.op, phase, *point), None)
     return list(points)
+
+
+def op_points(
+    model: ModelConfig, flavor: str, batch, seq_len, candidates=1, with_heads: bool = True
+) -> list[tuple[str, str, int, int, int]]:
+    """The distinct (op, phase, batch, seq_len, candidates) points the steps given run
+    their ops at, in order of first call: what timing those steps takes."""
+    return distinct_points(step_calls(model, flavor, batch, seq_len, candidates, with_heads))
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,21 @@ LINEAR_OPS = ("q", "k", "v", "qkv", "o", "up", "gate", "gate_up", "down", "lm_he
 # tree mask): measured beside the paper's plain qk/pv matmuls, reported as its own op.
 FUSED_OPS = ("sdpa",)
 # The rest of a decoding step: memory-bound elementwise work around the matmuls, and the
-# Medusa tree's own overhead (candidate top-k, verification, moving accepted KV entries).
-STEP_OPS = ("embed", "norm", "rope", "kv_write", "act", "residual", "mask", "candidates", "verify", "kv_move")
+# Medusa tree's own overhead (candidate top-k, verification, moving accepted KV entries), and
+# a drafter's top-k over the logits of the nodes it expands (EAGLE's children per pass).
+STEP_OPS = (
+    "embed",
+    "norm",
+    "rope",
+    "kv_write",
+    "act",
+    "residual",
+    "mask",
+    "candidates",
+    "verify",
+    "kv_move",
+    "draft_topk",
+)
 # Drafters' own weights beside the target's layer shapes: EAGLE's fc fuses the target's last
 # feature and the sampled token's embedding, [f; e] (2h) -> h, before its one decoder layer.
 DRAFTER_OPS = ("eagle_fc",)
@@ -284,6 +297,8 @@ def step_operands(op: str, model: ModelConfig, batch, seq_len, q_len) -> dict[st
         return {"logits": _read(heads, b, v), "top_tokens": _written(heads, b, HEAD_TOP_K)}
     if op == "verify":
         return {"logits": _read(b, q, v), "prediction": _written(b, q)}
+    if op == "draft_topk":
+        return {"logits": _read(b, q, v), "top_tokens": _written(b, q, HEAD_TOP_K)}
     raise PerfkitError(f"{op!r} is not a step op; choose from: {', '.join(STEP_OPS)}")
 
 
@@ -306,6 +321,7 @@ def step_kernel(op: str, model: ModelConfig, batch, seq_len, q_len) -> Elementwi
         "candidates": heads * batch * v,
         "verify": tokens * v,
         "kv_move": 0,
+        "draft_topk": tokens * v,
     }
     reads = sum(o.reads for o in operands.values())
     writes = sum(o.writes for o in operands.values())

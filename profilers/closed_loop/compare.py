@@ -89,9 +89,10 @@ def print_batch(table: pd.DataFrame, summary: dict) -> None:
         ]
     ]
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    drafted = "; candidates is the drafting" if summary.get("drafting") is not None else ""
     print(
         "where a step's time goes, ms per step (measured in the decoding runs / predicted from the operators; tree "
-        "size 1 is plain decoding):"
+        f"size 1 is plain decoding{drafted}):"
     )
     print(phase_table(summary["phases"]).to_string(index=False))
     if (table["tree_kind"] == "dynamic").any():
@@ -103,6 +104,8 @@ def print_batch(table: pd.DataFrame, summary: dict) -> None:
         f"{summary['ops_plain_step_s'] * 1e3:.2f} ms, "
         f"host overhead {summary['host_overhead_s'] * 1e3:.2f} ms per step (calibrated on plain decoding only)"
     )
+    if summary.get("drafting") is not None:
+        print(summary["drafting"].describe())
     for line in calibration_notes(summary):
         print(line)
     print()

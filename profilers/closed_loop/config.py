@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from decoder.medusa import DRAFTERS
 from perfmodel.base.errors import PerfkitError
 
 DEFAULT_SIZES = (2, 4, 8, 16, 32, 64)
@@ -16,6 +17,7 @@ STEP_FLAVOR = "reference"
 FLUSH_MODES = ("none", "model", "all")
 # Batches of prompts every setting decodes, at the least, by default (ValidateConfig.decode_rounds).
 MIN_TIMED_BATCHES = 16
+VALIDATED_DRAFTERS = DRAFTERS  # the decoder's own: the Medusa heads and the EAGLE drafter
 VALIDATED_SCHEMES = ("greedy", "typical")  # rejection sampling's baseline samples too: no fixed text to compare
 
 
@@ -35,10 +37,18 @@ class ValidateConfig:
     seed: int = 0
     acceptance: str = "greedy"  # greedy or typical
     dynamic: bool = False  # also run the dynamic tree of every size
+    drafter: str = "medusa"  # who drafts the trees: the Medusa heads or the EAGLE drafter
 
     def __post_init__(self) -> None:
         if self.acceptance not in VALIDATED_SCHEMES:
             raise PerfkitError(f"acceptance must be one of {', '.join(VALIDATED_SCHEMES)}, got {self.acceptance!r}")
+        if self.drafter not in VALIDATED_DRAFTERS:
+            raise PerfkitError(f"drafter must be one of {', '.join(VALIDATED_DRAFTERS)}, got {self.drafter!r}")
+        if self.drafter == "eagle" and (self.acceptance != "greedy" or self.dynamic):
+            raise PerfkitError(
+                "the EAGLE closed loop replays greedy steps over static trees: use --acceptance greedy, without "
+                f"--dynamic (got --acceptance {self.acceptance}{' --dynamic' if self.dynamic else ''})"
+            )
         if self.flush not in FLUSH_MODES:
             raise PerfkitError(f"flush must be one of {', '.join(FLUSH_MODES)}, got {self.flush!r}")
         if self.device not in ("cpu", "cuda"):

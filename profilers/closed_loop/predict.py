@@ -3,6 +3,7 @@ from the operators timed beside it and the acceptance of the untimed passes."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,9 +11,11 @@ import pandas as pd
 
 from perfmodel.acceptance.batching import attended_context, batch_acceptance, simulated_tokens
 from perfmodel.latency.calibration import MeasuredLatency
+from perfmodel.latency.eagle import EagleStep
 from perfmodel.latency.step import StepModel
 from perfmodel.models.config import ModelConfig
 from profilers.closed_loop.config import STEP_FLAVOR, TARGET_ERROR, ValidateConfig
+from profilers.closed_loop.eagle import DraftHost, draft_shapes
 from profilers.closed_loop.untimed import UntimedPasses
 
 # Which operators of the reference step run in which phase of the decoder's step; the
@@ -74,13 +77,15 @@ def predicted_phases(step: StepModel, batch: int, contexts, sizes, host_s: float
 class Measured:
     """What one closed loop measured: its runs (timed_runs' rows, plain decoding first),
     the operator rows and plain step timed beside them, the cached tokens each run's steps
-    attend to, and the seconds a dynamic tree of each size takes to build."""
+    attend to, the seconds a dynamic tree of each size takes to build, and with EAGLE the
+    seconds of each probe draft (profilers.closed_loop.eagle.PROBE_TREES) timed alone."""
 
     runs: list[dict]
     rows: pd.DataFrame
     plain_step_s: float
     contexts: dict[tuple[str, int], int]
     build_s: dict[int, float]
+    drafts_s: list[float] = dataclasses.field(default_factory=list)  # EAGLE: each probe draft timed alone
 
 
 def priced_runs(
@@ -90,7 +95,8 @@ def priced_runs(
     measured one, and the calibration behind them."""
     runs, rows, plain_step_s = measured.runs, measured.rows, measured.plain_step_s
     contexts, build_s = measured.contexts, measured.build_s
-    step = StepModel(model, MeasuredLatency(rows, model.name, dtype), STEP_FLAVOR)
+    latency = MeasuredLatency(rows, model.name, dtype)
+    step = StepModel(model, latency, STEP_FLAVOR, with_heads=config.drafter == "medusa")
     sizes = np.array([r["tree_size"] for r in runs])
     attended = np.array([contexts[r["tree_kind"], r["tree_size"]] for r in runs])
     ops_plain = float(step.step_time(config.batch, config.context, 1))
@@ -99,6 +105,14 @@ def priced_runs(
     # a dynamic tree is built on the host for every sequence of every step
     tree_build = np.array([build_s.get(r["tree_size"], 0.0) if r["tree_kind"] == "dynamic" else 0.0 for r in runs])
     tree_build = tree_build * config.batch
+    draft_ops, draft_host, drafting = np.zeros(len(runs)), np.zeros(len(runs)), None
+    if config.drafter == "eagle":  # the tree drafted before the step verifies it
+        run_shape, probe_shape = draft_shapes(record)
+        eagle = EagleStep(step, model, latency, STEP_FLAVOR, run_shape)
+        draft_ops = eagle.draft_time(config.batch, attended, sizes)
+        drafting = DraftHost.fit(eagle, probe_shape, config.batch, config.context, measured.drafts_s)
+        draft_host = drafting.seconds(run_shape, sizes)
+    ops_tree = ops_tree + draft_ops
     table = pd.DataFrame(runs)
     decoded_plain_step_s = float(table["measured_step_s"].iloc[0])
     acceptance = [predicted_acceptance(r["tree_kind"], r["tree_size"], record, config) for r in runs]
@@ -107,10 +121,11 @@ def priced_runs(
     table["measured_batch_acceptance"] = [r["batch_acceptance"] for r in runs]
     table["attended_context"] = attended
     table = table.assign(**predicted_phases(step, config.batch, attended, sizes, host))
-    table["predicted_candidates_s"] += tree_build
+    table["predicted_candidates_s"] += tree_build + draft_ops + draft_host
     table["ops_step_s"] = ops_tree
     table["dynamic_tree_build_s"] = tree_build
-    table["predicted_step_s"] = ops_tree + host + tree_build
+    table["draft_host_s"] = draft_host
+    table["predicted_step_s"] = ops_tree + host + tree_build + draft_host
     table["predicted_speedup"] = table["predicted_batch_acceptance"] / (table["predicted_step_s"] / plain_step_s)
     table["ops_only_speedup"] = table["predicted_batch_acceptance"] / (ops_tree / ops_plain)
     table["error"] = (table["predicted_speedup"] - table["measured_speedup"]) / table["measured_speedup"]
@@ -122,6 +137,7 @@ def priced_runs(
     accuracy_speedup = table["accuracy_batch_acceptance"] / (table["predicted_step_s"] / plain_step_s)
     table["accuracy_error"] = accuracy_speedup / table["measured_speedup"] - 1
     table["batch"], table["context"], table["acceptance_scheme"] = config.batch, config.context, config.acceptance
+    table["drafter"] = config.drafter
     # Which device and model the comparison describes, so reports can match it to theirs.
     table["device"], table["model"], table["dtype"] = rows["device"].iloc[0], model.name, dtype
     phases = table[[c for c in table.columns if c.endswith("_s") and c.split("_", 1)[1][:-2] in DECODER_PHASE_OPS]]
@@ -136,12 +152,14 @@ def priced_runs(
         "max_abs_error": float(table["error"].abs().max()),
         "within_target": bool((table["error"].abs() <= TARGET_ERROR).all()),
         "phases": phases,
+        "drafting": drafting,
     }
     columns = [
         "device",
         "model",
         "dtype",
         "acceptance_scheme",
+        "drafter",
         "tree_kind",
         "tree_size",
         "batch",
@@ -161,6 +179,7 @@ def priced_runs(
         "accuracy_error",
         "ops_only_speedup",
         "dynamic_tree_build_s",
+        "draft_host_s",
         "lossless",
         *[c for c in phases.columns if c.endswith("_s")],
     ]

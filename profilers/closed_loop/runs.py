@@ -32,7 +32,15 @@ PROBE_LEAD, PROBE_STEPS = 8, 32
 
 
 def operator_timing(
-    model: ModelConfig, config: ValidateConfig, dtype: str, decoder, probe_prompts, contexts: dict, log
+    model: ModelConfig,
+    config: ValidateConfig,
+    dtype: str,
+    decoder,
+    probe_prompts,
+    contexts: dict,
+    log,
+    extra_points=(),
+    extra_calls=(),
 ):
     """Every op call of the plain step and of each run's tree step (at the context its
     steps attend to, `contexts`: (kind, size) -> tokens), and the decoder's own plain step,
@@ -45,7 +53,9 @@ def operator_timing(
     same state as they do, so the host overhead (step minus its operators) carries no
     drift between the two measurements; and both are sampled between the batches of the
     decoding runs, so a machine whose speed wanders over minutes (a shared VM) is the same
-    machine for the prediction and for the speedups it is compared with."""
+    machine for the prediction and for the speedups it is compared with. extra_points,
+    extra_calls: more op points (a drafter's) and calls (its drafts timed alone) to time in
+    the same rounds (operator_rows gives their medians)."""
 
     info, nvml = (cpu_info(), None) if config.device == "cpu" else cuda_info()
     timer = default_timer(config.device, config.budget_s)
@@ -57,11 +67,12 @@ def operator_timing(
         )
     sweeper = Sweeper(SweepConfig(config.device, model, dtype, QUICK_GRID, Path("unused.csv"), timer=timer), info, nvml)
     sizes, seq_lens = np.array([n for _, n in contexts]), np.array(list(contexts.values()))
-    points = op_points(model, STEP_FLAVOR, config.batch, seq_lens, sizes)
+    points = op_points(model, STEP_FLAVOR, config.batch, seq_lens, sizes, with_heads=config.drafter == "medusa")
+    points += [point for point in dict.fromkeys(extra_points) if point not in set(points)]
     probes = [
         functools.partial(decoder.generate, probe_prompts, tokens, topk=HEAD_TOP_K)
         for tokens in (PROBE_LEAD, PROBE_LEAD + PROBE_STEPS)
-    ]
+    ] + list(extra_calls)
     log(
         f"timing {len(points)} operator points of the {model.name} step and the decoder's plain step on "
         f"{info.name}, interleaved with the decoding runs ..."
@@ -69,16 +80,17 @@ def operator_timing(
     return sweeper.interleaved(points, "validate", extra_calls=probes)
 
 
-def operator_rows(timing) -> tuple[pd.DataFrame, float]:
-    """Measured data-contract rows of the op points, and the decoder's plain step (s)."""
-    rows, (short, long) = timing.finish()
+def operator_rows(timing) -> tuple[pd.DataFrame, float, list[float]]:
+    """Measured data-contract rows of the op points, the decoder's plain step (s), and the
+    median seconds of operator_timing's extra calls."""
+    rows, (short, long, *extras) = timing.finish()
     for row in rows:
         if row["status"] != "ok":
             raise PerfkitError(
                 f"could not time {row['op']}/{row['phase']} at batch {row['batch']}, seq {row['seq_len']}, "
                 f"candidates {row['candidates']}: {row['reason']}"
             )
-    return pd.DataFrame(rows), (long.median_s - short.median_s) / PROBE_STEPS
+    return pd.DataFrame(rows), (long.median_s - short.median_s) / PROBE_STEPS, [e.median_s for e in extras]
 
 
 def timed_runs(
@@ -95,8 +107,9 @@ def timed_runs(
         decoder.generate(prompts[: config.batch], 8, **kwargs, **setting)
     sizes = ", ".join(str(n) for kind, n in record.settings if kind == "static")
     kinds = " and dynamic" if config.dynamic else ""
+    drafted = ", drafted by EAGLE," if config.drafter == "eagle" else ""
     log(
-        f"timing plain decoding and static{kinds} trees of {sizes} tokens interleaved, "
+        f"timing plain decoding and static{kinds} trees of {sizes} tokens{drafted} interleaved, "
         f"{config.acceptance} acceptance, {config.decode_rounds} round(s) ..."
     )
     shares = config.decode_rounds * -(-len(prompts) // config.batch)
