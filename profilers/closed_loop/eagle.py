@@ -13,12 +13,14 @@ differs from the Medusa heads' loop.
   its attention spans, plus the host overhead calibrated on plain decoding (as for the
   heads), plus the drafting (perfmodel.latency.eagle: StaticTreeDraft, the passes this
   decoder runs, each op timed beside the runs), plus the drafting's own host overhead.
-- The drafting's host overhead (its Python, the module calls, the masks, gathers and
-  concatenations between the timed ops) grows with the passes and with the tokens each runs
-  (measured: 0.4-0.6 ms a pass at 5-30 tokens, 0.7-1.1 ms at 60). It is fitted, per pass and
-  per token drafted, on three drafts timed on their own (PROBE_TREES: breadth-first trees of
-  1, 2 and 4 passes, none a tree the run validates) minus their priced ops: never on an
-  EAGLE decoding run.
+- The drafting's host overhead: its Python (each sequence's window gathered, the plan, the
+  masks, gathers and concatenations between the timed ops, the module calls), less what the
+  ops timed alone in a random order cost beyond what they cost in a pass. It is fitted, per
+  draft and per pass, on four drafts timed on their own (PROBE_TREES: breadth-first trees of
+  1, 2 and 4 passes and a chain of 5, none a tree the run validates) minus their priced ops:
+  never on an EAGLE decoding run. Measured on the 2-core EPYC: about 0.4-0.8 ms a draft, and
+  per pass from -0.02 ms (batch 1) to -0.19 ms (batch 4), the cold-cache surplus of the ops
+  timed alone outgrowing the Python of a pass; a per-token term fitted nothing there.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.optimize import nnls
 
 from decoder.eagle import CONTEXT, EAGLE_DEPTH, History, chain_hits
 from decoder.runs import decode_batches
@@ -40,9 +41,15 @@ from perfmodel.models.operators import HEAD_TOP_K
 from profilers.closed_loop.config import STEP_FLAVOR, ValidateConfig
 from profilers.closed_loop.untimed import UntimedPasses, decode_kwargs, prompt_generations, prompt_survivals
 
-# Drafts timed on their own for the drafting's host overhead: 1, 2 and 4 passes over 5, 14
-# and 74 tokens per sequence (breadth-first, so unlike the greedy trees a run validates).
-PROBE_TREES = (Tree.breadth_first(4, 4), Tree.breadth_first(12, 4), Tree.breadth_first(50, 3))
+# Drafts timed on their own for the drafting's host overhead: 1, 2, 4 and 5 passes (the
+# drafter is trained 5 deep) over 5, 14, 74 and 35 tokens per sequence; breadth-first trees
+# and a chain, unlike the greedy trees a run validates.
+PROBE_TREES = (
+    Tree.breadth_first(4, 4),
+    Tree.breadth_first(12, 4),
+    Tree.breadth_first(50, 3),
+    Tree.breadth_first(5, 1),
+)
 
 
 def eagle_untimed_passes(decoder, prompts, config: ValidateConfig, log) -> UntimedPasses:
@@ -108,22 +115,23 @@ def draft_probes(decoder, batch: int, features: torch.Tensor, seed: int) -> list
 
 
 def draft_work(shape: StaticTreeDraft, sizes) -> np.ndarray:
-    """(passes, tokens run) per sequence of drafting each tree size (0, 0 for plain decoding)."""
+    """(drafts, passes) per sequence and step of each tree size: (1, depth), (0, 0) for plain
+    decoding, which drafts nothing."""
     out = []
     for n in np.atleast_1d(sizes):
-        passes = shape.tree(int(n)).draft_passes if n > 1 else ()
-        out.append((len(passes), sum(shape.window + run for run, _ in passes)))
+        depth = shape.tree(int(n)).depth if n > 1 else 0
+        out.append((float(depth > 0), depth))
     return np.array(out, dtype=float).reshape(-1, 2)
 
 
 @dataclass(frozen=True)
 class DraftHost:
-    """The drafting's host overhead: `per_pass` seconds a pass and `per_token` a token it runs
-    per sequence, fitted on the probes (measured minus priced ops; non-negative least squares,
+    """The drafting's host overhead: `per_draft` seconds a step's draft and `per_pass` a pass
+    (module doc), fitted by least squares on the probes (measured minus priced ops;
     `residuals` after the fit)."""
 
+    per_draft: float
     per_pass: float
-    per_token: float
     residuals: tuple[float, ...]
 
     @classmethod
@@ -132,16 +140,15 @@ class DraftHost:
         priced = EagleStep(step.verify, step.model, step.latency, STEP_FLAVOR, probes).draft_time(batch, context, sizes)
         host = np.asarray(measured, dtype=float) - priced
         work = draft_work(probes, sizes)
-        # non-negative: a few noisy probes must not fit a negative cost that larger trees extrapolate
-        (per_pass, per_token), _ = nnls(work, host)
-        return cls(float(per_pass), float(per_token), tuple(float(r) for r in work @ [per_pass, per_token] - host))
+        (per_draft, per_pass), *_ = np.linalg.lstsq(work, host, rcond=None)
+        return cls(float(per_draft), float(per_pass), tuple(float(r) for r in work @ [per_draft, per_pass] - host))
 
     def seconds(self, shape: StaticTreeDraft, sizes) -> np.ndarray:
-        return draft_work(shape, sizes) @ np.array([self.per_pass, self.per_token])
+        return draft_work(shape, sizes) @ np.array([self.per_draft, self.per_pass])
 
     def describe(self) -> str:
         worst = max(abs(r) for r in self.residuals) * 1e3
         return (
-            f"drafting's host overhead {self.per_pass * 1e3:.3f} ms per pass + {self.per_token * 1e6:.1f} us per token "
-            f"drafted per sequence (fitted on {len(self.residuals)} drafts timed alone, within {worst:.3f} ms)"
+            f"drafting's host overhead {self.per_draft * 1e3:.3f} ms per draft {self.per_pass * 1e3:+.3f} ms per pass "
+            f"(fitted on {len(self.residuals)} drafts timed alone, within {worst:.3f} ms)"
         )
