@@ -1,4 +1,4 @@
-"""python -m perfmodel.validate: predict the Medusa speedup, then run the decoder and compare.
+"""python -m perfmodel.validate: predict the Medusa (or EAGLE) speedup, then run the decoder and compare.
 
 The experiment (decoding runs, operator timings, prediction, tables) is profilers.closed_loop."""
 

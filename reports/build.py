@@ -118,11 +118,12 @@ def load_inputs(
     dtype = check_dtype(config.dtype or default_dtype("cpu" if view.is_cpu else "cuda"))
     view.spec.peak_flops(dtype)  # one clear line when the device has no such peak
     acceptance = report_acceptance(config.acceptance, config.model)
-    validation = load_validation(
-        list(config.validation) or stored_closed_loops(view.spec.key), view.spec.key, model.name
-    )
-    ablation = load_ablation(list(config.ablation) or stored_tree_ablations(), view.spec.key, model.name)
-    return view, model, dtype, acceptance, validation, ablation
+    key, given = view.spec.key, list(config.validation)
+    validation = load_validation(given or stored_closed_loops(key), key, model.name)
+    # closed loops whose trees EAGLE drafted: evidence for the drafters' section, not the heads'
+    drafted = load_validation(given or stored_closed_loops(key, drafter="eagle"), key, model.name, "eagle")
+    ablation = load_ablation(list(config.ablation) or stored_tree_ablations(), key, model.name)
+    return view, model, dtype, acceptance, validation, drafted, ablation
 
 
 def build(config: BuildConfig, log=print) -> Report:
@@ -130,7 +131,7 @@ def build(config: BuildConfig, log=print) -> Report:
     if config.out is not None:  # before any work: a bad --out costs one line, not a sweep
         writable_dir(config.out, "report folder")
     check_flavors([config.step], WHOLE_STEP_FLAVORS)
-    view, model, dtype, acceptance, validation, ablation = load_inputs(config, log)
+    view, model, dtype, acceptance, validation, drafted, ablation = load_inputs(config, log)
     tracer = step_tracer(config.step)  # one for the plan and the simulations: each point traced once
     grid = QUICK_GRID if view.is_cpu else PAPER_GRID
     with Renderer(config.jobs) as renderer:
@@ -213,7 +214,7 @@ def build(config: BuildConfig, log=print) -> Report:
             describe_device(page, view, dtype)
             roofline_section(page, figure, roof, op_errors)
             speedup_section(page, figure, report, sims, draft, speed_pngs, extra_pngs, validation)
-            drafter_section(page, report, compared, drafters)
+            drafter_section(page, report, compared, drafters, drafted)
             acceptance_section(page, figure, report, extra_pngs)
             tree_section(page, figure, report, tree, best, extra_pngs)
             ablation_section(page, figure, report, ablation, extra_pngs)

@@ -219,6 +219,26 @@ def batch_runs(batches, winners) -> list[str]:
     return said
 
 
+def measured_drafting_text(measured: pd.DataFrame, device: str) -> str:
+    """What closed loops of EAGLE-drafted trees measured on this device, and how far the
+    model's predictions of them were (measured first, as every headline)."""
+    slowest = measured.loc[measured["measured_speedup"].idxmin()]
+    fastest = measured.loc[measured["measured_speedup"].idxmax()]
+    batches = ", ".join(str(b) for b in sorted(set(measured["batch"])))
+    sizes = sorted(set(measured["tree_size"]))
+    worst = {name: rows["error"].abs().max() for name, rows in measured.groupby("file")}
+    everywhere = "; slower than plain decoding everywhere" if fastest["measured_speedup"] < 1 else ""
+    return (
+        f"Measured first, on {device} (python -m perfmodel.validate --drafter eagle, {len(worst)} run(s): "
+        f"{', '.join(sorted(worst))}): EAGLE-drafted trees of {sizes[0]}-{sizes[-1]} tokens at batches {batches} "
+        f"decoded at {slowest['measured_speedup']:.2f}x to {fastest['measured_speedup']:.2f}x plain decoding "
+        f"(the fastest: batch {fastest['batch']}, {fastest['tree_size']} tokens{everywhere}). The model "
+        "predicted every point within "
+        + ", ".join(f"{worst[name]:.1%} ({name})" for name in sorted(worst))
+        + ". The predictions below are for this device's own latency source and acceptance."
+    )
+
+
 def drafter_wins_text(chosen: pd.DataFrame, step: str) -> str:
     """Where each drafter is the fastest in simulation (b) for one step flavour (`chosen`:
     perfmodel.planning.drafter_choice.best_drafters), and which drafters never are."""

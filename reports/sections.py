@@ -132,12 +132,18 @@ DRAFTERS_HEADING = "Drafters: Medusa heads, EAGLE, a draft model"
 BEST_CSS = "td.best { font-weight: bold; }"
 
 
-def drafter_section(page: Page, report: Report, compared: pd.DataFrame, drafters: list[Drafter]) -> None:
+def drafter_section(
+    page: Page, report: Report, compared: pd.DataFrame, drafters: list[Drafter], measured: pd.DataFrame | None = None
+) -> None:
     """Simulation (b) per drafter (compared: simulations.device_table of `drafters` over the
     page's whole-step flavours): per flavour where each drafter wins and a table of each
     one's best tree and speedup per batch, every cell keyed by what it rests on (as the
-    decision map's), the fastest in bold; then what each drafter's acceptance rests on."""
+    decision map's), the fastest in bold; then what each drafter's acceptance rests on.
+    measured: closed-loop rows of EAGLE-drafted trees on this device (sources.load_validation),
+    shown first where there are any."""
     page.heading(DRAFTERS_HEADING)
+    if measured is not None and len(measured):
+        page.paragraph(prose.measured_drafting_text(measured, report.view.spec.key))
     page.paragraph(
         "Three ways to draft the tokens a step verifies, priced alike: speedup = tokens per step x T(plain) / "
         "T(step). The Medusa heads draft the tree inside the step, in one parallel pass; EAGLE drafts it depth "

@@ -155,10 +155,14 @@ def recommended_tree(size: int, acceptance: ReportAcceptance, at_edge: bool = Fa
     return RecommendedTree(vicuna_7b_prefix(nodes), None, size, note, at_edge)
 
 
-def load_validation(paths: list[Path], device_key: str, model_name: str) -> pd.DataFrame:
-    """The closed-loop rows of `paths` that describe this device and model."""
+def load_validation(paths: list[Path], device_key: str, model_name: str, drafter: str = "medusa") -> pd.DataFrame:
+    """The closed-loop rows of `paths` that describe this device and model, with trees drafted
+    by `drafter` (a run from before the loop had a drafter column drafted with the heads):
+    an EAGLE run is no evidence for the heads' trees, nor theirs for EAGLE's."""
     table = read_command_csvs(paths, VALIDATION_COLUMNS, "perfmodel.validate --csv")
-    return table[(table["device"] == device_key) & (table["model"] == model_name)].reset_index(drop=True)
+    drafted = table["drafter"].fillna("medusa") if "drafter" in table else pd.Series("medusa", index=table.index)
+    keep = (table["device"] == device_key) & (table["model"] == model_name) & (drafted == drafter)
+    return table[keep].reset_index(drop=True)
 
 
 def load_ablation(paths: list[Path], device_key: str, model_name: str) -> pd.DataFrame:

@@ -29,12 +29,12 @@ LATENCY = RooflineLatency(resolve_spec("a100"), LLAMA, "fp16")
 
 def test_eagle_closed_loop_replays_the_steps_and_prices_the_drafting(tmp_path, capsys):
     out = tmp_path / "eagle.csv"
-    args = ["--drafter", "eagle", "--sizes", "4", "16", "--batch", "1", "2", "--prompts", "2", "--new-tokens", "12"]
+    args = ["--drafter", "eagle", "--sizes", "4", "--batch", "1", "2", "--prompts", "2", "--new-tokens", "12"]
     assert (
         main([*args, "--budget", "0.02", "--rounds", "1", "--csv", str(out), "--ops-csv", str(tmp_path / "o.csv")]) == 0
     )
     df = pd.read_csv(out)
-    assert set(df["drafter"]) == {"eagle"} and list(df["tree_size"]) == [4, 16, 4, 16] and df["lossless"].all()
+    assert set(df["drafter"]) == {"eagle"} and list(df["tree_size"]) == [4, 4] and df["lossless"].all()
     # the drafter's chain along the plain text gives the decoder's steps exactly, at every batch
     np.testing.assert_allclose(df["predicted_batch_acceptance"], df["measured_batch_acceptance"], rtol=1e-12)
     # the drafting is priced: its ops and its host overhead, in the candidates part of the step
@@ -122,3 +122,25 @@ def test_the_drafters_history_keeps_what_was_pushed():
     history.push(0, torch.full((1, 4), 2.0), [8])
     features, tokens = history.inputs(0)
     assert tokens == [8] and features[0].tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_reports_keep_eagle_closed_loops_apart_from_the_heads():
+    """An EAGLE run is evidence for EAGLE's trees, never for the heads' decision map; the
+    drafters' section states it first."""
+    from perfmodel.measured.store import stored_closed_loops
+    from reports.prose import measured_drafting_text
+    from reports.sources import load_validation
+
+    key = "cpu-amd-epyc-2c"
+    eagle_runs = stored_closed_loops(key, drafter="eagle")
+    assert [p.name for p in eagle_runs] == ["validate-bundled-eagle-run2.csv", "validate-bundled-eagle-run3.csv"]
+    both = stored_closed_loops(key) + eagle_runs
+    heads = load_validation(both, key, "bundled")
+    drafted = load_validation(both, key, "bundled", "eagle")
+    assert len(heads) and len(drafted) == 30 and set(drafted["drafter"]) == {"eagle"}
+    assert "drafter" not in heads or set(heads["drafter"].fillna("medusa")) == {"medusa"}
+    text = measured_drafting_text(drafted, key)
+    assert text.startswith("Measured first, on cpu-amd-epyc-2c") and "0.16x to 0.84x plain decoding" in text
+    assert "3.5% (validate-bundled-eagle-run2.csv), 6.4% (validate-bundled-eagle-run3.csv)" in text
+    with pytest.raises(PerfkitError, match="closed loops are stored for drafters medusa, eagle, not 'draft'"):
+        stored_closed_loops(key, drafter="draft")

@@ -24,7 +24,7 @@ TWIN_RUNS = ROOT / "profilers" / "measurements" / "cpu-intel-xeon-processor-2c" 
     "page, runs",
     [
         ("closed-loop-eagle-amd-epyc-2c.md", [EAGLE_RUNS / f"validate-bundled-eagle-run{i}.csv" for i in (2, 3)]),
-        ("closed-loop-eagle-amd-epyc-2c.md", [EAGLE_RUNS / "validate-bundled-eagle-run1.csv"]),
+        ("closed-loop-eagle-amd-epyc-2c.md", [EAGLE_RUNS / "superseded" / "validate-bundled-eagle-run1.csv"]),
         ("twin-closed-loop.md", [TWIN_RUNS / f"tinyllama-1.1b-bf16-run{i}.csv" for i in (3, 4)]),
         ("twin-closed-loop.md", [TWIN_RUNS / f"tinyllama-1.1b-bf16-run{i}.csv" for i in (1, 2)]),
     ],

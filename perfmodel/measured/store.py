@@ -217,10 +217,17 @@ def stored_tree_ablations(roots: list[Path] | None = None) -> list[Path]:
     return [path for root in roots or measurement_roots() for path in sorted(root.glob("*/tree-ablation/*.csv"))]
 
 
-def stored_closed_loops(device_key: str, roots: list[Path] | None = None) -> list[Path]:
-    """Stored perfmodel.validate CSVs of a device (<root>/<device>/closed-loop/*.csv)."""
+# Where a device's closed loops are stored, by who drafted their trees.
+CLOSED_LOOP_FOLDERS = {"medusa": "closed-loop", "eagle": "closed-loop-eagle"}
+
+
+def stored_closed_loops(device_key: str, roots: list[Path] | None = None, drafter: str = "medusa") -> list[Path]:
+    """Stored perfmodel.validate CSVs of a device (<root>/<device>/closed-loop/*.csv; with
+    drafter="eagle", closed-loop-eagle/)."""
+    if drafter not in CLOSED_LOOP_FOLDERS:
+        raise PerfkitError(f"closed loops are stored for drafters {', '.join(CLOSED_LOOP_FOLDERS)}, not {drafter!r}")
     return [
         path
         for root in roots or measurement_roots()
-        for path in sorted((root / device_key / "closed-loop").glob("*.csv"))
+        for path in sorted((root / device_key / CLOSED_LOOP_FOLDERS[drafter]).glob("*.csv"))
     ]
