@@ -375,6 +375,8 @@ def auto_tree(
     return choice, choice.tree(accuracy)
 
 
-def default_tree_name(ckpt: Checkpoint) -> str:
-    """auto where the checkpoint records its heads' accuracies, else its own default tree."""
-    return "auto" if ckpt.heads is not None and checkpoint_accuracy(ckpt) is not None else "default"
+def default_tree_name(ckpt: Checkpoint, drafter: str = "medusa") -> str:
+    """auto where the checkpoint records its heads' accuracies and the heads draft, else its
+    own default tree (auto prices the heads' trees: EAGLE drafts the default tree unless told)."""
+    heads = drafter == "medusa" and ckpt.heads is not None
+    return "auto" if heads and checkpoint_accuracy(ckpt) is not None else "default"

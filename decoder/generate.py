@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_medusa:
         if ckpt.heads is None:
             raise PerfkitError(f"{ckpt.folder} has no Medusa heads; use --no-medusa or --heads DIR")
-        name = args.tree or default_tree_name(ckpt)
+        name = args.tree or default_tree_name(ckpt, args.drafter)
         if name == "auto":
             context = len(ids) + args.max_new_tokens // 2
             choice, tree = auto_tree(decoder, ckpt, 1, context, args.max_new_tokens, say, args.recalibrate)

@@ -160,7 +160,7 @@ def measure(args) -> dict:
         decoder, prompts, decode_batches(decoder, prompts, batch, args.new_tokens, **run_kwargs).tokens
     )
     nodes = args.dynamic if args.dynamic else 0
-    name = args.tree or ("default" if nodes else default_tree_name(ckpt))
+    name = args.tree or ("default" if nodes else default_tree_name(ckpt, args.drafter))
     auto = None
     if name == "auto":
         context = args.prompt_len + args.new_tokens // 2

@@ -146,3 +146,19 @@ def test_eagle_is_refused_where_it_cannot_run(trained):
     bare = Decoder(Checkpoint(None, trained.config, trained.model, trained.heads, None, None, {}))
     with pytest.raises(PerfkitError, match="has no EAGLE drafter .*python -m decoder.train --eagle"):
         bare.generate([[1, 2]], 4, tree=TREE, drafter="eagle")
+
+
+def test_measure_and_generate_draft_the_default_tree_with_eagle_when_no_tree_is_named(tmp_path, capsys):
+    """The bundled checkpoint records its heads' accuracies, so the heads' default is --tree auto
+    (priced for the heads); with --drafter eagle and no --tree, EAGLE drafts the default tree."""
+    from decoder.generate import main as generate_main
+    from decoder.measure import main as measure_main
+
+    out = tmp_path / "eagle.json"
+    argv = ["--drafter", "eagle", "--acceptance", "greedy", "--prompts", "2", "--new-tokens", "8", "--sizes", "1", "4"]
+    assert measure_main([*argv, "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["drafter"] == "eagle" and record["tree"]["name"] == "default" and record["auto"] is None
+    assert record["lossless"] is True and record["mean_accepted_tokens"] > 1 and record["per_depth_acceptance"]
+    assert generate_main(["--prompt", "def f(x):", "--drafter", "eagle", "--max-new-tokens", "8"]) == 0
+    assert "--tree auto" not in capsys.readouterr().err
