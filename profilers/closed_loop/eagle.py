@@ -25,6 +25,7 @@ differs from the Medusa heads' loop.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,7 @@ from decoder.tree import tree_buffers
 from perfmodel.acceptance.batching import conditional_accuracy
 from perfmodel.acceptance.trees import Tree, greedy_tree
 from perfmodel.base.errors import PerfkitError
-from perfmodel.latency.eagle import EagleStep, StaticTreeDraft
+from perfmodel.latency.eagle import EagleStep, StaticTreeDraft, draft_points
 from perfmodel.models.operators import HEAD_TOP_K
 from profilers.closed_loop.config import STEP_FLAVOR, ValidateConfig
 from profilers.closed_loop.untimed import UntimedPasses, decode_kwargs, prompt_generations, prompt_survivals
@@ -91,6 +92,18 @@ def draft_shapes(record: UntimedPasses) -> tuple[StaticTreeDraft, StaticTreeDraf
     return StaticTreeDraft(run_trees(record), CONTEXT), StaticTreeDraft(PROBE_TREES, CONTEXT)
 
 
+def drafting_to_time(model, config: ValidateConfig, record: UntimedPasses, decoder, prompt) -> tuple[list, list]:
+    """What the operator rounds time besides the step: the op points of every draft (the run's
+    trees and the probes) and the probe drafts themselves, on the features of `prompt`."""
+    points = []
+    for shape in draft_shapes(record):
+        sizes = [t.size for t in shape.trees]
+        points += draft_points(model, STEP_FLAVOR, shape, config.batch, config.context, sizes)
+    with torch.inference_mode():
+        features = decoder.model.hidden(torch.tensor([prompt], device=decoder.device))[0]
+    return points, draft_probes(decoder, config.batch, features, config.seed)
+
+
 def draft_probes(decoder, batch: int, features: torch.Tensor, seed: int) -> list:
     """One call per PROBE_TREES drafting that tree for a batch, as a step's candidates part
     does (Decoder.eagle_candidates), from a full context window of real features."""
@@ -137,7 +150,7 @@ class DraftHost:
     @classmethod
     def fit(cls, step: EagleStep, probes: StaticTreeDraft, batch: int, context: int, measured) -> DraftHost:
         sizes = np.array([t.size for t in probes.trees])
-        priced = EagleStep(step.verify, step.model, step.latency, STEP_FLAVOR, probes).draft_time(batch, context, sizes)
+        priced = dataclasses.replace(step, shape=probes).draft_time(batch, context, sizes)
         host = np.asarray(measured, dtype=float) - priced
         work = draft_work(probes, sizes)
         (per_draft, per_pass), *_ = np.linalg.lstsq(work, host, rcond=None)

@@ -10,11 +10,10 @@ from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder
 from decoder.runs import heldout_prompts
 from perfmodel.base.errors import PerfkitError
-from perfmodel.latency.eagle import draft_points
 from perfmodel.models.config import load_model
 from profilers.closed_loop.compare import print_batch
-from profilers.closed_loop.config import STEP_FLAVOR, ValidateConfig
-from profilers.closed_loop.eagle import draft_probes, draft_shapes, eagle_untimed_passes
+from profilers.closed_loop.config import ValidateConfig
+from profilers.closed_loop.eagle import drafting_to_time, eagle_untimed_passes
 from profilers.closed_loop.predict import Measured, priced_runs, step_contexts
 from profilers.closed_loop.runs import (
     PROBE_LEAD,
@@ -48,15 +47,8 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
     with torch_threads(config.threads):
         record = (eagle_untimed_passes if eagle else untimed_passes)(decoder, prompts, config, log)
         contexts = step_contexts(record, config)
-        points, calls = (), ()
-        if eagle:  # the drafts' ops, and drafts timed alone for their host overhead
-            run_shape, probe_shape = draft_shapes(record)
-            sizes = [n for kind, n in contexts if kind != "plain"]
-            points = draft_points(model, STEP_FLAVOR, run_shape, config.batch, config.context, sizes)
-            probe_sizes = [t.size for t in probe_shape.trees]
-            points += draft_points(model, STEP_FLAVOR, probe_shape, config.batch, config.context, probe_sizes)
-            features = probe_features(decoder, probe_prompts[0])
-            calls = draft_probes(decoder, config.batch, features, config.seed)
+        # with EAGLE, the drafts' ops and drafts timed alone (their host overhead) besides the step's
+        points, calls = drafting_to_time(model, config, record, decoder, probe_prompts[0]) if eagle else ((), ())
         timing = operator_timing(model, config, dtype, decoder, probe_prompts, contexts, log, points, calls)
         runs = timed_runs(decoder, prompts, config, record, log, between=timing.sample_share)
         rows, plain_step_s, drafts_s = operator_rows(timing)
@@ -68,12 +60,6 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
     measured = Measured(runs, rows, plain_step_s, contexts, build_s, drafts_s)
     table, summary = priced_runs(config, model, dtype, record, measured)
     return table, rows, summary
-
-
-def probe_features(decoder, prompt: list[int]) -> torch.Tensor:
-    """The target's features over a held-out prompt: real inputs for the drafts timed alone."""
-    with torch.inference_mode():
-        return decoder.model.hidden(torch.tensor([prompt], device=decoder.device))[0]
 
 
 def run_batches(configs: list[ValidateConfig], log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
