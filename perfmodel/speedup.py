@@ -21,7 +21,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, run
 from perfmodel.latency.attention_table import write_measured_attention
 from perfmodel.latency.source import view_latency
-from perfmodel.latency.tensor_parallel import TensorParallelStep, tensor_parallel_steps
+from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives, tensor_parallel_steps
 from perfmodel.latency.traced import TracedStep
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import serving_plan
@@ -132,8 +132,8 @@ def point_steps(device, model, dtype: str, flavors, latency, tp: int, cuda_graph
         shard = model.shard(tp)
         source = view_latency(device, shard, dtype, latency)
         traced = TracedStep(shard, source, dtype, trace_step, cuda_graph=cuda_graph)
-        comm = steps and next(iter(steps.values())).all_reduce
-        steps["traced"] = TensorParallelStep(traced, tp, comm if tp > 1 else None, dtype)
+        comm = step_collectives(device.spec, tp, dtype, source.stack)
+        steps["traced"] = TensorParallelStep(traced, tp, comm.all_reduce, dtype, comm.gather)
     return steps
 
 

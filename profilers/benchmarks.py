@@ -189,6 +189,16 @@ class OpBenchmark:
         if op == "norm":
             x, norm = new(shape["x"]), RMSNorm(shape["weight"][0], 1e-6).to(device, torch_dtype(self.dtype))
             return KernelRun(kernel, {"x": x, "weight": norm.weight}, lambda: norm(x))
+        if op == "add_norm":
+            # the same math as an engine's fused kernel, as this harness's torch runs it
+            x, r = new(shape["x"]), new(shape["residual"])
+            norm = RMSNorm(shape["weight"][0], 1e-6).to(device, torch_dtype(self.dtype))
+
+            def add_norm():
+                total = x + r
+                return norm(total), total
+
+            return KernelRun(kernel, {"x": x, "residual": r, "weight": norm.weight}, add_norm)
         if op == "rope":
             xq, xk = new(shape["q"]), new(shape["k"])
             batch, _, tokens, dim = shape["cos"]

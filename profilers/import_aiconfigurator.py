@@ -1,8 +1,8 @@
 """Import aiconfigurator-core's measured GEMM, attention and NCCL tables for the systems the
 toolkit uses (perfmodel.measured.aiconfigurator says what becomes a row) into
 
-    <out>/<device>/aiconfigurator/<engine>-<version>/{gemm,generation_attention,context_attention}.parquet
-    <out>/<device>/aiconfigurator/nccl-<version>/all_reduce.parquet
+    <out>/<device>/aiconfigurator/<engine>-<version>/{gemm,generation_attention,context_attention,custom_all_reduce}.parquet
+    <out>/<device>/aiconfigurator/nccl-<version>/{all_reduce,all_gather}.parquet
 
 beside a provenance.json per folder. The tables come from the installed package
 (`pip install 'medusa-perfkit[aiconfigurator]'`) or from a copy of its `systems/data` folder.
@@ -59,7 +59,7 @@ def write_collection(collection: Collection, device: str, out: Path, package_ver
                 "package": f"{PACKAGE} {package_version}",
                 "system": collection.system,
                 "engine": collection.engine,
-                "version": collection.version,
+                "version": collection.serves or collection.version,
                 "licence": LICENCE,
             }
         )

@@ -25,10 +25,9 @@ from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, HeadAccuracyAcceptance
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import writable_dir
-from perfmodel.latency.allreduce import all_reduce_source
 from perfmodel.latency.source import view_latency
 from perfmodel.latency.step import StepModel
-from perfmodel.latency.tensor_parallel import TensorParallelStep
+from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives
 from perfmodel.latency.traced import TracedStep
 from perfmodel.measured.device_view import DeviceView, is_cpu_name, resolve_view
 from perfmodel.measured.store import stored_closed_loops, stored_tree_ablations
@@ -85,10 +84,10 @@ def whole_step(
     """The whole-model step the page is priced at: the shard at degree tp, timed by the page's
     one latency source, plus its all-reduces (none at tp 1); its operator inventory (full) or
     the decoder's traced kernels (traced, with `tracer`)."""
-    comm = all_reduce_source(view.spec) if tp > 1 else None
+    comm = step_collectives(view.spec, tp, dtype, latency.stack)
     shard = model.shard(tp)
     step = TracedStep(shard, latency, dtype, tracer) if flavor == "traced" else StepModel(shard, latency, flavor)
-    return TensorParallelStep(step, tp, comm, dtype)
+    return TensorParallelStep(step, tp, comm.all_reduce, dtype, comm.gather)
 
 
 def step_tracer(step: str):

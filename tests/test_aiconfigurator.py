@@ -81,25 +81,32 @@ def test_the_import_keeps_16_bit_rows_in_seconds_and_writes_provenance(tmp_path)
         import_systems(tmp_path / "data", "0.12.0", ["b200"], tmp_path / "out")
 
 
-def test_the_grid_is_exact_at_its_points_and_keeps_the_staircase_in_m():
+def test_the_grid_is_the_measured_table_made_non_decreasing_and_keeps_the_staircase_in_m():
     grid = gemm_grid("h100-sxm", "vllm-0.24.0", "bf16")
     table = grid.stack.table("gemm")
     table = table[table["dtype"] == "bf16"].groupby(["m", "n", "k"], as_index=False)["time_s"].min()
-    sample = table.sample(200, random_state=0)
-    assert np.allclose(grid.time(sample["k"], sample["n"], sample["m"]), sample["time_s"], rtol=1e-9)
-    # across a tile edge the grid's step is kept: 128 -> 129 rows is the measured jump, not a blend
+    sample = table.sample(2000, random_state=0)
+    # the least-squares non-decreasing fit: a small change in the median, no bias; the table's
+    # own dips between neighbouring shapes (noise, another kernel picked) are what it averages
+    deviation = grid.time(sample["k"], sample["n"], sample["m"]) / sample["time_s"].to_numpy() - 1
+    assert np.median(np.abs(deviation)) < 0.02 and abs(np.mean(deviation)) < 0.005
+    # across a tile edge the grid's step is kept: 113 -> 128 rows is the measured jump
     shape = table[(table["n"] == 16384) & (table["k"] == 8192)].set_index("m")["time_s"]
-    assert grid.time(8192, 16384, [128, 129]) == pytest.approx(shape.loc[[128, 129]].to_numpy(), rel=1e-9)
+    assert shape.loc[128] > 1.15 * shape.loc[113]
+    assert grid.time(8192, 16384, 128) > 1.05 * grid.time(8192, 16384, 113)
     # within a tile, linear in m
     middle = grid.time(8192, 16384, 144.5)
-    assert middle == pytest.approx((shape.loc[129] * 15.5 + shape.loc[160] * 15.5) / 31, rel=1e-6)
+    assert middle == pytest.approx((grid.time(8192, 16384, 129) + grid.time(8192, 16384, 160)) / 2, rel=1e-6)
     # between grid columns, between the neighbours' times
     between = grid.time(6000, 16384, 64)
-    assert grid.time(5120, 16384, 64) < between < grid.time(6144, 16384, 64)
+    assert grid.time(5120, 16384, 64) <= between <= grid.time(6144, 16384, 64)
     assert not grid.outside(8192, 16384, 64) and grid.outside(8192, 100_000, 64)
-    # past the last row (a prefill of 64 x 8192 tokens) the time grows in proportion to the rows
+    # past the last row (a prefill of 64 x 8192 tokens) the time grows in proportion to the rows,
+    # and past the last column in proportion to the columns (Llama-3's 128256-token LM head)
     last = grid.ms[-1]
     assert grid.time(8192, 16384, 16 * last) == pytest.approx(16 * grid.time(8192, 16384, last), rel=1e-9)
+    widest = np.exp(grid.log_ns[-1])
+    assert grid.time(4096, 2 * widest, 8) == pytest.approx(2 * grid.time(4096, widest, 8), rel=1e-9)
 
 
 def test_the_stack_is_a_choice_named_in_the_label():

@@ -17,8 +17,6 @@ from perfmodel.latency.allreduce import (
     tp_comm_time_per_step,
 )
 from perfmodel.latency.allreduce_fit import decode_sizes, nccl_errors
-from perfmodel.latency.source import latency_source
-from perfmodel.latency.step import StepModel
 from perfmodel.latency.tensor_parallel import tensor_parallel_steps, usable_degrees
 from perfmodel.measured.device_view import resolve_view
 from perfmodel.measured.store import HOME_VARIABLE, MEASUREMENTS_DIR
@@ -28,6 +26,7 @@ from perfmodel.planning.capacity import plan
 from tests.helpers import one_line_error
 
 H200_NCCL = MEASUREMENTS_DIR / "h200" / "aiconfigurator" / "nccl-2.29.2" / "all_reduce.parquet"
+H200_VLLM = MEASUREMENTS_DIR / "h200" / "aiconfigurator" / "vllm-0.24.0" / "custom_all_reduce.parquet"
 
 
 def interpolated(path, workers: int, nbytes: float) -> float:
@@ -42,23 +41,34 @@ def interpolated(path, workers: int, nbytes: float) -> float:
     return times[i] * (times[i + 1] / times[i]) ** f
 
 
-def test_the_planners_tp_step_on_h200_pays_the_nccl_tables_time():
+def test_the_planners_tp_step_on_h200_pays_the_engines_own_all_reduce_table():
+    """The H200's latency rests on the vLLM grid, so its all-reduces are vLLM's own."""
     model, batch, size = load_model("llama-2-70b"), 3, 16
     shard = model.shard(8)
     result = plan("llama-2-70b", "h200", tensor_parallel=8, batches=[batch], sizes=[size])
     label = result.devices.iloc[0]["latency_model"]
-    assert "tp=8: 2 all-reduces per layer, measured: NCCL 2.29.2 all_reduce_perf (nccl-tests) on h200_sxm" in label
+    assert (
+        "tp=8: 2 all-reduces per layer, measured: vLLM 0.24.0 custom all-reduce (CUDA-graph kernel) on h200_sxm"
+        in label
+    )
     assert "aiconfigurator-core 0.12.0" in label and "ring" not in label
     # 80 layers x 2 all-reduces of 3 x 16 tokens x 8192 x 2 bytes (768 KiB, between the table's 512 KiB and 1 MiB)
-    expected_comm = 2 * model.num_layers * interpolated(H200_NCCL, 8, batch * size * model.hidden_size * 2)
-    comm = tp_comm_time_per_step(shard, 8, batch * size, "fp16", all_reduce_source("h200"))
+    expected_comm = 2 * model.num_layers * interpolated(H200_VLLM, 8, batch * size * model.hidden_size * 2)
+    comm = tp_comm_time_per_step(shard, 8, batch * size, "fp16", all_reduce_source("h200", stack="vllm"))
     assert comm == pytest.approx(expected_comm, rel=1e-12)
-    compute = StepModel(shard, latency_source("h200", shard)).step_time(batch, result.workload.step_context, size)
-    step_s = result.configs.set_index("tree_size").loc[size, "medusa_step_s"]
-    assert step_s == pytest.approx(float(compute) + expected_comm)
     step = tensor_parallel_steps(resolve_view("h200", None, []), model, "fp16", 8)["full"]
+    gather = float(step.gather_time(batch, size, True))  # the logits of the tree and of the heads
+    assert 0 < gather < 0.1 * expected_comm
+    compute = step.shard_step.step_time(batch, result.workload.step_context, size)
+    step_s = result.configs.set_index("tree_size").loc[size, "medusa_step_s"]
+    assert step_s == pytest.approx(float(compute) + expected_comm + gather)
     assert float(step.comm_time(batch, size)) == pytest.approx(expected_comm, rel=1e-12)
-    assert "NCCL 2.29.2" in step.label
+    # NCCL's own benchmark times the same all-reduce slower than the engine's kernel
+    nccl = tensor_parallel_steps(resolve_view("h200", None, []), model, "fp16", 8, all_reduce_stack="nccl")["full"]
+    assert "NCCL 2.29.2" in nccl.label
+    assert float(nccl.comm_time(batch, size)) == pytest.approx(
+        2 * model.num_layers * interpolated(H200_NCCL, 8, batch * size * model.hidden_size * 2), rel=1e-12
+    )
 
 
 @pytest.mark.parametrize(
@@ -89,8 +99,9 @@ def test_a_device_without_tables_falls_back_to_the_ring_model_and_says_so():
 
 
 def test_a_stack_asks_for_vidurs_tables_or_one_nccl_version():
-    assert stack_names("h100-sxm") == ["nccl", "nccl-2.27.3", "nccl-2.29.2", "vidur"]
-    assert stack_names("h200") == ["nccl", "nccl-2.26.2", "nccl-2.29.2"]
+    engines = ["sglang-0.5.14", "trtllm-1.3.0rc20", "vllm-0.24.0"]
+    assert stack_names("h100-sxm") == ["nccl", "nccl-2.27.3", "nccl-2.29.2", *engines, "vidur"]
+    assert stack_names("h200") == ["nccl", "nccl-2.26.2", "nccl-2.29.2", *engines]
     vidur = all_reduce_source("h100", stack="vidur")
     assert "Vidur h100_dgx table" in vidur.label
     old = all_reduce_source("h100", stack="nccl-2.27.3")
@@ -102,13 +113,16 @@ def test_a_stack_asks_for_vidurs_tables_or_one_nccl_version():
     view = resolve_view("h100", None, [])
     step = tensor_parallel_steps(view, load_model("llama-2-70b"), "fp16", 4, all_reduce_stack="vidur")["full"]
     assert "Vidur h100_dgx table" in step.label
+    trtllm = all_reduce_source("h100", stack="trtllm")
+    assert trtllm.label == all_reduce_source("h100", stack="trtllm-1.3.0rc20").label
+    assert "TensorRT-LLM 1.3.0rc20 AllReduce op on h100_sxm" in trtllm.label
     assert float(step.comm_time(1, 1)) == pytest.approx(2 * 80 * vidur.time(8192 * 2, 4))
 
 
 def test_a_bad_stack_is_a_one_line_error_naming_the_allowed_ones():
     one_line_error(lambda: all_reduce_source("h200", stack="mpi"), "'mpi'", "h200", "nccl, nccl-2.26.2, nccl-2.29.2")
     one_line_error(lambda: all_reduce_source("h200", stack="vidur"), "'vidur'", "nccl, nccl-2.26.2, nccl-2.29.2")
-    one_line_error(lambda: all_reduce_source("h100", stack="nccl-2.18"), "'nccl-2.18'", "nccl-2.29.2, vidur")
+    one_line_error(lambda: all_reduce_source("h100", stack="nccl-2.18"), "'nccl-2.18'", "vllm-0.24.0, vidur")
     one_line_error(lambda: all_reduce_source("a40", stack="nccl"), "a40 has no measured all-reduce tables")
     one_line_error(lambda: all_reduce_source("h100", "ring", stack="nccl"), "takes no stack", "'nccl'")
     one_line_error(lambda: all_reduce_source("h100", "pairwise_nvlink", stack="nccl"), "stack 'vidur'")

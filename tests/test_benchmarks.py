@@ -92,6 +92,7 @@ def tiny_step_elements(op: str, b: int, s: int, q: int) -> int:
     return {
         "embed": t + 2 * t * h,  # ids, the gathered table rows, the output
         "norm": 2 * t * h + h,  # x, the norm's weight, the output
+        "add_norm": 4 * t * h + h,  # x and the residual in, the norm's weight, the output and the new residual
         "rope": 2 * (4 + 2) * d * t + 2 * t * d,  # q and k heads in and out, cos and sin
         "kv_write": 2 * 2 * (2 * d * t),  # k and v in, into the cache
         "act": 3 * t * i,

@@ -112,13 +112,17 @@ class FlatAllReduce:
         return np.full(np.shape(nbytes), 1e-5)
 
 
-def test_tensor_parallel_adds_two_all_reduces_per_pass():
+def test_tensor_parallel_adds_two_all_reduces_and_a_logits_gather_per_pass():
     shard = LLAMA.shard(2)
     latency = RooflineLatency(resolve_spec("a100"), shard, "fp16")
     verify = StepModel(shard, latency, "full", with_heads=False)
-    one, two = (EagleStep(verify, shard, latency, "full", DraftShape(), tp, FlatAllReduce()) for tp in (1, 2))
-    extra = two.draft_time(1, 1024, [60, 4]) - one.draft_time(1, 1024, [60, 4])
-    assert extra == pytest.approx([6 * 2 * 1e-5, 3 * 2 * 1e-5])
+    steps = [
+        EagleStep(verify, shard, latency, "full", DraftShape(), tp, FlatAllReduce(), gather=FlatAllReduce())
+        for tp in (1, 2)
+    ]
+    extra = steps[1].draft_time(1, 1024, [60, 4]) - steps[0].draft_time(1, 1024, [60, 4])
+    # each pass: its two all-reduces, and the gather of the expanded nodes' logits (every pass expands some)
+    assert extra == pytest.approx([6 * 3 * 1e-5, 3 * 3 * 1e-5])
 
 
 def fake_trace(model, batch, context, candidates, dtype) -> pd.DataFrame:

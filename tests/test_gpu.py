@@ -27,6 +27,7 @@ from profilers.campaign_plan import TWIN_RECORD, TwinStage, plan_for
 from profilers.ceilings import measure_ceilings
 from profilers.closed_loop.twin import TwinConfig, twin_loop
 from profilers.device import cuda_info, decode_clock_events
+from profilers.engine_kernels import main as engine_kernels_main
 from profilers.kernel_replay import KernelTimes
 from profilers.sweep_runs import run_sweep
 from profilers.sweeper import GRAPH_BELOW_S, SweepConfig
@@ -244,3 +245,17 @@ def test_rejection_sampling_on_cuda_draws_what_the_cpu_draws(decoders):
     # At a temperature near zero the model's distribution is its argmax: rejection sampling is greedy.
     cold = AcceptanceConfig("rejection", temperature=1e-4, seed=5)
     assert cuda.generate(prompts, 16, tree=tree, acceptance=cold).tokens == cpu.generate(prompts, 16).tokens
+
+
+def test_the_engine_kernels_are_timed_in_graphs_beside_their_predictions(tmp_path, capsys):
+    out = tmp_path / "engine-kernels.csv"
+    assert run(engine_kernels_main, ["--csv", str(out)]) == 0
+    rows = pd.read_csv(out)
+    assert set(rows["kernel"]) == {"lm_head", "add_norm_eager", "add_norm_compiled"}
+    assert (rows["time_s"] > 0).all() and rows["driver"].notna().all()
+    head = rows[rows["kernel"] == "lm_head"].set_index(["split", "m"])["time_s"]
+    spec = find_spec(cuda_info()[0].name)
+    floor = 4096 * 128256 * 2 / spec.bandwidth  # the whole head's weight at the datasheet bandwidth
+    assert head.loc[(1, 1)] > 0.95 * floor and head.loc[(8, 1)] < head.loc[(1, 1)] / 3
+    compiled, eager = (rows[rows["kernel"] == k]["time_s"].to_numpy() for k in ("add_norm_compiled", "add_norm_eager"))
+    assert (compiled < eager).all()  # one fused kernel against torch's op-by-op chain

@@ -13,6 +13,8 @@ from perfmodel.cli import run
 from perfmodel.latency.allreduce import all_reduce_source, tp_comm_time_per_step
 from perfmodel.latency.source import latency_source
 from perfmodel.latency.step import StepModel
+from perfmodel.latency.tensor_parallel import tensor_parallel_steps
+from perfmodel.measured.device_view import resolve_view
 from perfmodel.models.config import load_model
 from perfmodel.plan import benchmark, main
 from perfmodel.planning.capacity import plan
@@ -256,9 +258,13 @@ def test_tensor_parallel_steps_pay_for_two_measured_all_reduces_per_layer():
     configs = result.configs.set_index("tree_size")
     comm = tp_comm_time_per_step(shard, 4, 8 * 16, "fp16", all_reduce_source("h100-sxm"))
     compute = StepModel(shard, latency_source("h100-sxm", shard)).step_time(8, result.workload.step_context, 16)
-    # 80 layers x 2 all-reduces of 8 x 16 tokens x 8192 x 2 bytes, on top of one shard's compute
+    # 80 layers x 2 all-reduces of 8 x 16 tokens x 8192 x 2 bytes, on top of one shard's compute,
+    # and the gather of the tree's and the heads' logits from the vocabulary-split heads
     assert comm > 0.05 * compute
-    assert configs.loc[16, "medusa_step_s"] == pytest.approx(float(compute) + float(comm))
+    step = tensor_parallel_steps(resolve_view("h100-sxm", None, []), load_model("llama-2-70b"), "fp16", 4)["full"]
+    gather = float(step.gather_time(8, 16, True))
+    assert 0 < gather < 0.1 * comm
+    assert configs.loc[16, "medusa_step_s"] == pytest.approx(float(compute) + float(comm) + gather)
 
 
 def test_the_cpu_plans_tensor_parallel_only_over_the_ranks_its_all_reduce_was_measured_at():

@@ -28,6 +28,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "transfer-check": ("perfmodel.transfer_check", "how well GEMM latency transfers to unmeasured devices"),
     "trace": ("decoder.trace", "the kernels of one decoding step, traced on the meta device"),
     "attention-check": ("perfmodel.attention_check", "how well measured attention predicts unmeasured head shapes"),
+    "peer-check": (
+        "perfmodel.peer_check",
+        "engine-regime TPOT and TTFT beside NVIDIA aiconfigurator's",
+    ),
+    "engine-kernels": ("profilers.engine_kernels", "time on a GPU the LM head and fused norm the engine steps derive"),
     "allreduce-compare": ("perfmodel.allreduce_compare", "the ring all-reduce model against measured tables"),
     "allreduce": ("profilers.allreduce", "time all-reduce over processes (gloo on CPU, NCCL on GPUs) for tp plans"),
     "sweep": ("profilers.sweep", "time every operator of a decoding step over a grid"),

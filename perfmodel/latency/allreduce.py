@@ -9,6 +9,13 @@ Imported tables (`measured_tables`, all read by perfmodel.measured.vidur.read_ta
 - **vidur**: Vidur's tables (github.com/microsoft/vidur, MIT licence), all-reduces timed
   inside PyTorch on DGX A100 / DGX H100 and on 4-GPU pairwise-NVLink nodes, shipped under
   `profilers/measurements/<device>/imported/all_reduce-*.csv` (perfmodel.measured.vidur).
+- **<engine>-<version>** (vllm, sglang, trtllm): the engine's own all-reduce (vLLM's and
+  SGLang's custom all-reduce kernels, TensorRT-LLM's AllReduce op), as aiconfigurator-core
+  measured it inside that engine, its CUDA-graph kernel: what a decoding step of that engine
+  runs for the small messages of decoding (3.6-5 us at 8192 elements on 8 H100s, where
+  NCCL's all_reduce_perf takes 19 us). Shipped in the engine stack's folder
+  (`<device>/aiconfigurator/<engine>-<version>/custom_all_reduce.parquet`); the step of an
+  engine stack is priced with it (perfmodel.latency.tensor_parallel);
 - **torch-<backend>**: this toolkit's own, `python -m profilers.allreduce` timing
   torch.distributed all_reduce (gloo on a CPU, nccl on GPUs) on the machine it runs on,
   under `<measurements>/<device>/allreduce/` (perfmodel.measured.collectives).
@@ -45,7 +52,7 @@ import pandas as pd
 from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.specs import HardwareSpec, find_spec
-from perfmodel.measured.aiconfigurator import shipped_stacks, version_key
+from perfmodel.measured.aiconfigurator import ShippedStack, shipped_stacks, version_key
 from perfmodel.measured.collectives import (
     BACKEND_ORDER,
     STACK_PREFIX,
@@ -64,6 +71,14 @@ TOPOLOGY_TEXT = {
 RING = "ring"
 TOPOLOGIES = (*TOPOLOGY_TEXT, RING)
 NCCL, VIDUR = "nccl", "vidur"  # the stacks; nccl-<version> names one NCCL version, torch-<backend> our own
+ENGINE_TABLE = "custom_all_reduce"  # an engine stack's own all-reduce, in its folder
+# Each engine's all-reduce as the package timed it (vLLM and SGLang: their custom all-reduce
+# kernel replayed from a CUDA graph, as decoding runs it; TensorRT-LLM: its AllReduce op).
+ENGINE_NAMES = {
+    "vllm": "vLLM {} custom all-reduce (CUDA-graph kernel)",
+    "sglang": "SGLang {} custom all-reduce (CUDA-graph kernel)",
+    "trtllm": "TensorRT-LLM {} AllReduce op",
+}
 
 
 def measure_command(ranks: int, device: str = "cpu") -> str:
@@ -244,8 +259,8 @@ class MeasuredTable:
 
 
 def measured_tables(device_key: str) -> list[MeasuredTable]:
-    """The device's shipped all-reduce tables: Vidur's (DGX first), then NCCL's, oldest
-    version first."""
+    """The device's shipped all-reduce tables: Vidur's (DGX first), NCCL's (oldest version
+    first), then the engines' own (engine_tables)."""
     out = []
     for topology, name in SHIPPED_TABLES.get(device_key, {}).items():
         origin = f"Vidur {name} table ({TOPOLOGY_TEXT[topology]})"
@@ -255,14 +270,43 @@ def measured_tables(device_key: str) -> list[MeasuredTable]:
         system = shipped.provenance.get("system", device_key)
         origin = f"NCCL {shipped.version} all_reduce_perf (nccl-tests) on {system}, from {shipped.package}"
         out.append(MeasuredTable(shipped.stack, system, shipped.folder / "all_reduce.parquet", origin))
-    return out
+    return out + engine_tables(device_key)
+
+
+def engine_tables(device_key: str) -> list[MeasuredTable]:
+    """The engines' own all-reduce tables shipped in their stacks' folders, one per stack."""
+    return [engine_table(s) for s in shipped_stacks(device_key) if s.engine in ENGINE_NAMES and s.has(ENGINE_TABLE)]
+
+
+def engine_table(shipped: ShippedStack) -> MeasuredTable:
+    system = shipped.provenance.get("system", shipped.device)
+    measured = shipped.provenance.get("tables", {}).get(ENGINE_TABLE, "").rsplit("/", 1)[-1] or shipped.version
+    origin = f"{ENGINE_NAMES[shipped.engine].format(measured)} on {system}, from {shipped.package}"
+    return MeasuredTable(shipped.stack, system, shipped.folder / f"{ENGINE_TABLE}.parquet", origin)
+
+
+def engine_all_reduce_stack(device_key: str, stack: str | None) -> str | None:
+    """The all-reduce stack of an engine stack (`vllm`, `trtllm-1.3.0rc20`, ...): its own
+    all-reduce table where the device has one, else None (the device's default collective)."""
+    if not stack:
+        return None
+    names = [t.stack for t in engine_tables(device_key)]
+    matches = [n for n in names if n == stack or n.split("-")[0] == stack]
+    return matches[0] if matches else None
 
 
 def stack_names(device_key: str) -> list[str]:
     """The all-reduce stacks a device was measured in: our own torch-<backend> (nccl's first),
-    nccl and each nccl-<version>, vidur."""
-    nccl = [t.stack for t in measured_tables(device_key) if t.stack != VIDUR]
-    return own_stacks(device_key) + ([NCCL, *nccl] if nccl else []) + ([VIDUR] if device_key in SHIPPED_TABLES else [])
+    nccl and each nccl-<version>, the engines' own (<engine>-<version>), vidur."""
+    tables = measured_tables(device_key)
+    nccl = [t.stack for t in tables if t.stack.startswith(NCCL + "-")]
+    engines = [t.stack for t in tables if t.stack.split("-")[0] in ENGINE_NAMES]
+    return (
+        own_stacks(device_key)
+        + ([NCCL, *nccl] if nccl else [])
+        + engines
+        + ([VIDUR] if device_key in SHIPPED_TABLES else [])
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -397,7 +441,7 @@ def _vidur_tables(device_key: str, topology: str = "dgx") -> dict[int, MeasuredT
 def _nccl_tables(device_key: str, stack: str = NCCL) -> dict[int, MeasuredTable]:
     chosen: dict[int, MeasuredTable] = {}
     for table in measured_tables(device_key):  # oldest first: a newer version overwrites
-        if table.stack != VIDUR and stack in (NCCL, table.stack):
+        if table.stack.startswith(NCCL + "-") and stack in (NCCL, table.stack):
             chosen.update(dict.fromkeys(_curves(table.path), table))
     if not chosen:
         raise PerfkitError(f"no {stack} all-reduce table for {device_key}")
@@ -457,7 +501,8 @@ def all_reduce_source(
     it), else Vidur's DGX table; with none of them the ring model from the spec's
     interconnect (a CPU has none: an error saying how to measure). stack 'torch-gloo' /
     'torch-nccl': our own measurements of that backend; 'nccl' / 'nccl-<version>': those
-    NCCL tables; 'vidur': Vidur's table of `topology` ('dgx' unless given). topology
+    NCCL tables; 'vllm' / 'sglang' / 'trtllm' (or with their version): that engine's own
+    all-reduce; 'vidur': Vidur's table of `topology` ('dgx' unless given). topology
     'dgx' / 'pairwise_nvlink': Vidur's table of that node; 'ring': the model, always (no
     stack). A stack or topology the device was not measured in is an error naming those it
     was. dtype: the activations' dtype, whose own rows are preferred where a worker count was
@@ -483,10 +528,14 @@ def all_reduce_source(
     if stack is None:
         return default_source(key, spec, dtype)
     names = stack_names(key)
+    stack = engine_all_reduce_stack(key, stack) or stack  # an engine's name: its stack here
     if stack not in names:
         raise PerfkitError(_unknown_stack(key, stack, names))
     if stack.startswith(STACK_PREFIX):
         return MeasuredAllReduce.of(own_tables(key, stack, dtype))
+    if stack.split("-")[0] in ENGINE_NAMES:
+        table = next(t for t in engine_tables(key) if t.stack == stack)
+        return MeasuredAllReduce.of(dict.fromkeys(table.curves(), table))
     return measured_source(key) if stack == VIDUR else nccl_source(key, stack)
 
 

@@ -159,7 +159,7 @@ def nccl_errors() -> pd.DataFrame:
     out = []
     at = decode_sizes()
     for key in load_all_specs():
-        tables = [t for t in measured_tables(key) if t.stack != VIDUR]
+        tables = [t for t in measured_tables(key) if t.stack.startswith(NCCL + "-")]
         if not tables:
             continue
         model = RingAllReduce.for_spec(find_spec(key))

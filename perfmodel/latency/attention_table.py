@@ -10,7 +10,10 @@ queries over kv_len keys, causal), over batch 1-2048 x kv_len 2-131072 (decode) 
   log2 kv_len) on the configuration's own grid, so it is exact at measured points. The
   grid is cut where the harness ran out of memory (large batch x long context); there a
   batch's row is continued from its last two measured lengths with the exponent of kv_len
-  clipped to [0, 1] (decode streams the cache: time grows at most linearly with it).
+  clipped to [0, 1] (decode streams the cache: time grows at most linearly with it). Past
+  the grid's edges time grows linearly in batch and as kv_len (decode) or its square
+  (causal prefill), the same for every row, and before them it is the edge's: so a grid made
+  non-decreasing stays so everywhere.
 - **Head configuration not measured** (e.g. llama-7b's 32 x 32 in the vLLM tables, or a
   tensor-parallel shard): decode reads batch x kv_heads caches, each once for its
   heads / kv_heads query rows (FlashAttention and FlashInfer pack a KV head's query group
@@ -25,6 +28,12 @@ queries over kv_len keys, causal), over batch 1-2048 x kv_len 2-131072 (decode) 
   in their measured region are used where any is (the weights and the power were chosen
   on the leave-one-configuration-out check, `python -m perfmodel.attention_check`).
   Prefill uses the same rule (the roofline ratio carries its compute).
+- **Floor and order**: a measured row faster than its speed-of-light floor (reading its
+  Q, K and V at the datasheet bandwidth, or its FLOPs at the peak) is raised to the floor
+  when the table is read, and counted (`clamped`; the label says how many); each
+  configuration's grid is then made non-decreasing in batch and kv_len
+  (perfmodel.latency.monotone), and every time given, measured or predicted, is at least
+  its floor.
 - **Outside**: `outside()` is True where the time is an extrapolation: beyond a measured
   configuration's measured region, where no other configuration covers the point, or a
   group size beyond the measured ones.
@@ -72,7 +81,8 @@ from perfmodel.base.dtypes import check_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec, find_spec, load_all_specs
-from perfmodel.latency.roofline import kernel_time, op_time
+from perfmodel.latency.monotone import non_decreasing
+from perfmodel.latency.roofline import kernel_time, op_time, speed_of_light
 from perfmodel.measured.aiconfigurator import ShippedStack, contract_rows, shipped_stacks, version_key
 from perfmodel.measured.contract import COLUMNS
 from perfmodel.models.config import ModelConfig
@@ -113,9 +123,12 @@ class HeadGrid:
     log_len: np.ndarray
     log_time: np.ndarray  # holes filled (see the module doc)
     measured: np.ndarray  # bool, where log_time is a measurement
+    # How time grows with kv_len past the grid: decode streams the cache (1), causal prefill's
+    # work grows with the square of its tokens (2).
+    length_exponent: float = 1.0
 
     @classmethod
-    def of(cls, points: pd.DataFrame) -> HeadGrid:
+    def of(cls, points: pd.DataFrame, length_exponent: float = 1.0) -> HeadGrid:
         grid = points.pivot_table(index="batch", columns="kv_len", values="time_s", aggfunc="median")
         log_len = np.log2(grid.columns.to_numpy(dtype=float))
         values = np.log(grid.to_numpy(dtype=float))
@@ -129,17 +142,25 @@ class HeadGrid:
                 exponent = 1.0  # one point: take the cache-streaming limit, time proportional to kv_len
             after = log_len > x[-1]
             row[after] = y[-1] + exponent * np.log(2) * (log_len[after] - x[-1])
-        return cls(np.log2(grid.index.to_numpy(dtype=float)), log_len, values, measured)
+        log_batch = np.log2(grid.index.to_numpy(dtype=float))
+        return cls(log_batch, log_len, non_decreasing(values), measured, length_exponent)
 
     def at(self, batch: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """ln(seconds) at (batch, kv_len) arrays, and whether each lies in the measured region
-        (inside the grid, with every interpolation corner it uses measured)."""
+        (inside the grid, with every interpolation corner it uses measured). Past the grid's
+        last batch or length the time grows as batch^1 and kv_len^length_exponent, the same
+        for every row and column, so the order the grid has is kept; before its first, the
+        first's time."""
         xb, xs = np.log2(batch), np.log2(length)
-        i, u = _cell(self.log_batch, xb)
-        j, v = _cell(self.log_len, xs)
+        cb = np.clip(xb, self.log_batch[0], self.log_batch[-1])
+        cs = np.clip(xs, self.log_len[0], self.log_len[-1])
+        i, u = _cell(self.log_batch, cb)
+        j, v = _cell(self.log_len, cs)
         i1, j1 = np.minimum(i + 1, len(self.log_batch) - 1), np.minimum(j + 1, len(self.log_len) - 1)
         corners = ((i, j, (1 - u) * (1 - v)), (i1, j, u * (1 - v)), (i, j1, (1 - u) * v), (i1, j1, u * v))
         value = sum(w * self.log_time[a, b] for a, b, w in corners)
+        beyond = np.maximum(xb - self.log_batch[-1], 0) + self.length_exponent * np.maximum(xs - self.log_len[-1], 0)
+        value = value + np.log(2) * beyond
         inside = (xb >= self.log_batch[0] - 1e-9) & (xb <= self.log_batch[-1] + 1e-9)
         inside &= (xs >= self.log_len[0] - 1e-9) & (xs <= self.log_len[-1] + 1e-9)
         for a, b, w in corners:
@@ -164,6 +185,8 @@ class KernelTable:
     spec: HardwareSpec
     dtype: str
     grids: dict[tuple[int, int], HeadGrid] = field(repr=False)
+    clamped: int = 0  # measured points under their speed-of-light floor, raised to it
+    points: int = 0  # measured points
 
     @classmethod
     def of(cls, frame: pd.DataFrame, phase: str, spec: HardwareSpec, dtype: str) -> KernelTable:
@@ -171,8 +194,13 @@ class KernelTable:
         # Repeats of a point: their median; two kernel sources for one point: the faster.
         per_source = frame.groupby([*keys, "kernel_source"], as_index=False)["time_s"].median()
         best = per_source.groupby(keys, as_index=False)["time_s"].min()
-        grids = {(int(h), int(kv)): HeadGrid.of(part) for (h, kv), part in best.groupby(keys[:2])}
-        return cls(phase, spec, dtype, grids)
+        columns = (best[c].to_numpy(dtype=np.int64) for c in keys)
+        floor = attention_floor(phase, *columns, spec, dtype)
+        clamped = int((best["time_s"].to_numpy() < floor).sum())
+        best = best.assign(time_s=np.maximum(best["time_s"].to_numpy(), floor))
+        exponent = 2.0 if phase == "prefill" else 1.0
+        grids = {(int(h), int(kv)): HeadGrid.of(part, exponent) for (h, kv), part in best.groupby(keys[:2])}
+        return cls(phase, spec, dtype, grids, clamped, len(best))
 
     def without(self, heads: int, kv_heads: int) -> KernelTable:
         """This table less one head configuration (to predict it from the others)."""
@@ -232,6 +260,15 @@ class KernelTable:
         return np.exp(log_time), ~covered | beyond | none
 
 
+def attention_floor(phase: str, heads, kv_heads, batch, kv_len, spec: HardwareSpec, dtype: str, q_len=1):
+    """Seconds no attention kernel of `phase` can beat: its Q, K and V read and output written
+    at the datasheet bandwidth, or its FLOPs at the peak (decode: one query token; a tree
+    step: q_len; prefill: kv_len queries, causal)."""
+    q = kv_len if phase == "prefill" else q_len
+    kernel = FusedAttention(batch, heads, kv_heads, q, kv_len, HEAD_DIM, causal=phase == "prefill")
+    return speed_of_light(kernel, dtype, spec)
+
+
 def _positive(name: str, value) -> np.ndarray:
     array = np.asarray(value)
     if array.dtype.kind not in "iuf" or (array < 1).any():
@@ -259,9 +296,16 @@ class AttentionTable:
     def label(self) -> str:
         system = self.source.provenance.get("system", self.device)
         served = f", {self.table_dtype} tables serving {self.dtype}" if self.dtype != self.table_dtype else ""
+        clamped = self.decode.clamped + self.prefill.clamped
+        floor = (
+            f"; {clamped} of {self.decode.points + self.prefill.points} points under the speed-of-light floor raised "
+            "to it"
+            if clamped
+            else ""
+        )
         return (
             f"decode/prefill attention measured by {self.source.engine} {self.source.version} harness on {system} "
-            f"({self.source.package}; kernel {', '.join(self.kernel_sources)}{served})"
+            f"({self.source.package}; kernel {', '.join(self.kernel_sources)}{served}{floor})"
         )
 
     def _args(self, heads, kv_heads, head_dim, **positive) -> tuple:
@@ -276,16 +320,19 @@ class AttentionTable:
         if phase not in PHASES:
             raise PerfkitError(f"unknown phase {phase!r}; choose from: {', '.join(PHASES)}")
         b, s, q, h, kv = self._args(heads, kv_heads, head_dim, batch=batch, seq_len=seq_len, candidates=candidates)
+        floor = attention_floor(phase, h, kv, b, s, self.decode.spec, self.table_dtype, q)
         if phase == "prefill":
-            return self.prefill.predict(b, s, h, kv)
+            seconds, outside = self.prefill.predict(b, s, h, kv)
+            return np.maximum(seconds, floor), outside
         if phase == "decode":
-            return self.decode.predict(b, s, h, kv)
+            seconds, outside = self.decode.predict(b, s, h, kv)
+            return np.maximum(seconds, floor), outside
         # The decode kernel with group x q query rows (module doc), no faster than the decode
         # step, from the configurations of the model's own kernel class (the ceiling).
         decode, decode_outside = self.decode.predict(b, s, h, kv)
         own = decode * self.decode.roofline(b, s, h * q, kv) / self.decode.roofline(b, s, h, kv)
         mapped, mapped_outside = self.decode.predict(b, s, h * q, kv, ceiling=SWITCH * own)
-        return np.maximum(decode, mapped), decode_outside | mapped_outside
+        return np.maximum(np.maximum(decode, mapped), floor), decode_outside | mapped_outside
 
     def decode_time(self, batch, kv_len, heads, kv_heads, head_dim=HEAD_DIM) -> np.ndarray:
         """Seconds of decode attention (one query token per sequence)."""

@@ -52,6 +52,7 @@ import numpy as np
 from perfmodel.acceptance.trees import Tree
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.allreduce import tp_comm_time_per_step
+from perfmodel.latency.logits_gather import gather_time
 from perfmodel.latency.step import LatencySource, StepOp, check_flavor, distinct_points, layer_ops
 from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.models.config import ModelConfig
@@ -243,6 +244,7 @@ class EagleStep:
     tp: int = 1
     all_reduce: object | None = None  # perfmodel.latency.allreduce source; None when tp == 1
     dtype: str = "fp16"
+    gather: object | None = None  # perfmodel.latency.logits_gather source; None when tp == 1
 
     def __post_init__(self) -> None:
         check_flavor(self.flavor)
@@ -266,6 +268,9 @@ class EagleStep:
                 on = draft.tokens > 0
                 tokens = b[on] * draft.tokens[on]
                 times[index][on] += tp_comm_time_per_step(one_layer, self.tp, tokens, self.dtype, self.all_reduce)
+                # the LM head's logits of the expanded nodes, split over the vocabulary
+                rows = b[on] * draft.expanded[on]
+                times[index][on] += gather_time(rows, self.model.vocab_size, self.tp, self.dtype, self.gather)
         return times
 
     def draft_time(self, batch, seq_len, candidates, depth=None) -> np.ndarray:
@@ -298,4 +303,6 @@ def eagle_step(step: TensorParallelStep, shape: DraftShape = EAGLE2_SHAPE) -> Ea
     shard = step.shard_step
     flavor = "full" if shard.flavor == "traced" else shard.flavor
     verify = without_heads(step)
-    return EagleStep(verify, shard.model, shard.latency, flavor, shape, step.tp, step.all_reduce, step.dtype)
+    return EagleStep(
+        verify, shard.model, shard.latency, flavor, shape, step.tp, step.all_reduce, step.dtype, step.gather
+    )

@@ -4,14 +4,20 @@ tables, perfmodel.measured.aiconfigurator), one software stack at a time.
 The grid measures m (token rows) = 1-17, then both sides of each tile edge (32/33, 48/49,
 ..., 256/257) and coarser beyond; n and k on 22 values from 32 to 65536. A time is
 
+- non-decreasing in m, n and k: the measured grid is fitted by the least-squares
+  non-decreasing grid along each axis (perfmodel.latency.monotone: a dip between measured
+  neighbours, noise or another kernel picked at one size, is averaged with them; steps
+  stay), so no interpolation falls as a GEMM grows;
 - linear in m between neighbouring grid rows: the grid samples both sides of every tile edge
   it knows, so a step stays a step (no smoothing across an edge), and within a tile the time
   of a compute-bound GEMM grows linearly with its rows;
 - bilinear in log n and log k of log time: between grid columns a GEMM's time scales as a
   power of its weight's dimensions (bytes and FLOPs both grow linearly in n and k);
-- beyond the grid, in proportion to m past its last row (32768: compute-bound), and linearly
-  in log n and log k past its columns (a shape past 65536 is rare); the `outside` mask says
-  where.
+- beyond the grid, in proportion to m past its last row (32768: compute-bound), and in
+  proportion to n and k past their last columns (65536: Llama-3's 128256-token LM head is
+  twice the last column's weight, so twice its bytes and FLOPs); before their first column
+  (32), the first column's time. The `outside` mask says where. The latency source puts no
+  time under its speed-of-light floor (perfmodel.latency.source).
 
 A stack is named by its engine (`vllm`, `sglang`, `trtllm`) or engine and version
 (`vllm-0.24.0`); `vidur` names the per-model profiles (perfmodel.latency.gemm_table), which are
@@ -29,6 +35,7 @@ import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.calibration import fill_holes
+from perfmodel.latency.monotone import non_decreasing
 from perfmodel.measured.aiconfigurator import ShippedStack, shipped_stacks
 from perfmodel.measured.store import stored_profiles
 
@@ -67,6 +74,7 @@ class GemmGrid:
         missing = int(np.isnan(log_time).sum())
         if missing:
             log_time = fill_holes(log_time)
+        log_time = non_decreasing(log_time)
         return cls(stack.device, stack, dtype, ms.astype(float), np.log(ns), np.log(ks), log_time, missing)
 
     @functools.cached_property
@@ -80,11 +88,15 @@ class GemmGrid:
     def time(self, k, n, m) -> np.ndarray:
         """Seconds of an (m x k) @ (k x n) GEMM, by the grid."""
         m, n, k = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (m, n, k)))
-        # Past the grid's last row a GEMM is compute-bound and its time grows in proportion
-        # to its rows; extrapolating log time linearly in m would grow it exponentially.
+        # Past the grid's last row, column or depth the time grows in proportion to the
+        # dimension (bytes and FLOPs both do); extrapolating log time linearly would follow
+        # the edge cells' slopes, which can fall. Before the first, the first's time.
         rows = np.clip(m, self.ms[0], self.ms[-1])
-        points = np.column_stack([rows.ravel(), np.log(n.ravel()), np.log(k.ravel())])
-        return (np.exp(self._interpolator(points)) * (m / rows).ravel()).reshape(m.shape)
+        cols = np.clip(np.log(n), self.log_ns[0], self.log_ns[-1])
+        depth = np.clip(np.log(k), self.log_ks[0], self.log_ks[-1])
+        scale = np.maximum(m / rows, 1.0) * np.maximum(n / np.exp(cols), 1.0) * np.maximum(k / np.exp(depth), 1.0)
+        points = np.column_stack([rows.ravel(), cols.ravel(), depth.ravel()])
+        return (np.exp(self._interpolator(points)) * scale.ravel()).reshape(m.shape)
 
     def outside(self, k, n, m) -> np.ndarray:
         """True where a point lies beyond the measured grid (an extrapolation)."""

@@ -34,6 +34,16 @@ def op_time(kernels: tuple[Kernel, ...], dtype: str, spec: HardwareSpec, params:
     return sum(kernel_time(m, dtype, spec, params) for m in kernels)
 
 
+# The datasheet's peaks themselves, with nothing lost to launches: no kernel can be faster.
+SPEED_OF_LIGHT = RooflineParams(1.0, 1.0, 0.0, "speed of light: datasheet peak FLOPs and bandwidth")
+
+
+def speed_of_light(kernel: Kernel, dtype: str, spec: HardwareSpec) -> np.ndarray:
+    """A kernel's floor: its bytes at the datasheet bandwidth or its FLOPs at the datasheet
+    peak, whichever takes longer (an array for array dimensions)."""
+    return np.asarray(kernel_time(kernel, dtype, spec, SPEED_OF_LIGHT), dtype=float)
+
+
 def predict_table(
     spec: HardwareSpec,
     model: ModelConfig,

@@ -64,7 +64,7 @@ from perfmodel.latency.gemm_grid import (
     stack_names,
 )
 from perfmodel.latency.gemm_table import GemmTable, fit_params, profile_rows, same_shard, stored_calibration
-from perfmodel.latency.roofline import RooflineLatency
+from perfmodel.latency.roofline import RooflineLatency, speed_of_light
 from perfmodel.latency.transfer import TransferredGemm, transferred_gemm
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.measured.store import stored_profiles
@@ -170,7 +170,11 @@ class LatencyModel:
         """The grid's time (grid mode), else the fitted roofline x the measured staircase. In
         `calibrated` mode a measured shape is predicted from its neighbours only, as an
         unmeasured one would be; with a grid beside the rows, an unmeasured shape also takes
-        the grid's shape dependence (the geometric mean of the two)."""
+        the grid's shape dependence (the geometric mean of the two). Never under the GEMM's
+        speed-of-light floor (its bytes at the datasheet bandwidth, its FLOPs at the peak)."""
+        return np.maximum(self._gemm_time(matmul), speed_of_light(matmul, self.dtype, self.spec))
+
+    def _gemm_time(self, matmul: Matmul) -> np.ndarray:
         m = np.asarray(matmul.m, dtype=float)
         k, n = int(matmul.k), int(matmul.n)
         if self.mode in ("grid", "transferred"):

@@ -10,7 +10,9 @@ in a phase. Three inventories:
   o, two residual adds, the fused gate+up projection, SiLU-and-multiply, down; once the
   embedding, the final norm and the LM head over every token; and for Medusa the heads
   (on one token per sequence), building the candidates, verifying them, building the tree
-  mask and moving the accepted KV entries.
+  mask and moving the accepted KV entries. What the latency source's stack runs fused, it
+  prices fused (perfmodel.latency.fusion: an engine's residual add + RMSNorm as one
+  `add_norm`, TensorRT-LLM's RoPE and KV-cache write inside attention).
 - `reference`: `full` as this toolkit's reference decoder runs it: separate q/k/v and
   gate/up projections (as its checkpoint stores them), and it also builds the attention
   mask and commits the accepted (one-token) path in plain decoding steps.
@@ -30,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.fusion import UNFUSED, Fusion, stack_fusion
 from perfmodel.models.config import ModelConfig
 
 FLAVORS = ("paper", "full", "reference")
@@ -66,33 +69,41 @@ def check_flavor(flavor: str) -> None:
         raise PerfkitError(f"unknown step flavor {flavor!r}; choose from: {', '.join(FLAVORS)}")
 
 
-def layer_ops(model: ModelConfig, flavor: str) -> tuple[StepOp, ...]:
+def layer_ops(model: ModelConfig, flavor: str, fusion: Fusion = UNFUSED) -> tuple[StepOp, ...]:
     """The ops every token runs through: each layer's (the paper's one layer) and, outside the
-    paper's step, the embedding."""
+    paper's step, the embedding. The full step runs what `fusion` fuses fused: each residual
+    add with the norm after it (the last with the final norm), RoPE and the KV write inside
+    attention."""
     check_flavor(flavor)
     if flavor == "paper":
         return tuple(StepOp(op) for op in ("q", "k", "v", "qk", "pv", "up", "gate", "down"))
     layers = model.num_layers
     fused = flavor == "full"
+    fusion = fusion if fused else UNFUSED
+    norms = (StepOp("add_norm", 2 * layers),) if fusion.add_norm else (StepOp("norm", 2 * layers),)
+    residuals = () if fusion.add_norm else (StepOp("residual", 2 * layers),)
+    rope_kv = () if fusion.rope_kv_in_attention else tuple(StepOp(op, layers) for op in ("rope", "kv_write"))
     return (
-        StepOp("norm", 2 * layers),
+        *norms,
         *(StepOp(op, layers) for op in (("qkv",) if fused else ("q", "k", "v"))),
-        *(StepOp(op, layers) for op in ("rope", "kv_write")),
+        *rope_kv,
         StepOp("sdpa", layers, kv=True),
         StepOp("o", layers),
-        StepOp("residual", 2 * layers),
+        *residuals,
         *(StepOp(op, layers) for op in (("gate_up",) if fused else ("gate", "up"))),
         *(StepOp(op, layers) for op in ("act", "down")),
         StepOp("embed"),
     )
 
 
-def step_inventory(model: ModelConfig, flavor: str, medusa: bool, with_heads: bool = True) -> tuple[StepOp, ...]:
+def step_inventory(
+    model: ModelConfig, flavor: str, medusa: bool, with_heads: bool = True, fusion: Fusion = UNFUSED
+) -> tuple[StepOp, ...]:
     """The ops of one plain (medusa=False) or Medusa tree (medusa=True) decoding step.
     with_heads=False: a tree step whose tree another drafter drafted (EAGLE, a draft model,
     priced apart: perfmodel.latency.eagle), so without the heads and the candidates built
     from them; it still verifies the tree and commits the accepted path."""
-    per_token = layer_ops(model, flavor)
+    per_token = layer_ops(model, flavor, fusion)
     if flavor == "paper":
         return per_token
     once = (StepOp("norm", label="final_norm"), StepOp("lm_head"), StepOp("verify"))
@@ -107,7 +118,7 @@ def step_inventory(model: ModelConfig, flavor: str, medusa: bool, with_heads: bo
     return per_token + once + mask + tree + commit
 
 
-def prefill_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[StepOp, ...]:
+def prefill_inventory(model: ModelConfig, flavor: str, medusa: bool, fusion: Fusion = UNFUSED) -> tuple[StepOp, ...]:
     """The ops of a prompt's prefill: layer_ops over every prompt token, then the final norm,
     LM head (and Medusa heads, for the first tree's candidates) on the last token only, as
     engines compute logits for the last position. The paper's step is its layer alone."""
@@ -115,16 +126,18 @@ def prefill_inventory(model: ModelConfig, flavor: str, medusa: bool) -> tuple[St
         return layer_ops(model, flavor)
     last = (StepOp("norm", label="final_norm", tokens="last"), StepOp("lm_head", tokens="last"))
     heads = (StepOp("medusa_heads", tokens="last"),) if medusa and model.medusa_heads else ()
-    return layer_ops(model, flavor) + last + heads
+    return layer_ops(model, flavor, fusion) + last + heads
 
 
-def step_calls(model: ModelConfig, flavor: str, batch, seq_len, candidates=1, with_heads: bool = True):
+def step_calls(
+    model: ModelConfig, flavor: str, batch, seq_len, candidates=1, with_heads: bool = True, fusion: Fusion = UNFUSED
+):
     """(step op, phase, batch, seq_len, candidates, where) for every op call of the
     steps at the points given (broadcast arrays): the points each op runs at, and a
     mask of the step points they belong to. candidates == 1 is a plain decoding step;
     > 1 a Medusa tree step of that many tokens (root included) over a context of
-    seq_len cached tokens (with_heads: as step_inventory). What a step runs needs no
-    latency source: a measurement lists the calls it must time before it has any."""
+    seq_len cached tokens (with_heads, fusion: as step_inventory). What a step runs needs
+    no latency source: a measurement lists the calls it must time before it has any."""
     b, s, q = (np.asarray(x, dtype=np.int64) for x in np.broadcast_arrays(batch, seq_len, candidates))
     if (b < 1).any() or (s < 1).any() or (q < 1).any():
         raise PerfkitError("batch, seq_len and candidates must all be >= 1")
@@ -134,7 +147,7 @@ def step_calls(model: ModelConfig, flavor: str, batch, seq_len, candidates=1, wi
             continue
         bb, ss, qq = b[where], s[where], q[where]
         phase = "tree" if kind else "decode"
-        for item in step_inventory(model, flavor, kind, with_heads):
+        for item in step_inventory(model, flavor, kind, with_heads, fusion):
             if item.tokens == "last":
                 yield item, "decode", bb, ss, np.ones_like(qq), where
             else:
@@ -172,9 +185,15 @@ class StepModel:
     def __post_init__(self) -> None:
         check_flavor(self.flavor)
 
+    @property
+    def fusion(self) -> Fusion:
+        """What the step runs fused: the full step as its latency source's stack runs it
+        (perfmodel.latency.fusion); the paper's and the reference decoder's steps unfused."""
+        return stack_fusion(getattr(self.latency, "stack", None)) if self.flavor == "full" else UNFUSED
+
     def calls(self, batch, seq_len, candidates=1):
         """The op calls of the steps at the points given (step_calls)."""
-        return step_calls(self.model, self.flavor, batch, seq_len, candidates, self.with_heads)
+        return step_calls(self.model, self.flavor, batch, seq_len, candidates, self.with_heads, self.fusion)
 
     def op_times(self, batch, seq_len, candidates=1) -> dict[str, np.ndarray]:
         """Seconds per step spent in each op (summed over its count), broadcast over the
@@ -197,7 +216,7 @@ class StepModel:
         if (b < 1).any() or (s < 1).any():
             raise PerfkitError("batch and prompt_len must both be >= 1")
         total = np.zeros(b.shape)
-        for item in prefill_inventory(self.model, self.flavor, medusa):
+        for item in prefill_inventory(self.model, self.flavor, medusa, self.fusion):
             phase = "decode" if item.tokens == "last" else "prefill"
             total += item.count * np.asarray(self.latency.op_time(item.op, phase, b, s, np.ones_like(b)), dtype=float)
         return total

@@ -1,8 +1,11 @@
 """A decoding step split over tp devices (Megatron-style tensor parallelism): each device
 runs its shard of the model (perfmodel.models.config.ModelConfig.shard), and every layer adds two
 all-reduces of the step's activations (after attention's output projection and after the
-MLP's down projection), timed by perfmodel.latency.allreduce (the device's measured NCCL
-tables by default).
+MLP's down projection), timed by perfmodel.latency.allreduce: an engine stack's own all-reduce
+where the latency rests on an engine's measurements and the device has that engine's table
+(vLLM's and SGLang's custom all-reduce, TensorRT-LLM's AllReduce op), else the device's
+default collective (its NCCL tables where shipped). The vocabulary-split LM head's logits
+(and the Medusa heads') are gathered once per step (perfmodel.latency.logits_gather).
 
 `tensor_parallel_steps` builds these steps for a resolved device: the capacity plan
 (perfmodel.planning.capacity) and the speedup simulations (perfmodel.planning.simulations) both price a
@@ -18,7 +21,9 @@ import numpy as np
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.specs import HardwareSpec
-from perfmodel.latency.allreduce import all_reduce_source, tp_comm_time_per_step
+from perfmodel.latency.allreduce import all_reduce_source, engine_all_reduce_stack, tp_comm_time_per_step
+from perfmodel.latency.fusion import UNFUSED
+from perfmodel.latency.logits_gather import gather_source, gather_time
 from perfmodel.latency.source import view_latency
 from perfmodel.latency.step import StepModel
 from perfmodel.measured.device_view import DeviceView
@@ -27,13 +32,18 @@ from perfmodel.models.config import ModelConfig
 
 @dataclass(frozen=True)
 class TensorParallelStep:
-    """step_time of one shard's step plus its all-reduces (the shape of a StepModel that
-    perfmodel.planning.simulations.speedup_table reads)."""
+    """step_time of one shard's step plus its all-reduces and logits gather (the shape of a
+    StepModel that perfmodel.planning.simulations.speedup_table reads)."""
 
     shard_step: StepModel
     tp: int
     all_reduce: object | None  # perfmodel.latency.allreduce source; None when tp == 1
     dtype: str
+    gather: object | None = None  # perfmodel.latency.logits_gather source; None when tp == 1
+
+    def __post_init__(self) -> None:
+        if self.tp > 1 and (self.all_reduce is None or self.gather is None):
+            raise PerfkitError(f"a tp={self.tp} step needs its all-reduce and logits-gather sources")
 
     def comm_time(self, batch, tokens_per_seq) -> np.ndarray:
         """All-reduce seconds of a step over `tokens_per_seq` query tokens per sequence (the
@@ -46,19 +56,66 @@ class TensorParallelStep:
             model = dataclasses.replace(model, num_layers=1)
         return tp_comm_time_per_step(model, self.tp, tokens, self.dtype, self.all_reduce)
 
+    def logits_rows(self, batch, tokens_per_seq, medusa) -> np.ndarray:
+        """Rows of vocabulary-wide logits a step gathers: one per token the LM head runs on,
+        and one per sequence and Medusa head where the step runs the heads. The paper's step
+        (one layer) has no LM head."""
+        if self.shard_step.flavor == "paper":
+            return np.zeros(np.broadcast(batch, tokens_per_seq).shape)
+        heads = self.shard_step.model.medusa_heads if getattr(self.shard_step, "with_heads", True) else 0
+        b = np.asarray(batch)
+        return b * np.asarray(tokens_per_seq) + np.where(medusa, b * heads, 0)
+
+    def gather_time(self, batch, tokens_per_seq, medusa) -> np.ndarray:
+        """Seconds to gather the step's logits from the tp devices (0 at tp 1)."""
+        rows = self.logits_rows(batch, tokens_per_seq, medusa)
+        return gather_time(rows, self.shard_step.model.vocab_size, self.tp, self.dtype, self.gather)
+
     def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
-        return self.shard_step.step_time(batch, seq_len, candidates) + self.comm_time(batch, candidates)
+        q = np.asarray(candidates)
+        shard = self.shard_step.step_time(batch, seq_len, candidates)
+        return shard + self.comm_time(batch, candidates) + self.gather_time(batch, q, q > 1)
 
     def prefill_time(self, batch, prompt_len, medusa: bool = False) -> np.ndarray:
-        """The shard's prefill of `batch` prompts plus its all-reduces over every prompt token."""
-        return self.shard_step.prefill_time(batch, prompt_len, medusa) + self.comm_time(batch, prompt_len)
+        """The shard's prefill of `batch` prompts plus its all-reduces over every prompt token
+        and the gather of the last token's logits (and the heads', with medusa)."""
+        shard = self.shard_step.prefill_time(batch, prompt_len, medusa)
+        return shard + self.comm_time(batch, prompt_len) + self.gather_time(batch, 1, medusa)
 
     @property
     def label(self) -> str:
         compute = self.shard_step.latency.label
+        fusion = getattr(self.shard_step, "fusion", UNFUSED)
+        if fusion != UNFUSED:
+            compute += f"; the step as the engine runs it: {fusion.describe()}"
         if self.tp == 1:
             return compute
-        return f"{compute}; tp={self.tp}: 2 all-reduces per layer, {self.all_reduce.label_for(self.tp)}"
+        return (
+            f"{compute}; tp={self.tp}: 2 all-reduces per layer, {self.all_reduce.label_for(self.tp)}; "
+            f"logits gathered, {self.gather.label_for(self.tp)}"
+        )
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """How a tp-way step's collectives are timed: its all-reduces and its logits gather."""
+
+    all_reduce: object | None
+    gather: object | None
+
+
+def step_collectives(
+    spec: HardwareSpec, tp: int, dtype: str, stack: str | None = None, all_reduce_stack: str | None = None
+) -> Collectives:
+    """The collectives of a step split tp ways on `spec` whose latency rests on `stack`'s
+    measurements (perfmodel.latency.source.LatencyModel.stack): the all-reduce stack asked
+    for (perfmodel.latency.allreduce.all_reduce_source), else an engine stack's own all-reduce
+    where the device has its table, else the device's default collective; none at tp 1."""
+    if tp == 1:
+        return Collectives(None, None)
+    own = all_reduce_stack or engine_all_reduce_stack(spec.key, stack)
+    all_reduce = all_reduce_source(spec, stack=own, dtype=dtype)
+    return Collectives(all_reduce, gather_source(spec.key, all_reduce_source(spec, dtype=dtype)))
 
 
 def tensor_parallel_steps(
@@ -72,14 +129,14 @@ def tensor_parallel_steps(
 ) -> dict[str, TensorParallelStep]:
     """One step model per flavor for `model` split tp ways on `view`: the shard timed by the
     view's latency source (perfmodel.latency.source.view_latency, one source for every
-    flavor), plus the all-reduces where tp > 1, timed by
-    perfmodel.latency.allreduce.all_reduce_source(view.spec, stack=all_reduce_stack, dtype=dtype)
-    (None: per worker count the device's own measurements (python -m profilers.allreduce),
-    else its NCCL tables where shipped, else Vidur's, else the ring model)."""
+    flavor), plus the all-reduces and logits gather where tp > 1 (step_collectives, on the
+    latency source's stack, or the all-reduce stack asked for)."""
     shard = model.shard(tp)
     source = view_latency(view, shard, dtype, latency)
-    comm = all_reduce_source(view.spec, stack=all_reduce_stack, dtype=dtype) if tp > 1 else None
-    return {f: TensorParallelStep(StepModel(shard, source, f), tp, comm, dtype) for f in flavors}
+    comm = step_collectives(view.spec, tp, dtype, source.stack, all_reduce_stack)
+    return {
+        f: TensorParallelStep(StepModel(shard, source, f), tp, comm.all_reduce, dtype, comm.gather) for f in flavors
+    }
 
 
 def usable_degrees(model: ModelConfig, spec: HardwareSpec, all_reduce_stack: str | None = None) -> list[int]:

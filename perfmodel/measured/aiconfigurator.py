@@ -22,6 +22,14 @@ What is kept (16-bit only; times in seconds to 6 significant digits):
   run_id). `message_size` counts elements, not bytes: aiconfigurator sizes an all-reduce as
   tokens x hidden, and read as elements of 2 bytes the A100 tables agree with Vidur's NCCL
   bytes within 10% at 64 MiB on 2, 4 and 8 GPUs (read as bytes they would be 1.7x slower).
+- `all_gather.parquet` (from `nccl_perf`, fp16 all_gather): the same format; `bytes` is the
+  gathered (output) buffer, nccl-tests' size convention.
+- `custom_all_reduce.parquet` (from `custom_allreduce_perf`, bf16), in an engine stack's
+  folder: the engine's own all-reduce (vLLM's and SGLang's custom all-reduce, TensorRT-LLM's
+  AllReduce op), the same format. Engines replay decoding steps from CUDA graphs, so where the
+  package timed a kernel both in a graph and eagerly, the graph's rows are kept. The table is
+  the newest the package has of that engine at or below the stack's version (the L40S's
+  vLLM 0.24.0 stack takes vLLM 0.22.0's all-reduce): provenance.json names the version.
 
 `contract_rows` turns a kept table back into data-contract rows (op `gemm` or `sdpa`); every
 row's run_id names the package version, system, stack, table and kernel source: which
@@ -31,7 +39,7 @@ software stack measured a number is part of its provenance.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +60,10 @@ DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 KINDS = {
     "gemm": ("gemm_perf",),
     "attention": ("generation_attention_perf", "context_attention_perf"),
-    "comm": ("nccl_perf",),
+    "comm": ("nccl_perf", "custom_allreduce_perf"),
 }
+# The NCCL collectives kept, by the table each lands in.
+NCCL_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather"}
 # The head size of every model preset the toolkit prices (Llama 1-3, Mistral).
 HEAD_DIMS = (128,)
 GEMM_COLUMNS = ["m", "n", "k", "dtype", "kernel_source", "time_s"]
@@ -63,6 +73,8 @@ TABLE_COLUMNS = {
     "generation_attention": ATTENTION_COLUMNS,
     "context_attention": ATTENTION_COLUMNS,
     "all_reduce": ALL_REDUCE_COLUMNS,
+    "all_gather": ALL_REDUCE_COLUMNS,
+    "custom_all_reduce": ALL_REDUCE_COLUMNS,
 }
 FOLDER = "aiconfigurator"
 
@@ -77,11 +89,14 @@ class Collection:
     engine: str  # vllm, sglang, trtllm, nccl
     version: str
     folder: Path
+    # An engine's all-reduce serves the engine stack of this version (its GEMMs and attention),
+    # measured at `version` at or below it; None: the collection's own version.
+    serves: str | None = None
 
     @property
     def stack(self) -> str:
-        """The software stack the tables were measured in, e.g. vllm-0.14.0."""
-        return f"{self.engine}-{self.version}"
+        """The software stack the tables belong to, e.g. vllm-0.14.0."""
+        return f"{self.engine}-{self.serves or self.version}"
 
 
 def read_meta(folder: Path) -> dict:
@@ -104,7 +119,8 @@ def version_key(version: str) -> tuple:
 def collections(data_root: str | Path, system: str) -> list[Collection]:
     """The newest collection of each engine and kind of a system under aiconfigurator's data
     folder (an older version of the same engine measured the same kernels on an older stack),
-    and every NCCL version (the message sizes and GPU counts differ between them)."""
+    every NCCL version (the message sizes and GPU counts differ between them), and per engine
+    the newest all-reduce collection at or below its GEMM stack's version, serving it."""
     root = Path(data_root) / system
     if not root.is_dir():
         raise PerfkitError(f"no system {system!r} under {data_root}")
@@ -122,8 +138,28 @@ def collections(data_root: str | Path, system: str) -> list[Collection]:
                     raise PerfkitError(f"{folder}: its collection_meta.yaml says version {version}")
                 versions.append(Collection(system, kind, engine.name, version, folder))
             versions.sort(key=lambda c: version_key(c.version))
-            found += versions if kind == "comm" else versions[-1:]
+            if kind != "comm":
+                found += versions[-1:]
+            elif engine.name == "nccl":
+                found += versions
+            else:
+                found += engine_all_reduce(versions, [c for c in found if c.engine == engine.name])
     return found
+
+
+def engine_all_reduce(versions: list[Collection], stacks: list[Collection]) -> list[Collection]:
+    """An engine's all-reduce collection for each of its stacks (GEMM or attention, newest
+    version): the newest at or below that version holding a custom all-reduce table."""
+    out = []
+    for version in dict.fromkeys(c.version for c in stacks):
+        usable = [
+            c
+            for c in versions
+            if version_key(c.version) <= version_key(version) and (c.folder / "custom_allreduce_perf.parquet").is_file()
+        ]
+        if usable:
+            out.append(replace(usable[-1], serves=version))
+    return out
 
 
 def read_table(collection: Collection, table: str) -> pd.DataFrame | None:
@@ -185,17 +221,34 @@ def run_id(system: str, stack: str, table: str, kernel_source, package_version: 
     return f"{PACKAGE}@{package_version}:{system}/{stack}/{table}:" + pd.Series(kernel_source).astype(str)
 
 
-def compact_all_reduce(frame: pd.DataFrame, collection: Collection, package_version: str) -> pd.DataFrame:
-    """fp16 NCCL all-reduce in the all-reduce table format: one node (devices_per_node =
-    num_workers), message sizes in bytes."""
-    frame = frame[(frame["op_name"] == "all_reduce") & (frame["nccl_dtype"] == "half")].reset_index(drop=True)
-    ids = run_id(collection.system, collection.stack, "nccl_perf", frame["kernel_source"], package_version)
+def compact_nccl(frame: pd.DataFrame, op: str, collection: Collection, package_version: str) -> pd.DataFrame:
+    """fp16 NCCL `op` (all_reduce, all_gather) in the all-reduce table format: one node
+    (devices_per_node = num_workers), message sizes in bytes."""
+    frame = frame[(frame["op_name"] == op) & (frame["nccl_dtype"] == "half")].reset_index(drop=True)
+    return collective_table(frame, collection, "nccl_perf", package_version)
+
+
+def compact_custom_all_reduce(frame: pd.DataFrame, collection: Collection, package_version: str) -> pd.DataFrame:
+    """An engine's bf16 all-reduce, its CUDA-graph kernel where both were timed, in the
+    all-reduce table format."""
+    frame = frame[(frame["op_name"] == "all_reduce") & (frame["allreduce_dtype"] == "bfloat16")]
+    if "backend" in frame:
+        graph = frame["backend"].astype(str).str.endswith("_graph")
+        frame = frame[graph] if graph.any() else frame
+    return collective_table(frame.reset_index(drop=True), collection, "custom_allreduce_perf", package_version)
+
+
+def collective_table(frame: pd.DataFrame, collection: Collection, table: str, package_version: str) -> pd.DataFrame:
+    """Rows of a collective (message_size in 16-bit elements, latency in ms) in the all-reduce
+    table format; run ids name the collection's own version."""
+    measured = f"{collection.engine}-{collection.version}"
+    ids = run_id(collection.system, measured, table, frame["kernel_source"], package_version)
     out = pd.DataFrame(
         {
             "topology": f"{collection.system}_{collection.engine}",
             "num_workers": frame["num_gpus"].astype(np.int64),
             "devices_per_node": frame["num_gpus"].astype(np.int64),
-            "bytes": frame["message_size"].astype(np.int64) * element_bytes("fp16"),
+            "bytes": frame["message_size"].astype(np.int64) * element_bytes("bf16"),
             "time_s": seconds(frame["latency"]),
             "noise": np.nan,
             "run_id": ids.to_numpy(),
@@ -213,13 +266,14 @@ def compact_tables(collection: Collection, package_version: str) -> dict[str, pd
             continue
         name = table.removesuffix("_perf")
         if table == "gemm_perf":
-            kept = compact_gemm(frame)
+            kept = {name: compact_gemm(frame)}
         elif table == "nccl_perf":
-            name, kept = "all_reduce", compact_all_reduce(frame, collection, package_version)
+            kept = {kept: compact_nccl(frame, op, collection, package_version) for op, kept in NCCL_OPS.items()}
+        elif table == "custom_allreduce_perf":
+            kept = {"custom_all_reduce": compact_custom_all_reduce(frame, collection, package_version)}
         else:
-            kept = compact_attention(frame, "decode" if table.startswith("generation") else "prefill")
-        if len(kept):
-            out[name] = kept
+            kept = {name: compact_attention(frame, "decode" if table.startswith("generation") else "prefill")}
+        out.update({name: rows for name, rows in kept.items() if len(rows)})
     return out
 
 

@@ -51,6 +51,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     # Longest context the model was trained for (max_position_embeddings); None: not known.
     max_context: int | None = None
+    # The tensor-parallel degree this is one device's shard of (shard()); 1: the whole model.
+    tp: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.tie_word_embeddings, bool):
@@ -78,18 +80,31 @@ class ModelConfig:
         """Query heads per key/value head (1 without GQA)."""
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def vocab_per_device(self) -> int:
+        """Vocabulary rows of the LM head (and of each Medusa head's projection) on one device:
+        engines split the vocabulary tp ways, padding it to a multiple of tp (vLLM's
+        ParallelLMHead / VocabParallelEmbedding, vllm/model_executor/layers/vocab_parallel_embedding.py;
+        TensorRT-LLM's ColumnLinear LM head with gather_output, tensorrt_llm/_torch/modules/linear.py),
+        then gather the logits. The whole vocabulary on one device."""
+        return -(-self.vocab_size // self.tp)
+
     def with_medusa_heads(self, heads: int) -> ModelConfig:
         return dataclasses.replace(self, medusa_heads=heads)
 
     def shard(self, tp: int) -> ModelConfig:
         """One device's share of the model under tensor parallelism of degree tp (Megatron
         style): query heads and the MLP's intermediate size split tp ways; KV heads split
-        too, or are replicated (one per device) when there are fewer of them than tp. The
-        embeddings, norms and hidden size stay whole. tp=1 is the model itself."""
+        too, or are replicated (one per device) when there are fewer of them than tp; the LM
+        head's vocabulary splits too (`vocab_per_device`: vocab_size stays the whole
+        vocabulary, which the gathered logits span). The embedding's gather, norms and hidden
+        size stay whole. tp=1 is the model itself; a shard is not split again."""
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise PerfkitError(f"model {self.name}: tensor-parallel degree must be a positive integer, got {tp!r}")
         if tp == 1:
             return self
+        if self.tp != 1:
+            raise PerfkitError(f"model {self.name} is already a tp={self.tp} shard; shard the whole model")
         kv_ok = self.num_kv_heads % tp == 0 or tp % self.num_kv_heads == 0
         if self.num_heads % tp or self.intermediate_size % tp or not kv_ok:
             raise PerfkitError(
@@ -103,6 +118,7 @@ class ModelConfig:
             num_heads=self.num_heads // tp,
             num_kv_heads=max(1, self.num_kv_heads // tp),
             intermediate_size=self.intermediate_size // tp,
+            tp=tp,
         )
 
     def tensor_parallel_degrees(self, largest: int = 64) -> list[int]:

@@ -35,6 +35,7 @@ FUSED_OPS = ("sdpa",)
 STEP_OPS = (
     "embed",
     "norm",
+    "add_norm",
     "rope",
     "kv_write",
     "act",
@@ -212,7 +213,7 @@ def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
     batch, seq_len and candidates are ints, or numpy integer arrays of equal length.
     """
     check_point(op, phase, batch, seq_len, candidates)
-    h, d, i, v = model.hidden_size, model.head_dim, model.intermediate_size, model.vocab_size
+    h, d, i = model.hidden_size, model.head_dim, model.intermediate_size
     q_width, kv_width = model.num_heads * d, model.num_kv_heads * d
     tokens = batch * query_len(phase, seq_len, candidates)
 
@@ -233,9 +234,12 @@ def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
         if op == "qk":
             return (Matmul(heads, rows, d, seq_len),)
         return (Matmul(heads, rows, seq_len, d),)
+    # The LM head and the heads' vocabulary projections are split over the vocabulary under
+    # tensor parallelism (ModelConfig.vocab_per_device); their logits are gathered after.
+    v_device = model.vocab_per_device
     if op == "medusa_heads":
         # Each head: a residual block h -> h (W1), then its own vocabulary projection (W2).
-        return tuple(m for _ in range(model.medusa_heads) for m in (linear(h, h), linear(h, v)))
+        return tuple(m for _ in range(model.medusa_heads) for m in (linear(h, h), linear(h, v_device)))
     shapes = {
         "q": (h, q_width),
         "k": (h, kv_width),
@@ -246,7 +250,7 @@ def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
         "gate": (h, i),
         "gate_up": (h, 2 * i),
         "down": (i, h),
-        "lm_head": (h, v),
+        "lm_head": (h, v_device),
         "eagle_fc": (2 * h, h),
     }
     return (linear(*shapes[op]),)
@@ -267,6 +271,16 @@ def step_operands(op: str, model: ModelConfig, batch, seq_len, q_len) -> dict[st
         return {"ids": _read(b, q), "table": Operand((v, h), reads=b * q * h), "out": _written(b, q, h)}
     if op == "norm":
         return {"x": _read(b, q, h), "weight": _read(h), "out": _written(b, q, h)}
+    if op == "add_norm":
+        # the residual add and the RMSNorm after it in one kernel: the sum is kept as the next
+        # residual, and its norm is the output
+        return {
+            "x": _read(b, q, h),
+            "residual": _read(b, q, h),
+            "weight": _read(h),
+            "out": _written(b, q, h),
+            "residual_out": _written(b, q, h),
+        }
     if op == "rope":
         return {
             "q": _read(b, n, q, d),
@@ -313,6 +327,7 @@ def step_kernel(op: str, model: ModelConfig, batch, seq_len, q_len) -> Elementwi
     flops = {
         "embed": 0,
         "norm": 4 * tokens * h,
+        "add_norm": 5 * tokens * h,
         "rope": 3 * rotated,
         "kv_write": 0,
         "act": 5 * tokens * i,

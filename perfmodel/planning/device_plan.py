@@ -64,11 +64,19 @@ def plan_device_auto_tp(setting: Setting):
     return max(meeting, key=per_device)
 
 
-def fit_degree(model: ModelConfig, spec: HardwareSpec, dtype: str, kv_tokens: int, reserve: float) -> int | None:
-    """The fewest devices of `spec` that hold the model and one sequence, among the degrees
-    that may be used there (tensor_parallel.usable_degrees); None where none does."""
+def runs_heads(setting: Setting) -> bool:
+    """Whether the plan's deployment loads the Medusa heads: not with Medusa off."""
+    return setting.medusa != "off" and setting.model.medusa_heads > 0
+
+
+def fit_degree(
+    model: ModelConfig, spec: HardwareSpec, dtype: str, kv_tokens: int, reserve: float, heads: bool
+) -> int | None:
+    """The fewest devices of `spec` that hold the model (with its heads, `heads`) and one
+    sequence, among the degrees that may be used there (tensor_parallel.usable_degrees);
+    None where none does."""
     for tp in usable_degrees(model, spec):
-        if memory_fit(model, spec, dtype, tp, kv_tokens, reserve).max_batch >= 1:
+        if memory_fit(model, spec, dtype, tp, kv_tokens, reserve, heads=heads).max_batch >= 1:
             return tp
     return None
 
@@ -92,7 +100,7 @@ def does_not_fit(model: ModelConfig, setting: Setting, fit: MemoryFit) -> tuple[
     where = f"{tp} devices" if tp > 1 else "one device"
     if fit.weights + fit.heads > fit.usable:
         why = (
-            f"weights + heads ({(fit.weights + fit.heads) / GB:,.1f} GB) exceed the {fit.usable / GB:,.1f} GB usable "
+            f"{fit.holds} ({(fit.weights + fit.heads) / GB:,.1f} GB) exceed the {fit.usable / GB:,.1f} GB usable "
             f"on {where}"
         )
     else:
@@ -101,7 +109,7 @@ def does_not_fit(model: ModelConfig, setting: Setting, fit: MemoryFit) -> tuple[
             f"{fit.free / GB:,.2f} GB is left after the weights on {where}"
         )
     why = f"does not fit: {why} ({spec.memory_gb:g} GB each, less the {reserve:.0%} reserve)"
-    degree = fit_degree(model, spec, setting.dtype, w.kv_tokens, reserve)
+    degree = fit_degree(model, spec, setting.dtype, w.kv_tokens, reserve, runs_heads(setting))
     if degree is None:
         usable = usable_degrees(model, spec)
         return (
@@ -124,7 +132,7 @@ def plan_device(setting: Setting, tp: int):
     """One device's row, bands and configurations at tensor-parallel degree tp."""
     model, spec, dtype, w = setting.model, setting.view.spec, setting.dtype, setting.workload
     accept, sizes = setting.accept, setting.sizes
-    fit = memory_fit(model, spec, dtype, tp, w.kv_tokens, setting.reserve)
+    fit = memory_fit(model, spec, dtype, tp, w.kv_tokens, setting.reserve, heads=runs_heads(setting))
     row = dict(
         device=spec.key,
         name=spec.name,

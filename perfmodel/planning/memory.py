@@ -68,6 +68,11 @@ class MemoryFit:
     usable: float
 
     @property
+    def holds(self) -> str:
+        """What the fixed part is: the weights, with the heads where counted."""
+        return "weights and heads" if self.heads else "weights"
+
+    @property
     def free(self) -> float:
         return self.usable - self.weights - self.heads
 
@@ -81,14 +86,15 @@ class MemoryFit:
 
 
 def memory_fit(
-    model: ModelConfig, spec: HardwareSpec, dtype: str, tp: int, kv_tokens: int, reserve: float
+    model: ModelConfig, spec: HardwareSpec, dtype: str, tp: int, kv_tokens: int, reserve: float, *, heads: bool
 ) -> MemoryFit:
-    """Weights and heads split evenly over tp devices of `spec`, the KV cache as the shards
-    keep it (replica_kv_bytes_per_token); `reserve` of each device is kept free."""
+    """Weights (and the Medusa heads where the configuration runs them, `heads`) split evenly
+    over tp devices of `spec`, the KV cache as the shards keep it (replica_kv_bytes_per_token);
+    `reserve` of each device is kept free. A deployment without Medusa loads no heads."""
     return MemoryFit(
         tp,
         weight_params(model) * element_bytes(dtype),
-        head_params(model) * element_bytes(dtype),
+        head_params(model) * element_bytes(dtype) if heads else 0.0,
         replica_kv_bytes_per_token(model, dtype, tp),
         kv_tokens,
         usable_bytes(spec, reserve) * tp,

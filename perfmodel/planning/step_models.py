@@ -61,5 +61,5 @@ def flavor_steps(
     if "traced" in flavors:
         full = priced["full"]
         traced = TracedStep(full.shard_step.model, full.shard_step.latency, dtype, tracer)
-        priced["traced"] = TensorParallelStep(traced, tp, full.all_reduce, dtype)
+        priced["traced"] = TensorParallelStep(traced, tp, full.all_reduce, dtype, full.gather)
     return {f: priced[f] for f in flavors}

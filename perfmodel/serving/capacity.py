@@ -187,12 +187,12 @@ def replica(
     context up to the longest request's, and the prefill."""
     check_medusa(medusa)
     kv_tokens = workload.prompt.p95 + workload.output.p95
-    fit = memory_fit(model, view.spec, dtype, tp, kv_tokens, reserve)
+    fit = memory_fit(model, view.spec, dtype, tp, kv_tokens, reserve, heads=medusa != "off" and model.medusa_heads > 0)
     capacity = int(fit.free // fit.kv_token) if fit.free > 0 else 0
     if fit.max_batch < 1:
         where = f"{tp} x {view.spec.key}" if tp > 1 else f"one {view.spec.key}"
         note = (
-            f"does not fit: {(fit.weights + fit.heads) / 1e9:,.1f} GB of weights and heads, {capacity:,} KV tokens "
+            f"does not fit: {(fit.weights + fit.heads) / 1e9:,.1f} GB of {fit.holds}, {capacity:,} KV tokens "
             f"left on {where} for sequences of {kv_tokens:,} (p95) tokens"
         )
         return Replica(view, tp, dtype, medusa, None, None, note)

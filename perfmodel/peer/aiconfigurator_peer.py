@@ -1,0 +1,98 @@
+"""NVIDIA aiconfigurator as a peer: its static estimate of a point, and the model config it
+prices, from the optional `aiconfigurator` package (pip install 'medusa-perfkit[aiconfigurator]').
+
+The peer is aiconfigurator 0.12.0 (Apache-2.0), whose aiconfigurator-core ships the measured
+tables this toolkit imported (profilers/measurements/IMPORTED-AICONFIGURATOR.md), so the two
+read the same GEMMs, attention and collectives and differ only in how they compose a step.
+`cli_estimate(mode="static")` prices a batch prefilled together and decoded together; its
+per-op generation latencies are summed over the osl - 1 decoding steps, so a component's
+TPOT share is that sum over osl - 1. The package is imported only when a peer estimate is
+asked for: running the toolkit never needs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.peer.static_batch import COMPONENTS
+
+PACKAGE = "aiconfigurator"
+INSTALL = "pip install 'medusa-perfkit[aiconfigurator]'"
+# The toolkit's device keys and the peer's system names (the imported systems).
+SYSTEMS = {"a100-sxm": "a100_sxm", "h100-sxm": "h100_sxm", "h200": "h200_sxm", "l40s": "l40s"}
+# The peer's backend names are the toolkit's engine stacks.
+BACKENDS = ("vllm", "sglang", "trtllm")
+
+
+def check_installed() -> None:
+    if importlib.util.find_spec(PACKAGE) is None or importlib.util.find_spec("aiconfigurator_core") is None:
+        raise PerfkitError(f"the peer check needs NVIDIA aiconfigurator, which is not installed: {INSTALL}")
+
+
+def model_config_path(model: str) -> Path:
+    """The config.json the peer ships for a Hugging Face model id (e.g. meta-llama/Meta-Llama-3.1-8B),
+    so that both sides price the same shapes."""
+    check_installed()
+    root = Path(importlib.util.find_spec("aiconfigurator_core").origin).parent / "model_configs"
+    path = root / f"{model.replace('/', '--')}_config.json"
+    if not path.is_file():
+        known = sorted(p.name.removesuffix("_config.json").replace("--", "/") for p in root.glob("*_config.json"))
+        raise PerfkitError(f"the peer ships no config for {model!r}; it has: {', '.join(known)}")
+    return path
+
+
+def peer_component(op_name: str) -> str:
+    """The component (perfmodel.peer.static_batch.COMPONENTS) of one of the peer's op names."""
+    if op_name.endswith("_gemm"):
+        return "gemm"
+    if "attention" in op_name:
+        return "attention"
+    if op_name.endswith(("_ar", "_ar_1", "_ar_2", "_p2p")):
+        return "communication"
+    return "elementwise"
+
+
+@dataclass(frozen=True)
+class PeerEstimate:
+    """The peer's static estimate of one point: seconds, the TPOT by component, whether it
+    found the batch out of memory, and the engine version whose tables it read."""
+
+    ttft_s: float
+    tpot_s: float
+    tpot_parts: dict[str, float]
+    oom: bool
+    version: str
+
+
+def peer_estimate(model: str, device: str, stack: str, tp: int, batch: int, prompt_len: int, response_len: int):
+    """aiconfigurator's static estimate of `batch` prompts of `prompt_len` tokens answered
+    with `response_len` tokens on tp x `device`, with the engine `stack`'s tables."""
+    check_installed()
+    if device not in SYSTEMS:
+        raise PerfkitError(f"the peer has no system for {device!r}; choose from: {', '.join(SYSTEMS)}")
+    if stack not in BACKENDS:
+        raise PerfkitError(f"the peer prices engine stacks only, got {stack!r}; choose from: {', '.join(BACKENDS)}")
+    # Its loaders log a line per fallback table they skip; those are about models we do not price.
+    for name in ("aiconfigurator", "aiconfigurator_core"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    from aiconfigurator.cli.api import cli_estimate
+
+    result = cli_estimate(
+        model,
+        SYSTEMS[device],
+        mode="static",
+        backend_name=stack,
+        isl=prompt_len,
+        osl=response_len,
+        batch_size=batch,
+        tp_size=tp,
+    )
+    parts = dict.fromkeys(COMPONENTS, 0.0)
+    for name, total_ms in result.summary.get_generation_latency_dict().items():
+        parts[peer_component(name)] += total_ms / 1e3 / (response_len - 1)
+    oom = bool(result.summary.check_oom())
+    return PeerEstimate(result.ttft / 1e3, result.tpot / 1e3, parts, oom, str(result.backend_version))

@@ -1,0 +1,132 @@
+"""The project's static-batch TPOT and TTFT beside aiconfigurator's, over a grid of points,
+with the ratios' statistics and where the two part, by component."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.latency.source import LatencyChoice
+from perfmodel.latency.tensor_parallel import tensor_parallel_steps
+from perfmodel.measured.device_view import resolve_view
+from perfmodel.models.config import from_hf_config
+from perfmodel.peer.aiconfigurator_peer import model_config_path, peer_estimate
+from perfmodel.peer.static_batch import COMPONENTS, static_batch
+
+# The grid the acceptance asks for: 8B on one device, 70B on 2, 4 and 8.
+DEFAULT_MODELS = (("meta-llama/Meta-Llama-3.1-8B", (1,)), ("meta-llama/Meta-Llama-3.1-70B", (2, 4, 8)))
+DEFAULT_DEVICES = ("h100-sxm", "a100-sxm")
+DEFAULT_STACKS = ("vllm", "trtllm")
+DEFAULT_BATCHES = (1, 4, 16, 64, 128)
+DTYPE = "bf16"  # the peer's default for these bf16 checkpoints
+
+
+@dataclass(frozen=True)
+class Point:
+    device: str
+    stack: str
+    model: str  # a Hugging Face id the peer ships a config for
+    tp: int
+    batch: int
+
+
+def grid(devices, stacks, models, batches) -> list[Point]:
+    return [
+        Point(device, stack, model, tp, batch)
+        for device in devices
+        for stack in stacks
+        for model, degrees in models
+        for tp in degrees
+        for batch in batches
+    ]
+
+
+@functools.lru_cache(maxsize=64)
+def project_step(device: str, stack: str, model: str, tp: int):
+    """The project's full step of the model split tp ways, priced on the stack's measurements."""
+    config = from_hf_config(model_config_path(model))
+    view = resolve_view(device, None, [], log=lambda _: None)
+    return tensor_parallel_steps(view, config, DTYPE, tp, LatencyChoice("auto", stack))["full"]
+
+
+def compare(point: Point, prompt_len: int, response_len: int) -> dict:
+    """One row: both sides' TPOT and TTFT in ms, their ratios (project / peer), and each
+    component's TPOT share on both sides."""
+    step = project_step(point.device, point.stack, point.model, point.tp)
+    ours = static_batch(step, point.batch, prompt_len, response_len)
+    peer = peer_estimate(point.model, point.device, point.stack, point.tp, point.batch, prompt_len, response_len)
+    row = {
+        "device": point.device,
+        "stack": point.stack,
+        "peer_version": peer.version,
+        "model": point.model.split("/")[-1],
+        "tp": point.tp,
+        "batch": point.batch,
+        "prompt_len": prompt_len,
+        "response_len": response_len,
+        "tpot_ms": ours.tpot_s * 1e3,
+        "peer_tpot_ms": peer.tpot_s * 1e3,
+        "tpot_ratio": ours.tpot_s / peer.tpot_s,
+        "ttft_ms": ours.ttft_s * 1e3,
+        "peer_ttft_ms": peer.ttft_s * 1e3,
+        "ttft_ratio": ours.ttft_s / peer.ttft_s,
+        "peer_oom": peer.oom,
+        "latency": step.label,
+    }
+    for part in COMPONENTS:
+        row[f"{part}_ms"] = ours.tpot_parts[part] * 1e3
+        row[f"peer_{part}_ms"] = peer.tpot_parts[part] * 1e3
+    return row
+
+
+@dataclass(frozen=True)
+class Summary:
+    """|ratio - 1| of TPOT and TTFT over the points the peer fits in memory."""
+
+    points: int
+    tpot_median: float
+    tpot_worst: float
+    tpot_worst_at: str
+    ttft_median: float
+    ttft_worst: float
+    ttft_worst_at: str
+    tpot_by_tp: dict[int, float]  # median ratio per tensor-parallel degree
+
+
+def where(row) -> str:
+    return f"{row['model']} tp{row['tp']} b{row['batch']} on {row['device']} {row['stack']}"
+
+
+def summarize(rows: pd.DataFrame) -> Summary:
+    fit = rows[~rows["peer_oom"]]
+    stats = {}
+    for what in ("tpot", "ttft"):
+        deviation = (fit[f"{what}_ratio"] - 1).abs()
+        worst = fit.loc[deviation.idxmax()]
+        stats[what] = (float(deviation.median()), float(deviation.max()), where(worst))
+    by_tp = {int(tp): float(part["tpot_ratio"].median()) for tp, part in fit.groupby("tp")}
+    return Summary(len(fit), *stats["tpot"], *stats["ttft"], by_tp)
+
+
+def component_ratios(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per stack and component, the median project / peer ratio of its TPOT share and the
+    median difference in ms: where the two estimates part."""
+    fit = rows[~rows["peer_oom"]]
+    out = []
+    for (device, stack), part in fit.groupby(["device", "stack"], sort=False):
+        for name in COMPONENTS:
+            ours, theirs = part[f"{name}_ms"], part[f"peer_{name}_ms"]
+            ratio = np.where(theirs > 0, ours / theirs.where(theirs > 0, 1.0), np.nan)
+            out.append(
+                {
+                    "device": device,
+                    "stack": stack,
+                    "component": name,
+                    "median_ratio": float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else np.nan,
+                    "median_diff_ms": float((ours - theirs).median()),
+                }
+            )
+    return pd.DataFrame(out)

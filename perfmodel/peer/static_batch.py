@@ -1,0 +1,57 @@
+"""A static batch's latencies from a step model: `batch` prompts of `prompt_len` tokens
+prefilled together, then decoded together for `response_len` tokens, every sequence alike.
+
+TTFT is the batch's prefill; TPOT is the mean plain decoding step over the contexts the
+batch decodes at (prompt_len + 1 ... prompt_len + response_len - 1: the first token comes
+with the prefill). This is what aiconfigurator's static mode estimates, and the unloaded
+end of every serving answer. Each step's time is also split by component, so a comparison
+can say where two estimates part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.models.operators import WEIGHT_OPS
+
+COMPONENTS = ("gemm", "attention", "elementwise", "communication")
+# Which component each step op is; RoPE and the KV-cache write go with attention, where an
+# engine that fuses them runs them (perfmodel.latency.fusion). The rest is elementwise work.
+ATTENTION_PARTS = ("sdpa", "qk", "pv", "rope", "kv_write")
+
+
+def component(op_name: str) -> str:
+    if op_name in WEIGHT_OPS:
+        return "gemm"
+    return "attention" if op_name in ATTENTION_PARTS else "elementwise"
+
+
+@dataclass(frozen=True)
+class StaticBatch:
+    """Predicted seconds of one static batch: time to first token, time per output token, and
+    the TPOT's split by component (COMPONENTS)."""
+
+    ttft_s: float
+    tpot_s: float
+    tpot_parts: dict[str, float]
+
+
+def static_batch(step, batch: int, prompt_len: int, response_len: int) -> StaticBatch:
+    """The static batch of a tensor-parallel step model (perfmodel.latency.tensor_parallel)."""
+    for name, value in (("batch", batch), ("prompt_len", prompt_len), ("response_len", response_len)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise PerfkitError(f"{name} must be an integer >= 1, got {value!r}")
+    if response_len < 2:
+        raise PerfkitError(f"response_len must be >= 2 for a time per output token, got {response_len}")
+    contexts = prompt_len + np.arange(1, response_len)
+    batches = np.full(contexts.shape, batch)
+    parts = dict.fromkeys(COMPONENTS, 0.0)
+    for name, seconds in step.shard_step.op_times(batches, contexts, 1).items():
+        parts[component(name)] += float(np.mean(seconds))
+    parts["communication"] = float(np.mean(step.comm_time(batches, 1) + step.gather_time(batches, 1, False)))
+    tpot = float(np.mean(step.step_time(batches, contexts, 1)))
+    ttft = float(step.prefill_time(batch, prompt_len))
+    return StaticBatch(ttft, tpot, parts)

@@ -1,0 +1,146 @@
+"""python -m perfmodel.peer_check: the project's static-batch TPOT and TTFT beside NVIDIA
+aiconfigurator's, point by point, with the ratios' median and worst.
+
+Both read the same measured GEMM, attention and collective tables (aiconfigurator-core
+0.12.0); they differ in how a step is composed: which kernels run, fused or not, how the
+tables are interpolated and floored, which collective each engine runs. Needs the optional
+peer: pip install 'medusa-perfkit[aiconfigurator]'. --quick is a few points (seconds).
+docs/peer-check.md gives what it printed and why the project keeps its own number where the
+two still part.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import writable_file
+from perfmodel.cli import Parser, options, run
+from perfmodel.cli.parser import positive_int
+from perfmodel.hardware.specs import resolve_spec
+from perfmodel.peer.aiconfigurator_peer import BACKENDS, SYSTEMS, check_installed
+from perfmodel.peer.compare import (
+    DEFAULT_BATCHES,
+    DEFAULT_DEVICES,
+    DEFAULT_MODELS,
+    DEFAULT_STACKS,
+    compare,
+    component_ratios,
+    grid,
+    summarize,
+)
+
+QUICK = dict(devices=("h100-sxm",), stacks=("trtllm",), models=(DEFAULT_MODELS[1][0], (8,)), batches=(1, 16))
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m perfmodel.peer_check", description=__doc__.split("\n\n")[0])
+    options.gpu(p, many=True, default=f"{' '.join(DEFAULT_DEVICES)}; the peer has tables of {', '.join(SYSTEMS)}")
+    p.add_argument(
+        "--stack",
+        nargs="+",
+        choices=BACKENDS,
+        default=list(DEFAULT_STACKS),
+        help=f"engine stacks (default: {' '.join(DEFAULT_STACKS)})",
+    )
+    p.add_argument(
+        "--batch",
+        nargs="+",
+        type=positive_int,
+        default=list(DEFAULT_BATCHES),
+        help=f"batch sizes (default: {' '.join(map(str, DEFAULT_BATCHES))})",
+    )
+    p.add_argument("--prompt-len", type=positive_int, default=1024, help="prompt tokens (default 1024)")
+    p.add_argument("--response-len", type=positive_int, default=256, help="output tokens, >= 2 (default 256)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="Llama-3.1-70B on 8 H100s in TensorRT-LLM at batches 1 and 16 only (a few seconds)",
+    )
+    options.csv(p, "every point's row (both sides, ratios, components)")
+    p.add_argument("--markdown", type=Path, metavar="FILE", help="also write what it prints to this Markdown page")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def report(rows: pd.DataFrame, prompt_len: int, response_len: int) -> list[str]:
+    """What the command prints: every point, the ratios' statistics, where the two part."""
+    columns = ["device", "stack", "model", "tp", "batch", "tpot_ms", "peer_tpot_ms", "tpot_ratio"]
+    shown = rows[[*columns, "ttft_ms", "peer_ttft_ms", "ttft_ratio"]].assign(
+        peer=rows["peer_oom"].map({True: "OOM", False: ""})
+    )
+    s = summarize(rows)
+    by_tp = ", ".join(f"TP{tp} {ratio:.3f}" for tp, ratio in s.tpot_by_tp.items())
+    number = lambda v: f"{v:.3f}"  # noqa: E731
+    return [
+        f"Static batches of {prompt_len}-token prompts and {response_len}-token responses, bf16: the project "
+        "(predicted) beside NVIDIA aiconfigurator 0.12.0's static estimate (predicted), both from "
+        "aiconfigurator-core 0.12.0's measured tables; ratio = project / peer; OOM: the peer finds the batch out "
+        "of memory (left out of the statistics):",
+        shown.to_string(index=False, float_format=number),
+        "",
+        f"TPOT over {s.points} points the peer fits in memory: median |ratio - 1| {s.tpot_median:.1%}, worst "
+        f"{s.tpot_worst:.1%} ({s.tpot_worst_at}); median ratio by degree: {by_tp}",
+        f"TTFT: median |ratio - 1| {s.ttft_median:.1%}, worst {s.ttft_worst:.1%} ({s.ttft_worst_at})",
+        "",
+        "Where TPOT parts, by component (median project / peer of its share, median difference per step):",
+        component_ratios(rows).to_string(index=False, float_format=number),
+        "",
+        *(f"the project's latency on {device} {stack}: {label}" for (device, stack), label in latency_labels(rows)),
+    ]
+
+
+def latency_labels(rows: pd.DataFrame):
+    """Each device and stack's latency label, at its largest degree (the one naming the collectives)."""
+    widest = rows.sort_values("tp", kind="stable").groupby(["device", "stack"], sort=False).tail(1)
+    return [((r.device, r.stack), r.latency) for r in widest.itertuples()]
+
+
+def markdown(lines: list[str], argv: list[str]) -> str:
+    command = " ".join(["python -m perfmodel.peer_check", *argv])
+    return (
+        "# The peer check: the project beside NVIDIA aiconfigurator\n\n"
+        f"Written by `{command}` (aiconfigurator 0.12.0, aiconfigurator-core 0.12.0); what it means: "
+        "[../peer-check.md](../peer-check.md).\n\n```\n" + "\n".join(lines) + "\n```\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    csv = writable_file(args.csv, "--csv file") if args.csv else None
+    page = writable_file(args.markdown, "--markdown file") if args.markdown else None
+    devices = [resolve_spec(name, None).key for name in args.gpu] if args.gpu else list(DEFAULT_DEVICES)
+    unknown = [d for d in devices if d not in SYSTEMS]
+    if unknown:
+        raise PerfkitError(
+            f"--gpu {' '.join(unknown)}: the peer has no tables of it; choose from: {', '.join(SYSTEMS)}"
+        )
+    check_installed()
+    if args.quick:
+        points = grid(QUICK["devices"], QUICK["stacks"], (QUICK["models"],), QUICK["batches"])
+    else:
+        points = grid(devices, args.stack, DEFAULT_MODELS, args.batch)
+    rows = pd.DataFrame(
+        [
+            compare(point, args.prompt_len, args.response_len)
+            for point in tqdm(points, desc="points", unit="point", disable=args.no_progress, file=sys.stderr)
+        ]
+    )
+    lines = report(rows, args.prompt_len, args.response_len)
+    print("\n".join(lines))
+    if page:
+        page.write_text(markdown(lines, [a for a in argv if a != "--no-progress"]))
+        print(f"wrote {page}")
+    if csv:
+        rows.to_csv(csv, index=False)
+        print(f"wrote {len(rows)} rows to {csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))
