@@ -29,11 +29,15 @@ from perfmodel.models.operators import (
     Elementwise,
     FusedAttention,
     Kernel,
+    Matmul,
     op_kernels,
     query_len,
 )
 
 BENCH_DTYPES = ("fp16", "bf16", "fp32")
+# Step operands a step reads from memory, not from the kernel before it: norm and table weights,
+# the KV cache.
+STEP_MEMORY_OPERANDS = ("weight", "table", "cache_k", "cache_v")
 
 
 def check_bench_dtype(dtype: str) -> str:
@@ -279,6 +283,18 @@ class KernelRun:
     operands: dict
     run: Callable[[], object]
 
+    def activations(self) -> list:
+        """The operands a step hands this kernel from the kernel before it, in cache there: a
+        linear layer's input rows, attention's queries and mask, an elementwise op's inputs;
+        not weights, the embedding table or the KV cache, which a step reads from memory."""
+        if isinstance(self.kernel, Matmul):
+            names = ("a",) if self.kernel.weight else ("a", "b")
+        elif isinstance(self.kernel, FusedAttention):
+            names = ("q", "mask")
+        else:
+            names = tuple(n for n in self.operands if n not in STEP_MEMORY_OPERANDS)
+        return [self.operands[n] for n in names if self.operands.get(n) is not None]
+
 
 class OpRun:
     """Every kernel of an op on one copy of its operands; calling it runs them in order,
@@ -294,6 +310,13 @@ class OpRun:
             return
         for kernel in self.kernels:
             kernel.run()
+
+    def warm(self) -> None:
+        """Read every activation operand (KernelRun.activations), so that a sample timed next
+        finds them in cache as the op does in a step, right after the op that wrote them."""
+        for kernel in self.kernels:
+            for tensor in kernel.activations():
+                tensor.sum()
 
 
 def fill_random(t):

@@ -179,7 +179,9 @@ class Sweeper:
                 f"{self.free_bytes() / 1e9:.1f} GB free"
             )
         calls = [bench.build(1, self.weights)[0] for bench in benches]
-        sampler = InterleavedSampler(calls + extra_calls, self.config.timer, self.flush)
+        # Each op sampled with its activations in cache, as the op before it leaves them in a step.
+        prepare = [call.warm for call in calls] + [lambda: None] * len(extra_calls)
+        sampler = InterleavedSampler(calls + extra_calls, self.config.timer, self.flush, prepare=prepare)
         return InterleavedPoints(self, points, run_id, extra_calls, sampler, benches)
 
     def benchmark(self, op: str, phase: str, b: int, s: int, q: int) -> OpBenchmark:

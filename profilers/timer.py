@@ -127,8 +127,14 @@ class InterleavedSampler:
         flush: Callable[[], object] = lambda: None,
         seed: int = 0,
         clock: Clock = time.perf_counter,
+        prepare: Sequence[Callable[[], object]] | None = None,
     ):
+        """prepare: per call, run untimed right before each of its samples (after `flush`),
+        e.g. to bring the inputs into cache that the call finds there in real use."""
         self.calls, self.config, self.flush, self.clock = list(calls), config, flush, clock
+        self.prepare = list(prepare) if prepare is not None else [lambda: None] * len(self.calls)
+        if len(self.prepare) != len(self.calls):
+            raise PerfkitError(f"{len(self.prepare)} prepare callables for {len(self.calls)} calls")
         self.rng = np.random.default_rng(seed)
         self.samples: list[list[float]] = [[] for _ in self.calls]
         for fn in self.calls:
@@ -141,6 +147,7 @@ class InterleavedSampler:
     def round(self) -> None:
         for i in self.rng.permutation(len(self.calls)):
             self.flush()
+            self.prepare[i]()
             t0 = self.clock()
             self.calls[i]()
             self.samples[i].append(self.clock() - t0)

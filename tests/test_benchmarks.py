@@ -182,3 +182,21 @@ def test_medusa_heads_run_as_the_reference_modules_on_the_counted_weights():
     logits = run.call()
     assert logits.shape == (TINY.medusa_heads, 3, TINY.vocab_size)
     torch.testing.assert_close(logits[1], heads[1](hidden))
+
+
+def test_a_kernels_activations_are_what_the_step_hands_it_not_what_it_reads_from_memory():
+    def names(op, phase="tree", q=4):
+        (run,) = OpBenchmark(TINY, op, phase, 2, 16, q, "fp32", "cpu").build()
+        (kernel,) = run.kernels[:1]
+        found = [n for n, t in kernel.operands.items() if any(t is a for a in kernel.activations())]
+        return run, sorted(found)
+
+    assert names("up")[1] == ["a"]  # the input rows, not the weight
+    assert names("sdpa")[1] == ["mask", "q"]  # not K and V: the cache
+    assert names("kv_write")[1] == ["k", "v"]  # the new entries, not the cache they go into
+    assert names("norm")[1] == ["x"]  # not the norm's weight
+    run, _ = names("residual")
+    run.warm()  # reads them; changes nothing
+    before = [t.clone() for t in run.kernels[0].activations()]
+    run.warm()
+    assert all(torch.equal(a, b) for a, b in zip(run.kernels[0].activations(), before))

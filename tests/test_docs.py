@@ -252,3 +252,9 @@ def test_the_runner_substitutes_quick_variants_and_refuses_what_it_cannot_check(
 def test_a_failing_command_is_seen_as_failing():
     done = run_command("python -m perfmodel.roofline --gpu no-such-gpu")
     assert done.status == 1 and "no-such-gpu" in done.stderr
+
+
+def test_the_readme_guides_a_newcomer_in_a_few_screens():
+    """The house rule: the README at most 250 lines; depth lives in docs/."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 250, f"README.md has {lines} lines; move depth to docs/"

@@ -212,3 +212,37 @@ def test_real_clock_smoke():
 
     timing = time_wall(busy_wait, TimerConfig(warmup=1, min_reps=5, budget_s=0.5))
     assert 0.002 <= timing.median_s < 0.05 and timing.mode == "wall" and 5 <= timing.reps <= 200
+
+
+def test_the_sampler_prepares_each_call_untimed_right_before_each_of_its_samples():
+    events, now = [], [0.0]
+
+    def clock():
+        return now[0]
+
+    def call(name, seconds):
+        def run():
+            events.append(name)
+            now[0] += seconds
+
+        return run
+
+    def prepare(name):
+        def run():
+            events.append(f"prepare {name}")
+            now[0] += 5.0  # slow preparation: none of it may reach the samples
+
+        return run
+
+    config = TimerConfig(warmup=0, min_reps=2, max_reps=2, budget_s=0.0)
+    sampler = InterleavedSampler(
+        [call("a", 1.0), call("b", 2.0)], config, clock=clock, prepare=[prepare("a"), prepare("b")]
+    )
+    sampler.round()
+    sampler.round()
+    assert [t.median_s for t in sampler.timings()] == [1.0, 2.0]
+    for i, event in enumerate(events):
+        if not event.startswith("prepare"):
+            assert events[i - 1] == f"prepare {event}"
+    with pytest.raises(PerfkitError, match="1 prepare callables for 2 calls"):
+        InterleavedSampler([call("a", 1.0), call("b", 1.0)], config, prepare=[prepare("a")])

@@ -142,7 +142,10 @@ class LatencyModel:
                 "roofline"
             )
         if self.mode == "grid":
-            return f"measured on {self.spec.key}: the {self.grid.label}, interpolated in n and k, staircase in m kept"
+            return (
+                f"measured on {self.spec.key}: the {self.grid.label}, fitted non-decreasing in m, n and k, "
+                "interpolated in n and k, staircase in m kept, none under its speed of light"
+            )
         if self.mode == "transferred":
             return self.grid.label
         measured = sorted(op for op in (*LINEAR_OPS, "medusa_heads") if self.linear_kind(op) == "measured")
