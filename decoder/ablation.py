@@ -35,6 +35,7 @@ from perfmodel.acceptance.ablation import dense_against_sparse
 from perfmodel.acceptance.batching import acceptance_survival, batch_acceptance, simulated_tokens
 from perfmodel.acceptance.trees import dense_tree, greedy_tree, random_dense_settings
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, positive_int, run
 from perfmodel.hardware.cpu_identity import this_cpu_key
 from perfmodel.models.config import load_model
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     table = ablation(config, log=lambda text: print(text, file=sys.stderr, flush=True))
     args.csv.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.csv, index=False)
+    write_csv(table, args.csv)
     shown = table.drop(columns=["paths", "device", "model", "batch", "prompts", "prompt_len", "new_tokens", "threads"])
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print("\ndense trees against the sparse curve at the same number of candidates (measured):")

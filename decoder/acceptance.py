@@ -22,6 +22,7 @@ a CUDA tensor, and one CPU stream gives a seed the same random numbers on every 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -43,8 +44,9 @@ class AcceptanceConfig:
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
             raise PerfkitError(f"unknown acceptance {self.scheme!r}; choose one of: {', '.join(SCHEMES)}")
-        if self.temperature <= 0:
-            raise PerfkitError(f"temperature must be > 0, got {self.temperature}")
+        t = self.temperature
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            raise PerfkitError(f"temperature must be a finite number > 0, got {self.temperature!r}")
 
     @property
     def samples(self) -> bool:

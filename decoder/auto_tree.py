@@ -20,6 +20,7 @@ measured again; a fresh one that fails them serves this run only and is not kept
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -48,7 +49,15 @@ from perfmodel.planning.tree_choice import TreeChoice, choose_tree
 
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CALIBRATION_PROMPTS = 2  # batches of prompts per size and round
-CALIBRATION_ROUNDS = 2
+CALIBRATION_ROUNDS = 3
+# Tokens each calibration run decodes: a step's time depends on its context, not on how many
+# steps follow, so the runs start their prompts where the real run's steps are on average and
+# decode a few dozen tokens. Decoding the run's own count (200 by default) took minutes.
+CALIBRATION_TOKENS = 32
+# How far one tree size's rounds may disagree (slowest / fastest - 1) before the calibration is
+# taken as measured on a machine changing speed under it: interleaved rounds of a quiet machine
+# agree within 10-15%.
+ROUND_SPREAD = 0.3
 PROBE_STEPS = 8  # plain steps per probe: a few milliseconds on the bundled model
 PROBE_REPEATS = 3  # the probe's time is the fastest of these: interference only ever slows a run down
 # How far a calibration's plain step may be above the probe's. On a steady machine the two
@@ -167,6 +176,28 @@ def falling_steps(step_s: dict[int, float], slack: float | None = None) -> str |
     return None
 
 
+def costly_trees(step_s: dict[int, float]) -> str | None:
+    """Where a tree of n tokens took more than n + 1 plain steps, or None. Its forward does at
+    most n plain forwards' work and the heads less than one more, so such a step was slowed by
+    something else (a 2-token tree timed at 5x the plain step on a busy machine)."""
+    plain = step_s[1]
+    for size in sorted(step_s):
+        if size > 1 and step_s[size] > (size + 1) * plain:
+            return (
+                f"a step of {size} tokens took {step_s[size] * 1e3:.3g} ms, more than {size + 1} plain steps "
+                f"({plain * 1e3:.3g} ms each)"
+            )
+    return None
+
+
+def unsteady_rounds(spread: dict[int, float] | None) -> str | None:
+    """Where one tree size's calibration rounds disagree by more than ROUND_SPREAD, or None."""
+    worst = max((spread or {}).items(), key=lambda item: item[1], default=None)
+    if worst is None or worst[1] <= ROUND_SPREAD:
+        return None
+    return f"its rounds disagree by {worst[1]:.0%} at {worst[0]} token{'s' if worst[0] > 1 else ''}"
+
+
 def slow_plain_step(profile: StepProfile, probe_s: float, factor: float | None = None) -> str | None:
     """Why the profile's plain step is implausibly slow next to the probe's (more than
     `factor` times it; default PLAIN_STEP_FACTOR), or None."""
@@ -182,7 +213,8 @@ def slow_plain_step(profile: StepProfile, probe_s: float, factor: float | None =
 def profile_problems(profile: StepProfile, probe_s: float) -> list[str]:
     """What makes a calibration implausible here: step times falling as the tree grows, a
     plain step much slower than the probe's, another torch."""
-    problems = [p for p in (falling_steps(profile.step_s), slow_plain_step(profile, probe_s)) if p]
+    checks = (falling_steps(profile.step_s), costly_trees(profile.step_s), slow_plain_step(profile, probe_s))
+    problems = [p for p in checks if p]
     if profile.torch is not None and profile.torch != torch.__version__:
         problems.append(f"it was measured with torch {profile.torch}, this is {torch.__version__}")
     return problems
@@ -190,10 +222,17 @@ def profile_problems(profile: StepProfile, probe_s: float) -> list[str]:
 
 @dataclass
 class Calibration:
-    """Where one machine, model, batch and context's step profile is kept."""
+    """Where one machine, model, batch and context's step profile is kept (`kept` False: a
+    profile measured now that was not kept there)."""
 
     path: Path
     key: str
+    kept: bool = True
+
+    def describe(self) -> str:
+        if self.kept:
+            return f"{self.key}, {self.path}"
+        return f"{self.key}, measured for this run only (implausible, not kept)"
 
     def load(self, log=print) -> StepProfile | None:
         """The kept profile, or None; a file that cannot be read is reported and ignored (it
@@ -248,16 +287,19 @@ def calibrate(
 ) -> dict[str, dict[int, float]]:
     """Time this decoder's steps with plain decoding and the greedy tree of every candidate
     size (`sizes`, plain decoding's 1 among them; default CALIBRATION_SIZES), interleaved, at
-    `batch` prompts of about `context` tokens each decoding `new_tokens`. Returns seconds
-    per step and the batch efficiency (tokens per sequence and step over the tokens each
-    active sequence accepted per step) per tree size."""
+    `batch` prompts of about `context` tokens each decoding `new_tokens`: CALIBRATION_TOKENS
+    of them, from prompts longer by half the rest, so the steps see the run's mean context.
+    Returns seconds per step, the batch efficiency (tokens per sequence and step over the
+    tokens each active sequence accepted per step) and the rounds' spread per tree size."""
     heads = len(ckpt.heads)
     if sizes is None:
         sizes = [n for n in CALIBRATION_SIZES if n == 1 or n - 1 <= heads * HEAD_TOP_K]
     elif 1 not in sizes:
         raise PerfkitError(f"calibration sizes need plain decoding (size 1); got {list(sizes)}")
     settings = {n: {"tree": greedy_tree(accuracy, n - 1) if n > 1 else None} for n in sizes}
-    length = calibration_prompt_len(ckpt, context, new_tokens)
+    decoded = min(new_tokens, CALIBRATION_TOKENS)
+    room = ckpt.config.max_position_embeddings - decoded
+    length = min(calibration_prompt_len(ckpt, context, new_tokens) + (new_tokens - decoded) // 2, room)
     prompts = heldout_prompts(ckpt, batch * CALIBRATION_PROMPTS, length, seed=1)
     log(
         f"calibrating the decoder's step time on this machine (batch {batch}, context {length}, "
@@ -269,20 +311,27 @@ def calibrate(
     seconds = {n: 0.0 for n in sizes}
     tokens = {n: 0 for n in sizes}
     accepted = {n: [] for n in sizes}
+    per_round = {n: [] for n in sizes}  # seconds per step of each round
     chunks = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
     with tqdm(total=CALIBRATION_ROUNDS * len(chunks), desc="calibrating", unit="batch", leave=False) as bar:
         for _ in range(CALIBRATION_ROUNDS):
+            round_steps, round_seconds = dict.fromkeys(sizes, 0), dict.fromkeys(sizes, 0.0)
             for chunk in chunks:
-                runs = decode_interleaved(decoder, chunk, batch, new_tokens, settings, 1, **kwargs)
+                runs = decode_interleaved(decoder, chunk, batch, decoded, settings, 1, **kwargs)
                 for n, result in runs.items():
                     steps[n] += result.steps
                     seconds[n] += result.decode_s
                     tokens[n] += result.new_tokens
                     accepted[n] += [a for row in result.accepted for a in row]
+                    round_steps[n] += result.steps
+                    round_seconds[n] += result.decode_s
                 bar.update()
+            for n in sizes:
+                per_round[n].append(round_seconds[n] / round_steps[n])
     return {
         "step_s": {n: seconds[n] / steps[n] for n in sizes},
         "batch_efficiency": {n: tokens[n] / (steps[n] * batch) / np.mean(accepted[n]) for n in sizes},
+        "spread": {n: max(times) / min(times) - 1 for n, times in per_round.items()},
     }
 
 
@@ -334,7 +383,7 @@ def step_profile(
     cache_folder(calibration)
     measured = calibrate(decoder, ckpt, batch, context, new_tokens, accuracy, log)
     fresh = StepProfile(measured["step_s"], measured["batch_efficiency"], time.time(), torch.__version__)
-    problems = profile_problems(fresh, probe_s)
+    problems = profile_problems(fresh, probe_s) + [p for p in [unsteady_rounds(measured.get("spread"))] if p]
     if probe_s > PLAIN_STEP_FACTOR * fresh.plain_s:
         problems.append(
             f"its plain step ({fresh.plain_s * 1e3:.3g} ms) is far below the probe's ({probe_s * 1e3:.3g} ms)"
@@ -344,9 +393,9 @@ def step_profile(
             f"the new tree calibration is implausible ({'; '.join(problems)}): the machine's speed changed while it "
             "ran (is it busy?). It serves this run only and is not kept"
         )
-    else:
-        calibration.save(fresh)
-        log(f"kept the tree calibration in {calibration.path} [{calibration.key}]")
+        return fresh, dataclasses.replace(calibration, kept=False)
+    calibration.save(fresh)
+    log(f"kept the tree calibration in {calibration.path} [{calibration.key}]")
     return fresh, calibration
 
 
@@ -370,7 +419,7 @@ def auto_tree(
             "(python -m decoder.measure --out FOLDER/acceptance-greedy.json measures them)"
         )
     profile, calibration = step_profile(decoder, ckpt, batch, context, new_tokens, accuracy, log, recalibrate)
-    latency = f"this decoder's measured step times, {calibration.key}, {calibration.path}"
+    latency = f"this decoder's measured step times, {calibration.describe()}"
     choice = choose_tree(profile.step_s, accuracy, latency, profile.batch_efficiency if batch > 1 else None)
     return choice, choice.tree(accuracy)
 

@@ -10,7 +10,7 @@ from decoder.checkpoint import load_checkpoint
 from decoder.medusa import DRAFTERS, Decoder, check_context
 from decoder.tree import TREE_NAMES, resolve_tree
 from perfmodel.base.errors import PerfkitError
-from perfmodel.cli import Parser, options, positive_int, run
+from perfmodel.cli import Parser, options, positive_int, positive_number, run
 
 
 class Streamer:
@@ -56,7 +56,7 @@ def build_parser() -> Parser:
     options.acceptance(p, choices=SCHEMES)
     p.add_argument(
         "--temperature",
-        type=float,
+        type=positive_number,
         default=0.7,
         metavar="T",
         help="sampling temperature for typical and rejection acceptance (default %(default)s)",
@@ -72,8 +72,19 @@ def build_parser() -> Parser:
     return p
 
 
+def check_text(text: str, what: str) -> None:
+    """One line where a command-line argument is not text: bytes that are not UTF-8 reach
+    Python as lone surrogates, which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        byte = ord(text[exc.start]) - 0xDC00 if 0xDC80 <= ord(text[exc.start]) <= 0xDCFF else ord(text[exc.start])
+        raise PerfkitError(f"{what} is not UTF-8 text (byte {byte:#04x} at character {exc.start})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    check_text(args.prompt, "--prompt")
     ckpt = load_checkpoint(args.model, args.heads)
     if ckpt.tokenizer is None:
         raise PerfkitError(f"{ckpt.folder} has no tokenizer.json")

@@ -51,7 +51,7 @@ from decoder.tree import TreeBuffers, tree_buffers
 from perfmodel.acceptance.trees import Tree, greedy_tree, max_nodes
 from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.errors import PerfkitError
-from perfmodel.base.outputs import writable_file
+from perfmodel.base.outputs import writable_file, write_csv
 from perfmodel.cli import Parser, options, run
 from perfmodel.latency.traced import KINDS, TRACE_COLUMNS
 from perfmodel.models.config import ModelConfig, load_model
@@ -483,10 +483,7 @@ def check_step(model: ModelConfig, batch: int, context: int, candidates: int, dt
                 f"tree size {candidates} is more than {model.name}'s {model.medusa_heads} Medusa heads x "
                 f"top-{HEAD_TOP_K} allow: at most {largest} tokens"
             )
-    if model.max_context is not None and context + candidates > model.max_context:
-        raise PerfkitError(
-            f"context {context} + tree size {candidates} exceed {model.name}'s context of {model.max_context} tokens"
-        )
+    model.check_context(context, candidates)
 
 
 @contextmanager
@@ -690,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         if trace.attrs["unclassified"]:
             print(f"  counted as elementwise, unknown: {', '.join(trace.attrs['unclassified'])}")
     if args.csv:
-        pd.concat(traces, ignore_index=True).to_csv(args.csv, index=False)
+        write_csv(pd.concat(traces, ignore_index=True), args.csv)
         print(f"{args.csv}: {sum(map(len, traces))} rows")
     return 0
 

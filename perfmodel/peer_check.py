@@ -12,13 +12,12 @@ two still part.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.base.outputs import writable_file
+from perfmodel.base.outputs import replaced_atomically, writable_file, write_csv
 from perfmodel.cli import Parser, options, run
 from perfmodel.cli.parser import positive_int
 from perfmodel.hardware.specs import resolve_spec
@@ -62,7 +61,9 @@ def build_parser() -> Parser:
         help="Llama-3.1-70B on 8 H100s in TensorRT-LLM at batches 1 and 16 only (a few seconds)",
     )
     options.csv(p, "every point's row (both sides, ratios, components)")
-    p.add_argument("--markdown", type=Path, metavar="FILE", help="also write what it prints to this Markdown page")
+    p.add_argument(
+        "--markdown", type=options.output_file, metavar="FILE", help="also write what it prints to this Markdown page"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -134,10 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     lines = report(rows, args.prompt_len, args.response_len)
     print("\n".join(lines))
     if page:
-        page.write_text(markdown(lines, [a for a in argv if a != "--no-progress"]))
+        with replaced_atomically(page) as temporary:
+            temporary.write_text(markdown(lines, [a for a in argv if a != "--no-progress"]))
         print(f"wrote {page}")
     if csv:
-        rows.to_csv(csv, index=False)
+        write_csv(rows, csv)
         print(f"wrote {len(rows)} rows to {csv}")
     return 0
 

@@ -18,6 +18,7 @@ import types
 
 import pandas as pd
 
+from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, run
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.planning.capacity import DEFAULT_BATCHES, plan
@@ -186,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nBands on {device} (best tree per batch)\n" + format_bands(bands))
         print("\n" + result.summary())
     if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        result.bands.to_csv(args.csv, index=False)
+        write_csv(result.bands, args.csv)
         if not args.json:
             print(f"\nbands written to {args.csv}")
     return 0

@@ -25,6 +25,7 @@ from perfmodel.measured.device_view import device_key, is_cpu_name, resolve_view
 from perfmodel.models.config import load_model
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, check_arithmetic
 from perfmodel.models.operators import DEFAULT_OPS
+from reports.output_folder import staged
 from reports.render import Renderer
 from reports.roofline_page import submit_roofline_figures, write_page
 
@@ -116,23 +117,26 @@ def main(argv: list[str] | None = None) -> int:
     out = writable_dir(args.out or DEFAULT_OUT / view.spec.key)
     view.spec.peak_flops(dtype)
 
-    with Renderer(args.jobs) as renderer:
+    # Everything is written into a staging folder inside `out` and moved in only once it is all
+    # there (reports.output_folder): a full disk or an interruption leaves the last run whole.
+    with Renderer(args.jobs) as renderer, staged(out) as folder:
         figures, tables, errors = submit_roofline_figures(
             renderer, view, models, variation_model, dtype, grid, args.latency
         )
-        out.mkdir(parents=True, exist_ok=True)
         table = pd.concat([t for t in tables if not t.empty], ignore_index=True)
-        csv_path = write_table(table, args.csv or out / "roofline.csv")
-        html_path = write_page(out, view, dtype, figures, errors)
+        csv_path = write_table(table, args.csv) if args.csv else out / write_table(table, folder / "roofline.csv").name
+        html_path = out / write_page(folder, view, dtype, figures, errors).name
+        attention = [
+            write_measured_attention(folder, view.spec.key, model, dtype, getattr(args.latency, "stack", None))
+            for model in ([] if view.is_cpu else models)
+        ]
     measured = sum((t["source"] == "measured").sum() for t in tables)
     print(f"{view.spec.name} ({view.spec.key}), {dtype}: {len(figures)} figures in {out}/")
     print(f"  latency: {'; '.join(dict.fromkeys(table['latency_model'].dropna()))}")
     if view.sources:
         print(f"  measured: {measured} rows from {', '.join(str(p) for p in view.sources)}")
-    for model in [] if view.is_cpu else models:
-        line = write_measured_attention(out, view.spec.key, model, dtype, getattr(args.latency, "stack", None))
-        if line:
-            print(line)
+    for line in filter(None, attention):
+        print(line.replace(str(folder), str(out)))
     print(f"  html: {html_path}")
     print(f"  csv:  {csv_path} ({len(table)} rows)")
     print(f"  done in {time.perf_counter() - started:.1f} s")

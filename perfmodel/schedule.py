@@ -22,6 +22,7 @@ import pandas as pd
 
 from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, run, token_count
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
@@ -286,8 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = ", ".join(f"{engine} {per_engine[engine]}" for engine in engines)
     print(f"\nwrote {len(written)} files under {out} ({counts})")
     if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        schedule.to_frame().to_csv(args.csv, index=False)
+        write_csv(schedule.to_frame(), args.csv)
         print(f"bands written to {args.csv}")
     stored = stored_closed_loop_files(schedule.device) if view.is_cpu else []
     if schedule.drafter != "medusa":  # the closed loops run the Medusa heads' trees

@@ -18,6 +18,7 @@ import pandas as pd
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, options, run
 from perfmodel.latency.attention_table import write_measured_attention
 from perfmodel.latency.source import view_latency
@@ -141,6 +142,7 @@ def answer_point(args, model, devices, flavors) -> int:
     """--tree-size: one tree at one batch and context, on every device asked for."""
     if args.acceleration is None:
         raise PerfkitError("--tree-size needs --acceleration (tokens accepted per step with that tree)")
+    model.check_context(args.context, args.tree_size)  # every step flavour, as the traced one already refuses
     if args.cuda_graph and "traced" not in flavors:
         raise PerfkitError(
             f"--cuda-graph prices the traced step's launches: use --step traced or all (not {args.step})"
@@ -164,8 +166,7 @@ def answer_point(args, model, devices, flavors) -> int:
         frames.append(rows)
     table = pd.concat(frames, ignore_index=True)
     if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(args.csv, index=False)
+        write_csv(table, args.csv)
         print(f"csv: {args.csv} ({len(table)} rows)")
     return 0
 
@@ -256,14 +257,14 @@ def main(argv: list[str] | None = None) -> int:
             for name, png in pngs.items():
                 (out / f"{name}.png").write_bytes(png())
                 written.append(f"{name}.png")
-            draft.to_csv(out / "draft-model.csv", index=False)
+            write_csv(draft, out / "draft-model.csv")
             written.append("draft-model.csv")
             if not device.is_cpu:
                 line = write_measured_attention(out, device.spec.key, model.shard(tp), dtype, args.latency.stack)
                 if line:
                     print(line)
             if not args.csv:
-                table.to_csv(out / "speedup.csv", index=False)
+                write_csv(table, out / "speedup.csv")
                 written.append(f"speedup.csv ({len(table)} rows)")
             if medusa and acceptance.trees is not None:
                 trees = best_trees(optima(table), acceptance)
@@ -275,9 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                 written.append("best-trees.json")
             print(f"  wrote {out}/: {', '.join(written)}")
     if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
         rows = pd.concat([t for _, _, _, t, _, _ in planned], ignore_index=True)
-        rows.to_csv(args.csv, index=False)
+        write_csv(rows, args.csv)
         print(f"csv: {args.csv} ({len(rows)} rows)")
     if skipped:
         print(f"skipped: {', '.join(skipped)}")

@@ -20,6 +20,7 @@ import sys
 
 import pandas as pd
 
+from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, options, run
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.latency.gemm_grid import ENGINES
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nThe shipped method against its variants (device medians):")
         print(ablation_table(args.stack).to_string(index=False))
     if args.csv:
-        table.to_csv(args.csv, index=False)
+        write_csv(table, args.csv)
         print(f"\nwrote {args.csv}")
     return 0
 

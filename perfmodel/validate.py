@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, positive_int, run
 from profilers.closed_loop.compare import verdict, write_outputs
 from profilers.closed_loop.config import (
@@ -109,7 +109,7 @@ def build_parser() -> Parser:
         default_said="with --weights dummy, fp16 on a GPU, on a CPU bf16 where it has it, else fp32",
     )
     options.csv(p, "the per-tree comparison (with --weights dummy, the per-class one beside it: FILE-classes.csv)")
-    p.add_argument("--ops-csv", type=Path, metavar="FILE", help="write the measured operator rows here")
+    p.add_argument("--ops-csv", type=options.output_file, metavar="FILE", help="write the measured operator rows here")
     return p
 
 
@@ -152,9 +152,8 @@ def twin_main(args, started: float) -> int:
         classes.append(per_class)
     table = pd.concat(tables, ignore_index=True)
     if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(args.csv, index=False)
-        pd.concat(classes, ignore_index=True).to_csv(classes_path(args.csv), index=False)
+        write_csv(table, args.csv)
+        write_csv(pd.concat(classes, ignore_index=True), classes_path(args.csv))
         print(f"wrote {args.csv} and {classes_path(args.csv)}")
     print(twin_verdict(table, time.perf_counter() - started))
     return 0

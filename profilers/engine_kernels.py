@@ -23,7 +23,7 @@ import sys
 
 import pandas as pd
 
-from perfmodel.base.outputs import writable_file
+from perfmodel.base.outputs import writable_file, write_csv
 from perfmodel.cli import Parser, options, run
 from perfmodel.latency.source import latency_source
 from perfmodel.models.config import load_model
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = rows.assign(device=info.name, driver=driver, torch=torch.__version__, cuda=torch.version.cuda)
     if info.spec_key in ("h100-sxm", "a100-sxm"):
         rows = predictions(rows, info.spec_key)
-    rows.to_csv(args.csv, index=False)
+    write_csv(rows, args.csv)
     shown = rows.drop(columns=["device", "driver", "torch", "cuda"])
     print(f"{info.name}, driver {driver}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     print(shown.to_string(index=False, float_format=lambda v: f"{v * 1e6:.1f}"))

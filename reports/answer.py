@@ -33,7 +33,7 @@ from perfmodel.planning.schedule import (
 from perfmodel.serving.capacity import ServingAnswer, ServingOption, serve
 from perfmodel.serving.summary import option_line
 from reports.html import Cell, Page
-from reports.prose import capacity_fact, shown_path
+from reports.prose import capacity_fact, measured_pays_at, shown_path
 from reports.sources import load_validation
 
 HEADING = "The answer"
@@ -338,8 +338,10 @@ def closest(serving: ServingAnswer) -> ServingOption:
     return max(serving.options, key=lambda o: (o.fits, o.max_rate))
 
 
-def capacity_sentence(answer: PageAnswer) -> str:
-    return serving_sentence(answer.serving) if answer.serving is not None else capacity_fact(answer.planned)
+def capacity_sentence(answer: PageAnswer, validation: pd.DataFrame) -> str:
+    if answer.serving is not None:
+        return serving_sentence(answer.serving)
+    return capacity_fact(answer.planned, measured_pays_at(validation))
 
 
 def stack_text(latency) -> str:
@@ -418,7 +420,7 @@ def answer_section(page: Page, report, answer: PageAnswer, validation: pd.DataFr
     if measured:  # measured evidence before prediction
         page.paragraph(measured)
     page.paragraph(tree_sentence(answer))
-    page.paragraph(capacity_sentence(answer))
+    page.paragraph(capacity_sentence(answer, validation))
     decision_map(page, answer)
     page.heading("What the numbers rest on", level=3)
     page.bullets(rests_on(report, answer, validation))

@@ -80,7 +80,7 @@ def glance_facts(report: Report, sims: pd.DataFrame, planned: PlanResult | str, 
             )
             + f" ({predicted_against(measured_pays, pays)})."
         )
-    facts.append(capacity_fact(planned))
+    facts.append(capacity_fact(planned, measured_pays))
     return facts
 
 
@@ -168,8 +168,10 @@ def closed_loop_facts(report: Report, sims: pd.DataFrame, validation: pd.DataFra
     return facts
 
 
-def capacity_fact(planned: PlanResult | str) -> str:
-    """perfmodel.plan's answer in one sentence, or why the model cannot be served."""
+def capacity_fact(planned: PlanResult | str, measured_pays: dict[int, bool] | None = None) -> str:
+    """perfmodel.plan's answer in one sentence, or why the model cannot be served; a tree it
+    recommends says where the closed loop measured that no tree paid (measured_pays), so the
+    page does not state both without a word."""
     row = planned.devices.iloc[0] if isinstance(planned, PlanResult) else {"fits": False, "note": planned}
     if not row["fits"]:
         return f"Capacity: {row['note']}"
@@ -181,9 +183,20 @@ def capacity_fact(planned: PlanResult | str) -> str:
     if not row["meets_latency"]:
         return capacity + row["note"]
     tree_text = ("a tree of " + str(row["tree_size"])) if row["speculate"] else "no tree"
+    unpaid = sorted(b for b, pays in (measured_pays or {}).items() if not pays)
+    if row["speculate"] and unpaid:
+        batches = ", ".join(map(str, unpaid))
+        said = (
+            f"predicted; the measurement above found no tree paid at batch {batches}, and at batch {row['batch']} "
+            "nothing was measured"
+            if int(row["batch"]) not in unpaid
+            else f"predicted; the measurement above disagrees: no tree paid at batch {row['batch']}"
+        )
+    else:
+        said = "predicted"
     return (
         capacity + f"recommended batch {row['batch']} with {tree_text}: "
-        f"{row['per_token_ms']:.1f} ms/token, {row['total_tokens_s']:,.0f} tokens/s (predicted)."
+        f"{row['per_token_ms']:.1f} ms/token, {row['total_tokens_s']:,.0f} tokens/s ({said})."
     )
 
 

@@ -153,6 +153,8 @@ def test_tree_auto_runs_the_models_choice_and_keeps_its_calibration(quick_model,
     # refuse a calibration disturbed by load are tested in test_defects_decoder.py.
     monkeypatch.setattr(auto_tree, "PLAIN_STEP_FACTOR", float("inf"))
     monkeypatch.setattr(auto_tree, "MONOTONE_SLACK", 1.0)
+    monkeypatch.setattr(auto_tree, "ROUND_SPREAD", float("inf"))
+    monkeypatch.setattr(auto_tree, "costly_trees", lambda step_s: None)
     args = ["--model", str(out), "--prompts", "4", "--batch", "2", "--new-tokens", "16", "--prompt-len", "16"]
     args += ["--sizes", "1", "3", "--tree", "auto"]
     assert run(measure.main, [*args, "--out", str(tmp_path / "first.json")]) == 0

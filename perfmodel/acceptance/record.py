@@ -11,6 +11,7 @@ acceptance-*.json by name.
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,7 @@ class AcceptanceRecord:
                 )
             paths = tuple(tuple(r) for r in lengths) if lengths is not None else None
             per_tree_size.append(TreeSizeRun(size, tokens, paths))
+        check_acceptance_grows(per_tree_size, bad)
         accuracy = data.get("head_topk_accuracy")
         rows = accuracy if isinstance(accuracy, list) and accuracy else [None]
         if accuracy is None and drafter != "medusa":
@@ -148,6 +150,29 @@ class AcceptanceRecord:
             data=data,
             path=Path(path) if path is not None else None,
         )
+
+
+# How far tokens per step may fall from one tree size to a larger one before a record is refused:
+# decoder.measure's trees of a run are nested (a larger one holds the smaller), so a greedy
+# step accepts at least as much with the larger; sampled schemes add some noise.
+ACCEPTANCE_DROP = 0.05
+
+
+def check_acceptance_grows(runs, bad) -> None:
+    """Tokens per step are finite, at least 1 (the root is always accepted) and, beyond
+    noise, do not fall as the tree grows: a curve that does would fit no acceptance model
+    (its log fit explains less than a constant) and would be taken silently."""
+    for run in runs:
+        if not math.isfinite(run.mean_accepted_tokens) or run.mean_accepted_tokens < 1:
+            raise bad(f"tree size {run.tree_size}: mean_accepted_tokens {run.mean_accepted_tokens!r} must be >= 1")
+    ordered = sorted(runs, key=lambda run: run.tree_size)
+    for small, large in zip(ordered, ordered[1:]):
+        if large.mean_accepted_tokens < (1 - ACCEPTANCE_DROP) * small.mean_accepted_tokens:
+            raise bad(
+                f"tokens per step fall from {small.mean_accepted_tokens:g} at tree size {small.tree_size} to "
+                f"{large.mean_accepted_tokens:g} at {large.tree_size}: a larger tree holds the smaller one and cannot "
+                "accept fewer; the record is damaged or mixes runs"
+            )
 
 
 def _integer(value) -> bool:

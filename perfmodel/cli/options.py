@@ -30,6 +30,7 @@ from pathlib import Path
 from perfmodel.acceptance.rates import ACCEPTANCE_PRESETS, EAGLE_ACCEPTANCE, EAGLE_PRESET_TOKENS, EAGLE_PRESET_TREE
 from perfmodel.base.dtypes import DTYPES
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import preflight
 from perfmodel.cli.parser import TP_HELP, batch_size, positive_int, positive_number, token_count, tp_degree
 from perfmodel.latency.gemm_grid import ENGINES, VIDUR
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
@@ -197,8 +198,9 @@ def out(
     --help says it (perf-reports/<command>/...); value: the path argparse returns when
     --out is not given (None: the command applies the rule itself)."""
     said = " (required)" if required else f" (default {default})"
+    kind = output_file if "FILE" in metavar else output_dir
     target.add_argument(
-        "--out", type=Path, default=value, metavar=metavar, **_required(required), help=f"where to write: {what}{said}"
+        "--out", type=kind, default=value, metavar=metavar, **_required(required), help=f"where to write: {what}{said}"
     )
 
 
@@ -207,8 +209,25 @@ def csv(target: Target, what: str, *, default: str | None = None, required: bool
     table goes without it, as --help says it; None: not written (unless required)."""
     said = f" (default {default})" if default else ""
     target.add_argument(
-        "--csv", type=Path, metavar="FILE", **_required(required), help=f"write {what} to this CSV file{said}"
+        "--csv", type=output_file, metavar="FILE", **_required(required), help=f"write {what} to this CSV file{said}"
     )
+
+
+def output_file(text: str) -> Path:
+    """An output file option's value, checked when parsed (perfmodel.base.outputs.preflight):
+    a bad one fails in one line before the command does any work."""
+    try:
+        return preflight(text, "output file", folder=False)
+    except PerfkitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def output_dir(text: str) -> Path:
+    """An output folder option's value, checked when parsed, nothing created (see output_file)."""
+    try:
+        return preflight(text, "output folder", folder=True)
+    except PerfkitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def jobs(target: Target) -> None:

@@ -82,6 +82,12 @@ def run(main: Callable[[list[str] | None], int | None], argv: list[str] | None =
         # The reader left (`| head`): what is still buffered goes nowhere, not into a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        # What the outputs checked before the work could not foresee (a disk filling up during
+        # it): one line naming the file; the writes themselves leave whole files or none.
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
     finally:
         gc.set_threshold(*thresholds)
 

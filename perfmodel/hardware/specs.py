@@ -199,8 +199,9 @@ def parse_spec(data: object, path: Path) -> HardwareSpec:
             raise PerfkitError(f"{where}: field {name!r} has no entry in 'sources'")
 
     aliases = data.get("aliases") or []
-    if not isinstance(aliases, list):
-        raise PerfkitError(f"{where}: field 'aliases' must be a list of names")
+    names = isinstance(aliases, list) and all(isinstance(a, (str, int, float)) and len(str(a)) <= 100 for a in aliases)
+    if not names:
+        raise PerfkitError(f"{where}: field 'aliases' must be a list of names (each at most 100 characters)")
     return HardwareSpec(
         key=normalize_name(path.stem),
         name=str(data["name"]),
@@ -238,16 +239,29 @@ def launch_costs(data: dict, number, where: str) -> dict[str, float]:
     return costs
 
 
+# A spec is a few kilobytes of numbers and sources; anything much larger is not one.
+MAX_SPEC_BYTES = 256 * 1024
+
+
 def load_spec_file(path: str | Path) -> HardwareSpec:
     path = Path(path)
     try:
-        text = path.read_text()
+        if path.stat().st_size > MAX_SPEC_BYTES:
+            raise PerfkitError(
+                f"{path}: {path.stat().st_size:,} bytes is not a spec file (at most {MAX_SPEC_BYTES:,}; see hw_specs/)"
+            )
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PerfkitError(f"cannot read spec file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        byte = exc.object[exc.start]
+        raise PerfkitError(f"{path}: not UTF-8 text (byte {byte:#04x} at offset {exc.start})") from None
     try:
         data = parsed_yaml(text)
     except yaml.YAMLError as exc:
         raise PerfkitError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except PerfkitError as exc:
+        raise PerfkitError(f"{path}: {exc}") from None
     return parse_spec(data, path)
 
 
@@ -265,6 +279,12 @@ def parsed_yaml(text: str) -> object:
     read that this costs is a fraction of a millisecond. parse_spec only reads the result
     and builds fresh containers, so no caller can change what the cache holds.
     """
+    # YAML anchors and aliases let a few kilobytes stand for an exponentially large document
+    # (nested lists of lists of ...): refused before anything is built, as no spec needs them.
+    for token in yaml.scan(text, Loader=_LOADER):
+        if isinstance(token, (yaml.AnchorToken, yaml.AliasToken)):
+            line = token.start_mark.line + 1 if token.start_mark else "?"
+            raise PerfkitError(f"line {line}: YAML anchors and aliases (&name, *name) are not allowed in a spec file")
     return yaml.load(text, Loader=_LOADER)
 
 

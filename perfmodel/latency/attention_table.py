@@ -79,6 +79,7 @@ import pandas as pd
 
 from perfmodel.base.dtypes import check_dtype
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import write_csv
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec, find_spec, load_all_specs
 from perfmodel.latency.monotone import non_decreasing
@@ -463,7 +464,7 @@ def write_measured_attention(out: Path, device_key: str, model: ModelConfig, dty
     if not len(rows):
         return None
     path = out / f"measured-attention-{model.name}.csv"
-    rows.to_csv(path, index=False)
+    write_csv(rows, path)
     phases = ", ".join(f"{(rows['phase'] == p).sum()} {p}" for p in ("decode", "prefill"))
     source = attention_table(device_key, stack_name, dtype).label
     return f"  measured attention of {model.name}'s heads: {phases} points ({source}) -> {path}"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import replaced_atomically
 
 COLUMNS = [
     "device",
@@ -198,10 +199,13 @@ def read_table(path: str | Path, log=warn) -> pd.DataFrame:
 
 
 def write_table(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write data-contract rows to CSV (or Parquet, by suffix), replacing the file only once
+    the whole table is written: a full disk or an interruption leaves the old file whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     df = check_table(df)[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
-    df.to_parquet(path, index=False) if path.suffix == ".parquet" else df.to_csv(path, index=False)
+    with replaced_atomically(path) as temporary:
+        df.to_parquet(temporary, index=False) if path.suffix == ".parquet" else df.to_csv(temporary, index=False)
     return path
 
 

@@ -17,6 +17,12 @@ from perfmodel.base.jsonfile import read_json
 from perfmodel.base.paths import TOOLKIT_ROOT
 
 DEFAULT_MEDUSA_HEADS = 4  # the reference Vicuna trees are 4 deep; a checkpoint's config overrides it
+# Bounds on a config's sizes, far past any model's (hidden sizes of tens of thousands, vocabularies
+# of a few hundred thousand tokens, contexts of a few million): costs multiply three of them in
+# 64-bit integers, which a 2^40 hidden size overflows.
+MAX_DIMENSION = 2**20
+MAX_HEADS = 64
+MAX_CONTEXT = 2**24
 BUNDLED_MODEL = TOOLKIT_ROOT / "decoder" / "assets" / "bundled"  # trained by python -m decoder.train
 MEDUSA2_MODEL = TOOLKIT_ROOT / "decoder" / "assets" / "medusa2"  # python -m decoder.train --medusa2 on the bundled one
 
@@ -62,13 +68,18 @@ class ModelConfig:
         context = self.max_context
         if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
             raise PerfkitError(f"model {self.name}: max_context must be an integer >= 1 or None, got {context!r}")
+        if context is not None and context > MAX_CONTEXT:
+            raise PerfkitError(f"model {self.name}: max_context must be at most {MAX_CONTEXT:,}, got {context!r}")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.type != "int":
                 continue
             smallest = 0 if f.name == "medusa_heads" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
-                raise PerfkitError(f"model {self.name}: {f.name} must be an integer >= {smallest}, got {value!r}")
+            largest = MAX_HEADS if f.name == "medusa_heads" else MAX_DIMENSION
+            if isinstance(value, bool) or not isinstance(value, int) or not smallest <= value <= largest:
+                raise PerfkitError(
+                    f"model {self.name}: {f.name} must be an integer from {smallest} to {largest:,}, got {value!r}"
+                )
         if self.num_heads % self.num_kv_heads:
             raise PerfkitError(
                 f"model {self.name}: num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
@@ -88,6 +99,14 @@ class ModelConfig:
         TensorRT-LLM's ColumnLinear LM head with gather_output, tensorrt_llm/_torch/modules/linear.py),
         then gather the logits. The whole vocabulary on one device."""
         return -(-self.vocab_size // self.tp)
+
+    def check_context(self, context: int, tokens: int = 1) -> None:
+        """One line where `context` cached tokens plus a step of `tokens` exceed the context the
+        model was trained for (max_context; nothing to check where it is not known)."""
+        if self.max_context is not None and context + tokens > self.max_context:
+            raise PerfkitError(
+                f"context {context} + tree size {tokens} exceed {self.name}'s context of {self.max_context} tokens"
+            )
 
     def with_medusa_heads(self, heads: int) -> ModelConfig:
         return dataclasses.replace(self, medusa_heads=heads)

@@ -34,6 +34,24 @@ def positive(value, name: str, allow_none: bool = True):
     return float(value)
 
 
+# The simulator's clock is float64 seconds from the first arrival: over a span T it resolves
+# T x 2.2e-16 s. Its steps must stay resolved to a tenth of a microsecond, else a request's
+# latency (finish - arrival) rounds to nothing.
+CLOCK_RESOLUTION_S = 1e-7
+
+
+def check_resolvable(rate: float, requests: int) -> None:
+    """One line where `requests` arriving at `rate` per second span so long a time that the
+    simulator's clock cannot resolve a step any more (its latencies would all read 0)."""
+    span = requests / rate
+    if span * np.finfo(float).eps > CLOCK_RESOLUTION_S:
+        lowest = requests * np.finfo(float).eps / CLOCK_RESOLUTION_S
+        raise PerfkitError(
+            f"request rate {rate:g}/s is too low to simulate: {requests} requests would arrive over {span:.3g} s, "
+            f"where the simulator's clock cannot resolve a step; give at least {lowest:.2g} requests/s"
+        )
+
+
 @dataclass(frozen=True)
 class Targets:
     """Service-level targets: time to first token and time per output token (seconds), each
@@ -109,6 +127,8 @@ class ServingWorkload:
         positive(self.rate, "request rate")
         if isinstance(self.requests, bool) or not isinstance(self.requests, int) or self.requests < 10:
             raise PerfkitError(f"requests must be an integer >= 10 (a simulation's sample), got {self.requests!r}")
+        if self.rate is not None:
+            check_resolvable(self.rate, self.requests)
 
     def sample(self, rate: float | None = None) -> Requests:
         """The requests of one simulation: the trace's (at `rate` where given), else drawn at

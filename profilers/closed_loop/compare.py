@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfmodel.base.outputs import write_csv
 from perfmodel.measured.contract import write_table
 from profilers.closed_loop.config import TARGET_ERROR
 from profilers.closed_loop.predict import DECODER_PHASE_OPS
@@ -127,6 +128,6 @@ def write_outputs(table: pd.DataFrame, rows: pd.DataFrame, csv: Path | None, ops
     """The comparison (--csv) and the measured operator rows (--ops-csv, data-contract format)."""
     if csv:
         csv.parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(csv, index=False)
+        write_csv(table, csv)
     if ops_csv:
         write_table(rows, ops_csv)
