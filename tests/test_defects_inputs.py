@@ -205,19 +205,27 @@ def test_a_sweep_counts_each_point_once(tmp_path):
 # ----------------------------------------------------------------------------- item 15: unwritable output
 
 
+def refused_as_read(main, argv, capsys) -> str:
+    """The one-line refusal of a command line whose output path cannot be written (checked
+    when the command line is read, before any work)."""
+    with pytest.raises(SystemExit) as exit_:
+        run(main, argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
 def test_roofline_out_under_a_file_is_one_line(tmp_path, capsys):
     (tmp_path / "file").write_text("in the way")
-    status = run(roofline_main, ["--gpu", "a100", "--out", str(tmp_path / "file" / "out"), *SMALL])
-    err = capsys.readouterr().err
-    assert status == 1 and err.startswith("error: cannot write the output folder") and len(err.splitlines()) == 1
+    err = refused_as_read(roofline_main, ["--gpu", "a100", "--out", str(tmp_path / "file" / "out"), *SMALL], capsys)
+    assert "output folder" in err and "a file, not a folder" in err
 
 
 def test_sweep_out_under_a_file_is_one_line(tmp_path, capsys):
     (tmp_path / "file").write_text("in the way")
     out = tmp_path / "file" / "sweep.csv"
-    status = run(sweep_main, ["--device", "cpu", "--out", str(out), "--no-ceilings", "--no-progress"])
-    err = capsys.readouterr().err
-    assert status == 1 and "folder of the sweep output" in err and len(err.splitlines()) == 1
+    err = refused_as_read(sweep_main, ["--device", "cpu", "--out", str(out), "--no-ceilings", "--no-progress"], capsys)
+    assert "output file" in err and "a file, not a folder" in err
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")

@@ -88,5 +88,5 @@ def test_unknown_model_suggests_the_closest():
 def test_inconsistent_shapes_are_refused():
     with pytest.raises(PerfkitError, match="multiple of num_kv_heads"):
         ModelConfig("odd", 4096, 11008, 32, 5, 32, 32000, 128)
-    with pytest.raises(PerfkitError, match="hidden_size must be an integer >= 1"):
+    with pytest.raises(PerfkitError, match="hidden_size must be an integer from 1 to"):
         ModelConfig("neg", -1, 11008, 32, 32, 32, 32000, 128)

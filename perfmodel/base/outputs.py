@@ -66,6 +66,8 @@ def preflight(path: str | Path, what: str, folder: bool) -> Path:
         kind = "a file, not a folder" if folder else "a folder: give a file name"
         raise PerfkitError(f"{what} {path} is {kind}")
     existing = nearest_existing(path)
+    if existing != path.absolute() and not existing.is_dir():
+        raise PerfkitError(f"{what} {path} is under {existing}, a file, not a folder")
     target = existing if existing.is_dir() else existing.parent
     if existing != path.absolute() or folder:
         if not os.access(target, os.W_OK | os.X_OK):
