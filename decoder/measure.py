@@ -21,7 +21,7 @@ from decoder.acceptance import SCHEMES, AcceptanceConfig
 from decoder.auto_tree import auto_tree, default_tree_name
 from decoder.checkpoint import load_checkpoint
 from decoder.heads import topk_accuracy
-from decoder.medusa import DRAFTERS, STEP_PARTS, Decoder, check_context
+from decoder.medusa import DRAFTERS, Decoder, check_context
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
 from decoder.trace import TORCH_DTYPES
 from decoder.tree import TREE_NAMES, resolve_tree
@@ -236,8 +236,8 @@ def measure(args) -> dict:
         "best_fixed_tree": max(sizes, key=lambda row: row["wall_speedup"])["tree_size"],
         "steps_medusa": medusa.steps,
         "steps_baseline": baseline.steps,
-        "step_time_split_s": {p: round(medusa.times[p], 4) for p in STEP_PARTS},
-        "step_time_split_fraction": {p: round(medusa.times[p] / step_time, 4) for p in STEP_PARTS},
+        "step_time_split_s": {p: round(s, 4) for p, s in medusa.times.items()},
+        "step_time_split_fraction": {p: round(s / step_time, 4) for p, s in medusa.times.items()},
         "lossless": (medusa.tokens == baseline.tokens) if acceptance.scheme == "greedy" else None,
         "eos_token_id": eos,
         "rounds": args.rounds,

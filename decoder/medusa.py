@@ -16,7 +16,6 @@ Plain decoding is the same step with a one-token tree and no heads.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -24,42 +23,16 @@ from decoder.acceptance import ACCEPT, AcceptanceConfig, next_token
 from decoder.checkpoint import Checkpoint
 from decoder.eagle import EAGLE_DEPTH, EAGLE_FILE, DraftPlan, History, draft_batch, dynamic_eagle_tree
 from decoder.model import KVCache
-from decoder.tree import TreeBuffers, path_of_length, tree_buffers
+from decoder.result import STEP_PARTS, DecodeResult
+from decoder.static_step import check_launch, static_generate
+from decoder.tree import TreeBuffers, path_of_length, tree_attention_mask, tree_buffers
 from perfmodel.acceptance.trees import Tree, greedy_tree
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.models.operators import HEAD_TOP_K
 
-# Where a Medusa step's time goes (timed per step); not the operator phases prefill/decode/tree.
-STEP_PARTS = ("candidates", "forward", "verification", "kv_update")
 DRAFTERS = ("medusa", "eagle")
 ROOT_ONLY = Tree(())
-
-
-@dataclass
-class DecodeResult:
-    tokens: list[list[int]]  # new tokens of each sequence
-    accepted: list[list[int]]  # tokens accepted at each step, per sequence
-    tree_sizes: list[int]  # tokens processed per step (tree size)
-    # tokens of each step's accepted path, per sequence, root included, before the cut at the
-    # token budget: what a replay (decoder.twin) needs to do the same work again
-    path_lengths: list[list[int]] = field(default_factory=list)
-    times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PARTS, 0.0))
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    cache: KVCache | None = None  # the final cache, slots [0, cache_lengths[b]) valid
-    cache_lengths: list[int] | None = None
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(len(t) for t in self.tokens)
-
-    @property
-    def steps(self) -> int:
-        return len(self.tree_sizes)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.decode_s if self.decode_s else float("nan")
 
 
 def check_context(config, prompt_tokens: int, new_tokens: int, option: str = "max_new_tokens") -> None:
@@ -84,17 +57,6 @@ def dynamic_tree(head_probs: torch.Tensor, nodes: int, topk: int) -> Tree:
     of the heads' mean accuracies.
     """
     return greedy_tree(head_probs.topk(topk, dim=-1).values.tolist(), nodes)
-
-
-def tree_attention_mask(lengths: torch.Tensor, tree_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """(B, 1, T, kv_len) bool: each sequence's tree tokens, written right after its own
-    prefix of `lengths[b]` tokens, see that prefix and their ancestors in the tree."""
-    size = tree_mask.shape[1]
-    j = torch.arange(kv_len, device=lengths.device)[None, None, :]
-    rel = j - lengths[:, None, None]  # key slot relative to each sequence's tree start
-    in_tree = (rel >= 0) & (rel < size)
-    tree_part = torch.gather(tree_mask, 2, rel.clamp(0, size - 1).expand(-1, size, -1))
-    return ((rel < 0) | (in_tree & tree_part))[:, None]
 
 
 def build_candidates(
@@ -134,6 +96,7 @@ class Decoder:
         self.heads = checkpoint.heads.to(device) if checkpoint.heads is not None else None
         self.eagle = checkpoint.eagle.to(device) if checkpoint.eagle is not None else None
         self._plans: dict = {}  # static tree -> its EAGLE draft plan (decoder.eagle.DraftPlan)
+        self._static_steps: dict = {}  # a compiled or captured static step per shape (decoder.static_step)
 
     # -- shared machinery --------------------------------------------------------------
 
@@ -187,6 +150,7 @@ class Decoder:
         on_tokens=None,
         replay=None,
         drafter: str = "medusa",
+        launch: Launch | str = Launch.EAGER,
     ) -> DecodeResult:
         """Decode every prompt. `tree=None` is plain decoding; a Tree is Medusa with that
         tree; `dynamic_nodes > 0` is Medusa with a per-step dynamic tree of that many nodes.
@@ -195,7 +159,9 @@ class Decoder:
         a path of the length a recorded run accepted there (its `take(batch)` gives each
         sequence's lengths), so a model with dummy weights does a real run's work.
         drafter: "medusa" (the heads draft the tree) or "eagle" (the checkpoint's EAGLE drafter
-        drafts a static `tree` depth by depth, decoder.eagle)."""
+        drafts a static `tree` depth by depth, decoder.eagle).
+        launch: eager (this loop, sequence by sequence) or a static regime (decoder.static_step:
+        the batch's step as tensor ops; static, graph or compiled; Medusa with a fixed tree)."""
         if max_new_tokens < 1:
             raise PerfkitError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if prompts:
@@ -204,6 +170,8 @@ class Decoder:
         if drafter not in DRAFTERS:
             raise PerfkitError(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
         eagle = drafter == "eagle" and medusa
+        launch = Launch.parse(launch)
+        check_launch(launch, self.device, drafter if medusa else "medusa", dynamic_nodes)
         if eagle and self.eagle is None:
             raise PerfkitError(
                 f"{self.ckpt.folder} has no EAGLE drafter ({EAGLE_FILE}; python -m decoder.train --eagle trains one)"
@@ -227,6 +195,11 @@ class Decoder:
         batch = len(prompts)
         result = DecodeResult([[] for _ in prompts], [[] for _ in prompts], [], path_lengths=[[] for _ in prompts])
         replayed = replay.take(batch) if replay is not None else None
+        if launch.static:
+            static_generate(
+                self, prompts, max_new_tokens, static, acceptance, topk, launch, result, eos, on_tokens, replayed
+            )
+            return result
         cache = KVCache(
             self.model.config,
             batch,
@@ -273,15 +246,7 @@ class Decoder:
                     history.push(b, hidden[b, path], new)
                     result.path_lengths[b].append(len(path))
                     roots[b] = next_root
-                    room = max_new_tokens - len(result.tokens[b])
-                    if eos is not None and eos in new[:room]:
-                        room = new.index(eos) + 1
-                    new = new[:room]
-                    result.tokens[b] += new
-                    result.accepted[b].append(len(new))
-                    if on_tokens is not None:
-                        on_tokens(b, new)
-                    done[b] = len(result.tokens[b]) >= max_new_tokens or (eos is not None and new[-1:] == [eos])
+                    done[b] = result.emit(b, new, max_new_tokens, eos, on_tokens)
                 self._sync()
                 t4 = time.perf_counter()
                 result.tree_sizes.append(size)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from decoder.checkpoint import Checkpoint
 from decoder.corpus import sample_prompts, split_corpus
-from decoder.medusa import STEP_PARTS, Decoder, DecodeResult
+from decoder.medusa import Decoder, DecodeResult
 from perfmodel.base.errors import PerfkitError
 
 
@@ -61,8 +61,10 @@ def _append(total: DecodeResult, part: DecodeResult) -> None:
     total.path_lengths += part.path_lengths
     total.prefill_s += part.prefill_s
     total.decode_s += part.decode_s
-    for phase in STEP_PARTS:
-        total.times[phase] += part.times[phase]
+    if total.steps == len(part.tree_sizes):  # the first part: its parts (a static step times others)
+        total.times = dict.fromkeys(part.times, 0.0)
+    for phase, seconds in part.times.items():
+        total.times[phase] += seconds
 
 
 def mean_accepted(result: DecodeResult) -> float:

@@ -47,10 +47,12 @@ from decoder.checkpoint import Checkpoint
 from decoder.heads import MedusaHeads
 from decoder.medusa import ROOT_ONLY, STEP_PARTS, Decoder, commit_path
 from decoder.model import KVCache, LlamaConfig, Transformer
+from decoder.static_step import StaticStep
 from decoder.tree import TreeBuffers, tree_buffers
 from perfmodel.acceptance.trees import Tree, greedy_tree, max_nodes
 from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import writable_file, write_csv
 from perfmodel.cli import Parser, options, run
 from perfmodel.latency.traced import KINDS, TRACE_COLUMNS
@@ -544,15 +546,48 @@ def run_step(
                     commit_path(cache, lengths, b, path, hidden, last_hidden, candidates)
 
 
+def run_static_step(
+    decoder: Decoder, recorder: StepRecorder, static: TreeBuffers, batch: int, context: int, acceptance: str
+) -> None:
+    """One static step (decoder.static_step) part by part, every sequence at `context` cached
+    tokens, the cache allocated as generate allocates it (the step attends over all of it)."""
+    topk = HEAD_TOP_K if decoder.heads is not None else 1
+    settings = AcceptanceConfig(scheme=acceptance)
+    step = StaticStep(decoder, static, batch, context + 2 * static.size + 1, settings, topk, Launch.STATIC, None)
+    step.buffers.lengths.fill_(context)
+    recorder.cold |= {t.untyped_storage()._cdata for t in (step.buffers.cache.k, step.buffers.cache.v)}
+    with torch.inference_mode(), HostLists(), recorder, layer_tags(decoder, recorder):
+        with recorder.phase("candidates"):
+            candidates = step.candidates()
+        with recorder.phase("forward"):
+            hidden, logits = step.forward(candidates)
+        with recorder.phase("verification"):
+            verdict = step.verify(candidates, logits)
+        with recorder.phase("kv_update"):
+            step.commit(candidates, hidden, verdict)
+
+
 def record_step(
-    decoder: Decoder, batch: int, context: int, candidates: int, acceptance: str, sequences: int | None
+    decoder: Decoder,
+    batch: int,
+    context: int,
+    candidates: int,
+    acceptance: str,
+    sequences: int | None,
+    launch: Launch = Launch.EAGER,
+    recorder: StepRecorder | None = None,
 ) -> StepRecorder:
-    """The recorder of one step of `decoder` (built for the step: with heads for a tree)."""
+    """The recorder of one step of `decoder` (built for the step: with heads for a tree), as
+    the eager loop runs it or, for a static launch regime, as the static step does."""
     medusa = candidates > 1
     heads, topk = (len(decoder.heads), HEAD_TOP_K) if medusa else (0, 1)
     static = tree_buffers(step_tree(candidates, heads, topk), heads, topk, str(META))
-    recorder = StepRecorder("medusa" if medusa else "plain", weight_storages((decoder.model, decoder.heads)))
-    run_step(decoder, recorder, static, batch, context, acceptance, sequences)
+    if recorder is None:
+        recorder = StepRecorder("medusa" if medusa else "plain", weight_storages((decoder.model, decoder.heads)))
+    if launch.static:
+        run_static_step(decoder, recorder, static, batch, context, acceptance)
+    else:
+        run_step(decoder, recorder, static, batch, context, acceptance, sequences)
     return recorder
 
 
@@ -585,24 +620,37 @@ def one_layer(model: ModelConfig) -> ModelConfig:
 
 
 def trace_step(
-    config: ModelConfig, batch: int, context: int, candidates: int, dtype: str = "fp16", acceptance: str = "greedy"
+    config: ModelConfig,
+    batch: int,
+    context: int,
+    candidates: int,
+    dtype: str = "fp16",
+    acceptance: str = "greedy",
+    launch: Launch = Launch.EAGER,
 ) -> pd.DataFrame:
     """Every kernel of one decoding step of `batch` sequences with `context` cached tokens
     each: plain decoding for candidates == 1, else a Medusa step over a tree of that many
     tokens. Columns TRACE_COLUMNS; attrs["unclassified"] lists operator names counted as
     elementwise only because no table names them. Traced on one layer and one sequence's
-    verification, repeated (the module doc): the rows of trace_unrolled."""
-    return StepTracer(acceptance)(config, batch, context, candidates, dtype)
+    verification, repeated (the module doc): the rows of trace_unrolled. launch: a static
+    regime traces decoder.static_step's step (the batch at once) instead of the eager loop."""
+    return StepTracer(acceptance, launch=launch)(config, batch, context, candidates, dtype)
 
 
 def trace_unrolled(
-    config: ModelConfig, batch: int, context: int, candidates: int, dtype: str = "fp16", acceptance: str = "greedy"
+    config: ModelConfig,
+    batch: int,
+    context: int,
+    candidates: int,
+    dtype: str = "fp16",
+    acceptance: str = "greedy",
+    launch: Launch = Launch.EAGER,
 ) -> pd.DataFrame:
     """trace_step's table traced the long way: every layer of the model, every sequence's
     verification and commit (the reference trace_step's repetition is checked against)."""
     check_step(config, batch, context, candidates, dtype, acceptance)
     decoder = weightless_decoder(config, TORCH_DTYPES[dtype], candidates > 1)
-    recorder = record_step(decoder, batch, context, candidates, acceptance, sequences=None)
+    recorder = record_step(decoder, batch, context, candidates, acceptance, sequences=None, launch=launch)
     return trace_table([([ROW_VALUES(row) for row in recorder.rows], 1)], recorder.unclassified)
 
 
@@ -612,10 +660,12 @@ class StepTracer:
     and one sequence's rows with their repeats, a fraction of a table), and one weightless
     one-layer decoder per (model, dtype, heads or not) reused. beyond_context: trace contexts past the model's
     trained context too, as the sweeps price them (their beyond_context column marks such
-    rows): a trace holds shapes, which do not depend on the trained length."""
+    rows): a trace holds shapes, which do not depend on the trained length. launch: the
+    regime whose step is traced (a static one: decoder.static_step's)."""
 
-    def __init__(self, acceptance: str = "greedy", beyond_context: bool = False):
+    def __init__(self, acceptance: str = "greedy", beyond_context: bool = False, launch: Launch = Launch.EAGER):
         self.acceptance, self.beyond_context = acceptance, beyond_context
+        self.launch = Launch.parse(launch)
         self._decoders: dict[tuple, Decoder] = {}
         self._runs: dict[tuple, tuple[list[tuple[list[tuple], int]], set[str]]] = {}
 
@@ -627,15 +677,22 @@ class StepTracer:
         point = (config, batch, context, candidates, dtype)
         if point not in self._runs:
             check_step(*point, self.acceptance)
-            decoder = self._decoder(config, dtype, candidates > 1)
-            recorder = record_step(decoder, batch, context, candidates, self.acceptance, sequences=1)
-            self._runs[point] = repeated_runs(recorder, config.num_layers, batch), recorder.unclassified
+            if self.launch.static:  # its KV move spans every layer at once: traced whole
+                decoder = self._decoder(config, dtype, candidates > 1, layers=config.num_layers)
+                recorder = record_step(decoder, batch, context, candidates, self.acceptance, None, self.launch)
+                runs = [([ROW_VALUES(row) for row in recorder.rows], 1)]
+            else:
+                decoder = self._decoder(config, dtype, candidates > 1)
+                recorder = record_step(decoder, batch, context, candidates, self.acceptance, 1, self.launch)
+                runs = repeated_runs(recorder, config.num_layers, batch)
+            self._runs[point] = runs, recorder.unclassified
         return trace_table(*self._runs[point])
 
-    def _decoder(self, config: ModelConfig, dtype: str, medusa: bool) -> Decoder:
-        built = (config, dtype, medusa)
+    def _decoder(self, config: ModelConfig, dtype: str, medusa: bool, layers: int = 1) -> Decoder:
+        built = (config, dtype, medusa, layers)
         if built not in self._decoders:
-            self._decoders[built] = weightless_decoder(one_layer(config), TORCH_DTYPES[dtype], medusa)
+            shape = dataclasses.replace(config, num_layers=layers)
+            self._decoders[built] = weightless_decoder(shape, TORCH_DTYPES[dtype], medusa)
         return self._decoders[built]
 
 

@@ -69,6 +69,17 @@ def tree_buffers(tree: Tree, heads: int, topk: int, device="cpu") -> TreeBuffers
     )
 
 
+def tree_attention_mask(lengths: torch.Tensor, tree_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """(B, 1, T, kv_len) bool: each sequence's tree tokens, written right after its own
+    prefix of `lengths[b]` tokens, see that prefix and their ancestors in the tree."""
+    size = tree_mask.shape[1]
+    j = torch.arange(kv_len, device=lengths.device)[None, None, :]
+    rel = j - lengths[:, None, None]  # key slot relative to each sequence's tree start
+    in_tree = (rel >= 0) & (rel < size)
+    tree_part = torch.gather(tree_mask, 2, rel.clamp(0, size - 1).expand(-1, size, -1))
+    return ((rel < 0) | (in_tree & tree_part))[:, None]
+
+
 def resolve_tree(name: str, checkpoint, accuracy=None) -> Tree:
     """A tree by name for a checkpoint: default (its own, else the reference Vicuna-7B tree
     when it has the heads for it, else greedy-32), vicuna-7b (the reference's vicuna_7b_stage2),

@@ -47,6 +47,18 @@ def dummy_checkpoint(
     if path is None:
         raise PerfkitError(f"--weights dummy needs a config.json: {model!r} is not a file or folder")
     config = LlamaConfig.from_hf(read_hf_config(path))
+    return dummy_checkpoint_of(config, path if path.is_dir() else path.parent, dtype, medusa_heads, seed, device)
+
+
+def dummy_checkpoint_of(
+    config: LlamaConfig,
+    folder: Path | None = None,
+    dtype: torch.dtype = torch.float32,
+    medusa_heads: int | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+) -> Checkpoint:
+    """dummy_checkpoint of a config already read (`folder`: where it came from, if anywhere)."""
     heads = medusa_heads if medusa_heads is not None else (config.medusa_num_heads or DEFAULT_MEDUSA_HEADS)
     if heads < 1:
         raise PerfkitError(f"a twin needs Medusa heads to draft with: got {heads}")
@@ -55,7 +67,6 @@ def dummy_checkpoint(
         medusa = MedusaHeads(config.hidden_size, config.vocab_size, heads)
     generator = torch.Generator(device=device).manual_seed(seed)
     net, medusa = (_filled(m.to(dtype).to_empty(device=device), generator).eval() for m in (net, medusa))
-    folder = path if path.is_dir() else path.parent
     return Checkpoint(folder, config, net, medusa, None, None, {"weights": "dummy", "dummy_range": DUMMY_RANGE})
 
 

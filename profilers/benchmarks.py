@@ -17,8 +17,8 @@ from decoder.acceptance import AcceptanceConfig, greedy
 from decoder.eagle import child_tokens
 from decoder.heads import MedusaHeads
 from decoder.medusa import build_candidates, commit_path
-from decoder.medusa import tree_attention_mask as decoder_tree_mask  # the decoder's batched mask, not the benchmark's
 from decoder.model import KVCache, LlamaConfig, RMSNorm, apply_rope, rope_cos_sin
+from decoder.tree import tree_attention_mask as decoder_tree_mask  # the decoder's batched mask, not the benchmark's
 from decoder.tree import tree_buffers
 from perfmodel.acceptance.trees import Tree
 from perfmodel.base.dtypes import element_bytes

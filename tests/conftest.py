@@ -9,6 +9,7 @@ from helpers import assert_png_shows_a_plot
 
 from perfmodel.measured.store import HOME_VARIABLE
 from perfmodel.models.config import ModelConfig
+from tests.distilled import distilled_decoder
 
 # Small shapes with GQA and two Medusa heads, shared by the benchmark and sweep tests: every
 # op builds in milliseconds.
@@ -37,6 +38,12 @@ def session_measurements_home(tmp_path_factory):
 def own_measurements_home(session_measurements_home, tmp_path_factory, monkeypatch):
     """A fresh $MEDUSA_PERFKIT_HOME for each test: what --measure stores stays in that test."""
     monkeypatch.setenv(HOME_VARIABLE, str(tmp_path_factory.mktemp("perfkit-home")))
+
+
+@pytest.fixture(scope="session")
+def decoder():
+    """The self-distilled small decoder (tests/distilled.py), trained once per session."""
+    return distilled_decoder()
 
 
 @pytest.fixture

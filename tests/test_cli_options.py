@@ -160,7 +160,14 @@ def test_one_default_rule_per_option():
 
 
 def test_model_default_follows_whether_weights_run():
-    runs_weights = {"decoder.measure", "decoder.generate", "decoder.ablation", "decoder.train", "perfmodel.validate"}
+    runs_weights = {
+        "decoder.measure",
+        "decoder.generate",
+        "decoder.ablation",
+        "decoder.train",
+        "perfmodel.validate",
+        "profilers.step_bench",
+    }
     for prog, flag, action in shared_actions():
         if flag == "--model":
             command = prog.removeprefix("python -m ").split()[0]

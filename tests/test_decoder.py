@@ -5,45 +5,14 @@ import pytest
 import torch
 
 from decoder.acceptance import AcceptanceConfig, rejection, typical
-from decoder.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from decoder.checkpoint import load_checkpoint, save_checkpoint
 from decoder.heads import MedusaHeads, medusa_loss
-from decoder.medusa import Decoder, dynamic_tree
-from decoder.model import KVCache, LlamaConfig, Transformer
+from decoder.medusa import dynamic_tree
+from decoder.model import KVCache, Transformer
 from decoder.tree import tree_buffers
 from perfmodel.acceptance.trees import VICUNA_7B_TREE, Tree, expected_acceptance, greedy_tree
 from perfmodel.base.errors import PerfkitError
-
-CONFIG = LlamaConfig(
-    vocab_size=48,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    rope_theta=500.0,
-)
-PROMPTS = [[1, 2, 3, 4, 5, 6], [7, 8], [9, 10, 11, 12, 13, 14, 15, 3, 4, 5], [5]]
-
-
-@pytest.fixture(scope="module")
-def decoder():
-    """A random model with heads self-distilled on its own greedy continuations (Medusa-1
-    in miniature), so trees really accept several tokens per step."""
-    torch.manual_seed(0)
-    model = Transformer(CONFIG).eval()
-    heads = MedusaHeads(32, 48, 4, lm_head=model.lm_head.weight.data)
-    plain = Decoder(Checkpoint(None, CONFIG, model, None, None, None, {}))
-    prompts = torch.randint(0, 48, (64, 4)).tolist()
-    sequences = torch.tensor([p + t for p, t in zip(prompts, plain.generate(prompts, 40).tokens)])
-    with torch.no_grad():
-        hidden = model.hidden(sequences)
-    optimizer = torch.optim.Adam(heads.parameters(), lr=1e-2)
-    for _ in range(150):
-        loss, _ = medusa_loss(heads(hidden), sequences)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return Decoder(Checkpoint(None, CONFIG, model, heads.eval(), None, None, {}))
+from tests.distilled import CONFIG, PROMPTS
 
 
 def test_design_example_two_by_three_tree():
@@ -155,8 +124,9 @@ def test_greedy_medusa_is_greedy_decoding(decoder, batch):
     assert all(len(t) == 40 for t in plain.tokens)
 
 
-def test_cache_after_accepting_paths_equals_a_full_recompute(decoder):
-    result = decoder.generate(PROMPTS, 30, tree=VICUNA_7B_TREE)
+@pytest.mark.parametrize("launch", ["eager", "static"])
+def test_cache_after_accepting_paths_equals_a_full_recompute(decoder, launch):
+    result = decoder.generate(PROMPTS, 30, tree=VICUNA_7B_TREE, launch=launch)
     assert max(max(a) for a in result.accepted) > 1
     for b, prompt in enumerate(PROMPTS):
         sequence = prompt + result.tokens[b]

@@ -19,7 +19,7 @@ from decoder.train import main as train_main
 from decoder.tree import resolve_tree
 from perfmodel.acceptance.trees import Tree
 from perfmodel.base.errors import PerfkitError
-from tests.test_decoder import CONFIG
+from tests.distilled import CONFIG
 
 # the decoder tests' tiny model with an 8-token vocabulary: sampled distributions converge in a few thousand draws
 TINY = dataclasses.replace(CONFIG, vocab_size=8)

@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "engine-regime TPOT and TTFT beside NVIDIA aiconfigurator's",
     ),
     "engine-kernels": ("profilers.engine_kernels", "time on a GPU the LM head and fused norm the engine steps derive"),
+    "host-dispatch": ("profilers.host_dispatch", "time what the host spends issuing one tiny op, per kernel kind"),
+    "step-bench": ("profilers.step_bench", "kernels and Python time per decoding step, eager against static, by batch"),
     "allreduce-compare": ("perfmodel.allreduce_compare", "the ring all-reduce model against measured tables"),
     "allreduce": ("profilers.allreduce", "time all-reduce over processes (gloo on CPU, NCCL on GPUs) for tp plans"),
     "sweep": ("profilers.sweep", "time every operator of a decoding step over a grid"),

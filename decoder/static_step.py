@@ -1,0 +1,281 @@
+"""A static Medusa step: the whole batch's step as fixed-shape tensor ops, run eagerly, from a
+CUDA graph, or compiled (perfmodel.base.launch).
+
+What decoder.medusa's step does sequence by sequence (Python loops, `.tolist()` reads in
+acceptance and commit), this does over the batch with no host read inside the step, as
+serving engines and gpt-fast run theirs: every buffer is allocated once per (batch, tree)
+and updated in place, the per-sequence lengths live on the device, attention runs over the
+whole preallocated cache behind the tree mask (so no shape depends on a length), the
+acceptance schemes are decoder.batched_acceptance's, and the accepted path's KV entries move
+in one gather and one scatter over every layer. The host reads one small tensor per step (each
+sequence's accepted length and tokens) after it, to stream tokens and stop finished sequences;
+a finished sequence stays in the batch and accepts nothing until the slowest is done.
+
+The step is a pure function of its buffers, so a CUDA graph captures it once (after warm-up
+steps whose effects are undone) and replays it; torch.compile compiles it once per shape.
+The eager reference decoder stays the reference: greedy output is the same token for token,
+rejection sampling draws from the same distribution.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from decoder.acceptance import AcceptanceConfig
+from decoder.batched_acceptance import VERIFY, StaticTree, Verdict, last_node, sample
+from decoder.model import KVCache
+from decoder.result import DecodeResult
+from decoder.tree import TreeBuffers, tree_attention_mask
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
+
+# Where a static step's time goes: the step on the device, and the host's read of its verdict
+# with the bookkeeping after it (streaming, stopping finished sequences).
+STATIC_PARTS = ("step", "readback")
+WARMUP_STEPS = 2  # eager steps before a capture: lazy initialisation (cuBLAS handles) stays out of the graph
+
+
+def check_launch(launch: Launch, device: str, drafter: str, dynamic_nodes: int) -> None:
+    """One line where a static regime cannot run what was asked."""
+    if not launch.static:
+        return
+    if launch is Launch.GRAPH and not str(device).startswith("cuda"):
+        raise PerfkitError(f"--launch graph captures a CUDA graph: it needs a CUDA device, not {device!r}")
+    if dynamic_nodes > 0:
+        raise PerfkitError(
+            f"--launch {launch} runs a fixed tree: a dynamic tree ({dynamic_nodes} nodes) changes shape every step; "
+            "use --launch eager"
+        )
+    if drafter != "medusa":
+        raise PerfkitError(
+            f"--launch {launch} runs Medusa heads' trees; the {drafter} drafter runs with --launch eager"
+        )
+
+
+def move_accepted(cache: KVCache, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy cache slots src -> dst (B, W) of every sequence in every layer: one gather and
+    one scatter per cache tensor."""
+    layers, batch, heads, _, dim = cache.k.shape
+    width = src.shape[1]
+    take = src[None, :, None, :, None].expand(layers, batch, heads, width, dim)
+    put = dst[None, :, None, :, None].expand(layers, batch, heads, width, dim)
+    for tensor in (cache.k, cache.v):
+        tensor.scatter_(3, put, tensor.gather(3, take))
+
+
+@dataclass
+class StepBuffers:
+    """Everything a step reads and writes, allocated once: the graph's inputs and outputs."""
+
+    cache: KVCache
+    lengths: torch.Tensor  # (B,) valid cache slots per sequence
+    last_hidden: torch.Tensor  # (B, h) hidden state of each sequence's last accepted token
+    roots: torch.Tensor  # (B,) each sequence's next root token
+    active: torch.Tensor  # (B,) bool: a finished sequence accepts nothing
+    forced: torch.Tensor  # (B,) replay: the length to keep this step (0: the scheme's verdict)
+    out: torch.Tensor  # (B, 1 + W) the step's accepted length, then its accepted tokens
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """The small state a step changes besides cache slots past each sequence's length."""
+        return {name: getattr(self, name).clone() for name in ("lengths", "last_hidden", "roots", "out")}
+
+    def restore(self, saved: dict[str, torch.Tensor]) -> None:
+        for name, value in saved.items():
+            getattr(self, name).copy_(value)
+
+
+class StaticStep:
+    """One decoding step of a fixed tree over a fixed batch (see the module doc)."""
+
+    def __init__(
+        self,
+        decoder,
+        buffers: TreeBuffers,
+        batch: int,
+        max_len: int,
+        acceptance: AcceptanceConfig,
+        topk: int,
+        launch: Launch,
+        generator: torch.Generator,
+    ):
+        self.model, self.heads = decoder.model, decoder.heads
+        self.tree = StaticTree.of(buffers)
+        self.acceptance, self.topk, self.launch, self.generator = acceptance, topk, launch, generator
+        self.scheme = VERIFY[acceptance.scheme]
+        device = buffers.mask.device
+        dtype = next(self.model.parameters()).dtype
+        config = self.model.config
+        size, width = self.tree.size, self.tree.width
+        self.max_len = max_len
+        self.buffers = StepBuffers(
+            cache=KVCache(config, batch, max_len, device, dtype),
+            lengths=torch.zeros(batch, dtype=torch.long, device=device),
+            last_hidden=torch.zeros(batch, config.hidden_size, dtype=dtype, device=device),
+            roots=torch.zeros(batch, dtype=torch.long, device=device),
+            active=torch.ones(batch, dtype=torch.bool, device=device),
+            forced=torch.zeros(batch, dtype=torch.long, device=device),
+            out=torch.zeros(batch, 1 + width, dtype=torch.long, device=device),
+        )
+        self.offsets = torch.arange(size, device=device)
+        self.path_offsets = torch.arange(width, device=device)
+        self.rows = torch.arange(batch, device=device)
+        self.tree_mask = buffers.mask[None].expand(batch, -1, -1)
+        self.depths = buffers.depths
+        self.node_head = buffers.node_head.clamp(min=0)
+        self.node_rank = buffers.node_rank.clamp(min=0)
+        self._run = self._step
+        if launch is Launch.COMPILED:
+            self._run = torch.compile(self._step, fullgraph=False, dynamic=False)
+        self._graph: torch.cuda.CUDAGraph | None = None
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def candidates(self) -> torch.Tensor:
+        """(B, T) every sequence's tree: its root, then the heads' top-k at each node."""
+        b = self.buffers
+        if self.tree.size == 1 or self.heads is None:
+            return b.roots[:, None]
+        top = self.heads(b.last_hidden).topk(self.topk, dim=-1).indices.transpose(0, 1)  # (B, K, topk)
+        drafted = top[:, self.node_head, self.node_rank]  # (B, T)
+        return torch.cat([b.roots[:, None], drafted[:, 1:]], dim=1)
+
+    def forward(self, candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states and logits of every tree token, written after each sequence's prefix
+        and attending over the whole cache behind the tree mask."""
+        b = self.buffers
+        slots = b.lengths[:, None] + self.offsets
+        mask = tree_attention_mask(b.lengths, self.tree_mask, self.max_len)
+        hidden = self.model.hidden(candidates, b.lengths[:, None] + self.depths, b.cache, slots, mask, self.max_len)
+        return hidden, self.model.lm_head(hidden)
+
+    def verify(self, candidates, logits) -> Verdict:
+        """The scheme's verdict, or the replayed length where one is forced."""
+        b = self.buffers
+        verdict = self.scheme(candidates, logits, self.tree, self.acceptance, self.generator)
+        replayed = b.forced > 0
+        path = torch.where(replayed[:, None], self.tree.by_length[b.forced], verdict.path)
+        length = torch.where(replayed, b.forced, verdict.length) * b.active
+        return Verdict(path, length, verdict.next_root)
+
+    def commit(self, candidates, hidden, verdict: Verdict) -> None:
+        """Move the accepted path's KV entries after each prefix, advance the lengths, keep
+        the last accepted token's hidden state and the next root, and write the step's output."""
+        b = self.buffers
+        path, length = verdict.path, verdict.length
+        if self.tree.width > 1:
+            move_accepted(b.cache, b.lengths[:, None] + path, b.lengths[:, None] + self.path_offsets)
+        kept = b.active[:, None]
+        # out first: a plain step's candidates are a view of the roots about to be replaced
+        b.out.copy_(torch.cat([length[:, None], candidates.gather(1, path)], dim=1))
+        b.last_hidden.copy_(torch.where(kept, hidden[self.rows, last_node(path, length.clamp(min=1))], b.last_hidden))
+        b.roots.copy_(torch.where(b.active, verdict.next_root, b.roots))
+        b.lengths.add_(length)
+
+    def _step(self) -> None:
+        candidates = self.candidates()
+        hidden, logits = self.forward(candidates)
+        self.commit(candidates, hidden, self.verify(candidates, logits))
+
+    def __call__(self) -> None:
+        """Run one step (replaying the captured graph in graph mode)."""
+        if self.launch is not Launch.GRAPH:
+            self._run()
+            return
+        if self._graph is None:
+            self._graph = self._capture()
+        self._graph.replay()
+
+    def _capture(self) -> torch.cuda.CUDAGraph:
+        """Capture the step once; the warm-up steps before it are undone."""
+        saved = self.buffers.snapshot()
+        rng = self.generator.get_state()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(WARMUP_STEPS):
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.buffers.restore(saved)
+        self.generator.set_state(rng)
+        graph = torch.cuda.CUDAGraph()
+        if self.acceptance.samples:
+            graph.register_generator_state(self.generator)
+        with torch.cuda.graph(graph):
+            self._step()
+        return graph
+
+    # -- prefill --------------------------------------------------------------------------------
+
+    def start(self, decoder, prompts: list[list[int]]) -> None:
+        """Prefill the prompts into the step's cache and set each sequence's first root."""
+        b = self.buffers
+        lengths, last_hidden, last_logits = decoder._prefill(prompts, b.cache)
+        b.lengths.copy_(torch.tensor(lengths))
+        b.last_hidden.copy_(last_hidden)
+        if self.acceptance.samples:
+            roots = sample(torch.softmax(last_logits.float() / self.acceptance.temperature, -1), self.generator)
+        else:
+            roots = last_logits.argmax(dim=-1)
+        b.roots.copy_(roots)
+        b.active.fill_(True)
+        b.forced.zero_()
+
+
+def static_generate(
+    decoder,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    buffers: TreeBuffers,
+    acceptance: AcceptanceConfig,
+    topk: int,
+    launch: Launch,
+    result: DecodeResult,
+    eos: int | None = None,
+    on_tokens=None,
+    replayed: list[list[int]] | None = None,
+) -> None:
+    """Decode `prompts` with the static step, filling `result`."""
+    batch, device = len(prompts), decoder.device
+    max_len = decoder._max_len(prompts, max_new_tokens, buffers.size)
+    generator = torch.Generator(device=device).manual_seed(acceptance.seed)
+    step = decoder._static_steps.get((buffers.tree, batch, max_len, acceptance, topk, launch))
+    if step is None:  # kept per shape, so a compiled step or a captured graph is reused across calls
+        step = StaticStep(decoder, buffers, batch, max_len, acceptance, topk, launch, generator)
+        decoder._static_steps[(buffers.tree, batch, max_len, acceptance, topk, launch)] = step
+    else:
+        step.generator.manual_seed(acceptance.seed)
+    result.times = dict.fromkeys(STATIC_PARTS, 0.0)
+    done = [False] * batch
+    with torch.inference_mode():
+        started = time.perf_counter()
+        step.start(decoder, prompts)
+        decoder._sync()
+        result.prefill_s = time.perf_counter() - started
+        started = time.perf_counter()
+        while not all(done):
+            if replayed is not None:
+                at = [replayed[b][len(result.path_lengths[b]) % len(replayed[b])] for b in range(batch)]
+                step.buffers.forced.copy_(torch.tensor(at), non_blocking=False)
+            t0 = time.perf_counter()
+            step()
+            decoder._sync()
+            t1 = time.perf_counter()
+            rows = step.buffers.out.tolist()
+            finished = False
+            for b, row in enumerate(rows):
+                if done[b]:
+                    continue
+                length = row[0]
+                result.path_lengths[b].append(length)
+                done[b] = result.emit(b, row[1 : 1 + length], max_new_tokens, eos, on_tokens)
+                finished |= done[b]
+            if finished:
+                step.buffers.active.copy_(torch.tensor([not d for d in done]))
+            result.tree_sizes.append(buffers.size)
+            result.times["step"] += t1 - t0
+            result.times["readback"] += time.perf_counter() - t1
+        result.decode_s = time.perf_counter() - started
+    result.cache, result.cache_lengths = step.buffers.cache, step.buffers.lengths.tolist()

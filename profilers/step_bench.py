@@ -1,0 +1,203 @@
+"""python -m profilers.step_bench: what the host does per decoding step, eager against static.
+
+For each launch regime (perfmodel.base.launch) and batch, the reference decoder decodes
+random prompts with a Medusa tree, replaying a fixed accepted length so that every regime
+and batch runs the same number of steps, and the command prints per step:
+
+- kernels launched: every operator that runs a kernel (views and allocations aside);
+- python ms: the step's wall time outside those operators: the Python that builds and
+  issues them and reads results back, timed by a dispatch mode around every operator;
+- operator ms: the time inside them (on a CPU, dispatch and the kernel itself).
+
+Each is the difference of two runs of different lengths, so that prefill cancels, the
+fastest of --rounds runs each (a busy machine only adds time). The model is --model's
+depth, heads and tree with widths of 64, so that kernels stay small (`--as-configured`: at
+its own widths). On a GPU the host's time per step is its Python plus one dispatch per
+kernel (profilers.host_dispatch measures that cost): a step whose kernels take less is
+host-bound. The Python column includes the dispatch mode's own cost per operator, the same
+for every regime.
+
+The eager decoder loops over the sequences of the batch in acceptance and commit, so its
+launches and host time grow with the batch; the static step's stay flat.
+
+    python -m profilers.step_bench --batch 1 2 4 8 16 --tree-size 16
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from decoder.medusa import Decoder
+from decoder.model import LlamaConfig
+from decoder.trace import NO_KERNEL, llama_config, step_tree
+from decoder.twin import Replay, dummy_checkpoint_of, random_prompts
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
+from perfmodel.base.outputs import write_csv
+from perfmodel.cli import Parser, options, run
+from perfmodel.models.config import load_model
+from perfmodel.models.operators import HEAD_TOP_K
+from profilers.device import check_device
+
+NARROW = 64  # hidden size of the narrow model whose kernels cost next to nothing
+PROMPT_LEN = 16
+STEPS = 8  # steps of the shorter timed run; the longer runs twice as many
+
+
+def narrow(config: LlamaConfig) -> LlamaConfig:
+    """`config`'s depth, heads and vocabulary shape with widths of NARROW: the same kernels
+    launched in the same order, each on a few kilobytes."""
+    heads = config.num_attention_heads
+    return dataclasses.replace(
+        config,
+        hidden_size=NARROW,
+        intermediate_size=2 * NARROW,
+        head_dim=max(2, NARROW // heads),
+        vocab_size=min(config.vocab_size, 4 * NARROW),
+    )
+
+
+class OpClock(TorchDispatchMode):
+    """Kernels launched and seconds spent inside operators, over whatever runs under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernels, self.inside_s = 0, 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        started = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.inside_s += time.perf_counter() - started
+        self.kernels += func.overloadpacket.__name__ not in NO_KERNEL
+        return out
+
+
+@dataclass
+class Point:
+    """One regime at one batch, decoded with a replayed accepted length per step."""
+
+    decoder: Decoder
+    batch: int
+    tree: object
+    launch: Launch
+    accepted: int
+
+    def decode(self, steps: int) -> tuple[float, float, int]:
+        """(wall s, s inside operators, kernels) of a decode of `steps` steps."""
+        prompts = random_prompts(self.decoder.model.config.vocab_size, self.batch, PROMPT_LEN, seed=self.batch)
+        replay = Replay([[self.accepted]] * self.batch)
+        with OpClock() as clock:
+            started = time.perf_counter()
+            self.decoder.generate(prompts, steps * self.accepted, tree=self.tree, replay=replay, launch=self.launch)
+            wall = time.perf_counter() - started
+        return wall, clock.inside_s, clock.kernels
+
+
+def measure(points: list[Point], rounds: int) -> pd.DataFrame:
+    """Per step of every point: kernels, Python ms and operator ms (the module doc). The runs
+    go round the points in turn, so that every point meets the same machine."""
+    for point in points:
+        point.decode(2)  # warm-up: the static step is built once
+    best = {}  # (point, steps) -> fastest (python s, operator s, kernels)
+    for _ in range(rounds):
+        for i, point in enumerate(points):
+            for steps in (STEPS, 2 * STEPS):
+                wall, inside, kernels = point.decode(steps)
+                seen = best.get((i, steps))
+                python = wall - inside if seen is None else min(seen[0], wall - inside)
+                operators = inside if seen is None else min(seen[1], inside)
+                best[(i, steps)] = (python, operators, kernels)
+    rows = []
+    for i, point in enumerate(points):
+        short, long = best[(i, STEPS)], best[(i, 2 * STEPS)]
+        rows.append(
+            {
+                "launch": str(point.launch),
+                "batch": point.batch,
+                "tree_size": point.tree.size,
+                "kernels_per_step": (long[2] - short[2]) / STEPS,
+                "python_ms_per_step": (long[0] - short[0]) / STEPS * 1e3,
+                "operator_ms_per_step": (long[1] - short[1]) / STEPS * 1e3,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m profilers.step_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16], metavar="B", help="batches")
+    p.add_argument("--tree-size", type=int, default=16, metavar="T", help="tokens of the Medusa tree (default 16)")
+    p.add_argument(
+        "--launch",
+        nargs="+",
+        default=[Launch.EAGER.value, Launch.STATIC.value],
+        choices=[m.value for m in Launch],
+        help="regimes to compare (default: eager static)",
+    )
+    options.model(p, needs_weights=True)
+    p.add_argument(
+        "--as-configured",
+        action="store_true",
+        help="run the model at its own widths, kernels and all (default: its depth, heads and tree at widths of "
+        f"{NARROW}, so that kernels stay small)",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=3, metavar="N", help="timed runs per point and length, fastest kept (default 3)"
+    )
+    p.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads on a CPU (default 1)")
+    options.device(p, default="cpu", default_said="cpu")
+    options.csv(p, "the table")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for name in ("tree_size", "rounds", "threads"):
+        if getattr(args, name) < 1:
+            raise PerfkitError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if any(b < 1 for b in args.batch):
+        raise PerfkitError(f"--batch must be >= 1, got {min(args.batch)}")
+    config = llama_config(load_model(args.model))
+    if not args.as_configured:
+        config = narrow(config)
+    check_device(args.device)
+    torch.set_num_threads(args.threads)
+    checkpoint = dummy_checkpoint_of(config, device=args.device)
+    decoder = Decoder(checkpoint, args.device)
+    tree = step_tree(args.tree_size, len(checkpoint.heads), HEAD_TOP_K)
+    accepted = min(2, tree.depth + 1)
+    points = [
+        Point(decoder, batch, tree, launch, accepted)
+        for launch in map(Launch.parse, args.launch)
+        for batch in args.batch
+    ]
+    table = measure(points, args.rounds)
+    what = "as configured" if args.as_configured else f"narrowed to hidden {NARROW}"
+    print(
+        f"{args.model} ({what}), {config.num_hidden_layers} layers, tree of {tree.size} tokens, "
+        f"{accepted} tokens accepted per step (replayed), {args.device}, {args.threads} thread(s), "
+        f"torch {torch.__version__}"
+    )
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    for launch, rows_of in table.groupby("launch", sort=False):
+        first, last = rows_of.iloc[0], rows_of.iloc[-1]
+        kernels = last.kernels_per_step / first.kernels_per_step
+        python = last.python_ms_per_step / first.python_ms_per_step
+        print(
+            f"{launch}: batch {first.batch} -> {last.batch}: kernels per step x{kernels:.2f}, python ms x{python:.2f}"
+        )
+    if args.csv is not None:
+        write_csv(table, args.csv)
+        print(f"wrote {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))
