@@ -8,8 +8,10 @@ from decoder.acceptance import SCHEMES, AcceptanceConfig
 from decoder.auto_tree import auto_tree, default_tree_name
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import DRAFTERS, Decoder, check_context
+from decoder.static_step import check_launch
 from decoder.tree import TREE_NAMES, resolve_tree
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.cli import Parser, options, positive_int, positive_number, run
 
 
@@ -69,6 +71,7 @@ def build_parser() -> Parser:
         action="store_true",
         help="--tree auto: measure this machine's step times again instead of using the cached calibration",
     )
+    options.launch(p)
     return p
 
 
@@ -100,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     tree = None
     decoder = Decoder(ckpt)
+    check_launch(Launch.parse(args.launch), decoder.device, args.drafter, 0)  # before a calibration runs
     if not args.no_medusa:
         if ckpt.heads is None:
             raise PerfkitError(f"{ckpt.folder} has no Medusa heads; use --no-medusa or --heads DIR")
@@ -119,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         eos=ckpt.config.eos_token_id,
         on_tokens=Streamer(ckpt.tokenizer),
         drafter=args.drafter,
+        launch=args.launch,
     )
     print()
     print(

@@ -23,12 +23,14 @@ from decoder.checkpoint import load_checkpoint
 from decoder.heads import topk_accuracy
 from decoder.medusa import DRAFTERS, Decoder, check_context
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
+from decoder.static_step import check_launch
 from decoder.trace import TORCH_DTYPES
 from decoder.tree import TREE_NAMES, resolve_tree
 from decoder.twin import ReplayRecord, dummy_checkpoint, native_dtype, random_prompts
 from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import expected_acceptance, greedy_tree
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import writable_file
 from perfmodel.cli import Parser, batch_size, options, positive_int, run
 from perfmodel.models.operators import HEAD_TOP_K
@@ -96,7 +98,10 @@ def measure_twin(args) -> dict:
     decoder = Decoder(ckpt)
     prompts = random_prompts(ckpt.config.vocab_size, args.prompts, args.prompt_len, args.seed)
     batch = batch_run(args.batch, args.prompts, lambda text: print(text, file=sys.stderr))
-    settings = {"plain": {}} | {f"size-{n}": {"tree": record.tree(n), "replay": record.replay(n)} for n in wanted}
+    launch = {"launch": args.launch}
+    settings = {"plain": launch} | {
+        f"size-{n}": {"tree": record.tree(n), "replay": record.replay(n), **launch} for n in wanted
+    }
     for setting in settings.values():  # warm-up, untimed
         decoder.generate(prompts[:batch], 2, **{**setting, "replay": None})
     runs = decode_interleaved(decoder, prompts, batch, args.new_tokens, settings, args.rounds, topk=HEAD_TOP_K)
@@ -144,10 +149,11 @@ def measure(args) -> dict:
     batch = batch_run(args.batch, args.prompts, lambda text: print(text, file=sys.stderr))
     torch.manual_seed(args.seed)
     decoder = Decoder(ckpt)
+    check_launch(Launch.parse(args.launch), decoder.device, args.drafter, args.dynamic or 0)  # before any run
     acceptance = AcceptanceConfig(args.acceptance, temperature=args.temperature, seed=args.seed)
     prompts = heldout_prompts(ckpt, args.prompts, args.prompt_len, args.seed)
     eos = ckpt.config.eos_token_id
-    run_kwargs = dict(acceptance=acceptance, topk=HEAD_TOP_K, drafter=args.drafter)
+    run_kwargs = dict(acceptance=acceptance, topk=HEAD_TOP_K, drafter=args.drafter, launch=args.launch)
 
     # Warm-up: the first calls of every kernel are slow; none of this is timed.
     warm = min(8, args.new_tokens)  # within the context the check above allowed
@@ -204,6 +210,7 @@ def measure(args) -> dict:
     report = {
         "model": str(ckpt.folder),
         "drafter": args.drafter,
+        "launch": args.launch,
         "acceptance": acceptance.__dict__,
         "tree": {
             "name": f"dynamic-{nodes}" if nodes else name,
@@ -310,6 +317,7 @@ def build_parser() -> Parser:
     )
     options.twin(p)
     options.out(p, None, what="the acceptance record (JSON)", metavar="FILE.json", required=True)
+    options.launch(p)
     return p
 
 

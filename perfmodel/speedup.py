@@ -8,6 +8,7 @@ drafter_choice); the figures (Medusa's) are reports.speedup_figures.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -18,9 +19,11 @@ import pandas as pd
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, options, run
 from perfmodel.latency.attention_table import write_measured_attention
+from perfmodel.latency.pipeline import HostCosts
 from perfmodel.latency.source import view_latency
 from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives, tensor_parallel_steps
 from perfmodel.latency.traced import TracedStep
@@ -107,6 +110,8 @@ def build_parser():
     )
     options.acceleration(p)
     options.cuda_graph(p)
+    options.launch(p, default=None)
+    options.host_dispatch(p)
     options.tp(p)
     options.jobs(p)
     return p
@@ -123,16 +128,21 @@ def tp_line(asked: int | None, tp: int) -> str:
     return f"  tensor parallel: {split}"
 
 
-def point_steps(device, model, dtype: str, flavors, latency, tp: int, cuda_graph: bool = False) -> dict:
+def point_steps(
+    device, model, dtype: str, flavors, latency, tp: int, cuda_graph: bool = False, regime=None, host=None
+) -> dict:
     """Step models of each flavour; a traced one traces the reference decoder's steps, its
-    forward replayed from a CUDA graph with cuda_graph."""
+    forward replayed from a CUDA graph with cuda_graph, or the step of a launch regime
+    priced end to end (perfmodel.latency.traced.TracedStep.regime)."""
     steps = tensor_parallel_steps(device, model, dtype, tp, latency, [f for f in flavors if f != "traced"])
     if "traced" in flavors:
         from decoder.trace import trace_step  # torch loads only when a step is traced
 
         shard = model.shard(tp)
         source = view_latency(device, shard, dtype, latency)
-        traced = TracedStep(shard, source, dtype, trace_step, cuda_graph=cuda_graph)
+        regime = None if regime is None else Launch.parse(regime)
+        tracer = trace_step if regime is None else functools.partial(trace_step, launch=regime)
+        traced = TracedStep(shard, source, dtype, tracer, cuda_graph=cuda_graph, regime=regime, host=host)
         comm = step_collectives(device.spec, tp, dtype, source.stack)
         steps["traced"] = TensorParallelStep(traced, tp, comm.all_reduce, dtype, comm.gather)
     return steps
@@ -143,16 +153,20 @@ def answer_point(args, model, devices, flavors) -> int:
     if args.acceleration is None:
         raise PerfkitError("--tree-size needs --acceleration (tokens accepted per step with that tree)")
     model.check_context(args.context, args.tree_size)  # every step flavour, as the traced one already refuses
-    if args.cuda_graph and "traced" not in flavors:
-        raise PerfkitError(
-            f"--cuda-graph prices the traced step's launches: use --step traced or all (not {args.step})"
-        )
+    for given, option in ((args.cuda_graph, "--cuda-graph"), (args.launch, "--launch")):
+        if given and "traced" not in flavors:
+            raise PerfkitError(
+                f"{option} prices the traced step's launches: use --step traced or all (not {args.step})"
+            )
+    if args.host_dispatch is not None and args.launch not in ("eager", "static"):
+        raise PerfkitError("--host-dispatch prices an eager or static step's host queue: give --launch eager or static")
+    host = HostCosts.from_json(args.host_dispatch) if args.host_dispatch is not None else None
     frames = []
     for device in devices:
         dtype = args.dtype or default_dtype("cpu" if device.is_cpu else "cuda")
         device.spec.peak_flops(dtype)
         tp = args.tp or 1
-        steps = point_steps(device, model, dtype, flavors, args.latency, tp, args.cuda_graph)
+        steps = point_steps(device, model, dtype, flavors, args.latency, tp, args.cuda_graph, args.launch, host)
         rows = step_point(steps, args.batch, args.context, args.tree_size, args.acceleration)
         rows = rows.assign(device=device.spec.key, model=model.name, dtype=dtype)[list(POINT_COLUMNS)]
         print(
@@ -195,8 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     flavors = {"both": ("paper", "full"), "all": ("paper", "full", "traced")}.get(args.step, (args.step,))
     if args.tree_size is not None:
         return answer_point(args, model, devices, flavors)
-    if args.cuda_graph:
-        raise PerfkitError("--cuda-graph prices one point's traced step: give --tree-size and --acceleration")
+    for given, option in (
+        (args.cuda_graph, "--cuda-graph"),
+        (args.launch, "--launch"),
+        (args.host_dispatch, "--host-dispatch"),
+    ):
+        if given:
+            raise PerfkitError(f"{option} prices one point's traced step: give --tree-size and --acceleration")
     draft = draft_model_table(cost_ratio=args.draft_cost)
     tracer = sweep_tracer() if "traced" in flavors else None  # one for every device: a shard is traced once
 

@@ -103,6 +103,8 @@ def build_parser() -> Parser:
         help="also run the dynamic tree (built each step from the heads' probabilities) of every size",
     )
     options.twin(p)
+    options.launch(p)
+    options.host_dispatch(p)
     options.dtype(
         p,
         allowed=TWIN_DTYPES,
@@ -144,6 +146,8 @@ def twin_main(args, started: float) -> int:
             rounds=args.rounds or 1,
             threads=args.threads,
             budget_s=args.budget,
+            launch=args.launch,
+            host_dispatch=args.host_dispatch,
         )
         table, per_class, summary = twin_loop(config, log=lambda text: print(text, file=sys.stderr, flush=True))
         print(f"batch {batch}:")
@@ -166,8 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         return twin_main(args, started)
     if args.replay is not None or args.dtype is not None:
         raise PerfkitError("--replay and --dtype are for the twin (--weights dummy); the real closed loop runs fp32")
+    if args.launch != "eager" or args.host_dispatch is not None:
+        raise PerfkitError(
+            "--launch and --host-dispatch are for the twin (--weights dummy); the real closed loop prices the eager "
+            "decoder's operators"
+        )
     # every other option is the ValidateConfig field of its name
-    twin_only = ("weights", "replay", "dtype")
+    twin_only = ("weights", "replay", "dtype", "launch", "host_dispatch")
     settings = {k: v for k, v in vars(args).items() if k not in ("batch", "budget", "csv", "ops_csv", *twin_only)}
     configs = batch_configs(args.batch, budget_s=args.budget, **settings)
     table, rows = run_batches(configs, log=lambda text: print(text, file=sys.stderr, flush=True))

@@ -41,6 +41,14 @@ def build_parser() -> Parser:
         "runs (CI), its numbers are not for committing",
     )
     p.add_argument(
+        "--stage",
+        choices=("gpu-check",),
+        help="gpu-check: the short check for a lease of minutes (the host's dispatch cost per op, GEMMs of 1-64 "
+        "token rows and tree attention re-timed in CUDA graphs under 50 us, the Llama-2-7B twin at batches 1/4/16 "
+        "with trees of 16 and 64 tokens in eager and CUDA-graph steps, each printed beside its prediction); on a "
+        "CPU the same in small",
+    )
+    p.add_argument(
         "--dry-run", action="store_true", help="print the stages, their sizes and estimated times; measure nothing"
     )
     options.gpu(p, default=f"--dry-run only, the GPU it plans for: the GPU here, else {DEFAULT_GPU}")
@@ -57,7 +65,9 @@ def default_device() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     device = args.device or default_device()
-    variant = "quick" if args.quick else "full"
+    if args.quick and args.stage:
+        raise PerfkitError("--quick and --stage are two plans: give one")
+    variant = args.stage or ("quick" if args.quick else "full")
     if args.gpu is not None and not (args.dry_run and device == "cuda"):
         raise PerfkitError(
             f"--gpu {args.gpu} names the GPU whose datasheet prices a cuda --dry-run; a campaign measures the device "

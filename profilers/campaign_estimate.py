@@ -41,7 +41,7 @@ from perfmodel.models.grid import iter_blocks
 from perfmodel.models.operators import Matmul, op_kernels
 from perfmodel.planning.memory import head_params, weight_params
 from profilers.benchmarks import workspace_elements
-from profilers.campaign_plan import CeilingsStage, GemmStage, Plan, Stage, SweepStage, TwinStage
+from profilers.campaign_plan import CeilingsStage, GemmStage, HostDispatchStage, Plan, Stage, SweepStage, TwinStage
 from profilers.ceilings import TORCH_DTYPES
 from profilers.device import DeviceInfo, cpu_info, cuda_info
 from profilers.sweeper import GRAPH_BELOW_S, MAX_GRAPH_COPIES
@@ -144,6 +144,12 @@ def ceilings_seconds(stage: CeilingsStage, machine: Machine) -> float:
 TWIN_KERNELS_PER_LAYER = 40
 TWIN_LAUNCH_S = {"cuda": 10e-6, "cpu": 10e-6}
 TWIN_EXTRA = 1.5
+# Per batch, besides decoding: the dummy model built, its steps traced, and each of some 270
+# distinct kernel calls replayed in a CUDA graph within the replay timer's budget (0.05 s).
+TWIN_SETUP_S = {"cuda": 25.0, "cpu": 5.0}
+# Profiling the kernel classes (torch.profiler with CUDA activity over two runs of two
+# settings): the 7B twin's batches took 80-100 s on an H100 with it, some 60 s over their decoding.
+TWIN_PROFILE_S = {"cuda": 45.0, "cpu": 2.0}
 
 
 def twin_seconds(stage: TwinStage, plan: Plan, machine: Machine) -> float:
@@ -156,16 +162,26 @@ def twin_seconds(stage: TwinStage, plan: Plan, machine: Machine) -> float:
     params = weight_params(model) - model.vocab_size * model.hidden_size + head_params(model)  # the embedding: a gather
     weights = params * element_bytes(plan.dtype)
     peak = machine.spec.peak_flops(plan.dtype) * machine.params.compute_efficiency
-    launches = TWIN_KERNELS_PER_LAYER * model.num_layers * TWIN_LAUNCH_S[machine.device]
+    # a graph replays its kernels with no launch between them
+    launches = (
+        0.0 if stage.launch == "graph" else TWIN_KERNELS_PER_LAYER * model.num_layers * TWIN_LAUNCH_S[machine.device]
+    )
     total = 0.0
     for batch in stage.batches:
         for size in (1, *stage.sizes):
             step = max(weights / machine.bandwidth + 2 * params * batch * size / peak, launches)
-            total += math.ceil(stage.prompts / batch) * stage.new_tokens * step
-    return total * (1 + TWIN_EXTRA)
+            total += math.ceil(max(stage.prompts, batch) / batch) * stage.new_tokens * step
+    fixed = len(stage.batches) * (TWIN_SETUP_S[machine.device] + stage.profile * TWIN_PROFILE_S[machine.device])
+    return total * (1 + TWIN_EXTRA) + fixed
+
+
+# The host-dispatch microbenchmark: per kind, rounds of back-to-back calls of a few microseconds.
+HOST_DISPATCH_S = {False: 10.0, True: 2.0}
 
 
 def stage_seconds(stage: Stage, plan: Plan, machine: Machine) -> float:
+    if isinstance(stage, HostDispatchStage):
+        return HOST_DISPATCH_S[stage.quick]
     if isinstance(stage, CeilingsStage):
         return ceilings_seconds(stage, machine)
     if isinstance(stage, SweepStage):

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.pipeline import HOST_KINDS
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.models.config import PRESETS, ModelConfig, load_model
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, Grid, fine_token_grid, iter_points
@@ -41,9 +42,10 @@ from profilers.ceilings import CEILING_TIMER
 from profilers.sweeper import default_timer
 from profilers.timer import TimerConfig
 
-VARIANTS = ("full", "quick")
+VARIANTS = ("full", "quick", "gpu-check")
 MANIFEST = "campaign.json"
 CEILINGS_FILE = "ceilings.json"
+HOST_DISPATCH_FILE = "host-dispatch.json"
 # Attention as the paper times it (QK^T and PV as batched matmuls) and as one fused kernel
 # with the causal (prefill) or tree mask.
 ATTENTION = (*ATTENTION_OPS, *FUSED_OPS)
@@ -70,20 +72,33 @@ TWIN_RECORD = (
 TWIN_SIZES = (4, 16, 64)
 
 
-def twin_stage(model: str, dtype: str, batches: tuple[int, ...], prompts: int, new_tokens: int = 32) -> TwinStage:
-    """The twin of `model` (a folder of decoder/assets/configs, or `bundled`)."""
+def twin_stage(
+    model: str,
+    dtype: str,
+    batches: tuple[int, ...],
+    prompts: int,
+    new_tokens: int = 32,
+    sizes: tuple[int, ...] | None = None,
+    launch: str = "eager",
+    profile: bool = True,
+) -> TwinStage:
+    """The twin of `model` (a folder of decoder/assets/configs, or `bundled`); a launch
+    regime other than eager in files and a stage name of its own."""
     path = "bundled" if model == "bundled" else str(CONFIGS / model)
-    sizes, prompt_len = ((4,), 16) if model == "bundled" else (TWIN_SIZES, 128)
+    default_sizes, prompt_len = ((4,), 16) if model == "bundled" else (TWIN_SIZES, 128)
+    regime = "" if launch == "eager" else f"-{launch}"
     return TwinStage(
-        f"twin-{model}",
+        f"twin-{model}{regime}",
         path,
         str(TWIN_RECORD),
         batches,
-        sizes,
+        sizes or default_sizes,
         prompts,
         prompt_len,
         new_tokens,
-        f"twin/{model}-{dtype}.csv",
+        f"twin/{model}-{dtype}{regime}.csv",
+        launch,
+        profile,
     )
 
 
@@ -173,12 +188,14 @@ class TwinStage:
     prompt_len: int
     new_tokens: int
     out: str
+    launch: str = "eager"  # perfmodel.base.launch: how its steps run
+    profile: bool = True  # each kernel class's share under torch.profiler (slow on a GPU)
 
     @property
     def what(self) -> str:
         return (
             f"performance twin of {Path(self.model).name} (dummy weights, {Path(self.record).name}'s acceptance "
-            f"replayed): batch {'/'.join(map(str, self.batches))}, plain and trees of "
+            f"replayed), {self.launch} steps: batch {'/'.join(map(str, self.batches))}, plain and trees of "
             f"{'/'.join(map(str, self.sizes))} tokens, {self.prompts} prompts x {self.new_tokens} tokens, measured "
             "beside the predicted step"
         )
@@ -188,7 +205,24 @@ class TwinStage:
         return len(self.batches) * (len(self.sizes) + 1)
 
 
-Stage = CeilingsStage | SweepStage | GemmStage | TwinStage
+@dataclass(frozen=True)
+class HostDispatchStage:
+    """The host's cost of issuing one tiny op of each kernel kind (profilers.host_dispatch):
+    what the twin's eager steps are priced with, on a GPU."""
+
+    name: str
+    quick: bool
+    out: str = HOST_DISPATCH_FILE
+
+    @property
+    def what(self) -> str:
+        return "host seconds to issue one tiny op, per kernel kind, back to back from Python"
+
+    def size(self) -> int:
+        return len(HOST_KINDS)
+
+
+Stage = CeilingsStage | SweepStage | GemmStage | TwinStage | HostDispatchStage
 
 
 @dataclass(frozen=True)
@@ -255,6 +289,61 @@ def sweep_stages(models: list[ModelConfig], dtype: str, linear: Grid, attention:
     ]
 
 
+# The GPU check's points: GEMMs of one or a few token rows and the attention of trees, the
+# short kernels a CUDA-event timing overstates (re-timed in graphs under 50 us), and the twin at
+# 7B shapes in the eager and CUDA-graph regimes.
+CHECK_TOKENS = (1, 2, 4, 8, 16, 32, 64)
+CHECK_BATCHES = (1, 4, 16)
+CHECK_SIZES = (16, 64)
+CHECK_ATTENTION = Grid(batches=CHECK_BATCHES, seq_lens=(128,), candidates=(1, 16, 64))
+
+
+def gpu_check_stages(device: str, dtype: str) -> list[Stage]:
+    """The short GPU check (a lease of minutes): host dispatch, short kernels, the twin in
+    both regimes; on a CPU the same stages in small, eager and static (a CPU has no graph)."""
+    if device == "cuda":
+        model = load_model("llama-7b")
+        return [
+            HostDispatchStage("host-dispatch", quick=False),
+            SweepStage(
+                "linear-short",
+                model,
+                linear_grid((128,), CHECK_TOKENS),
+                LINEAR_OPS,
+                ("prefill",),
+                f"check/{model.name}-{dtype}-linear.csv",
+            ),
+            SweepStage(
+                "attention-tree",
+                model,
+                CHECK_ATTENTION,
+                FUSED_OPS,
+                ("decode", "tree"),
+                f"check/{model.name}-{dtype}-attention.csv",
+            ),
+            *(
+                twin_stage("llama-2-7b", dtype, CHECK_BATCHES, 4, sizes=CHECK_SIZES, launch=launch, profile=False)
+                for launch in ("eager", "graph")
+            ),
+        ]
+    model = load_model(QUICK_MODEL)
+    return [
+        HostDispatchStage("host-dispatch", quick=True),
+        SweepStage(
+            "linear-short",
+            model,
+            linear_grid((16,), QUICK_TOKENS),
+            LINEAR_OPS,
+            ("prefill",),
+            f"check/{model.name}-{dtype}-linear.csv",
+        ),
+        *(
+            twin_stage(QUICK_MODEL, dtype, (1,), prompts=1, new_tokens=8, launch=launch)
+            for launch in ("eager", "static")
+        ),
+    ]
+
+
 def plan_for(device: str, variant: str = "full", dtype: str | None = None) -> Plan:
     """The campaign for `device` (cpu or cuda): `full`, what a lent GPU measures (the paper's
     models on the paper grid with linear ops on the fine token grid, every preset's GEMM
@@ -263,6 +352,9 @@ def plan_for(device: str, variant: str = "full", dtype: str | None = None) -> Pl
     if variant not in VARIANTS:
         raise PerfkitError(f"unknown campaign variant {variant!r}; choose from {', '.join(VARIANTS)}")
     dtype = check_bench_dtype(check_dtype(dtype or default_dtype(device)))
+    if variant == "gpu-check":
+        timer = default_timer(device) if device == "cuda" else replace(QUICK_TIMER, flush_cache=False)
+        return Plan(device, variant, dtype, timer, tuple(gpu_check_stages(device, dtype)))
     if variant == "quick":
         model = load_model(QUICK_MODEL)
         stages = [

@@ -25,17 +25,20 @@ from profilers.campaign_estimate import clock, cpu_machine, gpu_machine, stage_s
 from profilers.campaign_gemm import missing_gemms, run_gemm_grid
 from profilers.campaign_plan import (
     CEILINGS_FILE,
+    HOST_DISPATCH_FILE,
     MANIFEST,
     CeilingsStage,
     GemmStage,
+    HostDispatchStage,
     Plan,
     Stage,
     SweepStage,
     TwinStage,
 )
 from profilers.ceilings import measure_ceilings
-from profilers.closed_loop.twin import TwinConfig, classes_path, twin_loop
+from profilers.closed_loop.twin import TwinConfig, classes_path, print_twin_batch, twin_loop
 from profilers.device import DeviceInfo, check_device, cpu_info, cpu_state, cuda_info, versions
+from profilers.host_dispatch import measure_host_dispatch, render
 from profilers.store import output_lock
 from profilers.sweep_runs import missing_points, run_sweep
 from profilers.sweeper import SweepConfig
@@ -126,6 +129,8 @@ def remaining(stage: Stage, session: Session) -> int:
     if isinstance(stage, TwinStage):
         done = twin_batches_done(session.path(stage))
         return sum(len(stage.sizes) + 1 for b in stage.batches if b not in done)
+    if isinstance(stage, HostDispatchStage):
+        return 0 if session.path(stage).exists() else stage.size()
     return len(missing_gemms(stage, session.path(stage), session.info.key, session.plan.dtype))
 
 
@@ -189,6 +194,7 @@ def run_twin_stage(stage: TwinStage, session: Session) -> StageDone:
     for batch in stage.batches:
         if batch in done:
             continue
+        host = session.folder / HOST_DISPATCH_FILE
         config = TwinConfig(
             model=stage.model,
             replay=Path(stage.record),
@@ -196,14 +202,21 @@ def run_twin_stage(stage: TwinStage, session: Session) -> StageDone:
             sizes=stage.sizes,
             dtype=plan.dtype,
             device=plan.device,
-            prompts=stage.prompts,
+            prompts=max(stage.prompts, batch),
             prompt_len=stage.prompt_len,
             new_tokens=stage.new_tokens,
             rounds=1,
+            launch=stage.launch,
+            profile=stage.profile,
+            # a GPU's steps priced as host and device queues where the host's costs were measured
+            host_dispatch=host if plan.device == "cuda" and host.exists() else None,
         )
         table, classes, summary = twin_loop(config, session.log)
+        session.log(f"batch {batch}, {stage.launch} steps:")
+        print_twin_batch(table, classes, summary)
         for frame, where in ((classes, classes_path(path)), (table, path)):
-            frame.to_csv(where, mode="a", header=not where.exists(), index=False)
+            if not frame.empty:  # classes not profiled: no file
+                frame.to_csv(where, mode="a", header=not where.exists(), index=False)
         meta["batches"][str(batch)] = {**summary, "finished": now()}
         write_json(meta_path, meta)
         measured += len(table)
@@ -211,7 +224,16 @@ def run_twin_stage(stage: TwinStage, session: Session) -> StageDone:
     return StageDone(stage.name, rows, measured, 0, time.perf_counter() - started)
 
 
+def run_host_dispatch_stage(stage: HostDispatchStage, session: Session) -> StageDone:
+    started = time.perf_counter()
+    result = measure_host_dispatch(session.plan.device, quick=stage.quick)
+    session.log(render(result))
+    result.to_json(session.path(stage))
+    return StageDone(stage.name, stage.size(), stage.size(), 0, time.perf_counter() - started)
+
+
 RUNNERS = {
+    HostDispatchStage: run_host_dispatch_stage,
     CeilingsStage: run_ceilings,
     SweepStage: run_sweep_stage,
     GemmStage: run_gemm_stage,

@@ -9,8 +9,9 @@ and batch runs the same number of steps, and the command prints per step:
   issues them and reads results back, timed by a dispatch mode around every operator;
 - operator ms: the time inside them (on a CPU, dispatch and the kernel itself).
 
-Each is the difference of two runs of different lengths, so that prefill cancels, the
-fastest of --rounds runs each (a busy machine only adds time). The model is --model's
+Each is the median over every step of --rounds runs (a step runs from one step's tokens
+reaching the host to the next's, so prefill is left out; a step slowed by another job on a
+busy machine is outvoted). The model is --model's
 depth, heads and tree with widths of 64, so that kernels stay small (`--as-configured`: at
 its own widths). On a GPU the host's time per step is its Python plus one dispatch per
 kernel (profilers.host_dispatch measures that cost): a step whose kernels take less is
@@ -30,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -48,7 +50,7 @@ from profilers.device import check_device
 
 NARROW = 64  # hidden size of the narrow model whose kernels cost next to nothing
 PROMPT_LEN = 16
-STEPS = 8  # steps of the shorter timed run; the longer runs twice as many
+STEPS = 12  # steps of each timed run
 
 
 def narrow(config: LlamaConfig) -> LlamaConfig:
@@ -89,42 +91,46 @@ class Point:
     launch: Launch
     accepted: int
 
-    def decode(self, steps: int) -> tuple[float, float, int]:
-        """(wall s, s inside operators, kernels) of a decode of `steps` steps."""
+    def steps(self, steps: int) -> np.ndarray:
+        """(steps - 1, 3): per step of a decode, its Python seconds, its seconds inside
+        operators and its kernels, from one step's tokens reaching the host to the next's."""
         prompts = random_prompts(self.decoder.model.config.vocab_size, self.batch, PROMPT_LEN, seed=self.batch)
         replay = Replay([[self.accepted]] * self.batch)
+        marks = []
         with OpClock() as clock:
-            started = time.perf_counter()
-            self.decoder.generate(prompts, steps * self.accepted, tree=self.tree, replay=replay, launch=self.launch)
-            wall = time.perf_counter() - started
-        return wall, clock.inside_s, clock.kernels
+
+            def mark(row: int, _tokens) -> None:
+                if row == 0:
+                    marks.append((time.perf_counter(), clock.inside_s, clock.kernels))
+
+            self.decoder.generate(
+                prompts, steps * self.accepted, tree=self.tree, replay=replay, launch=self.launch, on_tokens=mark
+            )
+        wall, inside, kernels = np.diff(np.array(marks), axis=0).T
+        return np.stack([wall - inside, inside, kernels], axis=1)
 
 
 def measure(points: list[Point], rounds: int) -> pd.DataFrame:
-    """Per step of every point: kernels, Python ms and operator ms (the module doc). The runs
-    go round the points in turn, so that every point meets the same machine."""
+    """Per step of every point: kernels, Python ms and operator ms (the module doc), the
+    median over every step of `rounds` runs that go round the points in turn, so that every
+    point meets the same machine and a step slowed by another job is outvoted."""
     for point in points:
-        point.decode(2)  # warm-up: the static step is built once
-    best = {}  # (point, steps) -> fastest (python s, operator s, kernels)
+        point.steps(2)  # warm-up: the static step is built once
+    taken = {i: [] for i in range(len(points))}
     for _ in range(rounds):
         for i, point in enumerate(points):
-            for steps in (STEPS, 2 * STEPS):
-                wall, inside, kernels = point.decode(steps)
-                seen = best.get((i, steps))
-                python = wall - inside if seen is None else min(seen[0], wall - inside)
-                operators = inside if seen is None else min(seen[1], inside)
-                best[(i, steps)] = (python, operators, kernels)
+            taken[i].append(point.steps(STEPS))
     rows = []
     for i, point in enumerate(points):
-        short, long = best[(i, STEPS)], best[(i, 2 * STEPS)]
+        python, inside, kernels = np.median(np.concatenate(taken[i]), axis=0)
         rows.append(
             {
                 "launch": str(point.launch),
                 "batch": point.batch,
                 "tree_size": point.tree.size,
-                "kernels_per_step": (long[2] - short[2]) / STEPS,
-                "python_ms_per_step": (long[0] - short[0]) / STEPS * 1e3,
-                "operator_ms_per_step": (long[1] - short[1]) / STEPS * 1e3,
+                "kernels_per_step": kernels,
+                "python_ms_per_step": python * 1e3,
+                "operator_ms_per_step": inside * 1e3,
             }
         )
     return pd.DataFrame(rows)
@@ -134,13 +140,7 @@ def build_parser() -> Parser:
     p = Parser(prog="python -m profilers.step_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16], metavar="B", help="batches")
     p.add_argument("--tree-size", type=int, default=16, metavar="T", help="tokens of the Medusa tree (default 16)")
-    p.add_argument(
-        "--launch",
-        nargs="+",
-        default=[Launch.EAGER.value, Launch.STATIC.value],
-        choices=[m.value for m in Launch],
-        help="regimes to compare (default: eager static)",
-    )
+    options.launch(p, many=True, default=(Launch.EAGER.value, Launch.STATIC.value))
     options.model(p, needs_weights=True)
     p.add_argument(
         "--as-configured",
@@ -148,9 +148,7 @@ def build_parser() -> Parser:
         help="run the model at its own widths, kernels and all (default: its depth, heads and tree at widths of "
         f"{NARROW}, so that kernels stay small)",
     )
-    p.add_argument(
-        "--rounds", type=int, default=3, metavar="N", help="timed runs per point and length, fastest kept (default 3)"
-    )
+    p.add_argument("--rounds", type=int, default=3, metavar="N", help="timed runs per point (default 3)")
     p.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads on a CPU (default 1)")
     options.device(p, default="cpu", default_said="cpu")
     options.csv(p, "the table")

@@ -203,3 +203,30 @@ def test_the_gpu_plan_covers_the_paper_models_attention_and_every_presets_shards
     lm_heads = {(m.hidden_size, m.vocab_size) for m in PRESETS.values()}
     assert lm_heads <= set(gemm.shapes) and (4096, 128256) in lm_heads
     assert gemm.tokens[0] == 1 and gemm.tokens[-1] == 4096 and len(set(gemm.shapes)) == len(gemm.shapes)
+
+
+def test_the_gpu_check_runs_in_small_on_a_cpu_and_resumes(tmp_path, capsys):
+    argv = ["--device", "cpu", "--stage", "gpu-check", "--out", str(tmp_path), "--no-progress"]
+    assert run(main, argv) == 0
+    folder = tmp_path / cpu_info().key
+    costs = json.loads((folder / "host-dispatch.json").read_text())
+    assert costs["device"] == "cpu" and set(costs["classes"]) >= {"gemm", "elementwise", "host_sync", "python"}
+    linear = pd.read_csv(next((folder / "check").glob("*-linear.csv")))
+    assert set(linear["seq_len"]) >= {1, 8, 64}
+    eager, static = (pd.read_csv(folder / "twin" / f"bundled-fp32{suffix}.csv") for suffix in ("", "-static"))
+    assert set(eager["launch"]) == {"eager"} and set(static["launch"]) == {"static"}
+    assert set(static["tree_size"]) == {1, 4} and (static["measured_step_s"] > 0).all()
+    printed = capsys.readouterr().out
+    assert "batch 1, static steps:" in printed and "predicted" in printed
+    assert run(main, argv) == 0
+    assert "nothing to do: all 4 stages of the gpu-check campaign are complete" in capsys.readouterr().out
+
+
+def test_the_gpu_check_is_planned_to_fit_a_short_lease(tmp_path, capsys):
+    assert run(main, ["--device", "cuda", "--stage", "gpu-check", "--dry-run", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    minutes, seconds = map(int, re.search(r"estimated (\d+):(\d\d)$", printed.strip()).groups())
+    assert 60 * minutes + seconds <= 8 * 60
+    for stage in ("host-dispatch", "linear-short", "attention-tree", "twin-llama-2-7b ", "twin-llama-2-7b-graph"):
+        assert stage in printed
+    assert not any(tmp_path.iterdir())

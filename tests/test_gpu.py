@@ -259,3 +259,19 @@ def test_the_engine_kernels_are_timed_in_graphs_beside_their_predictions(tmp_pat
     assert head.loc[(1, 1)] > 0.95 * floor and head.loc[(8, 1)] < head.loc[(1, 1)] / 3
     compiled, eager = (rows[rows["kernel"] == k]["time_s"].to_numpy() for k in ("add_norm_compiled", "add_norm_eager"))
     assert (compiled < eager).all()  # one fused kernel against torch's op-by-op chain
+
+
+def test_the_static_step_from_a_cuda_graph_is_lossless_and_samples(decoders):
+    ckpt, cpu, cuda, prompts = decoders
+    plain = cpu.generate(prompts, 16)
+    tree = resolve_tree("mc-sim-7b-63", ckpt)
+    for launch in ("static", "graph"):
+        assert cuda.generate(prompts, 16, launch=launch).tokens == plain.tokens
+        medusa = cuda.generate(prompts, 16, tree=tree, launch=launch)
+        assert medusa.tokens == plain.tokens and medusa.steps < plain.steps
+    assert cuda.generate(prompts, 16, tree=tree, launch="graph").tokens == plain.tokens  # the captured graph replayed
+    sampled = cuda.generate(prompts, 16, tree=tree, launch="graph", acceptance=AcceptanceConfig("rejection", 1.0))
+    assert [len(t) for t in sampled.tokens] == [16, 16]
+    assert all(0 <= t < ckpt.model.config.vocab_size for seq in sampled.tokens for t in seq)
+    cold = AcceptanceConfig("rejection", temperature=1e-4, seed=5)
+    assert cuda.generate(prompts, 16, tree=tree, launch="graph", acceptance=cold).tokens == plain.tokens

@@ -12,6 +12,7 @@ import pytest
 from hw_specs import SPEC_DIR
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import find_spec, load_all_specs, load_spec_file
+from perfmodel.latency.pipeline import HOST_KINDS, HostCosts
 from perfmodel.latency.source import latency_source, view_latency
 from perfmodel.latency.traced import CAPTURED_PARTS, TRACE_COLUMNS, TracedStep, launch_costs, price_trace
 from perfmodel.measured.device_view import resolve_view
@@ -166,3 +167,62 @@ def test_the_point_answer_says_how_the_traced_step_launched(tmp_path, capsys):
         saved_ms = eager.loc["traced", column] - graph.loc["traced", column]
         assert saved_ms == pytest.approx(memory_bound.sum() * (4.55 - 4.15) * 1e-3)
     assert graph.loc["traced", "speedup"] == pytest.approx(3 / graph.loc["traced", "overhead"])
+
+
+# The same step in three regimes: graph and static share a trace (the static step's), eager has its own.
+def regimes(latency, host=None) -> dict:
+    tracer = lambda model, batch, context, candidates, dtype: STEP  # noqa: E731
+    return {
+        regime: TracedStep(LLAMA, latency, "fp16", tracer, regime=regime, host=host)
+        for regime in ("eager", "static", "graph")
+    }
+
+
+def test_a_regime_is_priced_end_to_end_eager_never_under_its_graph():
+    latency = latency_source("h100-sxm", LLAMA, "fp16")
+    steps = regimes(latency)
+    graph, eager = (float(steps[r].step_time(1, 512)) for r in ("graph", "eager"))
+    spec = latency.spec
+    # the graph: every kernel (all 42 non-sync rows) a graph node; no host between them
+    kernels = price_trace(
+        STEP, latency, "fp16", cuda_graph=True, captured_parts=("forward", "verification", "kv_update")
+    )
+    assert graph == pytest.approx(float(kernels["time_s"].sum()))
+    assert "graph node at 2.95 us" in steps["graph"].launch_label and spec.graph_node_us == pytest.approx(2.95)
+    assert eager >= graph  # the device keeps a node's gap per kernel; the host adds its waits
+    assert "h100-sxm spec: kernel_launch_us" in steps["eager"].launch_label
+
+
+def test_a_slow_host_makes_the_step_host_bound():
+    latency = latency_source("h100-sxm", LLAMA, "fp16")
+    slow = HostCosts(dict.fromkeys(HOST_KINDS, 50e-6), "a slow host")
+    step = regimes(latency, slow)["eager"]
+    # 44 ops issued at 50 us each dwarf the kernels: the step is the host's issue time, near enough
+    assert float(step.step_time(1, 512)) == pytest.approx(44 * 50e-6, rel=0.05)
+    assert "a slow host" in step.launch_label
+
+
+def test_what_a_regime_cannot_price_is_one_line():
+    h100 = latency_source("h100-sxm", LLAMA, "fp16")
+    cpu = view_latency(resolve_view("cpu-amd-epyc-2c", None, [], log=lambda _: None), LLAMA, "fp32")
+    one_line_error(lambda: TracedStep(LLAMA, h100, "fp16", lambda *a: STEP, regime="compiled"), "fused kernels")
+    one_line_error(lambda: TracedStep(LLAMA, cpu, "fp32", lambda *a: STEP, regime="eager"), "host's own thread")
+    one_line_error(
+        lambda: TracedStep(LLAMA, h100, "fp16", lambda *a: STEP, regime="graph", cuda_graph=True), "leave it out"
+    )
+
+
+def test_the_point_answer_prices_each_launch_regime(tmp_path, capsys):
+    point = ["--gpu", "h100", "--model", "llama-7b", "--step", "traced", "--tree-size", "16", "--acceleration", "2"]
+    point += ["--batch", "8"]
+    rows = {}
+    for regime in ("eager", "static", "graph"):
+        csv = tmp_path / f"{regime}.csv"
+        assert speedup([*point, "--launch", regime, "--csv", str(csv)]) == 0
+        rows[regime] = pd.read_csv(csv).set_index("step").loc["traced"]
+    out = capsys.readouterr().out
+    assert "launch: graph: the static step replayed from a CUDA graph" in out
+    assert "launch: eager: the reference decoder's loop, host and device queues" in out
+    assert {r: rows[r]["launch"] for r in rows} == {"eager": "eager", "static": "static", "graph": "graph"}
+    assert rows["eager"]["plain_kernels"] > rows["graph"]["plain_kernels"]  # the loop's per-sequence kernels
+    one_line_error(lambda: speedup(["--gpu", "h100", "--launch", "graph"]), "give --tree-size")

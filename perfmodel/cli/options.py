@@ -30,6 +30,7 @@ from pathlib import Path
 from perfmodel.acceptance.rates import ACCEPTANCE_PRESETS, EAGLE_ACCEPTANCE, EAGLE_PRESET_TOKENS, EAGLE_PRESET_TREE
 from perfmodel.base.dtypes import DTYPES
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import preflight
 from perfmodel.cli.parser import TP_HELP, batch_size, positive_int, positive_number, token_count, tp_degree
 from perfmodel.latency.gemm_grid import ENGINES, VIDUR
@@ -311,6 +312,33 @@ def twin(target: Target) -> None:
         type=Path,
         metavar="RECORD",
         help="with --weights dummy: a python -m decoder.measure record whose accepted path lengths every tree replays",
+    )
+
+
+def launch(target: Target, *, many: bool = False, default: tuple[str, ...] | None = ("eager",)) -> None:
+    """--launch: how a decoding step runs on its device (perfmodel.base.launch.Launch).
+    default None: no regime unless asked (a priced step is then its kernels' sum)."""
+    several = "; several may be given" if many else ""
+    said = " ".join(default) if default else "none: a traced step is priced as its kernels' sum"
+    target.add_argument(
+        "--launch",
+        nargs=_nargs(many),
+        default=(list(default) if many else default[0]) if default else None,
+        choices=[m.value for m in Launch],
+        help="eager: the reference decoder's loop, sequence by sequence; static: the batch's step as tensor ops "
+        "launched from Python; graph: that step replayed from a CUDA graph; compiled: through torch.compile "
+        f"(default {said}){several}",
+    )
+
+
+def host_dispatch(target: Target) -> None:
+    """--host-dispatch: the host's per-op issue costs (python -m profilers.host_dispatch)."""
+    target.add_argument(
+        "--host-dispatch",
+        type=Path,
+        metavar="FILE",
+        help="a python -m profilers.host_dispatch JSON of this GPU host: price each step as host and device queues "
+        "(perfmodel.latency.pipeline) instead of scaling its kernels by the plain step's in-step factor",
     )
 
 

@@ -67,7 +67,7 @@ import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
-from perfmodel.latency.traced import MEMORY_KINDS
+from perfmodel.latency.kinds import MEMORY_KINDS
 
 # What the host pays for, one op of each kernel kind (perfmodel.latency.traced.KINDS) and
 # one item of a pure-Python loop (the decoder's per-sequence loops).

@@ -52,7 +52,10 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.hardware.efficiencies import RooflineParams
+from perfmodel.latency.kinds import KINDS
+from perfmodel.latency.pipeline import HOST_KINDS, HostCosts, price_pipeline
 from perfmodel.latency.roofline import kernel_time
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.operators import FusedAttention, Matmul
@@ -78,8 +81,6 @@ TRACE_COLUMNS = (
     "shapes",
     "call",  # the operator call, replayable on real tensors (decoder.trace.encode_call)
 )
-KINDS = ("gemm", "attention", "elementwise", "reduction", "indexing", "copy", "host_sync")
-MEMORY_KINDS = ("elementwise", "reduction", "indexing", "copy")
 # The parts of a step (decoder.medusa.STEP_PARTS) an engine's CUDA graph captures (module doc).
 CAPTURED_PARTS = ("forward",)
 # The part of a Medusa step that drafts its tree: the heads and the candidates built from their
@@ -180,9 +181,9 @@ def check_cuda_graph(latency) -> LaunchCost:
     return launch
 
 
-def captured(rows: pd.DataFrame) -> np.ndarray:
+def captured(rows: pd.DataFrame, parts: tuple[str, ...] = CAPTURED_PARTS) -> np.ndarray:
     """Which rows a CUDA graph replays: the captured parts' kernels, host syncs never."""
-    return rows["part"].isin(CAPTURED_PARTS).to_numpy() & (rows["kind"] != "host_sync").to_numpy()
+    return rows["part"].isin(parts).to_numpy() & (rows["kind"] != "host_sync").to_numpy()
 
 
 def _memory_times(rows: pd.DataFrame, spec, params: RooflineParams, launched: np.ndarray) -> np.ndarray:
@@ -191,14 +192,20 @@ def _memory_times(rows: pd.DataFrame, spec, params: RooflineParams, launched: np
 
 
 def price_trace(
-    trace: pd.DataFrame, latency, dtype: str, cuda_graph: bool = False, measured: Mapping[str, float] | None = None
+    trace: pd.DataFrame,
+    latency,
+    dtype: str,
+    cuda_graph: bool = False,
+    measured: Mapping[str, float] | None = None,
+    captured_parts: tuple[str, ...] = CAPTURED_PARTS,
 ) -> pd.DataFrame:
     """The trace with `time_s` per kernel (see the module doc) and the `source` of each.
     cuda_graph: the forward part replayed from a CUDA graph (a graph node per kernel) instead
     of launched kernel by kernel; refused on a device whose spec prices no graph node.
     measured: seconds per call (the trace's `call` column) timed on the device by replaying
     it (profilers.kernel_replay); a kernel whose call it holds takes that time, the others
-    are priced as above."""
+    are priced as above. captured_parts: the parts a graph captures (the static step's graph:
+    every part)."""
     check_trace(trace)
     spec, params = latency.spec, _params(latency)
     launch = check_cuda_graph(latency) if cuda_graph else launch_costs(latency)
@@ -222,12 +229,30 @@ def price_trace(
         elif kind == "host_sync":
             times, source = np.full(len(rows), launch.eager_s), "eager launch (host sync)"
         else:
-            node = captured(rows) if cuda_graph else np.zeros(len(rows), dtype=bool)
+            node = captured(rows, captured_parts) if cuda_graph else np.zeros(len(rows), dtype=bool)
             times = _memory_times(rows, spec, params, np.where(node, launch.graph_s or 0.0, launch.eager_s))
             source = np.where(node, "bytes / bandwidth + graph node", "bytes / bandwidth + launch")
         priced.loc[where, "time_s"] = times
         priced.loc[where, "source"] = source
     return priced
+
+
+def check_regime(step) -> None:
+    """One line where a launch regime cannot be priced on the step's device."""
+    if step.regime is Launch.COMPILED:
+        raise PerfkitError(
+            "--launch compiled: torch.compile's fused kernels are not in the trace; price static or graph"
+        )
+    if step.cuda_graph:
+        raise PerfkitError("--cuda-graph prices the engines' forward-only graph; with --launch, leave it out")
+    if step.regime is Launch.GRAPH:
+        check_cuda_graph(step.latency)
+    elif getattr(step.latency.spec, "kernel_launch_us", None) is None and step.host is None:
+        name = getattr(step.latency.spec, "name", "a CPU")
+        raise PerfkitError(
+            f"--launch {step.regime} prices a GPU's host and device queues; {name} runs its kernels on the host's own "
+            "thread (its spec has no kernel_launch_us): price it without --launch"
+        )
 
 
 def kind_shares(priced: pd.DataFrame) -> pd.DataFrame:
@@ -255,8 +280,17 @@ class TracedStep:
     cuda_graph: bool = False  # the forward part replayed from a CUDA graph (module doc)
     _cache: dict = field(default_factory=dict, repr=False)
     with_heads: bool = True
+    # A launch regime (perfmodel.base.launch) priced end to end, the tracer tracing that
+    # regime's step: eager and static through the host and device queues
+    # (perfmodel.latency.pipeline) with `host`'s costs (default: the spec's kernel_launch_us
+    # per op); graph: the static step's every kernel a graph node. None: the kernels' sum.
+    regime: Launch | None = None
+    host: HostCosts | None = None
 
     def __post_init__(self) -> None:
+        if self.regime is not None:
+            self.regime = Launch.parse(self.regime)
+            check_regime(self)
         if self.cuda_graph:
             check_cuda_graph(self.latency)
 
@@ -267,20 +301,43 @@ class TracedStep:
     @property
     def launch_label(self) -> str:
         """How this step's kernels are launched and what each launch costs."""
+        if self.regime is Launch.GRAPH:
+            return (
+                f"graph: the static step replayed from a CUDA graph, every kernel a graph node at "
+                f"{self.launch.graph_s * 1e6:.2f} us ({self.launch.origin} spec: graph_node_us)"
+            )
+        if self.regime is not None:
+            step = "the reference decoder's loop" if self.regime is Launch.EAGER else "the static step"
+            return f"{self.regime}: {step}, host and device queues; {self.host_costs().label()}"
         return self.launch.label(self.cuda_graph)
+
+    def host_costs(self) -> HostCosts:
+        """The host's cost per op: `host`, else the spec's kernel_launch_us for every kind."""
+        if self.host is not None:
+            return self.host
+        return HostCosts(dict.fromkeys(HOST_KINDS, self.launch.eager_s), f"{self.launch.origin} spec: kernel_launch_us")
 
     def priced(self, batch: int, seq_len: int, candidates: int = 1) -> pd.DataFrame:
         key = (int(batch), int(seq_len), int(candidates))
         if key not in self._cache:
             trace = self.tracer(self.model, *key, self.dtype)
-            self._cache[key] = price_trace(trace, self.latency, self.dtype, self.cuda_graph)
+            graph = self.cuda_graph or self.regime is Launch.GRAPH
+            parts = tuple(dict.fromkeys(trace["part"])) if self.regime is Launch.GRAPH else CAPTURED_PARTS
+            self._cache[key] = price_trace(trace, self.latency, self.dtype, graph, captured_parts=parts)
         return self._cache[key]
 
     def seconds(self, batch: int, seq_len: int, candidates: int = 1) -> float:
-        """One step's seconds: its priced kernels, less the tree's drafting without heads."""
+        """One step's seconds: its priced kernels, less the tree's drafting without heads;
+        an eager or static regime's through the host and device queues."""
         priced = self.priced(batch, seq_len, candidates)
         if not self.with_heads and candidates > 1:
             priced = priced[~priced["part"].isin(DRAFT_PARTS)]
+        if self.regime in (Launch.EAGER, Launch.STATIC):
+            # the device keeps a graph node's cost per kernel: the gap it leaves between two
+            # kernels whoever launched them; the rest of an eager launch is the host's
+            launch = self.launch
+            on_host = launch.eager_s - (launch.graph_s or 0.0)
+            return price_pipeline(priced, self.host_costs(), launch_s=on_host).total_s
         return float(priced["time_s"].sum())
 
     def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:

@@ -59,6 +59,12 @@ def launch_columns(step) -> dict:
     if not isinstance(inner, TracedStep):
         return {"launch": "", "kernel_launch_us": np.nan, "graph_node_us": np.nan}
     launch = inner.launch
+    if inner.regime is not None:
+        return {
+            "launch": str(inner.regime),
+            "kernel_launch_us": np.nan if inner.regime.value == "graph" else inner.host_costs().issue("gemm") * 1e6,
+            "graph_node_us": launch.graph_s * 1e6 if inner.regime.value == "graph" else np.nan,
+        }
     return {
         "launch": "cuda graph" if inner.cuda_graph else "eager",
         "kernel_launch_us": launch.eager_s * 1e6,

@@ -43,10 +43,13 @@ from torch.profiler import ProfilerActivity, profile
 
 from decoder.medusa import Decoder
 from decoder.runs import decode_interleaved
+from decoder.static_step import check_launch
 from decoder.trace import ATTENTIONS, KIND_OF, TORCH_DTYPES, trace_step
 from decoder.twin import Replay, ReplayRecord, dummy_checkpoint, native_dtype, random_prompts
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.hardware.efficiencies import RooflineParams
+from perfmodel.latency.pipeline import HostCosts, price_pipeline, run_pipeline
 from perfmodel.latency.traced import KINDS, price_trace
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import HEAD_TOP_K, Matmul
@@ -78,6 +81,11 @@ class TwinConfig:
     threads: int = 1
     budget_s: float = 0.3  # timer budget per GEMM or attention shape
     seed: int = 0
+    launch: Launch = Launch.EAGER  # how the twin's steps run (perfmodel.base.launch)
+    # python -m profilers.host_dispatch's JSON of this GPU host: each step priced as host and
+    # device queues (perfmodel.latency.pipeline), no factor calibrated; None: the in-step factor
+    host_dispatch: Path | None = None
+    profile: bool = True  # measure each kernel class's share under torch.profiler (a slow pass on a GPU)
 
     def __post_init__(self) -> None:
         if self.dtype not in TORCH_DTYPES:
@@ -90,6 +98,18 @@ class TwinConfig:
         check_device(self.device)
         if any(n < 2 for n in self.sizes):
             raise PerfkitError(f"tree sizes are tokens per step with the root, so >= 2; got {list(self.sizes)}")
+        object.__setattr__(self, "launch", Launch.parse(self.launch))
+        check_launch(self.launch, self.device, "medusa", 0)
+        if self.host_dispatch is not None and self.device != "cuda":
+            raise PerfkitError(
+                "--host-dispatch prices a GPU step's host and device queues; a CPU runs its kernels on the host's own "
+                "thread (the in-step factor prices it): leave it out"
+            )
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether steps are priced as host and device queues rather than calibrated."""
+        return self.host_dispatch is not None
 
     @property
     def context(self) -> int:
@@ -224,10 +244,16 @@ def twin_loop(config: TwinConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame
     model = dataclasses.replace(model, medusa_heads=len(ckpt.heads))
     prompts = random_prompts(ckpt.config.vocab_size, config.prompts, config.prompt_len, config.seed)
     params = sum(p.numel() for p in (*ckpt.model.parameters(), *ckpt.heads.parameters()))
-    settings = {("plain", 1): {}} | {("static", n): {"tree": record.tree(n), "replay": record.replay(n)} for n in sizes}
+    launch = {"launch": config.launch}
+    settings = {("plain", 1): launch} | {
+        ("static", n): {"tree": record.tree(n), "replay": record.replay(n), **launch} for n in sizes
+    }
     with torch_threads(config.threads):
         log(f"{model.name} twin, {params / 1e9:.2f} B parameters with heads, {config.dtype}, batch {config.batch}")
-        traces = {key: trace_step(model, config.batch, config.context, key[1], config.dtype) for key in settings}
+        traces = {
+            key: trace_step(model, config.batch, config.context, key[1], config.dtype, launch=config.launch)
+            for key in settings
+        }
         info = cuda_info()[0] if config.device == "cuda" else cpu_info()
         kernels = KernelTimes.of(traces.values(), config.device, info.cache_bytes)
         log(f"{len(kernels.calls)} distinct kernel calls in the traced steps, replayed between decoding batches")
@@ -240,8 +266,10 @@ def twin_loop(config: TwinConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame
             decoder, prompts, config.batch, config.new_tokens, fresh, config.rounds, between, topk=HEAD_TOP_K
         )
         replayed = kernels.times()
-        log("profiling every setting's kernels by class ...")
-        classes = profiled_classes(decoder, prompts, settings, config)
+        classes = {}
+        if config.profile:
+            log("profiling every setting's kernels by class ...")
+            classes = profiled_classes(decoder, prompts, settings, config)
         source = this_machine(info, torch_dtype, config, measure=bool(kernels.failed))
         priced = {key: priced_step(trace, source, config.dtype, replayed) for key, trace in traces.items()}
     return compare(config, model, runs, classes, priced, source, settings, kernels)
@@ -268,11 +296,36 @@ class _MachineSpec:
     bandwidth: float
 
 
+def pipelined_step(table: pd.DataFrame, host: HostCosts, launch: Launch) -> float:
+    """A priced step through the host and device queues (perfmodel.latency.pipeline): the
+    eager and static steps issue every kernel from Python, the static one reading its
+    verdict back once at the end; a graph step issues one launch (priced as one op) for all
+    of its kernels, which then run back to back, and reads back the same."""
+    if launch is Launch.GRAPH:
+        kernels = table["time_s"].to_numpy(dtype=float)
+        issue = np.zeros(len(kernels) + 1)
+        issue[0] = host.issue("elementwise")
+        issue[-1] = host.issue("host_sync")
+        sync = np.zeros(len(kernels) + 1, dtype=bool)
+        sync[-1] = True
+        return run_pipeline(issue, np.append(kernels, 0.0), sync).total_s
+    if launch.static:  # the readback after the step
+        table = pd.concat([table, pd.DataFrame({"kind": ["host_sync"], "time_s": [0.0], "source": ["readback"]})])
+    return price_pipeline(table, host).total_s
+
+
 def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, source, settings, kernels) -> tuple:
     plain = runs[("plain", 1)]
     plain_step = plain.decode_s / plain.steps
     priced_plain = priced[("plain", 1)]
-    in_step = plain_step / priced_plain["time_s"].sum()  # the one calibrated constant (module doc)
+    host = HostCosts.from_json(config.host_dispatch) if config.pipelined else None
+    if host is not None:  # nothing calibrated: every step, the plain one too, predicted
+        in_step = 1.0
+        predicted_steps_s = {key: pipelined_step(table, host, config.launch) for key, table in priced.items()}
+    else:
+        in_step = plain_step / priced_plain["time_s"].sum()  # the one calibrated constant (module doc)
+        predicted_steps_s = {key: float(table["time_s"].sum()) * in_step for key, table in priced.items()}
+    predicted_plain = predicted_steps_s[("plain", 1)]
     plain_steps = config.batches * config.new_tokens  # one token a step
     rows, class_rows = [], []
     for key, result in runs.items():
@@ -283,14 +336,16 @@ def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, 
             else settings[key]["replay"].steps(config.batch, config.new_tokens, config.batches)
         )
         table = priced[key]
-        predicted_step = table["time_s"].sum() * in_step
+        predicted_step = predicted_steps_s[key]
         measured_step = result.decode_s / result.steps
         measured_speedup = result.tokens_per_s / plain.tokens_per_s
-        predicted_speedup = (plain_steps * plain_step) / (predicted_steps * predicted_step)
+        predicted_speedup = (plain_steps * predicted_plain) / (predicted_steps * predicted_step)
         rows.append(
             {
                 "model": model.name,
                 "dtype": config.dtype,
+                "launch": str(config.launch),
+                "pricing": f"pipeline ({host.origin})" if host is not None else "in-step factor",
                 "batch": config.batch,
                 "tree_size": size,
                 "context": config.context,
@@ -302,7 +357,7 @@ def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, 
                 "predicted_step_s": predicted_step,
                 "step_error": predicted_step / measured_step - 1,
                 "measured_overhead": measured_step / plain_step,
-                "predicted_overhead": predicted_step / plain_step,
+                "predicted_overhead": predicted_step / predicted_plain,
                 "measured_speedup": measured_speedup,
                 "predicted_speedup": predicted_speedup,
                 "error": predicted_speedup / measured_speedup - 1,
@@ -331,6 +386,8 @@ def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, 
         "plain_step_s": plain_step,
         "priced_plain_step_s": float(priced_plain["time_s"].sum()),
         "in_step_factor": in_step,
+        "launch": str(config.launch),
+        "host_dispatch": str(config.host_dispatch) if host is not None else None,
         "measured_per_op_overhead_s": source.params.kernel_overhead_s,
         "bandwidth_gb_s": source.spec.bandwidth / 1e9,
         "gemm_shapes_timed": len(source.gemms),
@@ -361,6 +418,14 @@ def print_twin_batch(table: pd.DataFrame, classes: pd.DataFrame, summary: dict) 
         }
     )
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if classes.empty:
+        print("  kernel classes not profiled")
+    else:
+        print_classes(classes)
+    print_pricing(summary)
+
+
+def print_classes(classes: pd.DataFrame) -> None:
     largest = classes[classes["tree_size"] == classes["tree_size"].max()]
     print(
         f"  ms per step by kernel class, {largest['tree_size'].iloc[0]}-token tree (measured by torch.profiler / "
@@ -372,6 +437,16 @@ def print_twin_batch(table: pd.DataFrame, classes: pd.DataFrame, summary: dict) 
             f"{r.kernel_class} {r.measured_s * 1e3:.2f}/{r.predicted_s * 1e3:.2f}" for r in largest.itertuples()
         )
     )
+
+
+def print_pricing(summary: dict) -> None:
+    if summary.get("host_dispatch"):
+        print(
+            f"  {summary['launch']} steps priced as host and device queues with {summary['host_dispatch']}'s host "
+            f"costs, nothing calibrated; {summary['calls_replayed']} distinct calls replayed, "
+            f"{summary['calls_not_replayed']} priced by the shape model instead"
+        )
+        return
     print(
         f"  calibration: plain step {summary['plain_step_s'] * 1e3:.2f} ms measured, its kernels replayed "
         f"{summary['priced_plain_step_s'] * 1e3:.2f} ms, so every step is its replayed kernels x "
