@@ -350,6 +350,16 @@ def stack_text(latency) -> str:
     return stack if stack else "none named (a roofline: no engine's or harness's operator timings)"
 
 
+def regime_text(latency) -> str:
+    """Which launch regime (perfmodel.base.launch) the page's step times assume."""
+    if getattr(latency.spec, "kernel_launch_us", None) is None:
+        return "this CPU's, kernels run one after another on the host's own thread, its measured per-op overhead each"
+    return (
+        "kernels back to back, as an engine's CUDA-graph step runs them (graph); the reference decoder's eager step, "
+        "bound by its host on a GPU, is slower: python -m perfmodel.speedup --step traced --launch eager prices it"
+    )
+
+
 def rests_on(report, answer: PageAnswer, validation: pd.DataFrame) -> list[str]:
     """What the numbers rest on, measured before predicted."""
     acceptance = report.acceptance
@@ -369,6 +379,7 @@ def rests_on(report, answer: PageAnswer, validation: pd.DataFrame) -> list[str]:
         f"Step times: {report.step.label} ({evidence(answer.schedule.evidence.split('/')[0]).words}).",
         f"Acceptance: {acceptance.choice.label}, {record}.",
         f"Software stack of the step times: {stack_text(report.latency)}.",
+        f"Launch regime of the step times: {regime_text(report.latency)}.",
     ]
 
 

@@ -550,6 +550,7 @@ def test_the_page_opens_with_the_answer_and_its_decision_map(a100):
     assert rests["Decision map"].startswith("predicted in every cell")
     assert "datasheet" in rests["Step times"] and "not measured" in rests["Acceptance"]
     assert "Software stack of the step times" in rests
+    assert rests["Launch regime of the step times"].startswith("kernels back to back")  # a GPU: which regime
 
 
 def workload_note(section) -> str:
