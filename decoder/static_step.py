@@ -241,10 +241,14 @@ def static_generate(
     batch, device = len(prompts), decoder.device
     max_len = decoder._max_len(prompts, max_new_tokens, buffers.size)
     generator = torch.Generator(device=device).manual_seed(acceptance.seed)
-    step = decoder._static_steps.get((buffers.tree, batch, max_len, acceptance, topk, launch))
-    if step is None:  # kept per shape, so a compiled step or a captured graph is reused across calls
+    key = (buffers.tree, batch, max_len, acceptance, topk, launch)
+    step = decoder._static_steps.get(key)
+    if step is None:
         step = StaticStep(decoder, buffers, batch, max_len, acceptance, topk, launch, generator)
-        decoder._static_steps[(buffers.tree, batch, max_len, acceptance, topk, launch)] = step
+        if launch in (Launch.GRAPH, Launch.COMPILED):
+            # kept per shape, so that a captured graph or a compiled step is reused across calls
+            # (their results' caches are then that step's, overwritten by the next call)
+            decoder._static_steps[key] = step
     else:
         step.generator.manual_seed(acceptance.seed)
     result.times = dict.fromkeys(STATIC_PARTS, 0.0)
