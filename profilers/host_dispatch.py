@@ -22,7 +22,8 @@ time.perf_counter, after a warm-up. On CUDA the loop issues its N launches witho
 and synchronizes once after it: issue_s is the loop's wall time over N (what the host
 spends), total_s the same with the final synchronize (the device's tail included); on a
 CPU they are the same. Each class is the median of 5 rounds (3 with --quick); spread is
-(max - min) / median of the rounds. Python's garbage collector is off while timing.
+(max - min) / median of the rounds. Python's garbage collector is off while timing, and
+torch runs in inference mode, as the decoder's steps do.
 
 The JSON (keys: perfmodel.latency.pipeline, which reads it as HostCosts.from_json) goes to
 --out, by default perf-reports/host-dispatch/<device>.json, with the device's name, the
@@ -266,9 +267,10 @@ def measure_host_dispatch(device: str, quick: bool = False) -> HostDispatch:
     gc.disable()
     try:
         classes = {}
-        for name in CLASSES:
-            per_call = PYTHON_ITEMS if name == PYTHON else 1
-            classes[name] = time_class(ops[name], calls, rounds, synchronize, per_call)
+        with torch.inference_mode():  # as the decoder runs its steps: no autograd bookkeeping per op
+            for name in CLASSES:
+                per_call = PYTHON_ITEMS if name == PYTHON else 1
+                classes[name] = time_class(ops[name], calls, rounds, synchronize, per_call)
     finally:
         if collecting:
             gc.enable()
