@@ -241,6 +241,7 @@ class DraftPlan:
     slots: tuple[torch.Tensor, ...]
     ranks: tuple[torch.Tensor, ...]
     depths: torch.Tensor
+    tops: tuple[int, ...] = ()  # per depth, the top-k its children need (their highest rank + 1)
 
     @classmethod
     def of(cls, tree: Tree, device="cpu") -> DraftPlan:
@@ -262,13 +263,15 @@ class DraftPlan:
             slots.append(slot)
             ranks.append(ranks_of[child])
         lists = (runs, masks, expanded, children, parents, slots, ranks)
-        return cls(tree, *(tuple(x) for x in lists), depths)
+        tops = tuple(int(r.max()) + 1 for r in ranks)  # read here, once, not inside a step
+        return cls(tree, *(tuple(x) for x in lists), depths, tops)
 
 
-def child_tokens(logits: torch.Tensor, slot: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+def child_tokens(logits: torch.Tensor, slot: torch.Tensor, rank: torch.Tensor, top: int | None = None) -> torch.Tensor:
     """Each child's token (B, children): rank `rank` of its parent's drafted distribution, the
-    parent `slot` among the nodes expanded, whose logits are (B, expanded, V)."""
-    return logits.topk(int(rank.max()) + 1, dim=-1).indices[:, slot, rank]
+    parent `slot` among the nodes expanded, whose logits are (B, expanded, V). top: the
+    top-k to take (rank.max() + 1, read from the device when not given)."""
+    return logits.topk(top if top is not None else int(rank.max()) + 1, dim=-1).indices[:, slot, rank]
 
 
 @dataclass(frozen=True)
@@ -328,23 +331,26 @@ def draft_batch(
     plan: DraftPlan,
     roots: torch.Tensor,
     root_features: torch.Tensor,
-    histories: list[tuple[list[torch.Tensor], list[int]]],
+    histories: list[tuple[list[torch.Tensor], list[int]]] | None,
     positions: torch.Tensor,
+    window: Window | None = None,
 ) -> torch.Tensor:
     """Candidate tokens (B, T) of every sequence's static tree, drafted together: per depth one
     drafter pass over the batch (context windows left-padded and masked), one LM head over the
     nodes expanded (each parent once) and one gather of the children's ranks. roots (B,),
-    root_features (B, h), positions (B,) the roots' positions. The same tokens as draft_tree,
-    sequence by sequence."""
-    window = Window.of(histories, root_features, positions)
+    root_features (B, h), positions (B,) the roots' positions; the context windows from the
+    histories, or given (`window`: the static step keeps them as tensors). The same tokens as
+    draft_tree, sequence by sequence."""
+    if window is None:
+        window = Window.of(histories, root_features, positions)
     size = plan.tree.size
     tokens = roots[:, None].repeat(1, size)
     feats = root_features[:, None, :].repeat(1, size, 1)
-    steps = zip(plan.runs, plan.masks, plan.expanded, plan.children, plan.parents, plan.slots, plan.ranks)
-    for run, among, expanded, child, parent, slot, rank in steps:
+    steps = zip(plan.runs, plan.masks, plan.expanded, plan.children, plan.parents, plan.slots, plan.ranks, plan.tops)
+    for run, among, expanded, child, parent, slot, rank, top in steps:
         at = positions[:, None] + plan.depths[run][None, :]
         out = run_pass(drafter, embed, window, feats[:, run], tokens[:, run], at, among)
-        tokens[:, child] = child_tokens(lm_head(out[:, expanded]), slot, rank)
+        tokens[:, child] = child_tokens(lm_head(out[:, expanded]), slot, rank, top)
         feats[:, child] = out[:, parent]
     return tokens
 

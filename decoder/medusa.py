@@ -197,7 +197,18 @@ class Decoder:
         replayed = replay.take(batch) if replay is not None else None
         if launch.static:
             static_generate(
-                self, prompts, max_new_tokens, static, acceptance, topk, launch, result, eos, on_tokens, replayed
+                self,
+                prompts,
+                max_new_tokens,
+                static,
+                acceptance,
+                topk,
+                launch,
+                result,
+                eos,
+                on_tokens,
+                replayed,
+                "eagle" if eagle else "medusa",
             )
             return result
         cache = KVCache(

@@ -26,6 +26,7 @@ import torch
 
 from decoder.acceptance import AcceptanceConfig
 from decoder.batched_acceptance import VERIFY, StaticTree, Verdict, last_node, sample
+from decoder.eagle import CONTEXT, DraftPlan, Window, draft_batch, window_mask
 from decoder.model import KVCache
 from decoder.result import DecodeResult
 from decoder.tree import TreeBuffers, tree_attention_mask
@@ -39,7 +40,8 @@ WARMUP_STEPS = 2  # eager steps before a capture: lazy initialisation (cuBLAS ha
 
 
 def check_launch(launch: Launch, device: str, drafter: str, dynamic_nodes: int) -> None:
-    """One line where a static regime cannot run what was asked."""
+    """One line where a static regime cannot run what was asked (a dynamic tree: Medusa's or
+    EAGLE-2's; `drafter` is kept for the message's sake of callers that pass it)."""
     if not launch.static:
         return
     if launch is Launch.GRAPH and not str(device).startswith("cuda"):
@@ -48,10 +50,6 @@ def check_launch(launch: Launch, device: str, drafter: str, dynamic_nodes: int) 
         raise PerfkitError(
             f"--launch {launch} runs a fixed tree: a dynamic tree ({dynamic_nodes} nodes) changes shape every step; "
             "use --launch eager"
-        )
-    if drafter != "medusa":
-        raise PerfkitError(
-            f"--launch {launch} runs Medusa heads' trees; the {drafter} drafter runs with --launch eager"
         )
 
 
@@ -77,10 +75,16 @@ class StepBuffers:
     active: torch.Tensor  # (B,) bool: a finished sequence accepts nothing
     forced: torch.Tensor  # (B,) replay: the length to keep this step (0: the scheme's verdict)
     out: torch.Tensor  # (B, 1 + W) the step's accepted length, then its accepted tokens
+    # EAGLE's drafting context (decoder.eagle.History as tensors): each sequence's last
+    # CONTEXT + 1 accepted (feature, token) pairs, right-aligned, and which slots hold one
+    history_features: torch.Tensor | None = None  # (B, CONTEXT + 1, h)
+    history_tokens: torch.Tensor | None = None  # (B, CONTEXT + 1)
+    history_valid: torch.Tensor | None = None  # (B, CONTEXT + 1)
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         """The small state a step changes besides cache slots past each sequence's length."""
-        return {name: getattr(self, name).clone() for name in ("lengths", "last_hidden", "roots", "out")}
+        names = ("lengths", "last_hidden", "roots", "out", "history_features", "history_tokens", "history_valid")
+        return {name: getattr(self, name).clone() for name in names if getattr(self, name) is not None}
 
     def restore(self, saved: dict[str, torch.Tensor]) -> None:
         for name, value in saved.items():
@@ -99,9 +103,11 @@ class StaticStep:
         acceptance: AcceptanceConfig,
         topk: int,
         launch: Launch,
-        generator: torch.Generator,
+        generator: torch.Generator | None,
+        drafter: str = "medusa",
     ):
         self.model, self.heads = decoder.model, decoder.heads
+        self.eagle = decoder.eagle if drafter == "eagle" else None
         self.tree = StaticTree.of(buffers)
         self.acceptance, self.topk, self.launch, self.generator = acceptance, topk, launch, generator
         self.scheme = VERIFY[acceptance.scheme]
@@ -126,6 +132,14 @@ class StaticStep:
         self.depths = buffers.depths
         self.node_head = buffers.node_head.clamp(min=0)
         self.node_rank = buffers.node_rank.clamp(min=0)
+        if self.eagle is not None:  # EAGLE drafts the tree: its plan, and the drafting context as tensors
+            self.plan = DraftPlan.of(buffers.tree, device)
+            slots = CONTEXT + 1
+            self.buffers.history_features = torch.zeros(batch, slots, config.hidden_size, dtype=dtype, device=device)
+            self.buffers.history_tokens = torch.zeros(batch, slots, dtype=torch.long, device=device)
+            self.buffers.history_valid = torch.zeros(batch, slots, dtype=torch.bool, device=device)
+            self.window_offsets = torch.arange(CONTEXT, 0, -1, device=device)
+            self.window_causal = window_mask(CONTEXT, CONTEXT + 1, device)[0, 0]
         self._run = self._step
         if launch is Launch.COMPILED:
             self._run = torch.compile(self._step, fullgraph=False, dynamic=False)
@@ -136,11 +150,43 @@ class StaticStep:
     def candidates(self) -> torch.Tensor:
         """(B, T) every sequence's tree: its root, then the heads' top-k at each node."""
         b = self.buffers
-        if self.tree.size == 1 or self.heads is None:
+        if self.tree.size == 1 or (self.heads is None and self.eagle is None):
             return b.roots[:, None]
+        if self.eagle is not None:
+            embed, lm_head = self.model.model.embed_tokens, self.model.lm_head
+            window = self.window()
+            return draft_batch(self.eagle, embed, lm_head, self.plan, b.roots, b.last_hidden, None, b.lengths, window)
         top = self.heads(b.last_hidden).topk(self.topk, dim=-1).indices.transpose(0, 1)  # (B, K, topk)
         drafted = top[:, self.node_head, self.node_rank]  # (B, T)
         return torch.cat([b.roots[:, None], drafted[:, 1:]], dim=1)
+
+    def window(self) -> Window:
+        """Every sequence's EAGLE context window (decoder.eagle.Window) from the history
+        buffers: the features of the CONTEXT positions before the root and the tokens after
+        them, left-padded where a sequence has fewer."""
+        b = self.buffers
+        return Window(
+            b.history_features[:, :CONTEXT],
+            b.history_tokens[:, 1:],
+            b.history_valid[:, :CONTEXT],
+            b.lengths[:, None] - self.window_offsets,
+            self.window_causal,
+        )
+
+    def remember(self, features: torch.Tensor, tokens: torch.Tensor, length: torch.Tensor) -> None:
+        """Shift each sequence's first `length` (features, tokens) into its history, keeping
+        the last CONTEXT + 1: EAGLE's History.push for the batch."""
+        b = self.buffers
+        slots, width = b.history_tokens.shape[1], tokens.shape[1]
+        new = torch.arange(width, device=tokens.device)[None, :] < length[:, None]
+        keep = length[:, None] + torch.arange(slots, device=tokens.device)  # the last `slots` of history + new
+        joined_t = torch.cat([b.history_tokens, tokens], dim=1).gather(1, keep)
+        joined_v = torch.cat([b.history_valid, new], dim=1).gather(1, keep)
+        joined_f = torch.cat([b.history_features, features], dim=1)
+        joined_f = joined_f.gather(1, keep[:, :, None].expand(-1, -1, joined_f.shape[-1]))
+        b.history_tokens.copy_(joined_t)
+        b.history_valid.copy_(joined_v)
+        b.history_features.copy_(joined_f)
 
     def forward(self, candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states and logits of every tree token, written after each sequence's prefix
@@ -169,7 +215,10 @@ class StaticStep:
             move_accepted(b.cache, b.lengths[:, None] + path, b.lengths[:, None] + self.path_offsets)
         kept = b.active[:, None]
         # out first: a plain step's candidates are a view of the roots about to be replaced
-        b.out.copy_(torch.cat([length[:, None], candidates.gather(1, path)], dim=1))
+        accepted = candidates.gather(1, path)
+        b.out.copy_(torch.cat([length[:, None], accepted], dim=1))
+        if self.eagle is not None:
+            self.remember(hidden.gather(1, path[:, :, None].expand(-1, -1, hidden.shape[-1])), accepted, length)
         b.last_hidden.copy_(torch.where(kept, hidden[self.rows, last_node(path, length.clamp(min=1))], b.last_hidden))
         b.roots.copy_(torch.where(b.active, verdict.next_root, b.roots))
         b.lengths.add_(length)
@@ -222,6 +271,11 @@ class StaticStep:
         b.roots.copy_(roots)
         b.active.fill_(True)
         b.forced.zero_()
+        if self.eagle is not None:  # the prompt's last (feature, token), as History.push at prefill
+            b.history_valid.zero_()
+            b.history_features[:, -1] = last_hidden
+            b.history_tokens[:, -1] = torch.tensor([p[-1] for p in prompts])
+            b.history_valid[:, -1] = True
 
 
 def static_generate(
@@ -236,15 +290,17 @@ def static_generate(
     eos: int | None = None,
     on_tokens=None,
     replayed: list[list[int]] | None = None,
+    drafter: str = "medusa",
 ) -> None:
-    """Decode `prompts` with the static step, filling `result`."""
+    """Decode `prompts` with the static step, filling `result`; drafter: who drafts the
+    tree (Medusa's heads, or the EAGLE drafter)."""
     batch, device = len(prompts), decoder.device
     max_len = decoder._max_len(prompts, max_new_tokens, buffers.size)
     generator = torch.Generator(device=device).manual_seed(acceptance.seed)
-    key = (buffers.tree, batch, max_len, acceptance, topk, launch)
+    key = (buffers.tree, batch, max_len, acceptance, topk, launch, drafter)
     step = decoder._static_steps.get(key)
     if step is None:
-        step = StaticStep(decoder, buffers, batch, max_len, acceptance, topk, launch, generator)
+        step = StaticStep(decoder, buffers, batch, max_len, acceptance, topk, launch, generator, drafter)
         if launch in (Launch.GRAPH, Launch.COMPILED):
             # kept per shape, so that a captured graph or a compiled step is reused across calls
             # (their results' caches are then that step's, overwritten by the next call)

@@ -54,6 +54,9 @@ def test_greedy_eagle_decoding_is_lossless(trained):
     assert eagle.tokens == plain.tokens
     assert eagle.steps < 48  # it drafts more than the root somewhere
     assert all(n >= 1 for row in eagle.accepted for n in row)
+    # the static step drafts the same trees from its history kept as tensors
+    static = decoder.generate(prompts, 48, tree=resolve_tree("default", trained), drafter="eagle", launch="static")
+    assert static.tokens == plain.tokens and static.path_lengths == eagle.path_lengths
 
 
 def test_eagle_2_dynamic_trees_are_lossless_trees_of_the_budget(trained):
@@ -76,7 +79,8 @@ def test_eagle_2_dynamic_trees_are_lossless_trees_of_the_budget(trained):
     assert static.tolist() == tokens.tolist()
 
 
-def test_rejection_sampling_with_eagle_drafts_keeps_the_models_distribution():
+@pytest.mark.parametrize("launch", ["eager", "static"])
+def test_rejection_sampling_with_eagle_drafts_keeps_the_models_distribution(launch):
     torch.manual_seed(0)
     model = Transformer(TINY).eval()
     with torch.no_grad():
@@ -86,7 +90,12 @@ def test_rejection_sampling_with_eagle_drafts_keeps_the_models_distribution():
     counts, trials = np.zeros((TINY.vocab_size, TINY.vocab_size)), 0
     for seed in range(12):
         result = decoder.generate(
-            [prompt] * 200, 2, tree=TREE, drafter="eagle", acceptance=AcceptanceConfig("rejection", 1.0, seed=seed)
+            [prompt] * 200,
+            2,
+            tree=TREE,
+            drafter="eagle",
+            acceptance=AcceptanceConfig("rejection", 1.0, seed=seed),
+            launch=launch,
         )
         for first, second in (tokens[:2] for tokens in result.tokens):
             counts[first, second] += 1
