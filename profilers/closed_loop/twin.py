@@ -49,6 +49,7 @@ from decoder.twin import Replay, ReplayRecord, dummy_checkpoint, native_dtype, r
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.hardware.efficiencies import RooflineParams
+from perfmodel.hardware.specs import find_spec
 from perfmodel.latency.pipeline import HostCosts, price_pipeline, run_pipeline
 from perfmodel.latency.traced import KINDS, price_trace
 from perfmodel.models.config import load_model
@@ -272,7 +273,29 @@ def twin_loop(config: TwinConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame
             classes = profiled_classes(decoder, prompts, settings, config)
         source = this_machine(info, torch_dtype, config, measure=bool(kernels.failed))
         priced = {key: priced_step(trace, source, config.dtype, replayed) for key, trace in traces.items()}
-    return compare(config, model, runs, classes, priced, source, settings, kernels)
+    out, class_table, summary = compare(config, model, runs, classes, priced, source, settings, kernels)
+    summary.update(streamed(ckpt, decoder, config, summary["plain_step_s"], info))
+    return out, class_table, summary
+
+
+def streamed(ckpt, decoder: Decoder, config: TwinConfig, plain_step_s: float, info: DeviceInfo) -> dict:
+    """What the plain step reads from memory (the model's weights once, the KV cache it
+    attends over: the context for the eager loop, the whole allocation for a static step)
+    and the bandwidth that makes, beside the datasheet's where the device has a spec."""
+    weights = sum(p.numel() * p.element_size() for p in ckpt.model.parameters())
+    cfg = ckpt.config
+    element = next(ckpt.model.parameters()).element_size()
+    tokens = (
+        decoder._max_len([[0] * config.prompt_len], config.new_tokens, 1) if config.launch.static else config.context
+    )
+    kv = 2 * cfg.num_hidden_layers * config.batch * cfg.num_key_value_heads * cfg.head_dim * tokens * element
+    achieved = (weights + kv) / plain_step_s
+    datasheet = find_spec(info.spec_key).bandwidth if info.kind == "cuda" and info.spec_key else None
+    return {
+        "plain_bytes_per_step": weights + kv,
+        "plain_bandwidth_gb_s": achieved / 1e9,
+        "hbm_fraction": achieved / datasheet if datasheet else None,
+    }
 
 
 def this_machine(info: DeviceInfo, dtype: torch.dtype, config: TwinConfig, measure: bool) -> TimedShapes:
@@ -440,6 +463,13 @@ def print_classes(classes: pd.DataFrame) -> None:
 
 
 def print_pricing(summary: dict) -> None:
+    if summary.get("plain_bandwidth_gb_s"):
+        fraction = summary.get("hbm_fraction")
+        of = f", {fraction:.0%} of the datasheet's" if fraction else ""
+        print(
+            f"  the plain step streams {summary['plain_bytes_per_step'] / 1e9:.2f} GB (weights and the KV it attends "
+            f"over): {summary['plain_bandwidth_gb_s']:.0f} GB/s{of}"
+        )
     if summary.get("host_dispatch"):
         print(
             f"  {summary['launch']} steps priced as host and device queues with {summary['host_dispatch']}'s host "
