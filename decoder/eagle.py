@@ -312,7 +312,8 @@ def run_pass(drafter, embed, window: Window, features, tokens, positions, among)
     n = width + tokens.shape[1]
     mask = torch.zeros(batch, n, n, dtype=torch.bool, device=tokens.device)
     mask[:, :width, :width] = window.causal & window.valid[:, None, :]
-    mask[:, torch.arange(width), torch.arange(width)] = True  # a padded slot sees itself: no empty row
+    slots = torch.arange(width, device=tokens.device)  # on the device: no host copy inside a captured step
+    mask[:, slots, slots] = True  # a padded slot sees itself: no empty row
     mask[:, width:, :width] = window.valid[:, None, :]
     mask[:, width:, width:] = among
     out = drafter(
