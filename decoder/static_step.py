@@ -83,7 +83,8 @@ class StepBuffers:
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         """The small state a step changes besides cache slots past each sequence's length."""
-        names = ("lengths", "last_hidden", "roots", "out", "history_features", "history_tokens", "history_valid")
+        names = ("lengths", "last_hidden", "roots", "active", "out")
+        names += ("history_features", "history_tokens", "history_valid")
         return {name: getattr(self, name).clone() for name in names if getattr(self, name) is not None}
 
     def restore(self, saved: dict[str, torch.Tensor]) -> None:
@@ -241,6 +242,7 @@ class StaticStep:
         """Capture the step once; the warm-up steps before it are undone."""
         saved = self.buffers.snapshot()
         rng = self.generator.get_state()
+        self.buffers.active.fill_(False)  # warm-up steps accept nothing: no length runs past the cache
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
