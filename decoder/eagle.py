@@ -262,9 +262,8 @@ class DraftPlan:
             parents.append(place)
             slots.append(slot)
             ranks.append(ranks_of[child])
-        lists = (runs, masks, expanded, children, parents, slots, ranks)
         tops = tuple(int(r.max()) + 1 for r in ranks)  # read here, once, not inside a step
-        return cls(tree, *(tuple(x) for x in lists), depths, tops)
+        return cls(tree, *map(tuple, (runs, masks, expanded, children, parents, slots, ranks)), depths, tops)
 
 
 def child_tokens(logits: torch.Tensor, slot: torch.Tensor, rank: torch.Tensor, top: int | None = None) -> torch.Tensor:
@@ -312,7 +311,7 @@ def run_pass(drafter, embed, window: Window, features, tokens, positions, among)
     n = width + tokens.shape[1]
     mask = torch.zeros(batch, n, n, dtype=torch.bool, device=tokens.device)
     mask[:, :width, :width] = window.causal & window.valid[:, None, :]
-    slots = torch.arange(width, device=tokens.device)  # on the device: no host copy inside a captured step
+    slots = torch.arange(width, device=tokens.device)  # on the device: capturable in a CUDA graph
     mask[:, slots, slots] = True  # a padded slot sees itself: no empty row
     mask[:, width:, :width] = window.valid[:, None, :]
     mask[:, width:, width:] = among

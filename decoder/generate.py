@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     tree = None
     decoder = Decoder(ckpt)
-    check_launch(Launch.parse(args.launch), decoder.device, args.drafter, 0)  # before a calibration runs
+    check_launch(Launch.parse(args.launch), decoder.device)  # before a calibration runs
     if not args.no_medusa:
         if ckpt.heads is None:
             raise PerfkitError(f"{ckpt.folder} has no Medusa heads; use --no-medusa or --heads DIR")

@@ -149,7 +149,7 @@ def measure(args) -> dict:
     batch = batch_run(args.batch, args.prompts, lambda text: print(text, file=sys.stderr))
     torch.manual_seed(args.seed)
     decoder = Decoder(ckpt)
-    check_launch(Launch.parse(args.launch), decoder.device, args.drafter, args.dynamic or 0)  # before any run
+    check_launch(Launch.parse(args.launch), decoder.device, args.dynamic or 0)  # before any run
     acceptance = AcceptanceConfig(args.acceptance, temperature=args.temperature, seed=args.seed)
     prompts = heldout_prompts(ckpt, args.prompts, args.prompt_len, args.seed)
     eos = ckpt.config.eos_token_id

@@ -171,7 +171,7 @@ class Decoder:
             raise PerfkitError(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
         eagle = drafter == "eagle" and medusa
         launch = Launch.parse(launch)
-        check_launch(launch, self.device, drafter if medusa else "medusa", dynamic_nodes)
+        check_launch(launch, self.device, dynamic_nodes)
         if eagle and self.eagle is None:
             raise PerfkitError(
                 f"{self.ckpt.folder} has no EAGLE drafter ({EAGLE_FILE}; python -m decoder.train --eagle trains one)"

@@ -39,9 +39,9 @@ STATIC_PARTS = ("step", "readback")
 WARMUP_STEPS = 2  # eager steps before a capture: lazy initialisation (cuBLAS handles) stays out of the graph
 
 
-def check_launch(launch: Launch, device: str, drafter: str, dynamic_nodes: int) -> None:
-    """One line where a static regime cannot run what was asked (a dynamic tree: Medusa's or
-    EAGLE-2's; `drafter` is kept for the message's sake of callers that pass it)."""
+def check_launch(launch: Launch, device: str, dynamic_nodes: int = 0) -> None:
+    """One line where a static regime cannot run what was asked: a graph off CUDA, a
+    dynamic tree (Medusa's or EAGLE-2's)."""
     if not launch.static:
         return
     if launch is Launch.GRAPH and not str(device).startswith("cuda"):

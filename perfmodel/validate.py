@@ -22,15 +22,8 @@ from profilers.closed_loop.config import (
     batch_configs,
 )
 from profilers.closed_loop.loop import run_batches
-from profilers.closed_loop.twin import (
-    TWIN_DTYPES,
-    TwinConfig,
-    classes_path,
-    native_dtype,
-    print_twin_batch,
-    twin_loop,
-    twin_verdict,
-)
+from profilers.closed_loop.twin import TWIN_DTYPES, TwinConfig, native_dtype, twin_loop
+from profilers.closed_loop.twin_print import classes_path, print_twin_batch, twin_verdict
 
 
 def build_parser() -> Parser:

@@ -298,6 +298,11 @@ CHECK_SIZES = (16, 64)
 CHECK_ATTENTION = Grid(batches=CHECK_BATCHES, seq_lens=(128,), candidates=(1, 16, 64))
 
 
+def short_linear(model: ModelConfig, dtype: str, grid: Grid) -> SweepStage:
+    """The check's linear ops at a few token rows, in a folder of their own."""
+    return SweepStage("linear-short", model, grid, LINEAR_OPS, ("prefill",), f"check/{model.name}-{dtype}-linear.csv")
+
+
 def gpu_check_stages(device: str, dtype: str) -> list[Stage]:
     """The short GPU check (a lease of minutes): host dispatch, short kernels, the twin in
     both regimes; on a CPU the same stages in small, eager and static (a CPU has no graph)."""
@@ -305,14 +310,7 @@ def gpu_check_stages(device: str, dtype: str) -> list[Stage]:
         model = load_model("llama-7b")
         return [
             HostDispatchStage("host-dispatch", quick=False),
-            SweepStage(
-                "linear-short",
-                model,
-                linear_grid((128,), CHECK_TOKENS),
-                LINEAR_OPS,
-                ("prefill",),
-                f"check/{model.name}-{dtype}-linear.csv",
-            ),
+            short_linear(model, dtype, linear_grid((128,), CHECK_TOKENS)),
             SweepStage(
                 "attention-tree",
                 model,
@@ -329,14 +327,7 @@ def gpu_check_stages(device: str, dtype: str) -> list[Stage]:
     model = load_model(QUICK_MODEL)
     return [
         HostDispatchStage("host-dispatch", quick=True),
-        SweepStage(
-            "linear-short",
-            model,
-            linear_grid((16,), QUICK_TOKENS),
-            LINEAR_OPS,
-            ("prefill",),
-            f"check/{model.name}-{dtype}-linear.csv",
-        ),
+        short_linear(model, dtype, linear_grid((16,), QUICK_TOKENS)),
         *(
             twin_stage(QUICK_MODEL, dtype, (1,), prompts=1, new_tokens=8, launch=launch)
             for launch in ("eager", "static")

@@ -36,7 +36,8 @@ from profilers.campaign_plan import (
     TwinStage,
 )
 from profilers.ceilings import measure_ceilings
-from profilers.closed_loop.twin import TwinConfig, classes_path, print_twin_batch, twin_loop
+from profilers.closed_loop.twin import TwinConfig, twin_loop
+from profilers.closed_loop.twin_print import classes_path, print_twin_batch
 from profilers.device import DeviceInfo, check_device, cpu_info, cpu_state, cuda_info, versions
 from profilers.host_dispatch import measure_host_dispatch, render
 from profilers.store import output_lock

@@ -31,14 +31,11 @@ For one batch size:
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from decoder.medusa import Decoder
@@ -48,21 +45,19 @@ from decoder.trace import ATTENTIONS, KIND_OF, TORCH_DTYPES, trace_step
 from decoder.twin import Replay, ReplayRecord, dummy_checkpoint, native_dtype, random_prompts
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
-from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import find_spec
 from perfmodel.latency.pipeline import HostCosts, price_pipeline, run_pipeline
-from perfmodel.latency.traced import KINDS, price_trace
+from perfmodel.latency.traced import KINDS
 from perfmodel.models.config import load_model
-from perfmodel.models.operators import HEAD_TOP_K, Matmul
-from profilers.ceilings import measure_bandwidth, measure_kernel_overhead
+from perfmodel.models.operators import HEAD_TOP_K
 from profilers.closed_loop.config import TARGET_ERROR
 from profilers.closed_loop.runs import torch_threads
+from profilers.closed_loop.twin_pricing import priced_step, this_machine
 from profilers.device import DeviceInfo, check_device, cpu_info, cuda_info
 from profilers.kernel_replay import KernelTimes
-from profilers.timer import TimerConfig, time_cuda_events, time_wall
 
 TWIN_DTYPES = tuple(TORCH_DTYPES)  # fp16 for a GPU; a CPU runs bf16 where it has it, else fp32
-__all__ = ["TWIN_DTYPES", "TwinConfig", "classes_path", "native_dtype", "print_twin_batch", "twin_loop", "twin_verdict"]
+__all__ = ["TWIN_DTYPES", "TwinConfig", "native_dtype", "twin_loop"]
 HOST = "host"  # what no kernel of a step claims: Python, module calls, dispatch
 PROFILED_TOKENS = 1  # the short run whose profile is subtracted (prefill and one step)
 
@@ -100,7 +95,7 @@ class TwinConfig:
         if any(n < 2 for n in self.sizes):
             raise PerfkitError(f"tree sizes are tokens per step with the root, so >= 2; got {list(self.sizes)}")
         object.__setattr__(self, "launch", Launch.parse(self.launch))
-        check_launch(self.launch, self.device, "medusa", 0)
+        check_launch(self.launch, self.device)
         if self.host_dispatch is not None and self.device != "cuda":
             raise PerfkitError(
                 "--host-dispatch prices a GPU step's host and device queues; a CPU runs its kernels on the host's own "
@@ -120,75 +115,6 @@ class TwinConfig:
     @property
     def batches(self) -> int:
         return -(-self.prompts // self.batch) * self.rounds
-
-
-class TimedShapes:
-    """A latency source for perfmodel.latency.traced.price_trace whose GEMMs are timed on
-    this machine at the exact shapes asked (weights cold), and whose memory-bound kernels
-    run at the measured bandwidth plus the per-kernel overhead: the twin's price of a kernel
-    whose call could not be replayed."""
-
-    def __init__(self, spec, params: RooflineParams, dtype: torch.dtype, timer: TimerConfig, info: DeviceInfo):
-        self.spec, self.params, self.torch_dtype, self.timer = spec, params, dtype, timer
-        self.device, self.cache_bytes = info.kind, info.cache_bytes
-        self.table = self  # priced as measured, not by the roofline
-        self.attention = None  # timed apart (attention_times), head_dim need not be 128
-        self.gemms: dict[tuple[int, int, int], float] = {}
-        self._pool: torch.Tensor | None = None
-
-    def gemm_time(self, matmul: Matmul) -> float:
-        key = (int(matmul.m), int(matmul.n), int(matmul.k))
-        if key not in self.gemms:
-            self.gemms[key] = self._time_gemm(*key)
-        return self.gemms[key]
-
-    def _time_gemm(self, m: int, n: int, k: int) -> float:
-        if self._pool is None:  # weights for every shape: views into one buffer of twice the cache
-            elements = max(2 * self.cache_bytes * 8 // torch.finfo(self.torch_dtype).bits, 1 << 20)
-            self._pool = torch.empty(elements, dtype=self.torch_dtype, device=self.device).uniform_(-1, 1)
-        copies = max(1, self._pool.numel() // (n * k))
-        if copies == 1 and self._pool.numel() < n * k:
-            self._pool = torch.empty(n * k, dtype=self.torch_dtype, device=self.device).uniform_(-1, 1)
-        weights = self._pool[: copies * n * k].view(copies, n, k)
-        x = torch.randn(m, k, dtype=self.torch_dtype, device=self.device)
-        turn = iter(range(1 << 62))
-        call = lambda: F.linear(x, weights[next(turn) % copies])  # noqa: E731
-        return timed(call, self.timer, self.device)
-
-
-def timed(call, timer: TimerConfig, device: str) -> float:
-    """Median seconds of `call`: wall clock on a CPU, CUDA events on a GPU."""
-    return (time_cuda_events if device == "cuda" else time_wall)(call, timer).median_s
-
-
-def attention_times(rows: pd.DataFrame, dtype: torch.dtype, timer: TimerConfig, device: str) -> np.ndarray:
-    """Each attention row timed as the decoder runs it: queries of the tree, the cache's keys
-    and values up to kv_len, a boolean mask, grouped-query heads."""
-    out, cache = np.empty(len(rows)), {}
-    for i, r in enumerate(rows.itertuples()):
-        key = tuple(int(v) for v in (r.batch, r.heads, r.kv_heads, r.q_len, r.kv_len, r.head_dim))
-        if key not in cache:
-            b, h, kvh, q, s, d = key
-            query = torch.randn(b, h, q, d, dtype=dtype, device=device)
-            keys, values = (torch.randn(b, kvh, s, d, dtype=dtype, device=device) for _ in range(2))
-            mask = torch.ones(b, 1, q, s, dtype=torch.bool, device=device)
-            call = functools.partial(
-                F.scaled_dot_product_attention, query, keys, values, attn_mask=mask, enable_gqa=h != kvh
-            )
-            cache[key] = timed(call, timer, device)
-        out[i] = cache[key]
-    return out
-
-
-def priced_step(trace: pd.DataFrame, source: TimedShapes, dtype: str, replayed: dict[str, float]) -> pd.DataFrame:
-    """The trace priced by perfmodel.latency.traced: each kernel at its replayed time
-    (profilers.kernel_replay), a kernel that could not be replayed by the shape-level
-    model (its attention timed here as an SDPA call of its shape)."""
-    attention = (trace["kind"] == "attention") & ~trace["call"].isin(list(replayed))
-    priced = price_trace(trace[~attention], source, dtype, measured=replayed)
-    by_shape = trace[attention].assign(source="timed here")
-    by_shape["time_s"] = attention_times(by_shape, source.torch_dtype, source.timer, source.device)
-    return pd.concat([priced, by_shape]).sort_index()
 
 
 def kernel_class(name: str) -> str:
@@ -271,7 +197,7 @@ def twin_loop(config: TwinConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame
         if config.profile:
             log("profiling every setting's kernels by class ...")
             classes = profiled_classes(decoder, prompts, settings, config)
-        source = this_machine(info, torch_dtype, config, measure=bool(kernels.failed))
+        source = this_machine(info, torch_dtype, config.budget_s, measure=bool(kernels.failed))
         priced = {key: priced_step(trace, source, config.dtype, replayed) for key, trace in traces.items()}
     out, class_table, summary = compare(config, model, runs, classes, priced, source, settings, kernels)
     summary.update(streamed(ckpt, decoder, config, summary["plain_step_s"], info))
@@ -296,27 +222,6 @@ def streamed(ckpt, decoder: Decoder, config: TwinConfig, plain_step_s: float, in
         "plain_bandwidth_gb_s": achieved / 1e9,
         "hbm_fraction": achieved / datasheet if datasheet else None,
     }
-
-
-def this_machine(info: DeviceInfo, dtype: torch.dtype, config: TwinConfig, measure: bool) -> TimedShapes:
-    """The latency source of this device for the kernels no replay timed: its copy bandwidth
-    and per-op overhead measured now (`measure`; a minute on a CPU of a large cache), else
-    left unknown (nan), as no kernel needs them."""
-    bandwidth = overhead = float("nan")
-    if measure:
-        moved, timing = measure_bandwidth(info)["copy"]
-        bandwidth, overhead = moved / timing.median_s, measure_kernel_overhead(info).median_s
-    spec = _MachineSpec(info.name, bandwidth)
-    params = RooflineParams(memory_efficiency=1.0, kernel_overhead_s=overhead)
-    return TimedShapes(spec, params, dtype, TimerConfig(budget_s=config.budget_s, flush_cache=False), info)
-
-
-@dataclass(frozen=True)
-class _MachineSpec:
-    """What price_trace reads of a spec for memory-bound kernels: the bandwidth (bytes/s)."""
-
-    name: str
-    bandwidth: float
 
 
 def pipelined_step(table: pd.DataFrame, host: HostCosts, launch: Launch) -> float:
@@ -422,80 +327,3 @@ def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, 
     summary["max_abs_error"] = float(out.loc[out["tree_size"] > 1, "error"].abs().max())
     summary["within_target"] = summary["max_abs_error"] <= TARGET_ERROR
     return out, pd.DataFrame(class_rows), summary
-
-
-def print_twin_batch(table: pd.DataFrame, classes: pd.DataFrame, summary: dict) -> None:
-    """One batch's comparison as a user reads it: per tree size, then per kernel class."""
-    shown = pd.DataFrame(
-        {
-            "tree": table["tree_size"],
-            "steps": table["measured_steps"],
-            "tokens/step": table["tokens_per_step"],
-            "step ms measured": table["measured_step_s"] * 1e3,
-            "predicted": table["predicted_step_s"] * 1e3,
-            "overhead measured": table["measured_overhead"],
-            "predicted ": table["predicted_overhead"],
-            "speedup measured": table["measured_speedup"],
-            "predicted  ": table["predicted_speedup"],
-            "error %": table["error"] * 100,
-        }
-    )
-    print(shown.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    if classes.empty:
-        print("  kernel classes not profiled")
-    else:
-        print_classes(classes)
-    print_pricing(summary)
-
-
-def print_classes(classes: pd.DataFrame) -> None:
-    largest = classes[classes["tree_size"] == classes["tree_size"].max()]
-    print(
-        f"  ms per step by kernel class, {largest['tree_size'].iloc[0]}-token tree (measured by torch.profiler / "
-        "predicted from the trace):"
-    )
-    print(
-        "  "
-        + ", ".join(
-            f"{r.kernel_class} {r.measured_s * 1e3:.2f}/{r.predicted_s * 1e3:.2f}" for r in largest.itertuples()
-        )
-    )
-
-
-def print_pricing(summary: dict) -> None:
-    if summary.get("plain_bandwidth_gb_s"):
-        fraction = summary.get("hbm_fraction")
-        of = f", {fraction:.0%} of the datasheet's" if fraction else ""
-        print(
-            f"  the plain step streams {summary['plain_bytes_per_step'] / 1e9:.2f} GB (weights and the KV it attends "
-            f"over): {summary['plain_bandwidth_gb_s']:.0f} GB/s{of}"
-        )
-    if summary.get("host_dispatch"):
-        print(
-            f"  {summary['launch']} steps priced as host and device queues with {summary['host_dispatch']}'s host "
-            f"costs, nothing calibrated; {summary['calls_replayed']} distinct calls replayed, "
-            f"{summary['calls_not_replayed']} priced by the shape model instead"
-        )
-        return
-    print(
-        f"  calibration: plain step {summary['plain_step_s'] * 1e3:.2f} ms measured, its kernels replayed "
-        f"{summary['priced_plain_step_s'] * 1e3:.2f} ms, so every step is its replayed kernels x "
-        f"{summary['in_step_factor']:.3f}; {summary['calls_replayed']} distinct calls replayed over "
-        f"{summary['replay_rounds']} rounds, {summary['calls_not_replayed']} priced by the shape model instead"
-    )
-
-
-def twin_verdict(table: pd.DataFrame, seconds: float) -> str:
-    trees = table[table["tree_size"] > 1]
-    worst = trees.loc[trees["error"].abs().idxmax()]
-    within = bool((trees["error"].abs() <= TARGET_ERROR).all())
-    return (
-        f"twin: max |predicted - measured| / measured speedup over every batch and tree = "
-        f"{abs(worst['error']) * 100:.1f}% (batch {worst['batch']}, tree {worst['tree_size']}; "
-        f"{'within' if within else 'NOT within'} the {TARGET_ERROR:.0%} target); {seconds:.0f} s"
-    )
-
-
-def classes_path(csv: Path) -> Path:
-    """Where the per-class comparison goes beside the per-tree one."""
-    return csv.with_name(f"{csv.stem}-classes.csv")

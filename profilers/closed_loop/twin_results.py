@@ -17,7 +17,7 @@ import pandas as pd
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, run
 from profilers.closed_loop.results import tables
-from profilers.closed_loop.twin import classes_path
+from profilers.closed_loop.twin_print import classes_path
 
 
 def read_classes(paths: list[Path]) -> list[pd.DataFrame]:
