@@ -4,8 +4,8 @@ which shapes and why).
 
 Each GEMM is the sweep's own linear-op benchmark (profilers.benchmarks: a (k, n) weight
 stored as nn.Linear stores it, torch.mm into a preallocated output) on a shape no single
-model names, timed by profilers.sweeper.Sweeper (CUDA events, a CUDA graph below 50 us,
-out-of-memory recorded as a skip) into a journal that resumes as a sweep's does.
+model names, timed by profilers.sweeper.Sweeper (CUDA events, a CUDA graph below 50 us or far above
+the roofline floor, out-of-memory recorded as a skip) into a journal that resumes as a sweep's does.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def run_gemm_grid(
         }
         meta["started"] = time.time()
         record_run(out, run_id, meta)
-        sweeper = Sweeper(config, info, nvml)
+        sweeper = Sweeper(config, info, nvml, ceilings)
         measured = skipped = 0
         bar = progress_bar(len(todo), progress)
         shape = None

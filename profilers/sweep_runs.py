@@ -104,7 +104,7 @@ def _run_sweep(config: SweepConfig, log, known_ceilings: dict | None) -> SweepRe
     started = time.time()
     record_run(config.out, run_id, run_metadata(config, info, ceilings, started=started))
 
-    sweeper = Sweeper(config, info, nvml)
+    sweeper = Sweeper(config, info, nvml, ceilings)
     measured = skipped = 0
     bar = progress_bar(len(todo), config.progress)
     current_op = None

@@ -16,7 +16,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.contract import contract_fields
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, Grid
-from perfmodel.models.operators import DEFAULT_OPS, PHASES, op_cost
+from perfmodel.models.operators import DEFAULT_OPS, PHASES, cost_of, op_cost
 from profilers.benchmarks import OpBenchmark
 from profilers.device import DeviceInfo, available_bytes, cpu_state
 from profilers.timer import (
@@ -35,6 +35,9 @@ TOKEN_GRIDS = ("fine", "coarse")
 TIMER_MODES = ("auto", "events", "graph")
 # Below this, one kernel is short enough for launch overhead to matter: use a CUDA graph.
 GRAPH_BELOW_S = 50e-6
+# An event-timed median this many times its roofline floor (bytes at the measured bandwidth,
+# FLOPs at the measured peak) holds gaps between the op's kernels, not work: time it in a graph.
+FAR_ABOVE_FLOOR = 4.0
 MAX_GRAPH_COPIES = 64
 
 
@@ -96,16 +99,36 @@ def sweep_grid(
     return with_token_grid(GRIDS[name].narrowed(batches, seq_lens, candidates), device, token_grid)
 
 
+def floor_seconds(bench, ceilings: dict | None) -> float | None:
+    """The least time `bench` can take at the measured ceilings: its bytes at the best measured
+    bandwidth or its FLOPs at the dtype's measured peak, whichever is longer. None without
+    measured ceilings."""
+    if not ceilings or not ceilings.get("bandwidth_gb_s"):
+        return None
+    cost = cost_of(bench.kernels, bench.dtype)
+    floor = cost.bytes / (max(ceilings["bandwidth_gb_s"].values()) * 1e9)
+    peak = (ceilings.get("peak_tflops") or {}).get(bench.dtype)
+    return max(floor, cost.flops / (peak * 1e12)) if peak else floor
+
+
+def retime_in_graph(median_s: float, floor_s: float | None) -> bool:
+    """Whether a CUDA-event timing is launch-bound rather than the kernels' own: under 50 us,
+    or far above its roofline floor."""
+    return median_s < GRAPH_BELOW_S or (floor_s is not None and median_s > FAR_ABOVE_FLOOR * floor_s)
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     text = str(exc).lower()
     return isinstance(exc, MemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
 class Sweeper:
-    """Measures grid points on one device; holds the flush buffer and cached weights."""
+    """Measures grid points on one device; holds the flush buffer and cached weights.
+    ceilings: the device's measured ceilings (a Ceilings dict), which say where an event
+    timing sits far above its floor."""
 
-    def __init__(self, config: SweepConfig, info: DeviceInfo, nvml=None):
-        self.config, self.info, self.nvml = config, info, nvml
+    def __init__(self, config: SweepConfig, info: DeviceInfo, nvml=None, ceilings: dict | None = None):
+        self.config, self.info, self.nvml, self.ceilings = config, info, nvml, ceilings
         self.flush = (
             cache_flusher(info.kind, info.cache_bytes, config.timer.flush_bytes)
             if config.timer.flush_cache
@@ -138,7 +161,9 @@ class Sweeper:
             timing = None
             if cfg.timer_mode in ("auto", "events"):
                 timing = time_cuda_events(calls[0], cfg.timer, self.flush)
-            if cfg.timer_mode == "graph" or (cfg.timer_mode == "auto" and timing.median_s < GRAPH_BELOW_S):
+            if cfg.timer_mode == "graph" or (
+                cfg.timer_mode == "auto" and retime_in_graph(timing.median_s, floor_seconds(bench, self.ceilings))
+            ):
                 # Enough operand copies to overflow L2, so back-to-back replays read cold data.
                 copies = min(MAX_GRAPH_COPIES, max(1, math.ceil(2 * self.info.cache_bytes / bench.operand_bytes())))
                 copies = max(1, min(copies, int(0.5 * self.free_bytes() // max(bench.bytes_needed(), 1))))

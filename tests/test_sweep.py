@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import signal
@@ -331,3 +332,21 @@ def test_interleaved_points_finish_with_min_reps_when_the_caller_took_no_rounds(
     timed = sweeper.Sweeper(config(Path("unused")), cpu_info())
     rows, extra = timed.interleaved([("up", "decode", 1, 8, 1)], "run").finish()
     assert rows[0]["reps"] == FAST.min_reps and extra == []
+
+
+def test_event_timings_far_above_their_floor_are_retimed_in_a_graph():
+    # an H100's ceilings: a 4096 x 4096 fp16 GEMV reads 32 MiB, ~11 us at 3 TB/s
+    ceilings = {"bandwidth_gb_s": {"copy": 3000.0}, "peak_tflops": {"fp16": 770.0}}
+    gemv = OpBenchmark(dataclasses.replace(TINY, hidden_size=4096), "q", "decode", 1, 8, 1, "fp16", "cuda")
+    floor = sweeper.floor_seconds(gemv, ceilings)
+    cost = op_cost("q", "decode", gemv.model, "fp16", 1, 8, 1)
+    assert floor == pytest.approx(cost.bytes / 3000e9)
+    assert sweeper.retime_in_graph(30e-6, floor)  # under 50 us
+    assert not sweeper.retime_in_graph(60e-6, 1e-3)  # a long kernel near its floor keeps its events
+    assert sweeper.retime_in_graph(5e-3, 1e-3)  # 5x its floor: launch gaps, not work
+    assert not sweeper.retime_in_graph(5e-3, None)  # no measured ceilings: only the 50 us rule
+    assert sweeper.floor_seconds(gemv, None) is None
+    # a compute-bound point's floor is its FLOPs at the peak
+    prefill = OpBenchmark(gemv.model, "q", "prefill", 8, 2048, 1, "fp16", "cuda")
+    big = op_cost("q", "prefill", gemv.model, "fp16", 8, 2048, 1)
+    assert sweeper.floor_seconds(prefill, ceilings) == pytest.approx(max(big.bytes / 3000e9, big.flops / 770e12))
