@@ -24,7 +24,7 @@ from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, options, run
 from perfmodel.latency.attention_table import write_measured_attention
 from perfmodel.latency.pipeline import HostCosts
-from perfmodel.latency.source import view_latency
+from perfmodel.latency.source import decoder_latency, view_latency
 from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives, tensor_parallel_steps
 from perfmodel.latency.traced import TracedStep
 from perfmodel.models.config import load_model
@@ -139,7 +139,7 @@ def point_steps(
         from decoder.trace import trace_step  # torch loads only when a step is traced
 
         shard = model.shard(tp)
-        source = view_latency(device, shard, dtype, latency)
+        source = decoder_latency(device, shard, dtype, latency)
         regime = None if regime is None else Launch.parse(regime)
         tracer = trace_step if regime is None else functools.partial(trace_step, launch=regime)
         traced = TracedStep(shard, source, dtype, tracer, cuda_graph=cuda_graph, regime=regime, host=host)

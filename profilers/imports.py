@@ -2,6 +2,10 @@
 
     python -m profilers.imports vidur FILE... --gpu NAME --out FILE.csv
     python -m profilers.imports aiconfigurator [--systems SYSTEM ...] [--out DIR]
+    python -m profilers.imports campaign FOLDER [--out DIR]
+
+A campaign of this project's own (python -m profilers.campaign) is kept as the torch stack of
+its device: profilers.campaign_stack says how.
 
 Vidur (github.com/microsoft/vidur, MIT licence) ships per-layer operator latencies measured
 on A100 and H100 GPUs: `data/profiling/compute/<device>/<model>/mlp.csv`, one row per
@@ -73,6 +77,7 @@ from perfmodel.measured.vidur import (
 )
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.operators import cost_of, op_kernels
+from profilers.campaign_stack import campaign_stack
 from profilers.import_aiconfigurator import PACKAGE, import_systems, installed_data
 
 MODEL_COLUMNS = [c for c in SHAPE_COLUMNS if c not in ("num_tokens", "num_tensor_parallel_workers")]
@@ -289,7 +294,29 @@ def build_parser() -> Parser:
         what="the measurements folder (<device>/aiconfigurator/...)",
         value=MEASUREMENTS_DIR,
     )
+    campaign = sources.add_parser(
+        "campaign",
+        help="a GPU campaign's folder as the torch stack of its device (profilers/campaign_stack.py)",
+        description="Keep a campaign's GEMM and attention rows as the stack torch-<version> of its device: the "
+        "reference decoder's own kernels, for its own predictions.",
+    )
+    campaign.add_argument("folder", type=Path, metavar="FOLDER", help="the campaign's --out folder")
+    options.out(
+        campaign,
+        "profilers/measurements",
+        what="the measurements folder (<device>/torch/torch-<version>/)",
+        value=MEASUREMENTS_DIR,
+    )
     return p
+
+
+def import_campaign(args) -> int:
+    stack = campaign_stack(args.folder)
+    folder = stack.write(args.out)
+    rows, left_out = stack.provenance["rows"], stack.provenance["left_out"]
+    print(f"{folder}: {', '.join(f'{name} {count} rows' for name, count in rows.items())}")
+    print(f"left out: {left_out['gemm']} GEMM and {left_out['attention']} attention rows {left_out['why']}")
+    return 0
 
 
 def import_aiconfigurator_tables(args) -> int:
@@ -308,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.source == "aiconfigurator":
         return import_aiconfigurator_tables(args)
+    if args.source == "campaign":
+        return import_campaign(args)
     if args.out.suffix not in (".csv", ".parquet"):
         raise PerfkitError(f"--out {args.out}: use a .csv or .parquet file name")
     imported = [import_vidur(path, args.gpu, args.run_id, args.commit) for path in args.files]

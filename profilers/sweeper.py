@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.hardware.ceilings import Ceilings
 from perfmodel.measured.contract import contract_fields
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, Grid
@@ -37,7 +38,7 @@ TIMER_MODES = ("auto", "events", "graph")
 GRAPH_BELOW_S = 50e-6
 # An event-timed median this many times its roofline floor (bytes at the measured bandwidth,
 # FLOPs at the measured peak) holds gaps between the op's kernels, not work: time it in a graph.
-FAR_ABOVE_FLOOR = 4.0
+FAR_ABOVE_FLOOR = 2.0
 MAX_GRAPH_COPIES = 64
 
 
@@ -100,15 +101,12 @@ def sweep_grid(
 
 
 def floor_seconds(bench, ceilings: dict | None) -> float | None:
-    """The least time `bench` can take at the measured ceilings: its bytes at the best measured
-    bandwidth or its FLOPs at the dtype's measured peak, whichever is longer. None without
-    measured ceilings."""
+    """The least time `bench` can take at the measured ceilings (Ceilings.floor_seconds);
+    None without measured ceilings."""
     if not ceilings or not ceilings.get("bandwidth_gb_s"):
         return None
     cost = cost_of(bench.kernels, bench.dtype)
-    floor = cost.bytes / (max(ceilings["bandwidth_gb_s"].values()) * 1e9)
-    peak = (ceilings.get("peak_tflops") or {}).get(bench.dtype)
-    return max(floor, cost.flops / (peak * 1e12)) if peak else floor
+    return float(Ceilings.from_dict(ceilings).floor_seconds(cost.flops, cost.bytes, bench.dtype))
 
 
 def retime_in_graph(median_s: float, floor_s: float | None) -> bool:

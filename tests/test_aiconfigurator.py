@@ -25,7 +25,7 @@ def test_every_imported_system_ships_its_stacks_with_provenance_and_licence():
         stacks = shipped_stacks(device)
         engines = {s.engine for s in stacks}
         assert {"vllm", "sglang", "trtllm", "nccl"} <= engines, device
-        for stack in stacks:
+        for stack in (s for s in stacks if not s.is_torch):  # the project's own campaigns: tests/test_torch_stack.py
             assert stack.provenance["system"] == system
             assert stack.provenance["package"].startswith("aiconfigurator-core ")
             assert stack.provenance["licence"].startswith("Apache-2.0")

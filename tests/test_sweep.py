@@ -336,7 +336,7 @@ def test_interleaved_points_finish_with_min_reps_when_the_caller_took_no_rounds(
 
 def test_event_timings_far_above_their_floor_are_retimed_in_a_graph():
     # an H100's ceilings: a 4096 x 4096 fp16 GEMV reads 32 MiB, ~11 us at 3 TB/s
-    ceilings = {"bandwidth_gb_s": {"copy": 3000.0}, "peak_tflops": {"fp16": 770.0}}
+    ceilings = {"device": "h100-sxm", "bandwidth_gb_s": {"copy": 3000.0}, "peak_tflops": {"fp16": 770.0}}
     gemv = OpBenchmark(dataclasses.replace(TINY, hidden_size=4096), "q", "decode", 1, 8, 1, "fp16", "cuda")
     floor = sweeper.floor_seconds(gemv, ceilings)
     cost = op_cost("q", "decode", gemv.model, "fp16", 1, 8, 1)

@@ -33,7 +33,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import preflight
 from perfmodel.cli.parser import TP_HELP, batch_size, positive_int, positive_number, token_count, tp_degree
-from perfmodel.latency.gemm_grid import ENGINES, VIDUR
+from perfmodel.latency.gemm_grid import ENGINES, TORCH, VIDUR
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.latency.source import LATENCY_CHOICES
 from perfmodel.models.config import PRESETS
@@ -250,10 +250,11 @@ def latency(target: Target) -> None:
     target.add_argument(
         "--stack",
         metavar="STACK",
-        help=f"whose GPU measurements to predict: {', '.join((VIDUR, *ENGINES))} (the harness of Vidur's per-model "
-        "profiles, or an engine's device-wide GEMM grid from aiconfigurator-core), or an engine-version such as "
-        "vllm-0.24.0 (default: the device's per-model profiles where it has them, else its first engine grid in "
-        "that order); the latency label names it",
+        help=f"whose GPU measurements to predict: {', '.join((VIDUR, *ENGINES, TORCH))} (the harness of Vidur's "
+        "per-model profiles, an engine's device-wide GEMM grid from aiconfigurator-core, or this project's own GPU "
+        "campaign: torch's kernels, as the reference decoder runs them), or a stack-version such as vllm-0.24.0 "
+        "(default: the device's per-model profiles where it has them, else its first engine grid in that order; "
+        "the reference decoder's traced step: the device's torch stack where it has one); the latency label names it",
     )
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from perfmodel.hardware.specs import HardwareSpec
 
 
@@ -31,6 +33,14 @@ class Ceilings:
     def bandwidth(self) -> float:
         """The best sustained bandwidth measured, bytes/s."""
         return max(self.bandwidth_gb_s.values()) * 1e9
+
+    def floor_seconds(self, flops, nbytes, dtype: str):
+        """The least time work of `flops` and `nbytes` can take at these ceilings: its bytes at
+        the best measured bandwidth, or its FLOPs at the dtype's measured peak, whichever is
+        longer (the bytes alone where the dtype's peak was not measured). Arrays broadcast."""
+        floor = np.asarray(nbytes, dtype=float) / self.bandwidth
+        peak = self.peak_tflops.get(dtype)
+        return np.maximum(floor, np.asarray(flops, dtype=float) / (peak * 1e12)) if peak else floor
 
     @property
     def gemv_bandwidth_gb_s(self) -> float:

@@ -58,6 +58,12 @@ group x q_len lies beyond the measured groups (llama-2-70b's 8 x 64 candidates =
 128), are flagged outside. Tree-masked sdpa measured on a GPU
 (profilers.campaign) would test the mapping.
 
+A torch stack (this project's own campaign, profilers.campaign_stack) measured the tree step
+itself, torch's masked sdpa at 16-112 candidates: there the tree step is linear in the tree's
+size between the two measured sizes around it (decode is the tree of 1), each size's table
+read as above, and past the largest size that size's time scaled by the roofline (outside);
+never faster than decode.
+
 The paper's step prices attention as two ops, qk and pv (ATTENTION_OPS). `attention_op_time`
 splits the fused measured time between them in proportion to their roofline times
 (op_kernels' two matmuls), so qk + pv is the measured fused time; in prefill the measured
@@ -182,33 +188,34 @@ class HeadGrid:
 class KernelTable:
     """One phase's measured kernel (decode or prefill) of one stack, by head configuration."""
 
-    phase: str  # decode or prefill
+    phase: str  # decode, prefill, or tree (a torch stack's measured tree step)
     spec: HardwareSpec
     dtype: str
     grids: dict[tuple[int, int], HeadGrid] = field(repr=False)
     clamped: int = 0  # measured points under their speed-of-light floor, raised to it
     points: int = 0  # measured points
+    q_len: int = 1  # query tokens per sequence outside prefill: 1 in decode, the tree's size in a tree table
 
     @classmethod
-    def of(cls, frame: pd.DataFrame, phase: str, spec: HardwareSpec, dtype: str) -> KernelTable:
+    def of(cls, frame: pd.DataFrame, phase: str, spec: HardwareSpec, dtype: str, q_len: int = 1) -> KernelTable:
         keys = ["num_heads", "num_kv_heads", "batch", "kv_len"]
         # Repeats of a point: their median; two kernel sources for one point: the faster.
         per_source = frame.groupby([*keys, "kernel_source"], as_index=False)["time_s"].median()
         best = per_source.groupby(keys, as_index=False)["time_s"].min()
         columns = (best[c].to_numpy(dtype=np.int64) for c in keys)
-        floor = attention_floor(phase, *columns, spec, dtype)
+        floor = attention_floor(phase, *columns, spec, dtype, q_len)
         clamped = int((best["time_s"].to_numpy() < floor).sum())
         best = best.assign(time_s=np.maximum(best["time_s"].to_numpy(), floor))
         exponent = 2.0 if phase == "prefill" else 1.0
         grids = {(int(h), int(kv)): HeadGrid.of(part, exponent) for (h, kv), part in best.groupby(keys[:2])}
-        return cls(phase, spec, dtype, grids, clamped, len(best))
+        return cls(phase, spec, dtype, grids, clamped, len(best), q_len)
 
     def without(self, heads: int, kv_heads: int) -> KernelTable:
         """This table less one head configuration (to predict it from the others)."""
         return replace(self, grids={k: g for k, g in self.grids.items() if k != (heads, kv_heads)})
 
     def roofline(self, batch, length, heads, kv_heads) -> np.ndarray:
-        q_len = length if self.phase == "prefill" else 1
+        q_len = length if self.phase == "prefill" else self.q_len
         kernel = FusedAttention(batch, heads, kv_heads, q_len, length, HEAD_DIM, causal=self.phase == "prefill")
         return np.asarray(kernel_time(kernel, self.dtype, self.spec, RooflineParams()), dtype=float)
 
@@ -288,6 +295,8 @@ class AttentionTable:
     kernel_sources: tuple[str, ...]
     decode: KernelTable = field(repr=False)
     prefill: KernelTable = field(repr=False)
+    # A torch stack's measured tree steps, one table per tree size (ascending); engines' stacks have none
+    tree: tuple[KernelTable, ...] = field(default=(), repr=False)
 
     @property
     def stack(self) -> str:
@@ -297,15 +306,16 @@ class AttentionTable:
     def label(self) -> str:
         system = self.source.provenance.get("system", self.device)
         served = f", {self.table_dtype} tables serving {self.dtype}" if self.dtype != self.table_dtype else ""
-        clamped = self.decode.clamped + self.prefill.clamped
+        tables = (self.decode, self.prefill, *self.tree)
+        clamped = sum(t.clamped for t in tables)
         floor = (
-            f"; {clamped} of {self.decode.points + self.prefill.points} points under the speed-of-light floor raised "
-            "to it"
+            f"; {clamped} of {sum(t.points for t in tables)} points under the speed-of-light floor raised to it"
             if clamped
             else ""
         )
+        phases = "decode/tree/prefill" if self.tree else "decode/prefill"
         return (
-            f"decode/prefill attention measured by {self.source.engine} {self.source.version} harness on {system} "
+            f"{phases} attention measured by {self.source.engine} {self.source.version} harness on {system} "
             f"({self.source.package}; kernel {', '.join(self.kernel_sources)}{served}{floor})"
         )
 
@@ -328,12 +338,39 @@ class AttentionTable:
         if phase == "decode":
             seconds, outside = self.decode.predict(b, s, h, kv)
             return np.maximum(seconds, floor), outside
+        if self.tree:
+            return self._measured_tree(b, s, q, h, kv, floor)
         # The decode kernel with group x q query rows (module doc), no faster than the decode
         # step, from the configurations of the model's own kernel class (the ceiling).
         decode, decode_outside = self.decode.predict(b, s, h, kv)
         own = decode * self.decode.roofline(b, s, h * q, kv) / self.decode.roofline(b, s, h, kv)
         mapped, mapped_outside = self.decode.predict(b, s, h * q, kv, ceiling=SWITCH * own)
         return np.maximum(np.maximum(decode, mapped), floor), decode_outside | mapped_outside
+
+    def _measured_tree(self, b, s, q, h, kv, floor) -> tuple[np.ndarray, np.ndarray]:
+        """A tree step from measured tree steps (a torch stack's): linear in the tree's size
+        between the two measured sizes around it (decode is the tree of 1); past the largest,
+        that one's time scaled by the roofline (flagged outside). No faster than decode."""
+        b, s, q, h, kv = np.broadcast_arrays(b, s, q, h, kv)
+        tables = (self.decode, *self.tree)
+        sizes = np.array([t.q_len for t in tables])
+        seconds, outside = np.empty(b.shape), np.zeros(b.shape, dtype=bool)
+        for size in np.unique(q):
+            at = q == size
+            args = (b[at], s[at], h[at], kv[at])
+            hi = min(int(np.searchsorted(sizes, size)), len(tables) - 1)
+            lo = hi if sizes[hi] <= size else hi - 1
+            upper, upper_out = tables[hi].predict(*args)
+            if sizes[hi] < size:  # past the largest measured tree
+                own = replace(tables[hi], q_len=int(size))
+                upper = upper * own.roofline(*args) / tables[hi].roofline(*args)
+                seconds[at], outside[at] = upper, True
+                continue
+            lower, lower_out = tables[lo].predict(*args)
+            share = 0.0 if hi == lo else (size - sizes[lo]) / (sizes[hi] - sizes[lo])
+            seconds[at], outside[at] = lower + share * (upper - lower), lower_out | upper_out
+        decode, _ = self.decode.predict(b, s, h, kv)
+        return np.maximum(np.maximum(seconds, decode), floor), outside
 
     def decode_time(self, batch, kv_len, heads, kv_heads, head_dim=HEAD_DIM) -> np.ndarray:
         """Seconds of decode attention (one query token per sequence)."""
@@ -433,7 +470,12 @@ def attention_table(device_key: str, stack_name: str | None = None, dtype: str =
     frames = {phase: f[(f["dtype"] == table_dtype) & (f["head_dim"] == HEAD_DIM)] for phase, f in frames.items()}
     sources = tuple(sorted(set(frames["decode"]["kernel_source"]) | set(frames["prefill"]["kernel_source"])))
     kernels = {phase: KernelTable.of(f, phase, spec, table_dtype) for phase, f in frames.items()}
-    return AttentionTable(spec.key, stack, dtype, table_dtype, sources, kernels["decode"], kernels["prefill"])
+    tree = ()
+    if stack.has("tree_attention"):
+        rows = stack.table("tree_attention")
+        rows = rows[(rows["dtype"] == table_dtype) & (rows["head_dim"] == HEAD_DIM)]
+        tree = tuple(KernelTable.of(part, "tree", spec, table_dtype, int(q)) for q, part in rows.groupby("q_len"))
+    return AttentionTable(spec.key, stack, dtype, table_dtype, sources, kernels["decode"], kernels["prefill"], tree)
 
 
 def measured_attention_rows(

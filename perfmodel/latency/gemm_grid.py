@@ -21,7 +21,8 @@ The grid measures m (token rows) = 1-17, then both sides of each tile edge (32/3
 
 A stack is named by its engine (`vllm`, `sglang`, `trtllm`) or engine and version
 (`vllm-0.24.0`); `vidur` names the per-model profiles (perfmodel.latency.gemm_table), which are
-another harness. Which harness measured a number is part of what it means: the same GEMM
+another harness, and `torch` (`torch-2.11.0`) this project's own GPU campaigns
+(profilers.campaign_stack), whose GEMMs are priced as per-model profiles are, not as a grid. Which harness measured a number is part of what it means: the same GEMM
 differs between them by 10-30% (python -m perfmodel.latency_check prints the offsets).
 """
 
@@ -43,6 +44,7 @@ from perfmodel.measured.store import stored_profiles
 # engine, and the harness closest to Vidur's, which was built on vLLM's kernels).
 ENGINES = ("vllm", "sglang", "trtllm")
 VIDUR = "vidur"
+TORCH = "torch"  # this project's own campaigns (perfmodel.measured.aiconfigurator.TORCH_ENGINE)
 # 16-bit GEMMs run on the same tensor cores at the same rate in fp16 and bf16; the grids hold bf16.
 SIXTEEN_BIT = ("fp16", "bf16")
 
@@ -120,10 +122,17 @@ class GemmGrid:
 
 def stack_names(device_key: str) -> list[str]:
     """The stacks with GEMM measurements of a device: vidur (per-model profiles) first, then
-    the engines' grids in ENGINES order."""
+    the engines' grids in ENGINES order, then this project's own (torch-<version>)."""
     names = [VIDUR] if stored_profiles(device_key) else []
     grids = [s.stack for s in shipped_stacks(device_key) if s.has("gemm")]
     return names + sorted(grids, key=lambda s: (ENGINES.index(s.split("-")[0]) if s.split("-")[0] in ENGINES else 9, s))
+
+
+def torch_stack(device_key: str) -> str | None:
+    """The device's newest torch stack (this project's own campaign: the reference decoder's
+    kernels), None without one."""
+    own = [n for n in stack_names(device_key) if n.split("-")[0] == TORCH]
+    return own[-1] if own else None
 
 
 def resolve_stack(device_key: str, stack: str | None) -> str | None:
@@ -147,7 +156,8 @@ def gemm_grid(device_key: str, stack: str, dtype: str) -> GemmGrid | None:
     if dtype not in SIXTEEN_BIT:
         return None
     for shipped in shipped_stacks(device_key):
-        if shipped.stack == stack and shipped.has("gemm"):
+        # a torch stack holds the GEMMs a campaign timed, not a grid (its latency is a GemmTable)
+        if shipped.stack == stack and shipped.has("gemm") and not shipped.is_torch:
             table = shipped.table("gemm")
             wanted = dtype if (table["dtype"] == dtype).any() else "bf16"
             return GemmGrid.of(shipped, wanted)
@@ -156,5 +166,5 @@ def gemm_grid(device_key: str, stack: str, dtype: str) -> GemmGrid | None:
 
 def default_grid(device_key: str, dtype: str) -> GemmGrid | None:
     """The device's first engine grid (ENGINES order), for combining with per-model profiles."""
-    engines = [n for n in stack_names(device_key) if n != VIDUR]
+    engines = [n for n in stack_names(device_key) if n.split("-")[0] in ENGINES]
     return gemm_grid(device_key, engines[0], dtype) if engines else None

@@ -16,6 +16,7 @@ from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec, resolve_spec
 from perfmodel.latency.fit import GEMM_BOUNDS, fit_key, fit_roofline_params, remembered_fit
 from perfmodel.latency.roofline import kernel_time
+from perfmodel.measured.aiconfigurator import contract_rows, shipped_stacks
 from perfmodel.measured.store import stored_profiles, user_fits_dir
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, Matmul, op_kernels, query_len
@@ -43,9 +44,18 @@ def row_model(row: pd.Series) -> ModelConfig:
 
 
 def gemm_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """Measured linear-op rows as single GEMMs: k, n (the weight), m (tokens), time_s."""
+    """Measured linear-op rows and single-GEMM rows (op `gemm`, with their n and k) as single
+    GEMMs: k, n (the weight), m (tokens), time_s."""
     linear = rows[rows["op"].isin(LINEAR_OPS)]
     out = []
+    single = rows[rows["op"] == "gemm"]
+    if len(single):
+        m = single["batch"].to_numpy(dtype=np.int64) * single["seq_len"].to_numpy(dtype=np.int64)
+        out.append(
+            pd.DataFrame(
+                {"k": single["k"].to_numpy(), "n": single["n"].to_numpy(), "m": m, "time_s": single["time_s"].to_numpy()}
+            )
+        )
     for _, group in linear.groupby("model", sort=False):
         model = row_model(group.iloc[0])
         for (op, phase), part in group.groupby(["op", "phase"]):
@@ -170,6 +180,23 @@ def calibration_of(device_key: str, dtype: str) -> GemmTable | None:
     if rows is None or not (rows["dtype"] == dtype).any():
         return None
     return GemmTable.of(rows[rows["dtype"] == dtype], resolve_spec(device_key, None), dtype, origin)
+
+
+@functools.lru_cache(maxsize=16)
+def stack_calibration(device_key: str, stack: str, dtype: str) -> GemmTable | None:
+    """The calibration on a torch stack's GEMMs (a campaign's, perfmodel.measured.aiconfigurator
+    reads them), fitted once per process; None where the stack holds no GEMMs in `dtype` or
+    its 16-bit twin (the same tensor-core rate)."""
+    shipped = [s for s in shipped_stacks(device_key) if s.stack == stack and s.has("gemm")]
+    if not shipped:
+        return None
+    rows = contract_rows(shipped[0], "gemm")
+    twin = {"fp16": "bf16", "bf16": "fp16"}.get(dtype)
+    wanted = dtype if (rows["dtype"] == dtype).any() else twin
+    if wanted is None or not (rows["dtype"] == wanted).any():
+        return None
+    spec = resolve_spec(device_key, None)
+    return GemmTable.of(rows[rows["dtype"] == wanted], spec, dtype, shipped[0].describe())
 
 
 def profile_rows(device_key: str) -> tuple[pd.DataFrame | None, str]:

@@ -56,14 +56,23 @@ from perfmodel.latency.attention_table import HEAD_DIM, AttentionTable, attentio
 from perfmodel.latency.attention_table import OPS as MEASURED_ATTENTION_OPS
 from perfmodel.latency.gemm_grid import (
     ENGINES,
+    TORCH,
     VIDUR,
     GemmGrid,
     default_grid,
     gemm_grid,
     resolve_stack,
     stack_names,
+    torch_stack,
 )
-from perfmodel.latency.gemm_table import GemmTable, fit_params, profile_rows, same_shard, stored_calibration
+from perfmodel.latency.gemm_table import (
+    GemmTable,
+    fit_params,
+    profile_rows,
+    same_shard,
+    stack_calibration,
+    stored_calibration,
+)
 from perfmodel.latency.roofline import RooflineLatency, speed_of_light
 from perfmodel.latency.transfer import TransferredGemm, transferred_gemm
 from perfmodel.measured.device_view import DeviceView
@@ -253,6 +262,12 @@ def latency_source(
         rows = measurements if rows is None else pd.concat([measurements, rows], ignore_index=True)
         rows = rows[rows["dtype"] == dtype]
         table = GemmTable.of(rows, spec, dtype, "given measurements" + (f" + {origin}" if origin else ""))
+    elif chosen is not None and chosen.split("-")[0] == TORCH:
+        table = stack_calibration(spec.key, chosen, dtype)
+        if table is not None:
+            attention = attention_table(spec.key, chosen, dtype)
+            mode = "calibrated" if source == "calibrated" else "measured"
+            return LatencyModel(spec, model, dtype, mode, table, None, table.params, chosen, None, attention)
     elif chosen not in (None, VIDUR):
         grid = gemm_grid(spec.key, chosen, dtype)
         if grid is not None:
@@ -314,6 +329,18 @@ def grid_params(grid: GemmGrid, spec: HardwareSpec) -> RooflineParams:
 def measured_devices() -> list[str]:
     """Every device with GEMM measurements of some stack (per-model profiles or a grid)."""
     return [key for key in sorted(load_all_specs()) if stack_names(key)]
+
+
+def decoder_latency(view: DeviceView, model: ModelConfig, dtype: str, source: str = "auto") -> LatencyModel:
+    """The latency of the reference decoder's own kernels (its traced step): the device's
+    torch stack, this project's campaign of torch's GEMMs and masked attention, where it has
+    one and neither a stack, the datasheet nor this machine's own sweep was asked for; else
+    view_latency's. Engine stacks price engines, whose kernels the decoder does not run."""
+    stack = getattr(source, "stack", None)
+    given = view.measured is not None and len(view.measured)
+    if stack is None and str(source) != "datasheet" and not view.is_cpu and not given:
+        stack = torch_stack(view.spec.key)
+    return view_latency(view, model, dtype, source, stack)
 
 
 def view_latency(

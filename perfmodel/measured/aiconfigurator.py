@@ -72,11 +72,17 @@ TABLE_COLUMNS = {
     "gemm": GEMM_COLUMNS,
     "generation_attention": ATTENTION_COLUMNS,
     "context_attention": ATTENTION_COLUMNS,
+    "tree_attention": ["q_len", *ATTENTION_COLUMNS],  # a torch stack's only (profilers.campaign_stack)
     "all_reduce": ALL_REDUCE_COLUMNS,
     "all_gather": ALL_REDUCE_COLUMNS,
     "custom_all_reduce": ALL_REDUCE_COLUMNS,
 }
 FOLDER = "aiconfigurator"
+# This project's own GPU campaigns, kept in the same table format as a stack named
+# torch-<version> (profilers.campaign_stack): the reference decoder's kernels.
+TORCH_ENGINE = "torch"
+TORCH_FOLDER = "torch"
+STACK_FOLDERS = (FOLDER, TORCH_FOLDER)
 
 
 @dataclass(frozen=True)
@@ -304,6 +310,11 @@ class ShippedStack:
     def package(self) -> str:
         return self.provenance.get("package", PACKAGE)
 
+    @property
+    def is_torch(self) -> bool:
+        """This project's own harness and torch's kernels (a campaign), not an engine's."""
+        return self.engine == TORCH_ENGINE
+
     def has(self, table: str) -> bool:
         return (self.folder / f"{table}.parquet").is_file()
 
@@ -325,11 +336,12 @@ class ShippedStack:
 
 
 def shipped_stacks(device_key: str, roots: list[Path] | None = None) -> list[ShippedStack]:
-    """The imported aiconfigurator stacks of a device (<root>/<device>/aiconfigurator/<stack>/),
-    the user's first; a stack shipped in two roots is the user's."""
+    """The stacks of a device: aiconfigurator's imported ones (<root>/<device>/aiconfigurator/
+    <stack>/) and this project's campaigns (<root>/<device>/torch/torch-<version>/), the
+    user's first; a stack shipped in two roots is the user's."""
     found: dict[str, ShippedStack] = {}
     for root in roots or measurement_roots():
-        for folder in sorted((root / device_key / FOLDER).glob("*")):
+        for folder in sorted(f for parent in STACK_FOLDERS for f in (root / device_key / parent).glob("*")):
             provenance_path = folder / "provenance.json"
             if folder.name in found or not provenance_path.is_file():
                 continue

@@ -12,6 +12,7 @@ so that the analytic core prices trace tables without importing the decoder.
 from __future__ import annotations
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.source import decoder_latency
 from perfmodel.latency.tensor_parallel import TensorParallelStep, tensor_parallel_steps
 from perfmodel.latency.traced import TracedStep, Tracer
 from perfmodel.measured.device_view import DeviceView
@@ -50,9 +51,11 @@ def flavor_steps(
     tracer: Tracer | None = None,
 ) -> dict[str, TensorParallelStep]:
     """One step model per flavour, in the order asked, for `model` split tp ways on `view`:
-    the shard timed by the view's latency source (one source for every flavour) plus its
-    all-reduces where tp > 1 (perfmodel.latency.tensor_parallel). tracer: (model, batch,
-    context, candidates, dtype) -> trace table, needed by the traced flavour."""
+    the shard timed by the view's latency source (one source for every flavour but the
+    traced one, which is the reference decoder's step on its own kernels: the device's torch
+    stack where it has one, perfmodel.latency.source.decoder_latency) plus its all-reduces
+    where tp > 1 (perfmodel.latency.tensor_parallel). tracer: (model, batch, context,
+    candidates, dtype) -> trace table, needed by the traced flavour."""
     flavors = check_flavors(flavors)
     check_tracer(flavors, tracer)
     # The shard, its latency source and all-reduces as tensor_parallel_steps chooses them
@@ -60,6 +63,7 @@ def flavor_steps(
     priced = tensor_parallel_steps(view, model, dtype, tp, latency, [*(f for f in flavors if f != "traced"), "full"])
     if "traced" in flavors:
         full = priced["full"]
-        traced = TracedStep(full.shard_step.model, full.shard_step.latency, dtype, tracer)
+        own = decoder_latency(view, full.shard_step.model, dtype, latency)
+        traced = TracedStep(full.shard_step.model, own, dtype, tracer)
         priced["traced"] = TensorParallelStep(traced, tp, full.all_reduce, dtype, full.gather)
     return {f: priced[f] for f in flavors}
