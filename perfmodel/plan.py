@@ -106,6 +106,7 @@ def build_parser() -> Parser:
     )
     options.latency(p)
     options.step(p, choices=WHOLE_STEP_FLAVORS, default="full")
+    options.launch(p, default=None)
     options.csv(p, "the bands table (device x batch)")
     options.json_output(p, "the plan and the serving answer (with its schedules)")
     p.add_argument(
@@ -114,12 +115,13 @@ def build_parser() -> Parser:
     return p
 
 
-def plan_tracer():
+def plan_tracer(launch: str | None = None):
     """The decoder's tracer for --step traced (each configuration traced once; a context past
-    the model's trained one priced as the full step prices it)."""
+    the model's trained one priced as the full step prices it), tracing the step of the launch
+    regime asked for (the eager loop by default)."""
     from decoder.trace import StepTracer  # torch loads only when a step is traced
 
-    return StepTracer(beyond_context=True)
+    return StepTracer(beyond_context=True, launch=launch or "eager")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("at least one --gpu or --spec is required")
     settings = options.workload_settings(args, args.throughput)
     devices = [*(args.gpu or ()), *(args.spec or ())]
-    tracer = plan_tracer() if args.step == "traced" else None
+    if args.launch and args.step != "traced":
+        p.error(f"--launch {args.launch} prices the traced step's launches: use --step traced (not {args.step})")
+    tracer = plan_tracer(args.launch) if args.step == "traced" else None
     result = plan(
         args.model,
         devices,
@@ -150,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         step=args.step,
         tracer=tracer,
         medusa=settings.medusa,
+        launch=args.launch,
     )
     answer = None
     if settings.serving is not None:
@@ -168,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             args.reserve,
             args.step,
             tracer,
+            args.launch,
         )
     if args.json:
         print(

@@ -132,6 +132,25 @@ def test_the_plan_command_takes_the_traced_step(capsys):
     assert "traced step: " in shown and "Bands on a100-pcie" in shown
 
 
+def test_the_plan_prices_the_traced_step_in_a_launch_regime_and_names_it(a100, capsys):
+    kwargs = dict(batches=[1, 8], sizes=(1, 16), latency="auto")
+    graph = plan(BUNDLED, [a100], step="traced", tracer=StepTracer(beyond_context=True, launch="graph"), launch="graph", **kwargs)
+    eager = plan(BUNDLED, [a100], step="traced", tracer=StepTracer(beyond_context=True, launch="eager"), launch="eager", **kwargs)
+    label = graph.devices["latency_model"].iloc[0]
+    assert label.startswith("traced step (graph: the static step replayed from a CUDA graph")
+    assert eager.devices["latency_model"].iloc[0].startswith("traced step (eager: the reference decoder's loop")
+    steps = flavor_steps(a100, BUNDLED, "fp16", 1, "auto", ("traced",), StepTracer(beyond_context=True, launch="graph"), "graph")
+    configs = graph.configs
+    expected = steps["traced"].step_time(configs["batch"], graph.workload.step_context, configs["tree_size"])
+    np.testing.assert_allclose(configs["medusa_step_s"], expected, rtol=1e-12)
+    # a step with no launches of its own to price, or a regime nobody knows: one line each
+    one_line_error(lambda: plan(BUNDLED, [a100], launch="graph", **kwargs), "--launch graph", "--step traced")
+    one_line_error(lambda: plan(BUNDLED, [a100], step="traced", tracer=StepTracer(), launch="jit", **kwargs), "'jit'")
+    with pytest.raises(SystemExit):
+        plan_main(["--model", "bundled", "--gpu", "a100", "--launch", "graph"])
+    assert "--launch graph prices the traced step's launches: use --step traced" in capsys.readouterr().err
+
+
 def test_a_report_priced_by_the_traced_step_recommends_from_it(tmp_path, monkeypatch, capsys):
     small_grid(monkeypatch, simulations)
     # 4.8 GB of KV cache per 9,216-token sequence: one fits on an RTX 4090, a plan of one batch to trace

@@ -58,6 +58,7 @@ import pandas as pd
 from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, describe_acceptance, medusa_acceptance
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.latency.source import LATENCY_CHOICES
 from perfmodel.measured.device_view import DeviceView, resolve_devices
@@ -68,7 +69,7 @@ from perfmodel.planning.medusa_setting import check_medusa
 from perfmodel.planning.memory import DEFAULT_RESERVE
 from perfmodel.planning.result import DEVICE_COLUMNS, PlanResult
 from perfmodel.planning.simulations import CANDIDATE_SIZES
-from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS, check_flavors, check_tracer
+from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS, check_flavors, check_launch_step, check_tracer
 
 # batches=None plans every power of two up to the device's max batch, and that batch.
 DEFAULT_BATCHES = None
@@ -92,6 +93,7 @@ def plan(
     step: str = "full",
     tracer=None,
     medusa: str = "auto",
+    launch: Launch | str | None = None,
 ) -> PlanResult:
     """Plan serving `model` on each of `devices` (see the module docstring for the model).
 
@@ -118,7 +120,9 @@ def plan(
     whole model's operator inventory, or "traced", every kernel of the reference decoder's
     step, which needs `tracer` (decoder.trace.StepTracer; python -m perfmodel.plan --step
     traced hands it in). medusa: "auto" (the best tree or none per batch), "on" (the best
-    tree per batch even where plain decoding is faster) or "off" (plain decoding).
+    tree per batch even where plain decoding is faster) or "off" (plain decoding). launch:
+    the launch regime the traced step is priced in end to end (perfmodel.base.launch.Launch:
+    eager, static or graph, its tracer tracing that regime's step), None for its kernels' sum.
 
     Raises PerfkitError for bad input, and when the model fits on none of the devices.
     """
@@ -150,6 +154,7 @@ def plan(
         raise PerfkitError(f"unknown latency source {latency!r}; choose from: {', '.join(LATENCY_CHOICES)}")
     check_flavors([step], WHOLE_STEP_FLAVORS)
     check_tracer([step], tracer)
+    launch = check_launch_step(launch, step)
     if tensor_parallel is not None:
         model.shard(tensor_parallel)  # one line naming the degrees that split the model
     rows, bands, configs = [], [], []
@@ -157,7 +162,7 @@ def plan(
         if params is not None:
             view = dataclasses.replace(view, params=params)
         setting = Setting(
-            model, view, view_dtype, workload, accept, batches, sizes, memory_reserve, latency, step, tracer, medusa
+            model, view, view_dtype, workload, accept, batches, sizes, memory_reserve, latency, step, tracer, medusa, launch
         )
         row, device_bands, device_configs = (
             plan_device(setting, tensor_parallel) if tensor_parallel else plan_device_auto_tp(setting)

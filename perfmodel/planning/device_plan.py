@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from perfmodel.base.launch import Launch
 from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.latency.tensor_parallel import usable_degrees
 from perfmodel.measured.device_view import DeviceView
@@ -39,6 +40,7 @@ class Setting:
     step: str = "full"  # the step flavour (perfmodel.planning.step_models): full or traced
     tracer: object = None  # the traced flavour's tracer (perfmodel.latency.traced.Tracer)
     medusa: str = "auto"  # auto: a tree where it wins; on: a tree at every batch; off: none
+    launch: Launch | None = None  # the traced step's launch regime (None: its kernels' sum)
 
 
 # tensor_parallel=None tries these degrees (those that split the model and fit).
@@ -153,12 +155,15 @@ def plan_device(setting: Setting, tp: int):
         return row | NO_RECOMMENDATION, None, None
 
     planned = batch_grid(setting.batches, fit.max_batch)
-    step = flavor_steps(setting.view, model, dtype, tp, setting.latency, [setting.step], setting.tracer)[setting.step]
+    step = flavor_steps(
+        setting.view, model, dtype, tp, setting.latency, [setting.step], setting.tracer, setting.launch
+    )[setting.step]
     table = speedup_table(step, accept, planned, w.step_context, sizes).sort_values(
         ["batch", "tree_size"], ignore_index=True
     )
     table.insert(0, "device", spec.key)
-    row["latency_model"] = step.label if setting.step == "full" else f"{setting.step} step: {step.label}"
+    regime = f" ({step.shard_step.launch_label})" if setting.launch is not None else ""
+    row["latency_model"] = step.label if setting.step == "full" else f"{setting.step} step{regime}: {step.label}"
     kv = table["batch"] * fit.kv_token * (w.kv_tokens + table["tree_size"] - 1)
     table["memory_gb"] = (fit.weights + fit.heads + kv) / GB
     table["fits"] = table["memory_gb"] * GB <= fit.usable

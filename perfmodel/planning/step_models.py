@@ -12,6 +12,7 @@ so that the analytic core prices trace tables without importing the decoder.
 from __future__ import annotations
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.latency.source import decoder_latency
 from perfmodel.latency.tensor_parallel import TensorParallelStep, tensor_parallel_steps
 from perfmodel.latency.traced import TracedStep, Tracer
@@ -41,6 +42,17 @@ def check_tracer(flavors, tracer) -> None:
         )
 
 
+def check_launch_step(launch: Launch | str | None, step: str) -> Launch | None:
+    """The launch regime as a Launch (None stays None), refused in one line for a step other
+    than the traced one: only the reference decoder's traced step has launches to price."""
+    if launch is None:
+        return None
+    launch = Launch.parse(launch)
+    if step != "traced":
+        raise PerfkitError(f"--launch {launch} prices the traced step's launches: use --step traced (not {step})")
+    return launch
+
+
 def flavor_steps(
     view: DeviceView,
     model: ModelConfig,
@@ -49,13 +61,16 @@ def flavor_steps(
     latency: str = "auto",
     flavors=("full",),
     tracer: Tracer | None = None,
+    launch: Launch | None = None,
 ) -> dict[str, TensorParallelStep]:
     """One step model per flavour, in the order asked, for `model` split tp ways on `view`:
     the shard timed by the view's latency source (one source for every flavour but the
     traced one, which is the reference decoder's step on its own kernels: the device's torch
     stack where it has one, perfmodel.latency.source.decoder_latency) plus its all-reduces
     where tp > 1 (perfmodel.latency.tensor_parallel). tracer: (model, batch, context,
-    candidates, dtype) -> trace table, needed by the traced flavour."""
+    candidates, dtype) -> trace table, needed by the traced flavour. launch: the regime the
+    traced step is priced in end to end (perfmodel.latency.traced.TracedStep.regime; None: its
+    kernels' sum), its tracer tracing that regime's step."""
     flavors = check_flavors(flavors)
     check_tracer(flavors, tracer)
     # The shard, its latency source and all-reduces as tensor_parallel_steps chooses them
@@ -64,6 +79,6 @@ def flavor_steps(
     if "traced" in flavors:
         full = priced["full"]
         own = decoder_latency(view, full.shard_step.model, dtype, latency)
-        traced = TracedStep(full.shard_step.model, own, dtype, tracer)
+        traced = TracedStep(full.shard_step.model, own, dtype, tracer, regime=launch)
         priced["traced"] = TensorParallelStep(traced, tp, full.all_reduce, dtype, full.gather)
     return {f: priced[f] for f in flavors}

@@ -22,13 +22,14 @@ import pandas as pd
 from perfmodel.acceptance.rates import AcceptanceChoice, medusa_acceptance
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.latency.tensor_parallel import usable_degrees
 from perfmodel.measured.device_view import DeviceView, resolve_devices
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.planning.medusa_setting import check_medusa
 from perfmodel.planning.memory import memory_fit
 from perfmodel.planning.schedule import SpeculationSchedule, build_schedule, view_evidence
-from perfmodel.planning.step_models import flavor_steps
+from perfmodel.planning.step_models import check_launch_step, flavor_steps
 from perfmodel.serving.costs import ServingCosts, tabulate_costs
 from perfmodel.serving.simulator import EngineConfig, ServingRun, simulate
 from perfmodel.serving.workload import Requests, ServingWorkload, Targets
@@ -181,6 +182,7 @@ def replica(
     max_seqs: int = 256,
     step: str = "full",
     tracer=None,
+    launch: Launch | None = None,
 ) -> Replica:
     """The costs of `model` split tp ways on `view` with Medusa `medusa`: the step at the
     schedule's tree for every batch up to what the KV cache holds (at most max_seqs) and every
@@ -196,7 +198,7 @@ def replica(
             f"left on {where} for sequences of {kv_tokens:,} (p95) tokens"
         )
         return Replica(view, tp, dtype, medusa, None, None, note)
-    steps = flavor_steps(view, model, dtype, tp, latency, dict.fromkeys([step, "full"]), tracer)
+    steps = flavor_steps(view, model, dtype, tp, latency, dict.fromkeys([step, "full"]), tracer, launch)
     seqs = int(min(max_seqs, capacity // max(1, round(workload.prompt.mean + workload.output.mean))))
     max_context = int(workload.prompt.p95 + workload.output.p95) * 2
     schedule = build_schedule(
@@ -286,6 +288,7 @@ def serve(
     reserve: float = 0.1,
     step: str = "full",
     tracer=None,
+    launch: Launch | str | None = None,
 ) -> ServingAnswer:
     """Search every device x tensor-parallel degree (the one given, or each usable degree of
     1, 2, 4, 8) x Medusa setting (off, and `medusa` unless it is off) for the capacity within
@@ -295,8 +298,11 @@ def serve(
     DeviceViews (perfmodel.measured.device_view.resolve_devices). acceptance: a preset or a
     decoder.measure record (perfmodel.acceptance.rates.resolve_acceptance). dtype None: each
     device's default. The target rate is the workload's rate (a trace's own where none is
-    given), or the rate that makes targets.tokens_s where that is higher."""
+    given), or the rate that makes targets.tokens_s where that is higher. step, tracer, launch:
+    the step flavour, the traced one's tracer and launch regime, as perfmodel.planning.capacity.plan
+    takes them."""
     check_medusa(medusa)
+    launch = check_launch_step(launch, step)
     model = model if isinstance(model, ModelConfig) else load_model(model)
     views = resolve_devices(devices)
     dtypes = [check_dtype(dtype) if dtype else default_dtype(view) for view in views]
@@ -322,7 +328,19 @@ def serve(
         for mode in modes:
             for tp in degrees:
                 rep = replica(
-                    model, view, view_dtype, tp, mode, choice, workload, latency, reserve, engine.max_seqs, step, tracer
+                    model,
+                    view,
+                    view_dtype,
+                    tp,
+                    mode,
+                    choice,
+                    workload,
+                    latency,
+                    reserve,
+                    engine.max_seqs,
+                    step,
+                    tracer,
+                    launch,
                 )
                 options.append(answer(rep, requests, targets, engine, target_rate))
     return ServingAnswer(model.name, workload.describe(), targets, engine, choice.label, target_rate, tuple(options))
