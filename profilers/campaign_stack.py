@@ -32,7 +32,7 @@ import pandas as pd
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import replaced_atomically
 from perfmodel.hardware.ceilings import Ceilings
-from perfmodel.measured.aiconfigurator import TABLE_COLUMNS, TORCH_ENGINE, TORCH_FOLDER
+from perfmodel.measured.aiconfigurator import TORCH_ENGINE, TORCH_FOLDER
 from perfmodel.measured.contract import significant
 from perfmodel.measured.store import measured_rows, read_meta
 from perfmodel.models.config import load_model
@@ -170,7 +170,9 @@ def campaign_stack(folder: str | Path) -> CampaignStack:
     """The torch stack of one campaign folder (its model sweeps, GEMM grid and run metadata)."""
     folder = Path(folder)
     if not (folder / "campaign.json").is_file():
-        raise PerfkitError(f"{folder}: not a campaign folder (no campaign.json); give python -m profilers.campaign's --out")
+        raise PerfkitError(
+            f"{folder}: not a campaign folder (no campaign.json); give python -m profilers.campaign's --out"
+        )
     sweeps = _sweeps(folder, "attention") + _sweeps(folder, "linear")
     if not sweeps:
         raise PerfkitError(f"{folder}: no model sweeps (*-linear.csv, *-attention.csv) in it")
@@ -190,7 +192,9 @@ def campaign_stack(folder: str | Path) -> CampaignStack:
         "machine": {k: info.get(k) for k in ("name", "driver", "cuda", "python", "torch", "power_limit_w", "uuid")},
         "timer_mode": run.get("timer_mode", ""),
         "tables": {
-            "gemm": [str(p.relative_to(folder)) for p in [*_sweeps(folder, "linear"), *(folder / "gemm").glob("*.csv")]],
+            "gemm": [
+                str(p.relative_to(folder)) for p in [*_sweeps(folder, "linear"), *(folder / "gemm").glob("*.csv")]
+            ],
             "attention": [str(p.relative_to(folder)) for p in _sweeps(folder, "attention")],
         },
         "rows": {name: len(frame) for name, frame in tables.items()},

@@ -18,8 +18,8 @@ from perfmodel.latency.attention_table import attention_table
 from perfmodel.latency.gemm_grid import resolve_stack, stack_names, torch_stack
 from perfmodel.latency.source import LatencyChoice, decoder_latency, latency_source, view_latency
 from perfmodel.measured.device_view import gpu_view
-from perfmodel.models.operators import op_kernels
 from perfmodel.models.config import load_model
+from perfmodel.models.operators import op_kernels
 from profilers.campaign_stack import campaign_stack
 from profilers.imports import main as imports_main
 

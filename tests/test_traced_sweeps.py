@@ -134,12 +134,18 @@ def test_the_plan_command_takes_the_traced_step(capsys):
 
 def test_the_plan_prices_the_traced_step_in_a_launch_regime_and_names_it(a100, capsys):
     kwargs = dict(batches=[1, 8], sizes=(1, 16), latency="auto")
-    graph = plan(BUNDLED, [a100], step="traced", tracer=StepTracer(beyond_context=True, launch="graph"), launch="graph", **kwargs)
-    eager = plan(BUNDLED, [a100], step="traced", tracer=StepTracer(beyond_context=True, launch="eager"), launch="eager", **kwargs)
+    graph = plan(
+        BUNDLED, [a100], step="traced", tracer=StepTracer(beyond_context=True, launch="graph"), launch="graph", **kwargs
+    )
+    eager = plan(
+        BUNDLED, [a100], step="traced", tracer=StepTracer(beyond_context=True, launch="eager"), launch="eager", **kwargs
+    )
     label = graph.devices["latency_model"].iloc[0]
     assert label.startswith("traced step (graph: the static step replayed from a CUDA graph")
     assert eager.devices["latency_model"].iloc[0].startswith("traced step (eager: the reference decoder's loop")
-    steps = flavor_steps(a100, BUNDLED, "fp16", 1, "auto", ("traced",), StepTracer(beyond_context=True, launch="graph"), "graph")
+    steps = flavor_steps(
+        a100, BUNDLED, "fp16", 1, "auto", ("traced",), StepTracer(beyond_context=True, launch="graph"), "graph"
+    )
     configs = graph.configs
     expected = steps["traced"].step_time(configs["batch"], graph.workload.step_context, configs["tree_size"])
     np.testing.assert_allclose(configs["medusa_step_s"], expected, rtol=1e-12)

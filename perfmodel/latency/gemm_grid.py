@@ -22,8 +22,9 @@ The grid measures m (token rows) = 1-17, then both sides of each tile edge (32/3
 A stack is named by its engine (`vllm`, `sglang`, `trtllm`) or engine and version
 (`vllm-0.24.0`); `vidur` names the per-model profiles (perfmodel.latency.gemm_table), which are
 another harness, and `torch` (`torch-2.11.0`) this project's own GPU campaigns
-(profilers.campaign_stack), whose GEMMs are priced as per-model profiles are, not as a grid. Which harness measured a number is part of what it means: the same GEMM
-differs between them by 10-30% (python -m perfmodel.latency_check prints the offsets).
+(profilers.campaign_stack), whose GEMMs are priced as per-model profiles are, not as a grid.
+Which harness measured a number is part of what it means: the same GEMM differs between them
+by 10-30% (python -m perfmodel.latency_check prints the offsets).
 """
 
 from __future__ import annotations

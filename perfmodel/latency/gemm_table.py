@@ -53,7 +53,12 @@ def gemm_rows(rows: pd.DataFrame) -> pd.DataFrame:
         m = single["batch"].to_numpy(dtype=np.int64) * single["seq_len"].to_numpy(dtype=np.int64)
         out.append(
             pd.DataFrame(
-                {"k": single["k"].to_numpy(), "n": single["n"].to_numpy(), "m": m, "time_s": single["time_s"].to_numpy()}
+                {
+                    "k": single["k"].to_numpy(),
+                    "n": single["n"].to_numpy(),
+                    "m": m,
+                    "time_s": single["time_s"].to_numpy(),
+                }
             )
         )
     for _, group in linear.groupby("model", sort=False):

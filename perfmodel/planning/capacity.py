@@ -162,7 +162,19 @@ def plan(
         if params is not None:
             view = dataclasses.replace(view, params=params)
         setting = Setting(
-            model, view, view_dtype, workload, accept, batches, sizes, memory_reserve, latency, step, tracer, medusa, launch
+            model,
+            view,
+            view_dtype,
+            workload,
+            accept,
+            batches,
+            sizes,
+            memory_reserve,
+            latency,
+            step,
+            tracer,
+            medusa,
+            launch,
         )
         row, device_bands, device_configs = (
             plan_device(setting, tensor_parallel) if tensor_parallel else plan_device_auto_tp(setting)

@@ -1,0 +1,147 @@
+"""Each launch regime's measured error: a twin run's steps priced by the model alone, in the
+regime they ran in.
+
+    python -m profilers.closed_loop.regimes --gpu NAME [RUN.csv...] [--host-dispatch FILE]
+
+A twin run (`python -m perfmodel.validate --weights dummy --csv RUN.csv`) measured the wall
+time of each step of the reference decoder at Llama shapes, in one launch regime (its `launch`
+column; runs written before that column ran eager). Here each of its steps is priced as
+`python -m perfmodel.speedup --tree-size T --launch R` prices it, from nothing of the run but
+its shapes (batch, tree size, context): that regime's step traced (decoder.trace), its
+kernels priced on the device's own-kernel stack (perfmodel.latency.source.decoder_latency:
+the torch stack where the device has one), eager and static steps through the host and
+device queues (perfmodel.latency.pipeline) at the host's per-op costs (the spec's
+`kernel_launch_us`, or a measured `--host-dispatch` file of that host), a graph step as its
+kernels, each a graph node. The twin's own prediction (kernels replayed on the device, an
+in-step factor) is another thing: profilers.closed_loop.twin_results prints it. Without
+RUN.csv files, every twin run shipped for the device (profilers/measurements/<device>/*/twin/).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from decoder.trace import StepTracer
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
+from perfmodel.cli import Parser, options, run
+from perfmodel.latency.pipeline import HostCosts
+from perfmodel.latency.source import decoder_latency
+from perfmodel.latency.traced import TracedStep
+from perfmodel.measured.device_view import gpu_view
+from perfmodel.measured.store import MEASUREMENTS_DIR
+from perfmodel.models.config import load_model
+from profilers.closed_loop.results import read_runs
+
+# The issue's targets: a CUDA-graph step within 10%, an eager (or static) one within 15%.
+TARGETS = {Launch.GRAPH: 0.10, Launch.EAGER: 0.15, Launch.STATIC: 0.15}
+
+
+def run_launch(run: pd.DataFrame) -> Launch:
+    """The regime a twin run's steps ran in (eager for runs from before the column)."""
+    values = set(run["launch"].dropna()) if "launch" in run else set()
+    if len(values) > 1:
+        raise PerfkitError(f"one run holds steps of several launch regimes: {', '.join(sorted(values))}")
+    return Launch.parse(values.pop() if values else "eager")
+
+
+def priced_run(run: pd.DataFrame, device: str, host: HostCosts | None) -> pd.DataFrame:
+    """The run's steps with the model's price of each in the run's regime."""
+    launch = run_launch(run)
+    view = gpu_view(device, None, [])
+    out = []
+    for (name, dtype), steps in run.groupby(["model", "dtype"], sort=False):
+        model = load_model(name)
+        latency = decoder_latency(view, model, dtype)
+        tracer = StepTracer(beyond_context=True, launch=launch)
+        step = TracedStep(model, latency, dtype, tracer, regime=launch, host=host)
+        predicted = step.step_time(steps["batch"], steps["context"], steps["tree_size"])
+        out.append(
+            steps.assign(
+                launch=str(launch),
+                model_step_s=predicted,
+                model_error=predicted / steps["measured_step_s"].to_numpy() - 1,
+                latency=latency.label,
+                host=step.host_costs().label(),
+            )
+        )
+    return pd.concat(out, ignore_index=True)
+
+
+def table_text(priced: pd.DataFrame) -> str:
+    shown = pd.DataFrame(
+        {
+            "run": priced["run"],
+            "launch": priced["launch"],
+            "batch": priced["batch"],
+            "tree": priced["tree_size"],
+            "context": priced["context"],
+            "measured ms": (priced["measured_step_s"] * 1e3).round(1),
+            "model ms": (priced["model_step_s"] * 1e3).round(1),
+            "error": (priced["model_error"] * 100).map(lambda e: f"{e:+.1f}%"),
+        }
+    )
+    return shown.to_string(index=False)
+
+
+def summary_lines(priced: pd.DataFrame) -> list[str]:
+    lines = []
+    for launch, part in priced.groupby("launch", sort=False):
+        errors = part["model_error"].abs()
+        target = TARGETS.get(Launch.parse(launch))
+        within = int((errors <= target).sum()) if target is not None else 0
+        lines.append(
+            f"{launch}: {len(part)} steps, median |error| {np.median(errors):.1%}, max {errors.max():.1%}"
+            + (f"; within {target:.0%}: {within} of {len(part)}" if target is not None else "")
+        )
+    return lines
+
+
+def shipped_runs(device: str) -> list[Path]:
+    """The twin runs shipped for a device, oldest folder first (folders are named by date)."""
+    key = gpu_view(device, None, []).spec.key
+    runs = [p for p in sorted(MEASUREMENTS_DIR.glob(f"{key}/*/twin/*.csv")) if not p.stem.endswith("-classes")]
+    if not runs:
+        raise PerfkitError(
+            f"no twin runs are shipped for {key} (profilers/measurements/{key}/*/twin/): give RUN.csv files"
+        )
+    return runs
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m profilers.closed_loop.regimes", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "runs",
+        nargs="*",
+        type=Path,
+        metavar="RUN.csv",
+        help="twin runs (perfmodel.validate --csv; default: every one shipped for the --gpu)",
+    )
+    p.add_argument("--gpu", required=True, metavar="NAME", help="the GPU the runs were measured on (e.g. h100)")
+    options.host_dispatch(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    host = HostCosts.from_json(args.host_dispatch) if args.host_dispatch else None
+    paths = args.runs or shipped_runs(args.gpu)
+    runs = read_runs(paths)
+    priced = pd.concat(
+        [priced_run(run.assign(run=path.parent.parent.name), args.gpu, host) for path, run in zip(paths, runs)],
+        ignore_index=True,
+    )
+    first = priced.iloc[0]
+    print(f"each step priced by the model alone in its run's regime; latency: {first['latency']}")
+    print(f"host: {first['host']}")
+    print(table_text(priced))
+    print("\n".join(summary_lines(priced)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))

@@ -1,0 +1,52 @@
+"""Each launch regime's error from the model alone (profilers.closed_loop.regimes): a twin
+run's measured steps beside the traced step's price in the regime they ran in."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from decoder.trace import StepTracer
+from perfmodel.base.errors import PerfkitError
+from perfmodel.cli import run
+from perfmodel.latency.source import decoder_latency
+from perfmodel.latency.traced import TracedStep
+from perfmodel.measured.device_view import gpu_view
+from perfmodel.models.config import load_model
+from profilers.closed_loop import regimes
+
+RUN = regimes.MEASUREMENTS_DIR / "h100-sxm/gpu-check-2026-11-27/twin/llama-2-7b-fp16.csv"
+
+
+def test_each_step_is_priced_in_its_runs_regime_from_its_shape_alone():
+    run_rows = pd.read_csv(RUN)
+    priced = regimes.priced_run(run_rows, "h100", None)
+    assert set(priced["launch"]) == {"eager"}  # a run from before the launch column ran eager
+    model = load_model("llama-2-7b")
+    step = TracedStep(
+        model,
+        decoder_latency(gpu_view("h100", None, []), model, "fp16"),
+        "fp16",
+        StepTracer(beyond_context=True),
+        regime="eager",
+    )
+    row = priced.iloc[-1]
+    expected = float(step.step_time(row["batch"], row["context"], row["tree_size"]))
+    assert row["model_step_s"] == pytest.approx(expected, rel=1e-12)
+    assert row["model_error"] == pytest.approx(expected / row["measured_step_s"] - 1)
+    assert "torch 2.11.0+cu130 harness" in row["latency"] and "kernel_launch_us" in row["host"]
+
+
+def test_the_command_prices_every_shipped_run_and_sums_up_each_regime(capsys):
+    assert run(regimes.main, ["--gpu", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "campaign-2026-11-24" in out and "gpu-check-2026-11-27" in out
+    assert "eager: 28 steps, median |error|" in out and "within 15%:" in out
+
+
+def test_a_run_of_two_regimes_or_a_device_without_runs_is_one_line():
+    mixed = pd.read_csv(RUN).assign(launch=["eager", "graph"] * 4)
+    with pytest.raises(PerfkitError, match="several launch regimes: eager, graph"):
+        regimes.run_launch(mixed)
+    with pytest.raises(PerfkitError, match="no twin runs are shipped for a100-sxm"):
+        regimes.shipped_runs("a100-sxm")
