@@ -38,6 +38,7 @@ from operator import attrgetter
 import numpy as np
 import pandas as pd
 import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -55,7 +56,8 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import writable_file, write_csv
 from perfmodel.cli import Parser, options, run
-from perfmodel.latency.traced import KINDS, TRACE_COLUMNS
+from perfmodel.latency.kinds import KINDS, kernel_rows
+from perfmodel.latency.traced import TRACE_COLUMNS
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.operators import HEAD_TOP_K
 
@@ -310,6 +312,9 @@ class StepRecorder(TorchDispatchMode):
         # Tensors holding positions (argmax, ...) by id, kept alive so that no id is reused
         # (meta tensors cost no memory); a WeakSet would compare tensors with ==.
         self.positions: dict[int, torch.Tensor] = {}
+        # Inside a composite operator's decomposition (linear's transpose and mm): its views are
+        # the composite's own doing, in C++, not ops the host dispatches from Python.
+        self.composite_depth = 0
 
     @contextmanager
     def phase(self, part: str) -> Iterator[None]:
@@ -335,8 +340,12 @@ class StepRecorder(TorchDispatchMode):
         if synced is not None:
             return synced
         if func.has_kernel_for_dispatch_key(COMPOSITE):
-            with self:  # linear, matmul, to, item, ...: their parts come back through this mode
-                return func.decompose(*args, **kwargs)
+            self.composite_depth += 1
+            try:
+                with self:  # linear, matmul, to, item, ...: their parts come back through this mode
+                    return func.decompose(*args, **kwargs)
+            finally:
+                self.composite_depth -= 1
         out = func(*args, **kwargs)
         inputs, outputs = tensors_in((args, kwargs)), tensors_in(out)
         if not outputs or not on_device(inputs + outputs):
@@ -344,6 +353,8 @@ class StepRecorder(TorchDispatchMode):
         if packet in NO_KERNEL:
             if any(id(t) in self.positions for t in inputs):
                 self._hold_positions(outputs)  # a view of positions still holds positions
+            if not self.composite_depth:
+                self._host_only(op_name(func), "view", dtype_name(outputs[0].dtype))
             return out
         if packet in POSITIONS:
             self._hold_positions(t for t in outputs if not t.is_floating_point())
@@ -372,6 +383,16 @@ class StepRecorder(TorchDispatchMode):
                 **values,
             )
         )
+
+    def _host_only(self, name: str, kind: str, dtype: str = "") -> None:
+        """A row of the host's work alone (perfmodel.latency.kinds.HOST_ONLY_KINDS): no kernel,
+        nothing to replay."""
+        self.tags.append(self.tag)
+        self.rows.append(TraceRow(self.step, len(self.rows), self.part, name, kind, dtype))
+
+    def module_call(self, module: torch.nn.Module) -> None:
+        """An nn.Module called: the host's bookkeeping around its forward."""
+        self._host_only(type(module).__name__, "module")
 
     def _kernel(self, func, packet: str, args: tuple, kwargs: dict, inputs: list[torch.Tensor], outputs: list):
         kind = KIND_OF.get(packet)
@@ -489,19 +510,22 @@ def check_step(model: ModelConfig, batch: int, context: int, candidates: int, dt
 
 
 @contextmanager
-def layer_tags(decoder: Decoder, recorder: StepRecorder) -> Iterator[None]:
-    """Tag the rows each decoder layer dispatches with ("layer", i), through module hooks
-    (removed on leaving, so a decoder is traced again cleanly)."""
+def module_calls(decoder: Decoder, recorder: StepRecorder) -> Iterator[None]:
+    """Record every nn.Module call as a host-only `module` row, and tag the rows each decoder
+    layer dispatches with ("layer", i), its own call's row included, through global module
+    hooks (removed on leaving, so a decoder is traced again cleanly)."""
+    layers = {id(layer): i for i, layer in enumerate(decoder.model.model.layers)}
 
-    def enter(i):
-        return lambda module, args: setattr(recorder, "tag", ("layer", i))
+    def enter(module, args):
+        if id(module) in layers:
+            recorder.tag = ("layer", layers[id(module)])
+        recorder.module_call(module)
 
     def leave(module, args, output):
-        recorder.tag = None
+        if id(module) in layers:
+            recorder.tag = None
 
-    handles = []
-    for i, layer in enumerate(decoder.model.model.layers):
-        handles += [layer.register_forward_pre_hook(enter(i)), layer.register_forward_hook(leave)]
+    handles = [register_module_forward_pre_hook(enter), register_module_forward_hook(leave)]
     try:
         yield
     finally:
@@ -530,7 +554,7 @@ def run_step(
     accept, settings = ACCEPT[acceptance], AcceptanceConfig(scheme=acceptance)
     generator = torch.Generator().manual_seed(0)  # on the host, as generate's
     looped = range(batch if sequences is None else min(sequences, batch))
-    with torch.inference_mode(), HostLists(), recorder, layer_tags(decoder, recorder):
+    with torch.inference_mode(), HostLists(), recorder, module_calls(decoder, recorder):
         with recorder.phase("candidates"):
             buffers, candidates = decoder._candidates(roots, last_hidden, static, 0, topk)
         with recorder.phase("forward"):
@@ -556,7 +580,7 @@ def run_static_step(
     step = StaticStep(decoder, static, batch, context + 2 * static.size + 1, settings, topk, Launch.STATIC, None)
     step.buffers.lengths.fill_(context)
     recorder.cold |= {t.untyped_storage()._cdata for t in (step.buffers.cache.k, step.buffers.cache.v)}
-    with torch.inference_mode(), HostLists(), recorder, layer_tags(decoder, recorder):
+    with torch.inference_mode(), HostLists(), recorder, module_calls(decoder, recorder):
         with recorder.phase("candidates"):
             candidates = step.candidates()
         with recorder.phase("forward"):
@@ -696,6 +720,12 @@ class StepTracer:
         return self._decoders[built]
 
 
+def host_only_text(trace: pd.DataFrame) -> str:
+    """How many host-only ops beside the kernels: views and module calls."""
+    counts = trace["kind"].value_counts()
+    return f"{counts.get('view', 0)} views and {counts.get('module', 0)} module calls on the host alone"
+
+
 def kernel_summary(trace: pd.DataFrame) -> pd.DataFrame:
     """Per step and kind (in KINDS order, every kind listed): kernels, bytes and FLOPs."""
     totals = trace.groupby(["step", "kind"], sort=False)[["index", "bytes", "flops"]].agg(
@@ -737,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
         step = trace["step"].iloc[0]
         print(
             f"{model.name} {step} step, batch {args.batch}, context {args.context}, {size} token(s) per sequence, "
-            f"{dtype}: {len(trace)} kernels, traced in {seconds:.2f} s"
+            f"{dtype}: {len(kernel_rows(trace))} kernels ({host_only_text(trace)}), traced in {seconds:.2f} s"
         )
         summary = kernel_summary(trace).drop(columns="step")
         print(summary.to_string(index=False, formatters={"bytes": "{:,}".format, "flops": "{:,}".format}))

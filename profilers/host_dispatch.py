@@ -8,12 +8,16 @@ the host's: Python, torch's dispatcher and, on a GPU, the launch call.
 - reduction: torch.sum of an 8-element tensor
 - indexing: torch.index_select of 3 of 8 elements
 - copy: an 8-element tensor's clone
-- gemm: torch.mm of two 8 x 8 matrices
+- gemm: F.linear of an 8 x 8 input and weight (the decoder's linear layers call it)
 - attention: F.scaled_dot_product_attention of a (1, 1, 1, 8) query over (1, 1, 8, 8) keys
   and values with a bool mask
 - host_sync: int(t) of a one-element tensor: the device-to-host read of one value, the wait
   included (on CUDA, a read after an empty queue). The kernel that computed the value is a
   row of its own in a trace (a reduction, an argmax), priced by its own class.
+- view: `m[0]`, a row of an 8 x 8 tensor: an op dispatched from Python that launches no
+  kernel (the decoder's indexing, reshapes and transposes)
+- module: the call of an nn.Identity module: what calling any nn.Module costs around its
+  forward (its hooks and bookkeeping), the ops inside it counted apart
 - python: one item of a pure-Python loop (a list append and an int add), seconds per item:
   what a loop over sequences costs beside the ops it issues.
 
@@ -73,7 +77,7 @@ from profilers.device import check_device
 
 # The classes in the order they are timed and shown: every kind the host pipeline prices
 # (HOST_KINDS; tests/test_host_pipeline.py checks they are the same).
-CLASSES = ("elementwise", "reduction", "indexing", "copy", "gemm", "attention", "host_sync", PYTHON)
+CLASSES = ("elementwise", "reduction", "indexing", "copy", "gemm", "attention", "host_sync", "view", "module", PYTHON)
 CALLS, QUICK_CALLS = 2000, 500
 ROUNDS, QUICK_ROUNDS = 5, 3
 WARMUP = 50
@@ -198,14 +202,17 @@ def tiny_ops(torch, device: str) -> dict[str, Callable[[], object]]:
     k, v = torch.rand(1, 1, 8, 8, device=device), torch.rand(1, 1, 8, 8, device=device)
     mask = torch.ones(1, 1, 1, 8, dtype=torch.bool, device=device)
     value = torch.ones(1, dtype=torch.int64, device=device)
+    identity = torch.nn.Identity()
     return {
         "elementwise": lambda: torch.add(a, b),
         "reduction": lambda: torch.sum(a),
         "indexing": lambda: torch.index_select(a, 0, index),
         "copy": lambda: a.clone(),
-        "gemm": lambda: torch.mm(m1, m2),
+        "gemm": lambda: functional.linear(m1, m2),
         "attention": lambda: functional.scaled_dot_product_attention(q, k, v, attn_mask=mask),
         "host_sync": lambda: int(value),
+        "view": lambda: m1[0],
+        "module": lambda: identity(a),
         PYTHON: _python_item(),
     }
 

@@ -15,6 +15,7 @@ import pytest
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
 from perfmodel.hardware.efficiencies import RooflineParams
+from perfmodel.latency.kinds import HOST_ONLY_KINDS, TRACE_KINDS
 from perfmodel.latency.pipeline import (
     HOST_KINDS,
     HostCosts,
@@ -23,7 +24,9 @@ from perfmodel.latency.pipeline import (
     price_pipeline,
     run_pipeline,
 )
-from perfmodel.latency.traced import KINDS, TRACE_COLUMNS, price_trace
+from perfmodel.latency.source import latency_source
+from perfmodel.latency.traced import TRACE_COLUMNS, price_trace
+from perfmodel.models.config import load_model
 from profilers import host_dispatch
 from profilers.host_dispatch import CLASSES, HostDispatch, measure_host_dispatch
 from tests.helpers import one_line_error
@@ -173,7 +176,22 @@ def test_a_priced_step_through_the_pipeline():
 
 
 def test_the_host_prices_every_kind_a_trace_has_and_the_benchmark_times_them_all():
-    assert set(KINDS) | {"python"} == set(HOST_KINDS) == set(CLASSES)
+    assert set(TRACE_KINDS) | {"python"} == set(HOST_KINDS) == set(CLASSES)
+
+
+def test_host_only_ops_cost_the_host_alone():
+    from decoder.trace import trace_step  # torch: the decoder's own tracer
+
+    trace = trace_step(load_model("llama-7b"), 1, 512, 1)
+    priced = price_trace(trace, latency_source("h100", "llama-7b", "fp16"), "fp16")
+    host_only = priced["kind"].isin(HOST_ONLY_KINDS).to_numpy()
+    # no time in a kernels' sum, none on the device
+    assert host_only.sum() > 1000 and (priced.loc[host_only, "time_s"] == 0).all()
+    assert (device_seconds(priced)[host_only] == 0).all()
+    # the host pays each at its kind's cost: views 1 us, module calls 2 us, the rest free
+    only = price_pipeline(priced.assign(time_s=0.0), costs(view=1 * US, module=2 * US))
+    counts = priced["kind"].value_counts()
+    assert only.host_busy_s == pytest.approx(counts["view"] * US + counts["module"] * 2 * US)
 
 
 def test_bad_host_costs_are_one_line_errors(tmp_path):

@@ -11,6 +11,7 @@ import torch
 
 from decoder.trace import trace_step
 from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.kinds import HOST_ONLY_KINDS, kernel_rows
 from perfmodel.latency.source import latency_source
 from perfmodel.latency.traced import TRACE_COLUMNS, price_trace
 from perfmodel.models.config import load_model
@@ -21,7 +22,8 @@ BUNDLED = load_model("bundled")
 
 @pytest.fixture(scope="module")
 def bundled_trace() -> pd.DataFrame:
-    return trace_step(BUNDLED, 2, 40, 8, "fp32")
+    """The kernels of a step (its host-only rows, with nothing to replay, left out)."""
+    return kernel_rows(trace_step(BUNDLED, 2, 40, 8, "fp32"))
 
 
 def args_of(call: str) -> list:
@@ -29,7 +31,9 @@ def args_of(call: str) -> list:
 
 
 def test_every_call_of_a_medusa_step_replays_and_is_timed(bundled_trace):
-    kernels = KernelTimes.of([bundled_trace], "cpu", cache_bytes=1 << 20)
+    whole = trace_step(BUNDLED, 2, 40, 8, "fp32")
+    assert (whole.loc[whole["kind"].isin(HOST_ONLY_KINDS), "call"] == "").all()  # views, module calls: no kernel
+    kernels = KernelTimes.of([whole], "cpu", cache_bytes=1 << 20)
     assert kernels.failed == {}
     times = kernels.times()
     assert kernels.rounds >= kernels.timer.min_reps

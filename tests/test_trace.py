@@ -12,9 +12,10 @@ import pytest
 import decoder.trace
 from decoder.acceptance import SCHEMES
 from decoder.medusa import STEP_PARTS
-from decoder.trace import StepTracer, TraceRow, kernel_summary, main, trace_step, trace_unrolled
+from decoder.trace import NO_KERNEL, StepTracer, TraceRow, kernel_summary, main, trace_step, trace_unrolled
 from perfmodel.cli import run
-from perfmodel.latency.traced import KINDS, TRACE_COLUMNS
+from perfmodel.latency.kinds import HOST_ONLY_KINDS, KINDS, TRACE_KINDS, kernel_rows
+from perfmodel.latency.traced import TRACE_COLUMNS
 from perfmodel.models.config import load_model
 from tests.helpers import one_line_error
 
@@ -47,9 +48,13 @@ def test_rows_are_kernels_in_dispatch_order(plain, medusa):
         assert tuple(trace.columns) == TRACE_COLUMNS
         assert set(trace["step"]) == {step}
         assert trace["index"].tolist() == list(range(len(trace)))
-        assert set(trace["kind"]) <= set(KINDS)
+        assert set(trace["kind"]) <= set(TRACE_KINDS)
         assert not trace.attrs["unclassified"], trace.attrs["unclassified"]  # every op of a llama step is known
-        assert not {a.split(".")[0] for a in trace["aten"]} & VIEWS  # views launch no kernel
+        assert not {a.split(".")[0] for a in kernel_rows(trace)["aten"]} & VIEWS  # views launch no kernel
+        views = trace[trace["kind"] == "view"]
+        assert {a.split(".")[0] for a in views["aten"]} <= VIEWS | NO_KERNEL
+        host_only = trace[trace["kind"].isin(HOST_ONLY_KINDS)]
+        assert (host_only["call"] == "").all() and (host_only[["bytes", "flops"]] == 0).all().all()
         order = trace["part"].map(STEP_PARTS.index)
         assert order.is_monotonic_increasing  # the step's parts, one after the other
 
@@ -62,7 +67,7 @@ def test_a_plain_step_runs_every_layer_and_the_lm_head_on_one_token(plain):
     assert set(gemms["part"]) == {"forward"} and set(gemms["aten"]) == {"mm"} and set(gemms["batch"]) == {1}
     assert (gemms["flops"] == 2 * gemms["m"] * gemms["n"] * gemms["k"]).all()
     # Its candidate is the root the host chose: one host-to-device copy, nothing else.
-    candidates = plain[plain["part"] == "candidates"]
+    candidates = kernel_rows(plain[plain["part"] == "candidates"])
     assert candidates[["aten", "kind", "shapes"]].values.tolist() == [["_to_copy", "copy", "[1] host->device"]]
     down = gemms.iloc[6]
     assert down["bytes"] == 2 * (1 * FF + FF * H + 1 * H) and down["shapes"] == "[1,11008]x[11008,4096]"
@@ -150,7 +155,23 @@ def test_kernel_summary_totals_every_kind_of_each_step(plain, medusa):
     assert list(zip(summary["step"], summary["kind"])) == [(s, k) for s in ("plain", "medusa") for k in KINDS]
     gemm = summary[(summary["step"] == "plain") & (summary["kind"] == "gemm")].iloc[0]
     assert gemm["kernels"] == 225 and gemm["flops"] == plain.loc[plain["kind"] == "gemm", "flops"].sum()
-    assert summary["kernels"].sum() == len(both) and summary["bytes"].sum() == both["bytes"].sum()
+    assert summary["kernels"].sum() == len(kernel_rows(both)) and summary["bytes"].sum() == both["bytes"].sum()
+
+
+def test_the_hosts_own_work_is_in_the_trace_module_calls_and_views(plain):
+    modules = plain[plain["kind"] == "module"]["aten"].value_counts().to_dict()
+    # every layer's modules, once per layer, and the model's own: the embedding, final norm and LM head
+    assert modules == {
+        "Linear": LAYERS * 7 + 1,
+        "RMSNorm": LAYERS * 2 + 1,
+        "DecoderLayer": LAYERS,
+        "Attention": LAYERS,
+        "MLP": LAYERS,
+        "Embedding": 1,
+    }
+    views = plain[plain["kind"] == "view"]
+    # a linear layer's transpose is inside F.linear (C++), not an op the host dispatches from Python
+    assert "t" not in set(views["aten"]) and len(views) > LAYERS * 10
 
 
 def test_the_command_writes_both_steps(tmp_path, capsys):

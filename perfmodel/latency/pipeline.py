@@ -37,8 +37,9 @@ takes every segment's maximum at once: no Python loop over ops (5,000 ops with 4
 syncs in 0.1-0.2 ms on a busy two-core AMD EPYC VM; the same recurrence as a Python loop
 takes 1-2 ms there).
 
-What the host pays per op (HostCosts): seconds per op issued, by kernel kind (HOST_KINDS:
-perfmodel.latency.traced's kinds), and seconds per item of a pure-Python loop (`python`),
+What the host pays per op (HostCosts): seconds per op issued, by kind (HOST_KINDS: the
+kernels and the host-only ops of perfmodel.latency.kinds: a view or other op that launches
+no kernel, an nn.Module call), and seconds per item of a pure-Python loop (`python`),
 as `python -m profilers.host_dispatch` measures them on a host. That command writes a JSON
 file whose keys are defined here (HOST_JSON_*, KEY_*), so the two cannot disagree on them;
 HostCosts.from_json reads it.
@@ -50,7 +51,8 @@ memory-bound kernel it prices by bytes over bandwidth, and prices a host sync as
 launch whole. In this model the host pays for launching, so price_pipeline takes the launch
 cost price_trace charged (`launch_s`: perfmodel.latency.traced.launch_costs(latency).eager_s)
 off those rows, and a host sync runs 0 seconds on the device. GEMM and attention times, and
-kernels timed by replay, are the device's own and are kept. launch_s=0 takes time_s as
+kernels timed by replay, are the device's own and are kept; a host-only op runs 0 seconds
+there (the host pays for it alone). launch_s=0 takes time_s as
 device seconds already. A trace priced with cuda_graph=True is refused: a graph is one
 launch for many kernels, which this eager model does not describe.
 """
@@ -67,18 +69,18 @@ import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
-from perfmodel.latency.kinds import MEMORY_KINDS
+from perfmodel.latency.kinds import HOST_ONLY_KINDS, KINDS, MEMORY_KINDS
 
-# What the host pays for, one op of each kernel kind (perfmodel.latency.traced.KINDS) and
-# one item of a pure-Python loop (the decoder's per-sequence loops).
+# What the host pays for: one op of each kind a trace holds (perfmodel.latency.kinds: its
+# kernels and its host-only ops) and one item of a pure-Python loop.
 PYTHON = "python"
-HOST_KINDS = ("gemm", "attention", "elementwise", "reduction", "indexing", "copy", "host_sync", PYTHON)
+HOST_KINDS = (*KINDS, *HOST_ONLY_KINDS, PYTHON)
 
 # The JSON file python -m profilers.host_dispatch writes and HostCosts.from_json reads:
 # {KEY_FORMAT: HOST_JSON_FORMAT, KEY_VERSION: HOST_JSON_VERSION, KEY_DEVICE: "cpu"|"cuda",
 #  KEY_METADATA: {...}, KEY_CLASSES: {kind: {KEY_ISSUE: s, KEY_TOTAL: s, KEY_SPREAD: x}}}
 HOST_JSON_FORMAT = "medusa-perfkit host dispatch"
-HOST_JSON_VERSION = 1
+HOST_JSON_VERSION = 2  # 2: the host-only kinds (view, module) measured too
 KEY_FORMAT = "format"
 KEY_VERSION = "version"
 KEY_DEVICE = "device"
@@ -261,7 +263,8 @@ def run_pipeline(issue_s: Sequence[float], kernel_s: Sequence[float], sync: Sequ
 
 
 def device_seconds(priced: pd.DataFrame, launch_s: float = 0.0) -> np.ndarray:
-    """Each row's seconds on the device, from a priced trace (module doc): 0 for a host sync;
+    """Each row's seconds on the device, from a priced trace (module doc): 0 for a host sync
+    and a host-only op;
     time_s less `launch_s` (not below 0) for a memory-bound kernel priced by bytes over
     bandwidth plus a launch; time_s for the rest (GEMMs, attention, kernels timed by
     replay). launch_s: the eager launch cost price_trace charged; 0 where time_s is device
@@ -283,7 +286,7 @@ def device_seconds(priced: pd.DataFrame, launch_s: float = 0.0) -> np.ndarray:
         timed = np.array([label.startswith(MEASURED_SOURCE) for label in sources], dtype=bool)
         launched &= ~timed[labelled]
     seconds[launched] = np.maximum(seconds[launched] - launch, 0.0)
-    seconds[(kinds == "host_sync")[codes]] = 0.0
+    seconds[np.isin(np.asarray(kinds, dtype=object), ("host_sync", *HOST_ONLY_KINDS))[codes]] = 0.0
     return seconds
 
 

@@ -15,7 +15,9 @@ by what bounds it:
   tiny transfer pays);
 - `host_sync`: a device-to-host read the step waits for (an `int()` or `.tolist()` in the
   acceptance check), priced as one eager launch: the device is idle while the host reads
-  and launches again.
+  and launches again;
+- `view`, `module` (host-only: perfmodel.latency.kinds): no kernel, no time in a kernels'
+  sum; the host pipeline charges the host for each (an eager or static regime).
 
 Measured kernel times take precedence: `price_trace(..., measured=...)` maps each row's
 `call` (the operator call the tracer recorded) to seconds timed by replaying that call on
@@ -54,7 +56,7 @@ import pandas as pd
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.hardware.efficiencies import RooflineParams
-from perfmodel.latency.kinds import KINDS
+from perfmodel.latency.kinds import HOST_ONLY_KINDS, KINDS, TRACE_KINDS
 from perfmodel.latency.pipeline import HOST_KINDS, HostCosts, price_pipeline
 from perfmodel.latency.roofline import kernel_time
 from perfmodel.models.config import ModelConfig
@@ -86,6 +88,8 @@ CAPTURED_PARTS = ("forward",)
 # The part of a Medusa step that drafts its tree: the heads and the candidates built from their
 # top-k. A step verifying a tree another drafter drafted (TracedStep.with_heads=False) omits it.
 DRAFT_PARTS = ("candidates",)
+# A host-only row's source: no kernel, no device time (the host pipeline charges the host).
+HOST_ONLY_SOURCE = "host only (no kernel)"
 # Tracer: (model, batch, context, candidates, dtype) -> trace table of one step.
 Tracer = Callable[[ModelConfig, int, int, int, str], pd.DataFrame]
 
@@ -95,9 +99,9 @@ def check_trace(trace: pd.DataFrame) -> None:
     missing = [c for c in TRACE_COLUMNS if c not in trace.columns]
     if missing:
         raise PerfkitError(f"not a trace table: missing columns {', '.join(missing)}")
-    unknown = sorted(set(trace["kind"]) - set(KINDS))
+    unknown = sorted(set(trace["kind"]) - set(TRACE_KINDS))
     if unknown:
-        raise PerfkitError(f"trace has unknown kernel kinds {', '.join(unknown)}; known: {', '.join(KINDS)}")
+        raise PerfkitError(f"trace has unknown kernel kinds {', '.join(unknown)}; known: {', '.join(TRACE_KINDS)}")
 
 
 def _params(latency) -> RooflineParams:
@@ -234,6 +238,7 @@ def price_trace(
             source = np.where(node, "bytes / bandwidth + graph node", "bytes / bandwidth + launch")
         priced.loc[where, "time_s"] = times
         priced.loc[where, "source"] = source
+    priced.loc[priced["kind"].isin(HOST_ONLY_KINDS).to_numpy(), "source"] = HOST_ONLY_SOURCE
     return priced
 
 
@@ -312,10 +317,13 @@ class TracedStep:
         return self.launch.label(self.cuda_graph)
 
     def host_costs(self) -> HostCosts:
-        """The host's cost per op: `host`, else the spec's kernel_launch_us for every kind."""
+        """The host's cost per op: `host`, else the spec's kernel_launch_us for every kernel
+        kind, and nothing for the host-only ops and Python items, which a spec has no figure for
+        (only a measured host, python -m profilers.host_dispatch, prices them)."""
         if self.host is not None:
             return self.host
-        return HostCosts(dict.fromkeys(HOST_KINDS, self.launch.eager_s), f"{self.launch.origin} spec: kernel_launch_us")
+        seconds = dict.fromkeys(HOST_KINDS, 0.0) | dict.fromkeys(KINDS, self.launch.eager_s)
+        return HostCosts(seconds, f"{self.launch.origin} spec: kernel_launch_us; views, module calls: none")
 
     def priced(self, batch: int, seq_len: int, candidates: int = 1) -> pd.DataFrame:
         key = (int(batch), int(seq_len), int(candidates))

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.kinds import kernel_rows
 from perfmodel.latency.step import step_inventory
 from perfmodel.latency.traced import TracedStep, kind_shares
 
@@ -47,7 +48,7 @@ def kernels_launched(step, batch: int, context: int, candidates: int) -> int:
     per op call, the paper and full steps' own accounting)."""
     inner = _shard(step)
     if isinstance(inner, TracedStep):
-        return len(inner.priced(batch, context, candidates))
+        return len(kernel_rows(inner.priced(batch, context, candidates)))
     return sum(item.count for item in step_inventory(inner.model, inner.flavor, candidates > 1))
 
 

@@ -46,8 +46,8 @@ from decoder.twin import Replay, ReplayRecord, dummy_checkpoint, native_dtype, r
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.hardware.specs import find_spec
+from perfmodel.latency.kinds import KINDS, kernel_rows
 from perfmodel.latency.pipeline import HostCosts, price_pipeline, run_pipeline
-from perfmodel.latency.traced import KINDS
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import HEAD_TOP_K
 from profilers.closed_loop.config import TARGET_ERROR
@@ -277,7 +277,7 @@ def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, 
                 "batch": config.batch,
                 "tree_size": size,
                 "context": config.context,
-                "kernels": len(table),
+                "kernels": len(kernel_rows(table)),
                 "measured_steps": result.steps,
                 "predicted_steps": predicted_steps,
                 "tokens_per_step": result.new_tokens / (result.steps * config.batch),
