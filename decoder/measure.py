@@ -24,7 +24,7 @@ from decoder.heads import topk_accuracy
 from decoder.medusa import DRAFTERS, Decoder, check_context
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
 from decoder.static_step import check_launch
-from decoder.trace import TORCH_DTYPES
+from decoder.trace_ops import TORCH_DTYPES
 from decoder.tree import TREE_NAMES, resolve_tree
 from decoder.twin import ReplayRecord, dummy_checkpoint, native_dtype, random_prompts
 from perfmodel.acceptance.record import AcceptanceRecord

@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from decoder.checkpoint import Checkpoint
 from decoder.heads import MedusaHeads
 from decoder.model import LlamaConfig, Transformer
-from decoder.trace import NO_KERNEL, dtype_name, op_name, shapes_text, tensors_in
+from decoder.trace_ops import NO_KERNEL, dtype_name, op_name, shapes_text, tensors_in
 from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import Tree, greedy_tree
 from perfmodel.base.errors import PerfkitError
@@ -170,7 +170,7 @@ class ReplayRecord:
 
 class KernelList(TorchDispatchMode):
     """The kernels a run on real tensors executes, in order, as (operator, input shapes,
-    output dtype): views and allocations, which launch no kernel (decoder.trace.NO_KERNEL),
+    output dtype): views and allocations, which launch no kernel (decoder.trace_ops.NO_KERNEL),
     are left out. Two runs that do the same work give equal lists."""
 
     def __init__(self):

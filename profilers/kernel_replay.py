@@ -1,5 +1,5 @@
 """A traced step's own kernels timed on a device: every distinct operator call of a trace
-(decoder.trace records each as replayable JSON, decoder.trace.encode_call) run again on real
+(decoder.trace records each as replayable JSON, decoder.trace_ops.encode_call) run again on real
 tensors of its exact shapes, strides and dtypes, and timed one by one.
 
 This is the measured side of pricing a trace (perfmodel.latency.traced.price_trace takes
@@ -112,7 +112,7 @@ class ReplayedCall:
 
 
 def materialize(call: str, device: torch.device, pool: WeightPool) -> ReplayedCall:
-    """The call of a trace row (decoder.trace.encode_call) on real tensors on `device`."""
+    """The call of a trace row (decoder.trace_ops.encode_call) on real tensors on `device`."""
     name, args, kwargs = json.loads(call)
     weights: list[list[torch.Tensor]] = []
 

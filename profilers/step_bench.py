@@ -38,7 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from decoder.medusa import Decoder
 from decoder.model import LlamaConfig
-from decoder.trace import NO_KERNEL, llama_config, step_tree
+from decoder.trace_ops import NO_KERNEL
+from decoder.trace_run import llama_config, step_tree
 from decoder.twin import Replay, dummy_checkpoint_of, random_prompts
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch

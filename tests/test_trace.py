@@ -12,7 +12,9 @@ import pytest
 import decoder.trace
 from decoder.acceptance import SCHEMES
 from decoder.medusa import STEP_PARTS
-from decoder.trace import NO_KERNEL, StepTracer, TraceRow, kernel_summary, main, trace_step, trace_unrolled
+from decoder.trace import StepTracer, kernel_summary, main, trace_step, trace_unrolled
+from decoder.trace_ops import NO_KERNEL
+from decoder.trace_recorder import TraceRow
 from perfmodel.cli import run
 from perfmodel.latency.kinds import HOST_ONLY_KINDS, KINDS, TRACE_KINDS, kernel_rows
 from perfmodel.latency.traced import TRACE_COLUMNS

@@ -81,7 +81,7 @@ TRACE_COLUMNS = (
     "flops",
     "bytes",
     "shapes",
-    "call",  # the operator call, replayable on real tensors (decoder.trace.encode_call)
+    "call",  # the operator call, replayable on real tensors (decoder.trace_ops.encode_call)
 )
 # The parts of a step (decoder.medusa.STEP_PARTS) an engine's CUDA graph captures (module doc).
 CAPTURED_PARTS = ("forward",)

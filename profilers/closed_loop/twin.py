@@ -41,7 +41,8 @@ from torch.profiler import ProfilerActivity, profile
 from decoder.medusa import Decoder
 from decoder.runs import decode_interleaved
 from decoder.static_step import check_launch
-from decoder.trace import ATTENTIONS, KIND_OF, TORCH_DTYPES, trace_step
+from decoder.trace import trace_step
+from decoder.trace_ops import ATTENTIONS, KIND_OF, TORCH_DTYPES
 from decoder.twin import Replay, ReplayRecord, dummy_checkpoint, native_dtype, random_prompts
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
