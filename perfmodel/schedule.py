@@ -29,15 +29,14 @@ from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import serving_plan
 from perfmodel.planning.drafters import DRAFTER_NAMES, DRAFTERS, drafters_for
 from perfmodel.planning.engine_exports import ENGINES, check_engines, drafter_weights, vllm_note, write_exports
-from perfmodel.planning.schedule import (
+from perfmodel.planning.schedule import speculation_schedule
+from perfmodel.planning.schedule_bands import DEFAULT_MAX_BATCH, default_batches
+from perfmodel.planning.schedule_format import (
     ACCEPTANCE_SEPARATOR,
-    DEFAULT_MAX_BATCH,
     FLOOR_RULE,
     OFF,
     SCHEDULE_DRAFTERS,
     SpeculationSchedule,
-    default_batches,
-    speculation_schedule,
 )
 from perfmodel.planning.schedule_regret import read_closed_loops, schedule_regret, stored_closed_loop_files
 from perfmodel.planning.simulations import CANDIDATE_SIZES

@@ -23,13 +23,9 @@ from perfmodel.cli.options import WorkloadSettings
 from perfmodel.measured.store import stored_closed_loops
 from perfmodel.planning.capacity import PlanResult
 from perfmodel.planning.lengths import Workload
-from perfmodel.planning.schedule import (
-    DEFAULT_MAX_BATCH,
-    ScheduleBand,
-    SpeculationSchedule,
-    default_batches,
-    speculation_schedule,
-)
+from perfmodel.planning.schedule import speculation_schedule
+from perfmodel.planning.schedule_bands import DEFAULT_MAX_BATCH, default_batches
+from perfmodel.planning.schedule_format import ScheduleBand, SpeculationSchedule
 from perfmodel.serving.capacity import ServingAnswer, ServingOption, serve
 from perfmodel.serving.summary import option_line
 from reports.html import Cell, Page

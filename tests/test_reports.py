@@ -533,7 +533,8 @@ def test_the_page_opens_with_the_answer_and_its_decision_map(a100):
     batch = int(numbers(capacity.split("recommended batch")[1])[0])
     assert f"batch {batch} (the capacity plan's batch) and context 640" in tree and "predicted" in tree
     # the map is the speculation schedule of the page's step: rows of batches up to the largest that fits
-    from perfmodel.planning.schedule import default_batches, speculation_schedule
+    from perfmodel.planning.schedule import speculation_schedule
+    from perfmodel.planning.schedule_bands import default_batches
 
     max_batch = int(number(capacity.split("max batch")[1]))
     schedule = speculation_schedule("llama-7b", "a100", latency="datasheet", batches=default_batches(max_batch))

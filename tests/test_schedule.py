@@ -25,14 +25,8 @@ from perfmodel.models.config import load_model
 from perfmodel.planning import engine_exports as ex
 from perfmodel.planning.drafter_choice import best_drafters
 from perfmodel.planning.drafters import DRAFT_SIZES, drafters_for
-from perfmodel.planning.schedule import (
-    FORMAT,
-    OFF,
-    ScheduleBand,
-    SpeculationSchedule,
-    build_schedule,
-    speculation_schedule,
-)
+from perfmodel.planning.schedule import build_schedule, speculation_schedule
+from perfmodel.planning.schedule_format import FORMAT, OFF, ScheduleBand, SpeculationSchedule
 from perfmodel.planning.schedule_regret import read_closed_loops, schedule_regret, stored_closed_loop_files
 from perfmodel.planning.simulations import CANDIDATE_SIZES, mark_best, pick_best, speedup_table
 from perfmodel.planning.step_models import flavor_steps

@@ -47,7 +47,7 @@ import yaml
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.planning.drafters import DRAFTER_NAMES, DRAFTERS
-from perfmodel.planning.schedule import OFF, ScheduleBand, SpeculationSchedule, compact_json
+from perfmodel.planning.schedule_format import OFF, ScheduleBand, SpeculationSchedule, compact_json
 
 ENGINES = ("vllm", "sglang", "tensorrt-llm", "json")
 

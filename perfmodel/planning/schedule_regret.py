@@ -19,7 +19,7 @@ import pandas as pd
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.command_tables import read_command_csvs
 from perfmodel.measured.store import measurement_roots, stored_closed_loops
-from perfmodel.planning.schedule import SpeculationSchedule
+from perfmodel.planning.schedule_format import SpeculationSchedule
 from perfmodel.planning.simulations import pick_best
 
 NEEDED = ("batch", "tree_size", "context", "measured_speedup")

@@ -28,7 +28,8 @@ from perfmodel.measured.device_view import DeviceView, resolve_devices
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.planning.medusa_setting import check_medusa
 from perfmodel.planning.memory import memory_fit
-from perfmodel.planning.schedule import SpeculationSchedule, build_schedule, view_evidence
+from perfmodel.planning.schedule import build_schedule, view_evidence
+from perfmodel.planning.schedule_format import SpeculationSchedule
 from perfmodel.planning.step_models import check_launch_step, flavor_steps
 from perfmodel.serving.costs import ServingCosts, tabulate_costs
 from perfmodel.serving.simulator import EngineConfig, ServingRun, simulate
