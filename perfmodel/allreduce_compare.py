@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from perfmodel.cli import Parser, run
-from perfmodel.latency.allreduce import DECODE_BYTES, RING_CONSTANTS
+from perfmodel.latency.allreduce import DECODE_BYTES
 from perfmodel.latency.allreduce_fit import (
     DECODE_BATCHES,
     DECODE_MODELS,
@@ -25,6 +25,7 @@ from perfmodel.latency.allreduce_fit import (
     significant,
     stack_ratios,
 )
+from perfmodel.latency.allreduce_ring import RING_CONSTANTS
 from perfmodel.measured.vidur import SHIPPED_TABLES, import_vidur_all_reduce, table_path
 
 

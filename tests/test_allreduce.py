@@ -8,17 +8,10 @@ import yaml
 from hw_specs import SPEC_DIR
 from perfmodel import allreduce_compare
 from perfmodel.hardware.specs import find_spec, load_all_specs, load_spec_file
-from perfmodel.latency.allreduce import (
-    DECODE_BYTES,
-    RING_CONSTANTS,
-    MeasuredAllReduce,
-    RingAllReduce,
-    all_reduce_source,
-    measured_source,
-    ring_all_reduce_time,
-    tp_comm_time_per_step,
-)
+from perfmodel.latency.allreduce import DECODE_BYTES, all_reduce_source, tp_comm_time_per_step
 from perfmodel.latency.allreduce_fit import fit_all, model_errors
+from perfmodel.latency.allreduce_ring import RING_CONSTANTS, RingAllReduce, ring_all_reduce_time
+from perfmodel.latency.allreduce_tables import MeasuredAllReduce, measured_source
 from perfmodel.measured.vidur import SHIPPED_TABLES, TABLE_COLUMNS, import_vidur_all_reduce, read_table, table_path
 from perfmodel.models.config import load_model
 from tests.helpers import custom_spec, one_line_error

@@ -17,7 +17,8 @@ from helpers import one_line_error
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
-from perfmodel.latency.allreduce import MeasuredAllReduce, all_reduce_source, stack_names
+from perfmodel.latency.allreduce import all_reduce_source
+from perfmodel.latency.allreduce_tables import MeasuredAllReduce, stack_names
 from perfmodel.latency.tensor_parallel import usable_degrees
 from perfmodel.measured import collectives
 from perfmodel.measured.collectives import FOLDER, OP, PHASE, file_name

@@ -9,14 +9,10 @@ import pandas as pd
 import pytest
 
 from perfmodel import allreduce_compare
-from perfmodel.latency.allreduce import (
-    MeasuredAllReduce,
-    RingAllReduce,
-    all_reduce_source,
-    stack_names,
-    tp_comm_time_per_step,
-)
+from perfmodel.latency.allreduce import all_reduce_source, tp_comm_time_per_step
 from perfmodel.latency.allreduce_fit import decode_sizes, nccl_errors
+from perfmodel.latency.allreduce_ring import RingAllReduce
+from perfmodel.latency.allreduce_tables import MeasuredAllReduce, stack_names
 from perfmodel.latency.tensor_parallel import tensor_parallel_steps, usable_degrees
 from perfmodel.measured.device_view import resolve_view
 from perfmodel.measured.store import HOME_VARIABLE, MEASUREMENTS_DIR

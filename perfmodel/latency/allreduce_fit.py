@@ -15,17 +15,9 @@ import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.specs import find_spec, load_all_specs
-from perfmodel.latency.allreduce import (
-    DECODE_BYTES,
-    NCCL,
-    RING_CONSTANTS,
-    VIDUR,
-    RingAllReduce,
-    RingConstants,
-    all_reduce_source,
-    measured_tables,
-    nccl_source,
-)
+from perfmodel.latency.allreduce import DECODE_BYTES, all_reduce_source
+from perfmodel.latency.allreduce_ring import RING_CONSTANTS, RingAllReduce, RingConstants
+from perfmodel.latency.allreduce_tables import NCCL, VIDUR, measured_tables, nccl_source
 from perfmodel.measured.vidur import SHIPPED_TABLES, read_table, table_path
 from perfmodel.models.config import load_model
 

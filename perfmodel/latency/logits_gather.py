@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmodel.base.dtypes import element_bytes
-from perfmodel.latency.allreduce import MeasuredAllReduce, MeasuredTable
+from perfmodel.latency.allreduce_tables import MeasuredAllReduce, MeasuredTable
 from perfmodel.measured.aiconfigurator import shipped_stacks, version_key
 
 GATHER_TABLE = "all_gather"

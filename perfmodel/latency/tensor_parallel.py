@@ -21,7 +21,8 @@ import numpy as np
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.specs import HardwareSpec
-from perfmodel.latency.allreduce import all_reduce_source, engine_all_reduce_stack, tp_comm_time_per_step
+from perfmodel.latency.allreduce import all_reduce_source, tp_comm_time_per_step
+from perfmodel.latency.allreduce_tables import engine_all_reduce_stack
 from perfmodel.latency.fusion import UNFUSED
 from perfmodel.latency.logits_gather import gather_source, gather_time
 from perfmodel.latency.source import view_latency
