@@ -52,8 +52,9 @@ from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec, load_all_specs, resolve_spec
-from perfmodel.latency.attention_table import HEAD_DIM, AttentionTable, attention_op_time, attention_table
+from perfmodel.latency.attention_grid import HEAD_DIM
 from perfmodel.latency.attention_table import OPS as MEASURED_ATTENTION_OPS
+from perfmodel.latency.attention_table import AttentionTable, attention_op_time, attention_table
 from perfmodel.latency.gemm_grid import (
     ENGINES,
     TORCH,
