@@ -19,7 +19,7 @@ import types
 import pandas as pd
 
 from perfmodel.base.outputs import write_csv
-from perfmodel.cli import Parser, batch_size, options, run
+from perfmodel.cli import Parser, batch_size, options, run, workload_options
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.planning.capacity import DEFAULT_BATCHES, plan
 from perfmodel.planning.memory import DEFAULT_RESERVE
@@ -86,7 +86,7 @@ def build_parser() -> Parser:
     options.gpu(p, many=True)
     options.spec(p, many=True)
     options.dtype(p)
-    options.workload(p)
+    workload_options.workload(p)
     p.add_argument("--throughput", type=number, metavar="TOKENS_S", help="aggregate throughput target, output tokens/s")
     options.acceptance_rates(p)
     p.add_argument(
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (args.gpu or args.spec):
         p.error("at least one --gpu or --spec is required")
-    settings = options.workload_settings(args, args.throughput)
+    settings = workload_options.workload_settings(args, args.throughput)
     devices = [*(args.gpu or ()), *(args.spec or ())]
     if args.launch and args.step != "traced":
         p.error(f"--launch {args.launch} prices the traced step's launches: use --step traced (not {args.step})")

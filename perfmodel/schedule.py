@@ -23,7 +23,7 @@ import pandas as pd
 from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import write_csv
-from perfmodel.cli import Parser, batch_size, options, run, token_count
+from perfmodel.cli import Parser, batch_size, options, run, token_count, workload_options
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import serving_plan
@@ -54,7 +54,7 @@ def build_parser() -> Parser:
     options.tp(p)
     options.acceptance_rates(p)
     options.latency(p)
-    options.medusa(p)
+    workload_options.medusa(p)
     options.drafter(p, tuple(SCHEDULE_DRAFTERS))
     p.add_argument(
         "--batch",

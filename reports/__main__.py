@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from perfmodel.base.dtypes import check_dtype
-from perfmodel.cli import Parser, options, run
+from perfmodel.cli import Parser, options, run, workload_options
 from perfmodel.models.config import load_model
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS
 from reports.build import BuildConfig, build
@@ -78,7 +78,7 @@ def build_parser() -> Parser:
     options.jobs(c)
     options.tp(c)
     for sub in (b, c):
-        options.workload(sub)
+        workload_options.workload(sub)
         options.latency(sub)
     return p
 
@@ -93,7 +93,7 @@ def shared(args) -> dict:
     names = ("model", "dtype", "jobs", "latency", "tp")
     return {
         "acceptance": args.acceptance_rates,
-        "workload": options.workload_settings(args),
+        "workload": workload_options.workload_settings(args),
         **{name: getattr(args, name) for name in names},
     }
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perfmodel.cli.options import WorkloadSettings
+from perfmodel.cli.workload_options import WorkloadSettings
 from perfmodel.measured.store import stored_closed_loops
 from perfmodel.planning.capacity import PlanResult
 from perfmodel.planning.lengths import Workload

@@ -19,7 +19,7 @@ import pandas as pd
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import writable_dir
-from perfmodel.cli.options import WorkloadSettings
+from perfmodel.cli.workload_options import WorkloadSettings
 from perfmodel.latency import roofline_table
 from perfmodel.latency.source import view_latency
 from perfmodel.latency.step import StepModel

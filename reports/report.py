@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfmodel.cli.options import WorkloadSettings
+from perfmodel.cli.workload_options import WorkloadSettings
 from perfmodel.latency.source import LatencyModel
 from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.measured.device_view import DeviceView
@@ -24,7 +24,7 @@ FLAVORS = ("paper", "full")  # the step models simulated: the paper's simplified
 STEP_PHRASES = {"full": "whole-model step", "traced": "traced step (the reference decoder's kernels)"}
 
 
-# What a page answers without workload options: perfmodel.cli.options.workload's defaults.
+# What a page answers without workload options: perfmodel.cli.workload_options.workload's defaults.
 DEFAULT_WORKLOAD = WorkloadSettings(
     Lengths.of(DEFAULT_PROMPT_LEN), Lengths.of(DEFAULT_RESPONSE_LEN), None, "auto", None
 )

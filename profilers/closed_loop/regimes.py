@@ -121,7 +121,7 @@ def build_parser() -> Parser:
         metavar="RUN.csv",
         help="twin runs (perfmodel.validate --csv; default: every one shipped for the --gpu)",
     )
-    p.add_argument("--gpu", required=True, metavar="NAME", help="the GPU the runs were measured on (e.g. h100)")
+    options.gpu(p, required=True)
     options.host_dispatch(p)
     return p
 
