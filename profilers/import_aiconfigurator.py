@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.measured.aiconfigurator import FOLDER, PACKAGE, SYSTEMS, Collection, collections, compact_tables
+from perfmodel.measured.aiconfigurator import FOLDER, PACKAGE, SYSTEMS
+from perfmodel.measured.aiconfigurator_package import Collection, collections, compact_tables
 
 LICENCE = "Apache-2.0 (profilers/measurements/aiconfigurator-LICENSE)"
 

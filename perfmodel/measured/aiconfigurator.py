@@ -5,7 +5,7 @@ aiconfigurator-core (Apache-2.0, on the package index) ships, per system, tables
 inside serving engines: `systems/data/<system>/<kind>/<engine>/<version>/`, each folder with
 a `collection_meta.yaml` naming the runtime and one or more parquet tables, latencies in
 milliseconds. `profilers.imports aiconfigurator` keeps the part the toolkit uses, compact
-(`compact_tables`), under `profilers/measurements/<device>/aiconfigurator/<stack>/` with a
+(`aiconfigurator_package.compact_tables`), under `profilers/measurements/<device>/aiconfigurator/<stack>/` with a
 provenance.json; everything else here reads those files and needs no package.
 
 What is kept (16-bit only; times in seconds to 6 significant digits):
@@ -39,12 +39,11 @@ software stack measured a number is part of its provenance.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
@@ -85,202 +84,13 @@ TORCH_FOLDER = "torch"
 STACK_FOLDERS = (FOLDER, TORCH_FOLDER)
 
 
-@dataclass(frozen=True)
-class Collection:
-    """One measured folder of the package: a system's tables of one kind, from one engine at
-    one version."""
-
-    system: str
-    kind: str  # gemm, attention or comm
-    engine: str  # vllm, sglang, trtllm, nccl
-    version: str
-    folder: Path
-    # An engine's all-reduce serves the engine stack of this version (its GEMMs and attention),
-    # measured at `version` at or below it; None: the collection's own version.
-    serves: str | None = None
-
-    @property
-    def stack(self) -> str:
-        """The software stack the tables belong to, e.g. vllm-0.14.0."""
-        return f"{self.engine}-{self.serves or self.version}"
-
-
-def read_meta(folder: Path) -> dict:
-    path = folder / "collection_meta.yaml"
-    try:
-        meta = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise PerfkitError(f"{path}: not a readable collection_meta.yaml ({exc})") from None
-    runtime = meta.get("runtime") if isinstance(meta, dict) else None
-    if not isinstance(runtime, dict) or not runtime.get("framework") or not runtime.get("version"):
-        raise PerfkitError(f"{path}: names no runtime framework and version")
-    return meta
-
-
 def version_key(version: str) -> tuple:
     """A version's order: numeric parts as numbers (0.5.14 after 0.5.6.post2)."""
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in version.replace("rc", ".rc.").split("."))
 
 
-def collections(data_root: str | Path, system: str) -> list[Collection]:
-    """The newest collection of each engine and kind of a system under aiconfigurator's data
-    folder (an older version of the same engine measured the same kernels on an older stack),
-    every NCCL version (the message sizes and GPU counts differ between them), and per engine
-    the newest all-reduce collection at or below its GEMM stack's version, serving it."""
-    root = Path(data_root) / system
-    if not root.is_dir():
-        raise PerfkitError(f"no system {system!r} under {data_root}")
-    found = []
-    for kind in KINDS:
-        for engine in sorted(p for p in (root / kind).glob("*") if p.is_dir()):
-            versions = []
-            for folder in sorted(engine.glob("*")):
-                if not (folder / "collection_meta.yaml").is_file():
-                    continue
-                # The folders name the engine (a collection_meta may name a variant of it, e.g.
-                # wideep_sglang under sglang/); the version must agree.
-                version = str(read_meta(folder)["runtime"]["version"])
-                if folder.name != version:
-                    raise PerfkitError(f"{folder}: its collection_meta.yaml says version {version}")
-                versions.append(Collection(system, kind, engine.name, version, folder))
-            versions.sort(key=lambda c: version_key(c.version))
-            if kind != "comm":
-                found += versions[-1:]
-            elif engine.name == "nccl":
-                found += versions
-            else:
-                found += engine_all_reduce(versions, [c for c in found if c.engine == engine.name])
-    return found
-
-
-def engine_all_reduce(versions: list[Collection], stacks: list[Collection]) -> list[Collection]:
-    """An engine's all-reduce collection for each of its stacks (GEMM or attention, newest
-    version): the newest at or below that version holding a custom all-reduce table."""
-    out = []
-    for version in dict.fromkeys(c.version for c in stacks):
-        usable = [
-            c
-            for c in versions
-            if version_key(c.version) <= version_key(version) and (c.folder / "custom_allreduce_perf.parquet").is_file()
-        ]
-        if usable:
-            out.append(replace(usable[-1], serves=version))
-    return out
-
-
-def read_table(collection: Collection, table: str) -> pd.DataFrame | None:
-    path = collection.folder / f"{table}.parquet"
-    if not path.is_file():
-        return None
-    try:
-        return pd.read_parquet(path)
-    except Exception as exc:  # pyarrow raises its own types for a damaged file
-        raise PerfkitError(f"{path}: not a readable parquet table ({exc})") from None
-
-
-def seconds(latency_ms) -> np.ndarray:
-    """aiconfigurator's milliseconds as seconds, to the digits kept."""
-    return significant(np.asarray(latency_ms, dtype=float) / 1e3)
-
-
-def compact_gemm(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame[frame["gemm_dtype"].isin(DTYPES)]
-    out = pd.DataFrame(
-        {
-            "m": frame["m"].astype(np.int64),
-            "n": frame["n"].astype(np.int64),
-            "k": frame["k"].astype(np.int64),
-            "dtype": frame["gemm_dtype"].map(DTYPES),
-            "kernel_source": frame["kernel_source"].astype(str),
-            "time_s": seconds(frame["latency"]),
-        }
-    )
-    return out.sort_values(["dtype", "kernel_source", "n", "k", "m"], ignore_index=True)
-
-
-def compact_attention(frame: pd.DataFrame, phase: str) -> pd.DataFrame:
-    keep = (
-        frame["attn_dtype"].isin(DTYPES)
-        & (frame["kv_cache_dtype"] == frame["attn_dtype"])
-        & frame["head_dim"].isin(HEAD_DIMS)
-        & (frame.get("window_size", 0) == 0)
-        & (frame.get("beam_width", 1) == 1)
-    )
-    frame = frame[keep]
-    kv_len = frame["isl"] + frame["step"] if phase == "decode" else frame["isl"]
-    out = pd.DataFrame(
-        {
-            "batch": frame["batch_size"].astype(np.int64),
-            "kv_len": kv_len.astype(np.int64),
-            "num_heads": frame["num_heads"].astype(np.int64),
-            "num_kv_heads": frame["num_key_value_heads"].astype(np.int64),
-            "head_dim": frame["head_dim"].astype(np.int64),
-            "dtype": frame["attn_dtype"].map(DTYPES),
-            "kernel_source": frame["kernel_source"].astype(str),
-            "time_s": seconds(frame["latency"]),
-        }
-    )
-    return out.sort_values(ATTENTION_COLUMNS[:-1], ignore_index=True)
-
-
 def run_id(system: str, stack: str, table: str, kernel_source, package_version: str):
     return f"{PACKAGE}@{package_version}:{system}/{stack}/{table}:" + pd.Series(kernel_source).astype(str)
-
-
-def compact_nccl(frame: pd.DataFrame, op: str, collection: Collection, package_version: str) -> pd.DataFrame:
-    """fp16 NCCL `op` (all_reduce, all_gather) in the all-reduce table format: one node
-    (devices_per_node = num_workers), message sizes in bytes."""
-    frame = frame[(frame["op_name"] == op) & (frame["nccl_dtype"] == "half")].reset_index(drop=True)
-    return collective_table(frame, collection, "nccl_perf", package_version)
-
-
-def compact_custom_all_reduce(frame: pd.DataFrame, collection: Collection, package_version: str) -> pd.DataFrame:
-    """An engine's bf16 all-reduce, its CUDA-graph kernel where both were timed, in the
-    all-reduce table format."""
-    frame = frame[(frame["op_name"] == "all_reduce") & (frame["allreduce_dtype"] == "bfloat16")]
-    if "backend" in frame:
-        graph = frame["backend"].astype(str).str.endswith("_graph")
-        frame = frame[graph] if graph.any() else frame
-    return collective_table(frame.reset_index(drop=True), collection, "custom_allreduce_perf", package_version)
-
-
-def collective_table(frame: pd.DataFrame, collection: Collection, table: str, package_version: str) -> pd.DataFrame:
-    """Rows of a collective (message_size in 16-bit elements, latency in ms) in the all-reduce
-    table format; run ids name the collection's own version."""
-    measured = f"{collection.engine}-{collection.version}"
-    ids = run_id(collection.system, measured, table, frame["kernel_source"], package_version)
-    out = pd.DataFrame(
-        {
-            "topology": f"{collection.system}_{collection.engine}",
-            "num_workers": frame["num_gpus"].astype(np.int64),
-            "devices_per_node": frame["num_gpus"].astype(np.int64),
-            "bytes": frame["message_size"].astype(np.int64) * element_bytes("bf16"),
-            "time_s": seconds(frame["latency"]),
-            "noise": np.nan,
-            "run_id": ids.to_numpy(),
-        }
-    )
-    return out.sort_values(["num_workers", "bytes"], ignore_index=True)
-
-
-def compact_tables(collection: Collection, package_version: str) -> dict[str, pd.DataFrame]:
-    """The part of a collection the toolkit keeps, by table name (see the module doc)."""
-    out = {}
-    for table in KINDS[collection.kind]:
-        frame = read_table(collection, table)
-        if frame is None:
-            continue
-        name = table.removesuffix("_perf")
-        if table == "gemm_perf":
-            kept = {name: compact_gemm(frame)}
-        elif table == "nccl_perf":
-            kept = {kept: compact_nccl(frame, op, collection, package_version) for op, kept in NCCL_OPS.items()}
-        elif table == "custom_allreduce_perf":
-            kept = {"custom_all_reduce": compact_custom_all_reduce(frame, collection, package_version)}
-        else:
-            kept = {name: compact_attention(frame, "decode" if table.startswith("generation") else "prefill")}
-        out.update({name: rows for name, rows in kept.items() if len(rows)})
-    return out
 
 
 # ----------------------------------------------------------------------------- shipped tables
