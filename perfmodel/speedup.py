@@ -31,16 +31,8 @@ from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import serving_plan
 from perfmodel.planning.drafter_choice import choice_lines
 from perfmodel.planning.drafters import DEFAULT_DRAFT_ALPHA, drafters_for
-from perfmodel.planning.simulations import (
-    DEFAULT_DRAFT_COST,
-    best_trees,
-    choose_devices,
-    device_table,
-    draft_model_table,
-    optima,
-    optima_side_by_side,
-    summary_lines,
-)
+from perfmodel.planning.simulation_summary import best_trees, optima_side_by_side, summary_lines
+from perfmodel.planning.simulations import DEFAULT_DRAFT_COST, choose_devices, device_table, draft_model_table, optima
 from perfmodel.planning.step_point import POINT_COLUMNS, point_lines, step_point
 from reports.render import Renderer
 from reports.speedup_figures import submit_speedup_figures

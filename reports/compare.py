@@ -25,7 +25,7 @@ from perfmodel.latency.source import view_latency
 from perfmodel.latency.step import StepModel
 from perfmodel.measured.device_view import DeviceView, resolve_view
 from perfmodel.models.config import load_model
-from perfmodel.planning import simulations
+from perfmodel.planning import simulation_summary, simulations
 from perfmodel.planning.capacity import PlanResult
 from perfmodel.planning.result import device_paragraph, overall
 from reports.answer import compare_answer_line, compare_answer_section, device_answers, serving_answer
@@ -110,7 +110,7 @@ def device_rows(pairs, model) -> pd.DataFrame:
                 "datasheet_tflops": None if view.is_cpu else spec.peak_tflops[dtype],
                 "datasheet_gb_s": None if view.is_cpu else spec.memory_bandwidth_gb_s,
                 "datasheet_ridge": None if view.is_cpu else spec.ridge_point(dtype),
-                "model_ridge": simulations.ridge(view, dtype),
+                "model_ridge": simulation_summary.ridge(view, dtype),
                 "measured_tflops": peak,
                 "measured_gb_s": bandwidth,
             }

@@ -11,7 +11,7 @@ import pandas as pd
 from hw_specs import SPEC_DIR
 from perfmodel.acceptance.ablation import dense_against_sparse
 from perfmodel.acceptance.rates import fit_error
-from perfmodel.planning import simulations
+from perfmodel.planning import simulation_summary, simulations
 from perfmodel.planning.capacity import PlanResult
 from perfmodel.planning.drafters import DEFAULT_DRAFT_COST, DRAFT_ALPHAS, DRAFTER_NAMES, Drafter
 from reports.report import BuildConfig, Report, latency_target_ms
@@ -57,7 +57,7 @@ def glance_facts(report: Report, sims: pd.DataFrame, planned: PlanResult | str, 
     model (each marked where the measurement disagrees), and capacity."""
     device = report.view
     best = simulations.optima(sims)
-    ridge = simulations.ridge(device, report.dtype)
+    ridge = simulation_summary.ridge(device, report.dtype)
     facts = closed_loop_facts(report, sims, validation)
     measured_pays = measured_pays_at(validation)
     facts.append(f"Ridge of the latency model's roofline: {ridge:.0f} FLOP/byte (predicted).")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from perfmodel.acceptance.trees import export_tree
-from perfmodel.planning import simulations
+from perfmodel.planning import simulation_summary
 from perfmodel.planning.capacity import PlanResult
 from perfmodel.planning.drafter_choice import best_drafters
 from perfmodel.planning.drafters import DRAFTER_NAMES, Drafter
@@ -112,7 +112,9 @@ def speedup_section(
             ("measured", "predicted"),
         )
     page.preformatted(
-        "\n".join(line.removeprefix("  ") for line in simulations.summary_lines(device, report.dtype, sims, draft))
+        "\n".join(
+            line.removeprefix("  ") for line in simulation_summary.summary_lines(device, report.dtype, sims, draft)
+        )
     )
     for name, png in speed_pngs.items():
         caption = next(text for prefix, text in SPEEDUP_CAPTIONS.items() if name.startswith(prefix))

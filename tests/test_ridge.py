@@ -4,7 +4,7 @@ from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import find_spec, ridge
 from perfmodel.latency.roofline_table import Ceiling
 from perfmodel.measured.device_view import DeviceView
-from perfmodel.planning.simulations import ridge as model_ridge
+from perfmodel.planning.simulation_summary import ridge as model_ridge
 
 
 def test_every_ridge_is_peak_over_bandwidth_of_its_own_roofline():

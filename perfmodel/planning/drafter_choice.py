@@ -8,7 +8,8 @@ from __future__ import annotations
 import pandas as pd
 
 from perfmodel.planning.drafters import DRAFTER_NAMES, Drafter
-from perfmodel.planning.simulations import SIMULATIONS, beyond_context_note, depth_text, optima
+from perfmodel.planning.simulation_summary import beyond_context_note
+from perfmodel.planning.simulations import SIMULATIONS, depth_text, optima
 
 SETTING = ["simulation", "step", "batch", "seq_len"]
 
