@@ -34,7 +34,8 @@ import torch
 from tqdm import tqdm
 
 from decoder.acceptance import AcceptanceConfig
-from decoder.checkpoint import Checkpoint, sha256, weight_files
+from decoder.checkpoint import Checkpoint
+from decoder.manifest import sha256, weight_files
 from decoder.medusa import Decoder
 from decoder.runs import decode_interleaved, heldout_prompts
 from perfmodel.acceptance.record import own_record

@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from decoder.checkpoint import MANIFEST, Checkpoint, replacing, write_manifest
+from decoder.checkpoint import Checkpoint, replacing
 from decoder.corpus import sample_prompts
 from decoder.eagle import CONTEXT, EAGLE_DEPTH, EAGLE_FILE, EagleDrafter, eagle_loss, parameters_of
+from decoder.manifest import MANIFEST, write_manifest
 from decoder.model import Transformer
 from decoder.stages import QUICK, TrainConfig, as_shipped, cosine_batches, distill, encode, training_texts
 from perfmodel.base.errors import PerfkitError
