@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from decoder import auto_tree, generate, measure, train
+from decoder import auto_tree, generate, measure, train, training
 from decoder.checkpoint import load_checkpoint
 from perfmodel.cli import run
 
@@ -39,7 +39,7 @@ def test_training_resumes_from_its_work_folder(quick_model, tmp_path):
     _, work = quick_model
     messages = []
     config = train.QUICK
-    train.build(config, tmp_path / "again", work, log=messages.append)
+    training.build(config, tmp_path / "again", work, log=messages.append)
     assert any("resuming at step 30/30" in m for m in messages)
 
 

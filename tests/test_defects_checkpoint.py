@@ -12,7 +12,7 @@ import stat
 
 import pytest
 
-from decoder import generate, train
+from decoder import generate, train, training
 from decoder.checkpoint import load_checkpoint
 from decoder.model import LlamaConfig
 from perfmodel.base.errors import PerfkitError
@@ -267,7 +267,7 @@ def test_a_failure_while_writing_leaves_the_old_model_in_place(quick, installed,
         (folder / "config.json").write_text("{}")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(train, "save_checkpoint", dies_midway)
+    monkeypatch.setattr(training, "save_checkpoint", dies_midway)
     assert run(train.main, ["--quick", "--install", "--force", "--work", str(quick[1])]) == 130
     assert snapshot(installed) == before
     assert [p.name for p in installed.parent.iterdir()] == ["bundled"]

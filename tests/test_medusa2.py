@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from decoder import medusa2, train
+from decoder import medusa2, stages, train
 from decoder.checkpoint import load_checkpoint, save_checkpoint
 from decoder.corpus import sample_prompts
 from decoder.heads import MedusaHeads
@@ -122,12 +122,12 @@ def test_medusa2_writes_a_checkpoint_whose_card_matches_its_weights(medusa2_mode
     assert any(not torch.equal(v, base_heads[k]) for k, v in load_file(out / "medusa_lm_head.safetensors").items())
 
     # The recorded accuracies are those of the weights shipped, on the Medusa-2 model's own continuations.
-    config = train.TrainConfig(**card["config"])
-    _, heldout_texts, _ = train.training_texts(config)
-    documents = train.encode(ckpt.tokenizer, heldout_texts)
+    config = stages.TrainConfig(**card["config"])
+    _, heldout_texts, _ = stages.training_texts(config)
+    documents = stages.encode(ckpt.tokenizer, heldout_texts)
     prompts = sample_prompts(documents, config.eval_prompts, config.distill_prompt_len, seed=config.seed + 2)
-    own = train.distill(ckpt.model, prompts, config.distill_new, print, "test")
-    accuracy = train.measure_accuracy(ckpt.model, ckpt.heads, own, config.distill_prompt_len)
+    own = stages.distill(ckpt.model, prompts, config.distill_new, print, "test")
+    accuracy = stages.measure_accuracy(ckpt.model, ckpt.heads, own, config.distill_prompt_len)
     np.testing.assert_allclose(accuracy, figures["medusa2_heldout_head_accuracy"], atol=1e-4)
 
 
