@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from decoder import auto_tree, generate, measure, train, training
+from decoder import auto_tree, generate, measure, step_profile, train, training
 from decoder.checkpoint import load_checkpoint
 from perfmodel.cli import run
 
@@ -151,10 +151,11 @@ def test_tree_auto_runs_the_models_choice_and_keeps_its_calibration(quick_model,
     out, _ = quick_model
     # Keeping and reusing is under test here, on whatever load this machine has; the plausibility checks that
     # refuse a calibration disturbed by load are tested in test_defects_decoder.py.
-    monkeypatch.setattr(auto_tree, "PLAIN_STEP_FACTOR", float("inf"))
-    monkeypatch.setattr(auto_tree, "MONOTONE_SLACK", 1.0)
-    monkeypatch.setattr(auto_tree, "ROUND_SPREAD", float("inf"))
-    monkeypatch.setattr(auto_tree, "costly_trees", lambda step_s: None)
+    for module in (auto_tree, step_profile):
+        monkeypatch.setattr(module, "PLAIN_STEP_FACTOR", float("inf"))
+    monkeypatch.setattr(step_profile, "MONOTONE_SLACK", 1.0)
+    monkeypatch.setattr(step_profile, "ROUND_SPREAD", float("inf"))
+    monkeypatch.setattr(step_profile, "costly_trees", lambda step_s: None)
     args = ["--model", str(out), "--prompts", "4", "--batch", "2", "--new-tokens", "16", "--prompt-len", "16"]
     args += ["--sizes", "1", "3", "--tree", "auto"]
     assert run(measure.main, [*args, "--out", str(tmp_path / "first.json")]) == 0

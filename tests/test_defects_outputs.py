@@ -15,7 +15,7 @@ import pytest
 
 import decoder.auto_tree as auto_tree_module
 from decoder import generate
-from decoder.auto_tree import costly_trees
+from decoder.step_profile import costly_trees
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder
 from perfmodel.acceptance.record import AcceptanceRecord
