@@ -15,9 +15,9 @@ import pytest
 
 import decoder.auto_tree as auto_tree_module
 from decoder import generate
-from decoder.step_profile import costly_trees
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder
+from decoder.step_profile import costly_trees
 from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import replaced_atomically
