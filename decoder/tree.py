@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from perfmodel.acceptance.trees import MC_SIM_7B_63_TREE, VICUNA_7B_TREE, Tree, greedy_tree, load_tree
+from perfmodel.acceptance.reference_trees import MC_SIM_7B_63_TREE, VICUNA_7B_TREE
+from perfmodel.acceptance.trees import Tree, greedy_tree, load_tree
 from perfmodel.base.errors import PerfkitError
 
 TREE_NAMES = "default, vicuna-7b, mc-sim-7b-63, greedy-N, chain-N, or a file/list of paths"

@@ -26,7 +26,8 @@ from perfmodel.acceptance.rates import (
     resolve_acceptance,
 )
 from perfmodel.acceptance.record import OWN_RECORD_PATTERN, AcceptanceRecord, own_record_path
-from perfmodel.acceptance.trees import VICUNA_7B_ORDER, Tree, vicuna_7b_prefix
+from perfmodel.acceptance.reference_trees import VICUNA_7B_ORDER, vicuna_7b_prefix
+from perfmodel.acceptance.trees import Tree
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.command_tables import read_command_csvs
 from perfmodel.models.config import resolve_model_path

@@ -10,7 +10,8 @@ from decoder.heads import MedusaHeads, medusa_loss
 from decoder.medusa import dynamic_tree
 from decoder.model import KVCache, Transformer
 from decoder.tree import tree_buffers
-from perfmodel.acceptance.trees import VICUNA_7B_TREE, Tree, expected_acceptance, greedy_tree
+from perfmodel.acceptance.reference_trees import VICUNA_7B_TREE
+from perfmodel.acceptance.trees import Tree, expected_acceptance, greedy_tree
 from perfmodel.base.errors import PerfkitError
 from tests.distilled import CONFIG, PROMPTS
 

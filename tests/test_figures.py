@@ -15,7 +15,7 @@ from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
 
-from perfmodel.acceptance.trees import VICUNA_7B_ORDER, vicuna_7b_prefix
+from perfmodel.acceptance.reference_trees import VICUNA_7B_ORDER, vicuna_7b_prefix
 from reports import render
 from reports.__main__ import main as reports_main
 from reports.acceptance_figures import tree_layout

@@ -623,7 +623,8 @@ def test_tp_auto_with_a_rate_builds_the_page_of_the_serving_answers_degree(tmp_p
 
 
 def test_recommended_tree_comes_from_head_accuracies_when_measured():
-    from perfmodel.acceptance.trees import greedy_tree, vicuna_7b_prefix
+    from perfmodel.acceptance.reference_trees import vicuna_7b_prefix
+    from perfmodel.acceptance.trees import greedy_tree
     from reports.sources import recommended_tree, report_acceptance
 
     measured = report_acceptance(None, str(BUNDLED))  # the checkpoint's own record

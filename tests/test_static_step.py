@@ -15,7 +15,8 @@ from decoder.batched_acceptance import StaticTree, verify_greedy, verify_rejecti
 from decoder.trace import trace_step
 from decoder.tree import tree_buffers
 from decoder.twin import Replay
-from perfmodel.acceptance.trees import VICUNA_7B_TREE, Tree
+from perfmodel.acceptance.reference_trees import VICUNA_7B_TREE
+from perfmodel.acceptance.trees import Tree
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.models.config import load_model

@@ -3,8 +3,8 @@ import itertools
 import numpy as np
 import pytest
 
+from perfmodel.acceptance.reference_trees import VICUNA_7B_TREE
 from perfmodel.acceptance.trees import (
-    VICUNA_7B_TREE,
     Tree,
     expected_acceptance,
     export_tree,
@@ -89,7 +89,7 @@ def test_bad_accuracy():
 
 
 def test_every_prefix_of_the_vicuna_tree_is_a_tree():
-    from perfmodel.acceptance.trees import VICUNA_7B_ORDER, VICUNA_7B_TREE, vicuna_7b_prefix
+    from perfmodel.acceptance.reference_trees import VICUNA_7B_ORDER, VICUNA_7B_TREE, vicuna_7b_prefix
 
     sizes = [vicuna_7b_prefix(n).size for n in range(1, len(VICUNA_7B_ORDER) + 1)]
     assert sizes == list(range(2, 65))

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfmodel.acceptance.rates import AcceptanceChoice, HeadAccuracyAcceptance
-from perfmodel.acceptance.trees import VICUNA_7B_ORDER, Tree, expected_acceptance, vicuna_7b_prefix
+from perfmodel.acceptance.reference_trees import VICUNA_7B_ORDER, vicuna_7b_prefix
+from perfmodel.acceptance.trees import Tree, expected_acceptance
 from perfmodel.planning.schedule_format import check_family
 
 
