@@ -28,7 +28,9 @@ from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import serving_plan
 from perfmodel.planning.drafters import DRAFTER_NAMES, DRAFTERS, drafters_for
-from perfmodel.planning.engine_exports import ENGINES, check_engines, drafter_weights, vllm_note, write_exports
+from perfmodel.planning.engine_export_common import drafter_weights
+from perfmodel.planning.engine_export_vllm import vllm_note
+from perfmodel.planning.engine_exports import ENGINES, check_engines, write_exports
 from perfmodel.planning.schedule import speculation_schedule
 from perfmodel.planning.schedule_bands import DEFAULT_MAX_BATCH, default_batches
 from perfmodel.planning.schedule_format import (

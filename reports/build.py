@@ -38,7 +38,9 @@ from perfmodel.planning.capacity import PlanResult, plan, serving_plan
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS, check_flavors
 from reports.ablation_figures import tree_ablation_figure
 from reports.acceptance_figures import Curve, acceptance_figure, tree_figure
-from reports.answer import answer_section, chosen_degree, gather, serving_answer
+from reports.answer import gather, serving_answer
+from reports.answer_page import answer_section
+from reports.answer_words import chosen_degree
 from reports.capacity_figures import capacity_figure
 from reports.html import Page
 from reports.output_folder import staged

@@ -28,9 +28,10 @@ from perfmodel.models.config import load_model
 from perfmodel.planning import simulation_summary, simulations
 from perfmodel.planning.capacity import PlanResult
 from perfmodel.planning.result import device_paragraph, overall
-from reports.answer import compare_answer_line, compare_answer_section, device_answers, serving_answer
+from reports.answer import serving_answer
 from reports.build import capacity_plan
 from reports.capacity_figures import capacity_figure
+from reports.compare_answer import compare_answer_line, compare_answer_section, device_answers
 from reports.compare_figures import (
     ceilings_figure,
     latency_figure,

@@ -19,8 +19,9 @@ from perfmodel.planning.capacity import PlanResult
 from perfmodel.planning.drafter_choice import best_drafters
 from perfmodel.planning.drafters import DRAFTER_NAMES, Drafter
 from perfmodel.planning.schedule import view_evidence
-from reports import prose, tables
-from reports.answer import EVIDENCE_CSS, evidence, legend
+from reports import drafter_prose, prose, tables
+from reports.answer import EVIDENCE_CSS, evidence
+from reports.answer_page import legend
 from reports.html import Cell, Page
 from reports.render import Drawn, png_only
 from reports.report import Report
@@ -145,7 +146,7 @@ def drafter_section(
     shown first where there are any."""
     page.heading(DRAFTERS_HEADING)
     if measured is not None and len(measured):
-        page.paragraph(prose.measured_drafting_text(measured, report.view.spec.key))
+        page.paragraph(drafter_prose.measured_drafting_text(measured, report.view.spec.key))
     page.paragraph(
         "Three ways to draft the tokens a step verifies, priced alike: speedup = tokens per step x T(plain) / "
         "T(step). The Medusa heads draft the tree inside the step, in one parallel pass; EAGLE drafts it depth "
@@ -160,7 +161,7 @@ def drafter_section(
     said = evidence(name)
     page.style(EVIDENCE_CSS).style(BEST_CSS)
     for step in dict.fromkeys(compared["step"]):
-        page.paragraph(prose.drafter_wins_text(chosen, step))
+        page.paragraph(drafter_prose.drafter_wins_text(chosen, step))
         table = tables.drafter_table(chosen, step)
         rows = [
             [
@@ -176,8 +177,8 @@ def drafter_section(
         page.cell_table(list(table.columns), rows)
     legend(page, {name})
     page.paragraph("What each drafter's numbers rest on:")
-    page.bullets(prose.drafter_sources(drafters))
-    caveat = prose.through_origin_text(drafters)
+    page.bullets(drafter_prose.drafter_sources(drafters))
+    caveat = drafter_prose.through_origin_text(drafters)
     if caveat:
         page.paragraph(caveat, note=True)
 

@@ -132,7 +132,7 @@ def test_reports_keep_eagle_closed_loops_apart_from_the_heads():
     """An EAGLE run is evidence for EAGLE's trees, never for the heads' decision map; the
     drafters' section states it first."""
     from perfmodel.measured.store import stored_closed_loops
-    from reports.prose import measured_drafting_text
+    from reports.drafter_prose import measured_drafting_text
     from reports.sources import load_validation
 
     key = "cpu-amd-epyc-2c"

@@ -22,6 +22,7 @@ from perfmodel.base.paths import TOOLKIT_ROOT
 from perfmodel.cli import run
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
+from perfmodel.planning import engine_export_vllm as vllm_export
 from perfmodel.planning import engine_exports as ex
 from perfmodel.planning.drafter_choice import best_drafters
 from perfmodel.planning.drafters import DRAFT_SIZES, drafters_for
@@ -235,7 +236,7 @@ def test_vllm_batch_only_tables_one_per_context_band(measured_heads):
     _, chains = measured_heads
     files = ex.export_files(chains, "vllm")
     per_context = {n: json.loads(t) for n, t in files.items() if ".dynamic.context-" in n}
-    assert len(per_context) == len(ex.k_grid(chains).contexts) > 1
+    assert len(per_context) == len(vllm_export.k_grid(chains).contexts) > 1
     for name, config in per_context.items():
         lo = int(name.split("context-")[1].split("-")[0])
         lookup = vllm_lookup(config["num_speculative_tokens_per_batch_size"])
@@ -506,7 +507,7 @@ def test_vllm_gets_no_dynamic_table_where_the_bands_run_several_drafters():
     assert not any("dynamic" in name for name in files)
     methods = {json.loads(t)["method"] for n, t in files.items() if n.startswith("speculative-config.")}
     assert methods == {"eagle", "draft_model"}
-    assert "EAGLE, draft model" in ex.vllm_note(chains)
+    assert "EAGLE, draft model" in vllm_export.vllm_note(chains)
 
 
 def test_weights_are_named_per_drafter(best):
