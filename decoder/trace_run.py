@@ -18,6 +18,7 @@ from decoder.trace_ops import META, TORCH_DTYPES, weight_storages
 from decoder.trace_recorder import HostLists, StepRecorder, module_calls
 from decoder.tree import TreeBuffers, tree_buffers
 from perfmodel.acceptance.trees import Tree, greedy_tree, max_nodes
+from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.models.config import ModelConfig
@@ -65,7 +66,7 @@ def step_tree(candidates: int, heads: int, topk: int) -> Tree:
 
 def check_step(model: ModelConfig, batch: int, context: int, candidates: int, dtype: str, acceptance: str) -> None:
     for name, value in (("batch", batch), ("context", context), ("tree size", candidates)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_count(value):
             raise PerfkitError(f"{name} must be an integer >= 1, got {value!r}")
     if dtype not in TORCH_DTYPES:
         raise PerfkitError(f"the decoder runs {', '.join(TORCH_DTYPES)}; got dtype {dtype!r}")

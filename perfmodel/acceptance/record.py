@@ -12,12 +12,12 @@ acceptance-*.json by name.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from perfmodel.base.checks import is_integer, is_real
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.models.config import resolve_model_path
@@ -110,12 +110,12 @@ class AcceptanceRecord:
             if not isinstance(run, dict) or "tree_size" not in run or "mean_accepted_tokens" not in run:
                 raise bad(f"per_tree_size[{i}] needs tree_size and mean_accepted_tokens")
             size, tokens = run["tree_size"], run["mean_accepted_tokens"]
-            if not _integer(size) or size < 1 or not _number(tokens):
+            if not is_integer(size) or size < 1 or not is_real(tokens, finite=False):
                 raise bad(f"per_tree_size[{i}]: tree_size {size!r} must be an integer >= 1, tokens {tokens!r} a number")
             lengths = run.get("path_lengths")
             if lengths is not None and not (
                 isinstance(lengths, list)
-                and all(isinstance(r, list) and r and all(_integer(n) and 1 <= n <= size for n in r) for r in lengths)
+                and all(isinstance(r, list) and r and all(is_integer(n) and 1 <= n <= size for n in r) for r in lengths)
             ):
                 raise bad(
                     f"per_tree_size[{i}]: path_lengths must be lists (one per prompt) of integers from 1 to the "
@@ -129,7 +129,7 @@ class AcceptanceRecord:
         if accuracy is None and drafter != "medusa":
             rows = []
         elif not all(isinstance(r, list) and r and len(r) == len(rows[0]) for r in rows) or not all(
-            _number(a) and 0 <= a <= 1 for r in rows for a in r
+            is_real(a, finite=False) and 0 <= a <= 1 for r in rows for a in r
         ):
             raise bad("head_topk_accuracy must be a (heads, top-k) list of lists of probabilities in [0, 1]")
         tree = _optional(data, "tree", OBJECT, bad) or {}
@@ -175,17 +175,9 @@ def check_acceptance_grows(runs, bad) -> None:
             )
 
 
-def _integer(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 # What an optional setting must be: a test of its value, and how an error says it.
-INTEGER = (_integer, "an integer")
-NUMBER = (_number, "a number")
+INTEGER = (is_integer, "an integer")
+NUMBER = (lambda v: is_real(v, finite=False), "a number")
 TEXT = (lambda v: isinstance(v, str), "a string")
 OBJECT = (lambda v: isinstance(v, dict), "a JSON object")
 TRUTH = (lambda v: isinstance(v, bool), "true or false")

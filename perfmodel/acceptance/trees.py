@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 
 TreePath = tuple[int, ...]
@@ -29,7 +30,7 @@ class Tree:
         if len(paths) != len(self.paths):
             raise PerfkitError("tree has duplicate paths")
         for path in paths:
-            if not path or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in path):
+            if not path or not all(is_count(r, 0) for r in path):
                 raise PerfkitError(f"tree path {path!r} must be a non-empty tuple of ranks >= 0")
         known = set(paths)
         for path in paths:

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from hw_specs import SPEC_DIR
+from perfmodel.base.checks import is_real
 from perfmodel.base.dtypes import DTYPES, check_dtype
 from perfmodel.base.errors import PerfkitError
 
@@ -147,7 +148,7 @@ def parse_spec(data: object, path: Path) -> HardwareSpec:
         raise PerfkitError(f"{where}: expected a mapping of fields, got {type(data).__name__}")
 
     def number(name: str, value: object, positive: bool = False) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not is_real(value):
             raise PerfkitError(f"{where}: field {name!r} must be a number, got {value!r}")
         if value < 0 or (positive and value == 0):
             raise PerfkitError(f"{where}: field {name!r} must be positive, got {value!r}")

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmodel.acceptance.trees import Tree
+from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.allreduce import tp_comm_time_per_step
 from perfmodel.latency.logits_gather import gather_time
@@ -86,7 +87,7 @@ class DraftShape:
     def __post_init__(self) -> None:
         for name in ("depth", "top_k"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_count(value):
                 raise PerfkitError(f"EAGLE's draft {name} must be an integer >= 1, got {value!r}")
 
     def depths(self, candidates, depth=None) -> np.ndarray:
@@ -130,7 +131,7 @@ class StaticTreeDraft:
     cached = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
+        if not is_count(self.window, 0):
             raise PerfkitError(f"the draft's context window must be an integer >= 0, got {self.window!r}")
         sizes = [t.size for t in self.trees]
         if len(set(sizes)) != len(sizes):

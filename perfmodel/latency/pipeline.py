@@ -67,6 +67,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.latency.kinds import HOST_ONLY_KINDS, KINDS, MEMORY_KINDS
@@ -307,7 +308,7 @@ def price_pipeline(
         raise PerfkitError(f"trace has kernel kinds with no host cost: {', '.join(unknown)}")
     issue = np.array([host.seconds[kind] for kind in kinds], dtype=float)[codes]
     sync = (kinds == "host_sync")[codes]
-    if isinstance(python_items, bool) or not isinstance(python_items, int | np.integer) or python_items < 0:
+    if not is_count(python_items, 0):
         raise PerfkitError(f"python_items must be a count >= 0, got {python_items!r}")
     if python_items:
         where = int(np.flatnonzero(sync)[-1]) + 1 if sync.any() else len(codes)

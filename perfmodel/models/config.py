@@ -12,6 +12,7 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
+from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.base.paths import TOOLKIT_ROOT
@@ -66,7 +67,7 @@ class ModelConfig:
                 f"model {self.name}: tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}"
             )
         context = self.max_context
-        if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
+        if context is not None and not is_count(context):
             raise PerfkitError(f"model {self.name}: max_context must be an integer >= 1 or None, got {context!r}")
         if context is not None and context > MAX_CONTEXT:
             raise PerfkitError(f"model {self.name}: max_context must be at most {MAX_CONTEXT:,}, got {context!r}")
@@ -76,7 +77,7 @@ class ModelConfig:
                 continue
             smallest = 0 if f.name == "medusa_heads" else 1
             largest = MAX_HEADS if f.name == "medusa_heads" else MAX_DIMENSION
-            if isinstance(value, bool) or not isinstance(value, int) or not smallest <= value <= largest:
+            if not is_count(value, smallest) or value > largest:
                 raise PerfkitError(
                     f"model {self.name}: {f.name} must be an integer from {smallest} to {largest:,}, got {value!r}"
                 )
@@ -118,7 +119,7 @@ class ModelConfig:
         head's vocabulary splits too (`vocab_per_device`: vocab_size stays the whole
         vocabulary, which the gathered logits span). The embedding's gather, norms and hidden
         size stay whole. tp=1 is the model itself; a shard is not split again."""
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        if not is_count(tp):
             raise PerfkitError(f"model {self.name}: tensor-parallel degree must be a positive integer, got {tp!r}")
         if tp == 1:
             return self

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from perfmodel.base.checks import is_count
 from perfmodel.base.dtypes import ELEMENT_BYTES
 from perfmodel.base.errors import PerfkitError
 from perfmodel.models.config import ModelConfig
@@ -34,7 +35,7 @@ class Grid:
             values = getattr(self, name)
             if not values and name != "linear_tokens":
                 raise PerfkitError(f"grid {name} is empty")
-            bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+            bad = [v for v in values if not is_count(v)]
             if bad:
                 raise PerfkitError(f"grid {name} must be positive integers, got {bad[0]!r}")
 
@@ -77,7 +78,7 @@ FINE_TOKENS_UP_TO = 512
 def fine_token_grid(largest: int) -> tuple[int, ...]:
     """Token counts at which to time linear ops: 1, 2 and 4 (the decode end), every 8 up to
     512 (8, 16, ..., 512), then powers of two (1024, 2048, ...); none above `largest`."""
-    if isinstance(largest, bool) or not isinstance(largest, int) or largest < 1:
+    if not is_count(largest):
         raise PerfkitError(f"the fine token grid's largest token count must be a positive integer, got {largest!r}")
     fine = {1, 2, 4, *range(FINE_TOKEN_STEP, FINE_TOKENS_UP_TO + 1, FINE_TOKEN_STEP)}
     powers = {2**k for k in range(FINE_TOKENS_UP_TO.bit_length(), largest.bit_length())}

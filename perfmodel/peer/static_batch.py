@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 from perfmodel.models.operators import WEIGHT_OPS
 
@@ -42,7 +43,7 @@ class StaticBatch:
 def static_batch(step, batch: int, prompt_len: int, response_len: int) -> StaticBatch:
     """The static batch of a tensor-parallel step model (perfmodel.latency.tensor_parallel)."""
     for name, value in (("batch", batch), ("prompt_len", prompt_len), ("response_len", response_len)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        if not is_count(value):
             raise PerfkitError(f"{name} must be an integer >= 1, got {value!r}")
     if response_len < 2:
         raise PerfkitError(f"response_len must be >= 2 for a time per output token, got {response_len}")

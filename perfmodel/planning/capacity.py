@@ -56,6 +56,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, describe_acceptance, medusa_acceptance
+from perfmodel.base.checks import is_count, is_real
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
@@ -137,11 +138,9 @@ def plan(
         latency_target_s,
         throughput_target,
     )
-    if isinstance(memory_reserve, bool) or not isinstance(memory_reserve, (int, float)) or not 0 <= memory_reserve < 1:
+    if not is_real(memory_reserve, finite=False) or not 0 <= memory_reserve < 1:
         raise PerfkitError(f"memory_reserve must be a fraction in [0, 1), got {memory_reserve!r}")
-    if tensor_parallel is not None and (
-        isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1
-    ):
+    if tensor_parallel is not None and not is_count(tensor_parallel):
         raise PerfkitError(f"tensor_parallel must be a positive integer or None (auto), got {tensor_parallel!r}")
     batches = None if batches is None else positive_ints(batches, "batches")
     check_medusa(medusa)

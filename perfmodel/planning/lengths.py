@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmodel.base.checks import is_real
 from perfmodel.base.errors import PerfkitError
 
 DEFAULT_PROMPT_LEN = 512
@@ -44,12 +45,7 @@ class Lengths:
     @classmethod
     def checked(cls, mean, p95, name: str, labels=(" mean", " p95")) -> Lengths:
         for what, x in zip(labels, (mean, p95)):
-            if (
-                isinstance(x, bool)
-                or not isinstance(x, (int, float, np.integer, np.floating))
-                or not math.isfinite(x)
-                or x < 1
-            ):
+            if not is_real(x) or x < 1:
                 raise PerfkitError(
                     f"{name}{what} must be a number of tokens >= 1, got {x!r} (give an int, a (mean, p95) pair or a "
                     "list of samples)"
@@ -74,9 +70,7 @@ class Workload:
     def __post_init__(self) -> None:
         for name in ("latency_target_s", "throughput_target"):
             value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
-            ):
+            if value is not None and (not is_real(value) or value <= 0):
                 raise PerfkitError(f"{name} must be a positive number, got {value!r}")
 
     @property

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 from perfmodel.serving.costs import ServingCosts
 from perfmodel.serving.workload import Requests
@@ -52,9 +53,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.prefill not in PREFILL_MODES:
             raise PerfkitError(f"unknown prefill mode {self.prefill!r}; choose one of: {', '.join(PREFILL_MODES)}")
-        if isinstance(self.chunk_tokens, bool) or not isinstance(self.chunk_tokens, int) or self.chunk_tokens < 1:
+        if not is_count(self.chunk_tokens):
             raise PerfkitError(f"chunk_tokens must be a positive integer, got {self.chunk_tokens!r}")
-        if isinstance(self.max_seqs, bool) or not isinstance(self.max_seqs, int) or self.max_seqs < 1:
+        if not is_count(self.max_seqs):
             raise PerfkitError(f"max_seqs must be a positive integer, got {self.max_seqs!r}")
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from perfmodel.base.checks import is_count, is_real
 from perfmodel.base.errors import PerfkitError
 from perfmodel.planning.lengths import Lengths
 
@@ -27,9 +28,7 @@ Z95 = 1.6448536269514722
 def positive(value, name: str, allow_none: bool = True):
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise PerfkitError(f"{name} must be a positive number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
+    if not is_real(value) or value <= 0:
         raise PerfkitError(f"{name} must be a positive number, got {value!r}")
     return float(value)
 
@@ -125,7 +124,7 @@ class ServingWorkload:
 
     def __post_init__(self) -> None:
         positive(self.rate, "request rate")
-        if isinstance(self.requests, bool) or not isinstance(self.requests, int) or self.requests < 10:
+        if not is_count(self.requests, 10):
             raise PerfkitError(f"requests must be an integer >= 10 (a simulation's sample), got {self.requests!r}")
         if self.rate is not None:
             check_resolvable(self.rate, self.requests)

@@ -1,0 +1,40 @@
+"""The one rule for what an argument must be (perfmodel.base.checks): what every check of a
+count or a number across the toolkit refuses, a bool above all (True is 1 to Python)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from perfmodel.base.checks import is_count, is_integer, is_real
+
+
+@pytest.mark.parametrize("value", [1, 7, np.int64(3), np.int32(1), 2**70])
+def test_counts(value):
+    assert is_integer(value) and is_count(value)
+
+
+@pytest.mark.parametrize("value", [True, False, 0, -1, 1.0, np.float64(2.0), "2", None, [1]])
+def test_not_counts(value):
+    assert not is_count(value)
+
+
+def test_the_least_count_is_the_callers():
+    assert is_count(0, 0) and not is_count(-1, 0) and is_count(10, 10) and not is_count(9, 10)
+    assert is_integer(-5) and not is_integer(True)
+
+
+@pytest.mark.parametrize("value", [0, 1.5, -2.0, np.float32(0.25), np.int64(4), 10**20])
+def test_reals(value):
+    assert is_real(value)
+
+
+@pytest.mark.parametrize("value", [True, math.nan, math.inf, -math.inf, "1.5", None, 1j])
+def test_not_finite_reals(value):
+    assert not is_real(value)
+
+
+def test_infinity_is_a_real_where_the_caller_allows_it():
+    assert is_real(math.inf, finite=False) and is_real(math.nan, finite=False) and not is_real(True, finite=False)
