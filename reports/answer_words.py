@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from perfmodel.cli.workload_options import WorkloadSettings
+from perfmodel.planning.medusa_setting import MedusaSetting
 from perfmodel.serving.capacity import ServingAnswer, ServingOption
 from perfmodel.serving.summary import option_line
 from reports.answer import PageAnswer, band_labels, evidence, max_batch
@@ -46,7 +47,7 @@ def tree_sentence(answer: PageAnswer) -> str:
     cell = answer.cells()[row][column]
     at = f"at batch {batch} ({whence}) and context {answer.context}"
     best = None if answer.serving is None else answer.serving.best
-    if best is not None and best.medusa == "off" and cell.tree_size > 1:
+    if best is not None and best.medusa == MedusaSetting.OFF and cell.tree_size > 1:
         return (
             "Recommended: Medusa off: the serving simulation below ranks it first (the fewest devices for the rate, "
             f"then the most tokens/s per device). {at.capitalize()} the map's fastest step would be a tree of "

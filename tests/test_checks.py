@@ -3,6 +3,7 @@ count or a number across the toolkit refuses, a bool above all (True is 1 to Pyt
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -38,3 +39,17 @@ def test_not_finite_reals(value):
 
 def test_infinity_is_a_real_where_the_caller_allows_it():
     assert is_real(math.inf, finite=False) and is_real(math.nan, finite=False) and not is_real(True, finite=False)
+
+
+def test_a_medusa_setting_is_typed_at_the_edge_and_reads_as_its_name():
+    from perfmodel.base.errors import PerfkitError
+    from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
+
+    setting = check_medusa("off")
+    assert (
+        setting is MedusaSetting.OFF
+        and f"{setting}" == "off"
+        and json.dumps({"medusa": setting}) == '{"medusa": "off"}'
+    )
+    with pytest.raises(PerfkitError, match="unknown medusa setting 'sometimes'; choose from: auto, on, off"):
+        check_medusa("sometimes")

@@ -66,7 +66,7 @@ from perfmodel.measured.device_view import DeviceView, resolve_devices
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.planning.device_plan import Setting, plan_device, plan_device_auto_tp
 from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths, Workload
-from perfmodel.planning.medusa_setting import check_medusa
+from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.memory import DEFAULT_RESERVE
 from perfmodel.planning.result import DEVICE_COLUMNS, PlanResult
 from perfmodel.planning.simulations import CANDIDATE_SIZES
@@ -143,8 +143,8 @@ def plan(
     if tensor_parallel is not None and not is_count(tensor_parallel):
         raise PerfkitError(f"tensor_parallel must be a positive integer or None (auto), got {tensor_parallel!r}")
     batches = None if batches is None else positive_ints(batches, "batches")
-    check_medusa(medusa)
-    speculate = model.medusa_heads and medusa != "off"
+    medusa = check_medusa(medusa)
+    speculate = model.medusa_heads and medusa != MedusaSetting.OFF
     sizes = np.union1d(positive_ints(sizes, "tree sizes"), [1]) if speculate else np.array([1])
     acceptance = medusa_acceptance(acceptance).model
     accept = tabulated(acceptance, sizes)

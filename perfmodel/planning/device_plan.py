@@ -18,6 +18,7 @@ from perfmodel.latency.tensor_parallel import usable_degrees
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.lengths import Workload
+from perfmodel.planning.medusa_setting import MedusaSetting
 from perfmodel.planning.memory import GB, MemoryFit, memory_fit
 from perfmodel.planning.result import BAND_COLUMNS
 from perfmodel.planning.simulations import pick_best, speedup_table
@@ -68,7 +69,7 @@ def plan_device_auto_tp(setting: Setting):
 
 def runs_heads(setting: Setting) -> bool:
     """Whether the plan's deployment loads the Medusa heads: not with Medusa off."""
-    return setting.medusa != "off" and setting.model.medusa_heads > 0
+    return setting.medusa != MedusaSetting.OFF and setting.model.medusa_heads > 0
 
 
 def fit_degree(
@@ -173,11 +174,11 @@ def plan_device(setting: Setting, tp: int):
     # Best tree per batch among those whose KV fits (plain decoding always does): the most
     # speedup (so the least time per token at that batch), ties to the smaller tree.
     eligible = table["fits"]
-    if setting.medusa == "on":  # a tree at every batch one fits at, even where it loses
+    if setting.medusa == MedusaSetting.ON:  # a tree at every batch one fits at, even where it loses
         trees = eligible & (table["tree_size"] > 1)
         eligible = trees | (eligible & ~table["batch"].isin(table.loc[trees, "batch"]))
     band = pick_best(table, ["batch"], eligible=eligible).reset_index(drop=True)
-    if setting.medusa == "on":
+    if setting.medusa == MedusaSetting.ON:
         band["speculate"] = band["tree_size"] > 1
     band["tree"] = np.where(band["speculate"], band["tree_size"].astype(str), "none")
     band["per_token_ms"] = band["per_token_s"] * 1e3

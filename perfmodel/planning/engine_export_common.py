@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.planning.drafters import DRAFTERS
+from perfmodel.planning.medusa_setting import MedusaSetting
 from perfmodel.planning.schedule_format import OFF, ScheduleBand, SpeculationSchedule
 
 Weights = dict[str, str]  # drafter -> where an engine loads its weights from
@@ -57,7 +58,8 @@ def provenance(schedule: SpeculationSchedule, bands: list[ScheduleBand]) -> list
     what = (
         TREE_WORDS[band.drafter].format(**vars(band))
         if band.speculate
-        else "off: plain decoding" + (f" ({schedule.setting()})" if schedule.medusa == "off" else ", no tree beats it")
+        else "off: plain decoding"
+        + (f" ({schedule.setting()})" if schedule.medusa == MedusaSetting.OFF else ", no tree beats it")
     )
     gains = "; ".join(f"{b.label()} ({b.speedup:.2f}x)" for b in bands)
     return [

@@ -3,12 +3,24 @@ the capacity plan, the speculation schedule and the serving simulation alike."""
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from perfmodel.base.errors import PerfkitError
 
+
+class MedusaSetting(StrEnum):
+    """Where a deployment runs Medusa trees. A str, so it prints, compares and writes to JSON
+    as its name; code compares it with its members, never with text."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
 MEDUSA_MODES = {
-    "auto": "the best tree per band, or off where none beats plain decoding",
-    "on": "the best tree everywhere, even where it loses",
-    "off": "plain decoding everywhere",
+    MedusaSetting.AUTO: "the best tree per band, or off where none beats plain decoding",
+    MedusaSetting.ON: "the best tree everywhere, even where it loses",
+    MedusaSetting.OFF: "plain decoding everywhere",
 }
 
 
@@ -20,5 +32,6 @@ def check_setting(value: str, allowed: dict[str, str], what: str) -> str:
     return value
 
 
-def check_medusa(medusa: str) -> str:
-    return check_setting(medusa, MEDUSA_MODES, "medusa setting")
+def check_medusa(medusa: str) -> MedusaSetting:
+    """The setting `medusa` names, or one line naming what is allowed."""
+    return MedusaSetting(check_setting(medusa, MEDUSA_MODES, "medusa setting"))

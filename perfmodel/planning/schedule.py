@@ -274,7 +274,7 @@ def speculation_schedule(
     or a decoder.measure record (resolve_acceptance; None: each drafter's preset, the paper's
     for Medusa, EAGLE-2's for EAGLE). dtype None: the device's default. family, drafter, alpha
     and cost_ratio: build_schedule's (chain for vLLM's Medusa and EAGLE)."""
-    check_medusa(medusa)
+    medusa = check_medusa(medusa)
     check_family(family)
     check_drafter(drafter)
     check_flavors([step], WHOLE_STEP_FLAVORS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfmodel.planning.medusa_setting import MedusaSetting
 from perfmodel.planning.schedule_format import ScheduleBand
 from perfmodel.planning.simulations import pick_best
 
@@ -33,8 +34,10 @@ def default_contexts(max_context: int | None) -> np.ndarray:
 def best_cells(table: pd.DataFrame, medusa: str) -> pd.DataFrame:
     """The chosen row per (batch, seq_len): pick_best among the sizes `medusa` allows, in
     (batch, seq_len) order."""
-    eligible = None if medusa == "auto" else (table["tree_size"] > 1 if medusa == "on" else table["tree_size"] == 1)
-    if medusa == "on" and not eligible.any():
+    eligible = None
+    if medusa != MedusaSetting.AUTO:
+        eligible = table["tree_size"] > 1 if medusa == MedusaSetting.ON else table["tree_size"] == 1
+    if medusa == MedusaSetting.ON and not eligible.any():
         eligible = None  # nothing but plain decoding to choose from (a model without heads)
     best = pick_best(table, eligible=eligible)
     return best.sort_values(["batch", "seq_len"], kind="stable").reset_index(drop=True)

@@ -111,7 +111,7 @@ class SpeculationSchedule:
     context_grid: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        check_medusa(self.medusa)
+        object.__setattr__(self, "medusa", check_medusa(self.medusa))
         check_family(self.family)
         check_drafter(self.drafter)
         if not self.bands:

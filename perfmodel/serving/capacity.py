@@ -26,7 +26,7 @@ from perfmodel.base.launch import Launch
 from perfmodel.latency.tensor_parallel import usable_degrees
 from perfmodel.measured.device_view import DeviceView, resolve_devices
 from perfmodel.models.config import ModelConfig, load_model
-from perfmodel.planning.medusa_setting import check_medusa
+from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.memory import memory_fit
 from perfmodel.planning.schedule import build_schedule, view_evidence
 from perfmodel.planning.schedule_format import SpeculationSchedule
@@ -188,9 +188,11 @@ def replica(
     """The costs of `model` split tp ways on `view` with Medusa `medusa`: the step at the
     schedule's tree for every batch up to what the KV cache holds (at most max_seqs) and every
     context up to the longest request's, and the prefill."""
-    check_medusa(medusa)
+    medusa = check_medusa(medusa)
     kv_tokens = workload.prompt.p95 + workload.output.p95
-    fit = memory_fit(model, view.spec, dtype, tp, kv_tokens, reserve, heads=medusa != "off" and model.medusa_heads > 0)
+    fit = memory_fit(
+        model, view.spec, dtype, tp, kv_tokens, reserve, heads=medusa != MedusaSetting.OFF and model.medusa_heads > 0
+    )
     capacity = int(fit.free // fit.kv_token) if fit.free > 0 else 0
     if fit.max_batch < 1:
         where = f"{tp} x {view.spec.key}" if tp > 1 else f"one {view.spec.key}"
@@ -222,7 +224,7 @@ def replica(
         capacity,
         max(band.tree_size for band in schedule.bands),
         steps[step].label,
-        medusa != "off",
+        medusa != MedusaSetting.OFF,
     )
     return Replica(view, tp, dtype, medusa, costs, schedule)
 
@@ -302,7 +304,7 @@ def serve(
     given), or the rate that makes targets.tokens_s where that is higher. step, tracer, launch:
     the step flavour, the traced one's tracer and launch regime, as perfmodel.planning.capacity.plan
     takes them."""
-    check_medusa(medusa)
+    medusa = check_medusa(medusa)
     launch = check_launch_step(launch, step)
     model = model if isinstance(model, ModelConfig) else load_model(model)
     views = resolve_devices(devices)
@@ -312,7 +314,8 @@ def serve(
     engine = engine or EngineConfig()
     if not 0 <= reserve < 1:
         raise PerfkitError(f"reserve must be a fraction in [0, 1), got {reserve!r}")
-    modes = ("off",) if medusa == "off" or not model.medusa_heads else ("off", medusa)
+    off = MedusaSetting.OFF
+    modes = (off,) if medusa == off or not model.medusa_heads else (off, medusa)
     requests = workload.sample()
     target_rate = workload.rate if workload.rate is not None else (requests.rate if workload.trace else None)
     if targets.tokens_s is not None:

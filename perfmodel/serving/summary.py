@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from perfmodel.measured.contract import plural
+from perfmodel.planning.medusa_setting import MedusaSetting
 from perfmodel.serving.capacity import ServingAnswer, ServingOption
 
 
@@ -31,7 +32,7 @@ def option_line(o: ServingOption, q: int) -> str:
         f"{devices}at most {o.max_rate:.3g} requests/s per replica ({o.max_tokens_s:,.0f} tokens/s); at "
         f"{o.load_rate:.3g} requests/s: p{q} TTFT {ms(getattr(o, f'ttft_p{q}_s'))}, p{q} TPOT "
         f"{ms(getattr(o, f'tpot_p{q}_s'))}, mean batch {o.mean_batch:.1f}"
-        + ("" if o.medusa == "off" else f", trees in {o.tree_share:.0%} of steps")
+        + ("" if o.medusa == MedusaSetting.OFF else f", trees in {o.tree_share:.0%} of steps")
     )
 
 
@@ -66,7 +67,7 @@ def medusa_verdict(answer: ServingAnswer, device: str) -> str | None:
 def schedule_lines(option: ServingOption) -> list[str]:
     """The bands of the schedule the option runs, one line per context band: batch -> tree or off."""
     schedule = option.schedule
-    if schedule is None or option.medusa == "off":
+    if schedule is None or option.medusa == MedusaSetting.OFF:
         return []
     lines = [f"Its speculation schedule ({option.device} tp {option.tp}; evidence: {schedule.evidence}):"]
     contexts = dict.fromkeys((b.context_min, b.context_max) for b in schedule.bands)
@@ -107,8 +108,8 @@ def summary(answer: ServingAnswer) -> str:
             lines.append("  " + option_line(picked, q) if picked else f"  {device}, Medusa {mode}: meets no target")
     verdicts = [medusa_verdict(answer, d) for d in devices]
     lines += [v for v in verdicts if v]
-    with_medusa = [o for o in answer.options if o.medusa != "off" and o.meets_targets]
-    shown = best if best is not None and best.medusa != "off" else None
+    with_medusa = [o for o in answer.options if o.medusa != MedusaSetting.OFF and o.meets_targets]
+    shown = best if best is not None and best.medusa != MedusaSetting.OFF else None
     if shown is None and with_medusa:
         shown = max(with_medusa, key=lambda o: o.max_rate / o.tp)
     if shown is not None:
