@@ -21,6 +21,7 @@ import pandas as pd
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, run, workload_options
 from perfmodel.hardware.specs import load_all_specs
+from perfmodel.latency.step import StepFlavor
 from perfmodel.planning.capacity import DEFAULT_BATCHES, plan
 from perfmodel.planning.memory import DEFAULT_RESERVE
 from perfmodel.planning.result import BAND_SHOWN, PlanResult
@@ -135,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("at least one --gpu or --spec is required")
     settings = workload_options.workload_settings(args, args.throughput)
     devices = [*(args.gpu or ()), *(args.spec or ())]
-    if args.launch and args.step != "traced":
+    if args.launch and args.step != StepFlavor.TRACED:
         p.error(f"--launch {args.launch} prices the traced step's launches: use --step traced (not {args.step})")
-    tracer = plan_tracer(args.launch) if args.step == "traced" else None
+    tracer = plan_tracer(args.launch) if args.step == StepFlavor.TRACED else None
     result = plan(
         args.model,
         devices,

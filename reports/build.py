@@ -26,7 +26,7 @@ from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import writable_dir
 from perfmodel.latency.source import view_latency
-from perfmodel.latency.step import StepModel
+from perfmodel.latency.step import StepFlavor, StepModel
 from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives
 from perfmodel.latency.traced import TracedStep
 from perfmodel.measured.device_view import DeviceView, is_cpu_name, resolve_view
@@ -88,7 +88,9 @@ def whole_step(
     the decoder's traced kernels (traced, with `tracer`)."""
     comm = step_collectives(view.spec, tp, dtype, latency.stack)
     shard = model.shard(tp)
-    step = TracedStep(shard, latency, dtype, tracer) if flavor == "traced" else StepModel(shard, latency, flavor)
+    step = (
+        TracedStep(shard, latency, dtype, tracer) if flavor == StepFlavor.TRACED else StepModel(shard, latency, flavor)
+    )
     return TensorParallelStep(step, tp, comm.all_reduce, dtype, comm.gather)
 
 
@@ -96,7 +98,7 @@ def step_tracer(step: str):
     """The decoder's tracer where the page is priced by the traced step, else None. Imported
     here only then: it loads torch (about a second), which a report of the other steps never
     needs. Contexts past the model's trained one are traced as the simulations price them."""
-    if step != "traced":
+    if step != StepFlavor.TRACED:
         return None
     from decoder.trace import StepTracer
 

@@ -11,6 +11,7 @@ import pandas as pd
 from hw_specs import SPEC_DIR
 from perfmodel.acceptance.ablation import dense_against_sparse
 from perfmodel.acceptance.rates import fit_error
+from perfmodel.latency.step import StepFlavor
 from perfmodel.planning import simulation_summary, simulations
 from perfmodel.planning.capacity import PlanResult
 from reports.report import BuildConfig, Report, latency_target_ms
@@ -308,7 +309,7 @@ def input_items(report: Report, config: BuildConfig, validation: pd.DataFrame, a
 def plain_step_text(report: Report) -> str:
     """The predicted plain decoding step of the whole model at batch 1, context 1024."""
     step = report.step
-    traced = " (traced)" if report.flavor == "traced" else ""
+    traced = " (traced)" if report.flavor == StepFlavor.TRACED else ""
     return (
         f"Predicted plain decoding step of the whole model{traced} at batch 1, context 1024: "
         f"{float(step.step_time(1, 1024, 1)) * 1e3:.2f} ms (latency: {step.label})."

@@ -11,13 +11,17 @@ from pathlib import Path
 
 from perfmodel.cli.workload_options import WorkloadSettings
 from perfmodel.latency.source import LatencyModel
+from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths
 from reports.sources import ReportAcceptance
 
-FLAVORS = ("paper", "full")  # the step models simulated: the paper's simplified block, the whole model
+FLAVORS = (
+    StepFlavor.PAPER,
+    StepFlavor.FULL,
+)  # the step models simulated: the paper's simplified block, the whole model
 
 
 # How the page names the whole step it recommends from, per flavour.
@@ -37,7 +41,7 @@ def latency_target_ms(workload: WorkloadSettings) -> float | None:
 def simulated_flavors(step: str) -> tuple[str, ...]:
     """The step models a page simulates: the paper's block and the whole model, and the
     traced step beside them when the page is priced by it (--step traced)."""
-    return FLAVORS if step == "full" else (*FLAVORS, step)
+    return FLAVORS if step == StepFlavor.FULL else (*FLAVORS, StepFlavor(step))
 
 
 @dataclass(frozen=True)

@@ -53,3 +53,14 @@ def test_a_medusa_setting_is_typed_at_the_edge_and_reads_as_its_name():
     )
     with pytest.raises(PerfkitError, match="unknown medusa setting 'sometimes'; choose from: auto, on, off"):
         check_medusa("sometimes")
+
+
+def test_a_step_flavour_is_typed_at_the_edge_and_reads_as_its_name():
+    from perfmodel.base.errors import PerfkitError
+    from perfmodel.latency.step import StepFlavor
+    from perfmodel.planning.step_models import check_flavors
+
+    assert check_flavors(["traced", "paper"]) == (StepFlavor.TRACED, StepFlavor.PAPER)
+    assert all(type(f) is StepFlavor for f in check_flavors(["full"])) and f"{StepFlavor.FULL}" == "full"
+    with pytest.raises(PerfkitError, match="unknown step flavour 'fancy'; choose from: paper, full, traced"):
+        check_flavors(["fancy"])

@@ -54,7 +54,7 @@ from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.allreduce import tp_comm_time_per_step
 from perfmodel.latency.logits_gather import gather_time
-from perfmodel.latency.step import LatencySource, StepOp, check_flavor, distinct_points, layer_ops
+from perfmodel.latency.step import LatencySource, StepFlavor, StepOp, check_flavor, distinct_points, layer_ops
 from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.models.config import ModelConfig
 
@@ -176,7 +176,7 @@ def draft_pass_ops(model: ModelConfig, flavor: str, cached: bool = True) -> tupl
     LM head and the top-k. A drafter without a KV cache (cached=False) writes none, builds
     its mask every pass and ends in a norm, as the reference decoder's does."""
     check_flavor(flavor)
-    if flavor == "paper":
+    if flavor == StepFlavor.PAPER:
         return layer_ops(model, "paper")
     one_layer = dataclasses.replace(model, num_layers=1)
     layer = layer_ops(one_layer, flavor)
@@ -281,7 +281,7 @@ class EagleStep:
             self.pass_times(batch, seq_len, candidates, depth), np.zeros(np.broadcast(batch, seq_len, candidates).shape)
         )
         # The paper's step is one layer standing for each of the model's: a pass is 1/L of it.
-        return total / self.model.num_layers if self.flavor == "paper" else total
+        return total / self.model.num_layers if self.flavor == StepFlavor.PAPER else total
 
     def step_time(self, batch, seq_len, candidates=1, depth=None) -> np.ndarray:
         """Seconds per step: drafting (none for plain decoding) plus the verification."""
@@ -302,7 +302,7 @@ def eagle_step(step: TensorParallelStep, shape: DraftShape = EAGLE2_SHAPE) -> Ea
     """EAGLE's step on the shard, latency source and all-reduces of a step flavour (a
     perfmodel.planning.step_models one): a traced flavour drafts with the full inventory."""
     shard = step.shard_step
-    flavor = "full" if shard.flavor == "traced" else shard.flavor
+    flavor = StepFlavor.FULL if shard.flavor == StepFlavor.TRACED else shard.flavor
     verify = without_heads(step)
     return EagleStep(
         verify, shard.model, shard.latency, flavor, shape, step.tp, step.all_reduce, step.dtype, step.gather

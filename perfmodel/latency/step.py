@@ -26,6 +26,7 @@ and FittedRoofline fits the roofline to one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 import numpy as np
@@ -35,7 +36,19 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.fusion import UNFUSED, Fusion, stack_fusion
 from perfmodel.models.config import ModelConfig
 
-FLAVORS = ("paper", "full", "reference")
+
+class StepFlavor(StrEnum):
+    """Which step a model prices: the paper's simplified Llama block, the whole model from its
+    operator inventory, the reference implementation's step, or the decoder's traced kernels
+    (perfmodel.latency.traced). A str: it prints and writes as its name; code compares members."""
+
+    PAPER = "paper"
+    FULL = "full"
+    REFERENCE = "reference"
+    TRACED = "traced"
+
+
+FLAVORS = (StepFlavor.PAPER, StepFlavor.FULL, StepFlavor.REFERENCE)  # what StepModel prices
 
 
 class LatencySource(Protocol):
@@ -75,10 +88,10 @@ def layer_ops(model: ModelConfig, flavor: str, fusion: Fusion = UNFUSED) -> tupl
     add with the norm after it (the last with the final norm), RoPE and the KV write inside
     attention."""
     check_flavor(flavor)
-    if flavor == "paper":
+    if flavor == StepFlavor.PAPER:
         return tuple(StepOp(op) for op in ("q", "k", "v", "qk", "pv", "up", "gate", "down"))
     layers = model.num_layers
-    fused = flavor == "full"
+    fused = flavor == StepFlavor.FULL
     fusion = fusion if fused else UNFUSED
     norms = (StepOp("add_norm", 2 * layers),) if fusion.add_norm else (StepOp("norm", 2 * layers),)
     residuals = () if fusion.add_norm else (StepOp("residual", 2 * layers),)
@@ -104,12 +117,12 @@ def step_inventory(
     priced apart: perfmodel.latency.eagle), so without the heads and the candidates built
     from them; it still verifies the tree and commits the accepted path."""
     per_token = layer_ops(model, flavor, fusion)
-    if flavor == "paper":
+    if flavor == StepFlavor.PAPER:
         return per_token
     once = (StepOp("norm", label="final_norm"), StepOp("lm_head"), StepOp("verify"))
     # The reference decoder builds the mask and commits the accepted path (a one-token
     # path in plain decoding) in every step; an engine does so in Medusa steps only.
-    every_step = flavor == "reference"
+    every_step = flavor == StepFlavor.REFERENCE
     mask = (StepOp("mask", kv=True),) if medusa or every_step else ()
     heads = medusa and with_heads and model.medusa_heads > 0
     tree = (StepOp("medusa_heads", tokens="last"), StepOp("candidates")) if heads else ()
@@ -122,7 +135,7 @@ def prefill_inventory(model: ModelConfig, flavor: str, medusa: bool, fusion: Fus
     """The ops of a prompt's prefill: layer_ops over every prompt token, then the final norm,
     LM head (and Medusa heads, for the first tree's candidates) on the last token only, as
     engines compute logits for the last position. The paper's step is its layer alone."""
-    if flavor == "paper":
+    if flavor == StepFlavor.PAPER:
         return layer_ops(model, flavor)
     last = (StepOp("norm", label="final_norm", tokens="last"), StepOp("lm_head", tokens="last"))
     heads = (StepOp("medusa_heads", tokens="last"),) if medusa and model.medusa_heads else ()
@@ -189,7 +202,7 @@ class StepModel:
     def fusion(self) -> Fusion:
         """What the step runs fused: the full step as its latency source's stack runs it
         (perfmodel.latency.fusion); the paper's and the reference decoder's steps unfused."""
-        return stack_fusion(getattr(self.latency, "stack", None)) if self.flavor == "full" else UNFUSED
+        return stack_fusion(getattr(self.latency, "stack", None)) if self.flavor == StepFlavor.FULL else UNFUSED
 
     def calls(self, batch, seq_len, candidates=1):
         """The op calls of the steps at the points given (step_calls)."""

@@ -26,7 +26,7 @@ from perfmodel.latency.allreduce_tables import engine_all_reduce_stack
 from perfmodel.latency.fusion import UNFUSED
 from perfmodel.latency.logits_gather import gather_source, gather_time
 from perfmodel.latency.source import view_latency
-from perfmodel.latency.step import StepModel
+from perfmodel.latency.step import StepFlavor, StepModel
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
 
@@ -53,7 +53,7 @@ class TensorParallelStep:
             return np.zeros(np.broadcast(batch, tokens_per_seq).shape)
         tokens = np.asarray(batch) * np.asarray(tokens_per_seq)
         model = self.shard_step.model
-        if self.shard_step.flavor == "paper":  # the paper's step is one layer: its two all-reduces only
+        if self.shard_step.flavor == StepFlavor.PAPER:  # the paper's step is one layer: its two all-reduces only
             model = dataclasses.replace(model, num_layers=1)
         return tp_comm_time_per_step(model, self.tp, tokens, self.dtype, self.all_reduce)
 
@@ -61,7 +61,7 @@ class TensorParallelStep:
         """Rows of vocabulary-wide logits a step gathers: one per token the LM head runs on,
         and one per sequence and Medusa head where the step runs the heads. The paper's step
         (one layer) has no LM head."""
-        if self.shard_step.flavor == "paper":
+        if self.shard_step.flavor == StepFlavor.PAPER:
             return np.zeros(np.broadcast(batch, tokens_per_seq).shape)
         heads = self.shard_step.model.medusa_heads if getattr(self.shard_step, "with_heads", True) else 0
         b = np.asarray(batch)

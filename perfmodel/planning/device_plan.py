@@ -14,6 +14,7 @@ import pandas as pd
 
 from perfmodel.base.launch import Launch
 from perfmodel.hardware.specs import HardwareSpec
+from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.tensor_parallel import usable_degrees
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
@@ -164,7 +165,9 @@ def plan_device(setting: Setting, tp: int):
     )
     table.insert(0, "device", spec.key)
     regime = f" ({step.shard_step.launch_label})" if setting.launch is not None else ""
-    row["latency_model"] = step.label if setting.step == "full" else f"{setting.step} step{regime}: {step.label}"
+    row["latency_model"] = (
+        step.label if setting.step == StepFlavor.FULL else f"{setting.step} step{regime}: {step.label}"
+    )
     kv = table["batch"] * fit.kv_token * (w.kv_tokens + table["tree_size"] - 1)
     table["memory_gb"] = (fit.weights + fit.heads + kv) / GB
     table["fits"] = table["memory_gb"] * GB <= fit.usable

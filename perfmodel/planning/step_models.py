@@ -14,24 +14,25 @@ from __future__ import annotations
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.latency.source import decoder_latency
+from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.tensor_parallel import TensorParallelStep, tensor_parallel_steps
 from perfmodel.latency.traced import TracedStep, Tracer
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
 
-STEP_FLAVORS = ("paper", "full", "traced")
+STEP_FLAVORS = (StepFlavor.PAPER, StepFlavor.FULL, StepFlavor.TRACED)
 # The flavours that price a whole decoding step (a capacity plan, a report's recommendations).
-WHOLE_STEP_FLAVORS = ("full", "traced")
+WHOLE_STEP_FLAVORS = (StepFlavor.FULL, StepFlavor.TRACED)
 
 
-def check_flavors(flavors, allowed=STEP_FLAVORS) -> tuple[str, ...]:
+def check_flavors(flavors, allowed=STEP_FLAVORS) -> tuple[StepFlavor, ...]:
     flavors = tuple(flavors)
     unknown = [f for f in flavors if f not in allowed]
     if not flavors:
         raise PerfkitError(f"no step flavour given; choose from: {', '.join(allowed)}")
     if unknown:
         raise PerfkitError(f"unknown step flavour {', '.join(map(repr, unknown))}; choose from: {', '.join(allowed)}")
-    return flavors
+    return tuple(StepFlavor(f) for f in flavors)
 
 
 def check_tracer(flavors, tracer) -> None:
@@ -48,7 +49,7 @@ def check_launch_step(launch: Launch | str | None, step: str) -> Launch | None:
     if launch is None:
         return None
     launch = Launch.parse(launch)
-    if step != "traced":
+    if step != StepFlavor.TRACED:
         raise PerfkitError(f"--launch {launch} prices the traced step's launches: use --step traced (not {step})")
     return launch
 
