@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import write_csv
@@ -126,7 +127,11 @@ TREE_TEXT = {"medusa": "{tree_size}", "eagle": "{tree_size} d={depth} k={top_k}"
 def format_bands(schedule: SpeculationSchedule) -> str:
     frame = schedule.to_frame()
     # a Medusa schedule's table reads as it always has; another drafter's says who drafts each band
-    who = {} if schedule.drafter == "medusa" else {"drafter": [DRAFTER_NAMES.get(d, d) for d in frame["drafter"]]}
+    who = (
+        {}
+        if schedule.drafter == DrafterKind.MEDUSA
+        else {"drafter": [DRAFTER_NAMES.get(d, d) for d in frame["drafter"]]}
+    )
     shown = pd.DataFrame(
         {
             "batch": frame["batch_min"].astype(str) + "-" + frame["batch_max"].astype(str),
@@ -184,7 +189,7 @@ def plan_acceptance(drafter: str, acceptance):
     drafter's curve as python -m perfmodel.speedup hands it (the plan reads Medusa's settings
     only); drafters_for refuses another drafter's record here, in one line."""
     first = drafters_for("all" if drafter == "best" else drafter, acceptance)[0]
-    return first.choice if first.name == "medusa" else first.acceptance
+    return first.choice if first.name == DrafterKind.MEDUSA else first.acceptance
 
 
 REGRET_SHOWN = {
@@ -291,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(schedule.to_frame(), args.csv)
         print(f"bands written to {args.csv}")
     stored = stored_closed_loop_files(schedule.device) if view.is_cpu else []
-    if schedule.drafter != "medusa":  # the closed loops run the Medusa heads' trees
+    if schedule.drafter != DrafterKind.MEDUSA:  # the closed loops run the Medusa heads' trees
         if args.closed_loop or stored:
             print(f"\nno regret: the closed-loop runs measured Medusa's trees, not the {args.drafter} drafter's")
         return 0

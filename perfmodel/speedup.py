@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         check_dtype(args.dtype)
     if args.acceleration is not None and args.tree_size is None:
         raise PerfkitError("--acceleration is the tokens per step of one tree: give its size with --tree-size")
-    if args.tree_size is not None and args.drafter != "medusa":
+    if args.tree_size is not None and args.drafter != DrafterKind.MEDUSA:
         raise PerfkitError(f"--tree-size prices one Medusa tree; --drafter {args.drafter} runs the simulations only")
     drafters = drafters_for(args.drafter, args.acceptance_rates, args.draft_alpha, args.draft_cost)
     acceptance = drafters[0].choice  # None for the draft model alone
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             f"no device can run {model.name}{' in ' + args.dtype if args.dtype else ''}; skipped: {', '.join(skipped)}"
         )
 
-    medusa = args.drafter == "medusa"  # the figures and best trees are Medusa's
+    medusa = args.drafter == DrafterKind.MEDUSA  # the figures and best trees are Medusa's
     with Renderer(args.jobs) as renderer:
         figures = [
             submit_speedup_figures(renderer, d, model, dtype, table, draft, acceptance) if medusa else {}

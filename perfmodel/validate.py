@@ -9,6 +9,7 @@ import time
 
 import pandas as pd
 
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, positive_int, run
@@ -116,7 +117,7 @@ def twin_main(args, started: float) -> int:
         (args.flush != "none", "--flush"),
         (args.dynamic, "--dynamic"),
         (args.ops_csv, "--ops-csv"),
-        (args.drafter != "medusa", "--drafter eagle"),
+        (args.drafter != DrafterKind.MEDUSA, "--drafter eagle"),
     )
     for given, option in real_only:
         if given:

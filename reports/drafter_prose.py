@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.planning import simulations
 from perfmodel.planning.drafters import DEFAULT_DRAFT_COST, DRAFT_ALPHAS, DRAFTER_NAMES, Drafter
 
@@ -82,7 +83,7 @@ def drafter_sources(drafters: list[Drafter]) -> list[str]:
     items = []
     for drafter in drafters:
         said = f"{DRAFTER_NAMES[drafter.name]}: {drafter.describe()}."
-        if drafter.name == "draft":
+        if drafter.name == DrafterKind.DRAFT:
             said += (
                 f" Alpha and c are the draft-model comparison's defaults, measured for no pair: alpha "
                 f"{drafter.acceptance.alpha:g} is the middle of its {min(DRAFT_ALPHAS):g}-{max(DRAFT_ALPHAS):g}"
@@ -114,7 +115,11 @@ def through_origin_text(drafters: list[Drafter]) -> str | None:
         f"{curves} {'is a preset' if one else 'are presets'} through the origin (no intercept): "
         f"{'it keeps' if one else 'they keep'} growing with the tree where measured acceptance saturates, so the "
         "large trees picked at small batches, and their speedups, are optimistic"
-        + (" (EAGLE's is held to depth + 1 tokens, no more)" if any(d.name == "eagle" for d in presets) else "")
+        + (
+            " (EAGLE's is held to depth + 1 tokens, no more)"
+            if any(d.name == DrafterKind.EAGLE for d in presets)
+            else ""
+        )
         + ". A decoder.measure record replaces a preset with measured tokens per step: "
         "--acceptance-rates FILE (python -m decoder.measure --drafter eagle for EAGLE's, or one the checkpoint "
         "ships)."

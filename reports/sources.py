@@ -28,6 +28,7 @@ from perfmodel.acceptance.rates import (
 from perfmodel.acceptance.record import OWN_RECORD_PATTERN, AcceptanceRecord, own_record_path
 from perfmodel.acceptance.reference_trees import VICUNA_7B_ORDER, vicuna_7b_prefix
 from perfmodel.acceptance.trees import Tree
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.command_tables import read_command_csvs
 from perfmodel.models.config import resolve_model_path
@@ -76,7 +77,7 @@ def report_acceptance(acceptance: str | None, model: str) -> ReportAcceptance:
     and the Medusa heads keep the paper's preset."""
     path = None if acceptance in ACCEPTANCE_PRESETS else (Path(acceptance) if acceptance else own_record_path(model))
     given = resolve_acceptance(acceptance if path is None else path)
-    if given.drafter != "medusa":  # EAGLE's: the drafters' section prices it; the heads keep their preset
+    if given.drafter != DrafterKind.MEDUSA:  # EAGLE's: the drafters' section prices it; the heads keep their preset
         return ReportAcceptance(resolve_acceptance("paper"), None, None, eagle=given)
     return ReportAcceptance(given, given.record, path)
 
@@ -91,7 +92,7 @@ def own_eagle_record_path(model: str) -> Path | None:
         return None
     for path in sorted(folder.glob(OWN_RECORD_PATTERN)):
         try:
-            if AcceptanceRecord.load(path).drafter == "eagle":
+            if AcceptanceRecord.load(path).drafter == DrafterKind.EAGLE:
                 return path
         except PerfkitError:
             continue

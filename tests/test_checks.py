@@ -64,3 +64,13 @@ def test_a_step_flavour_is_typed_at_the_edge_and_reads_as_its_name():
     assert all(type(f) is StepFlavor for f in check_flavors(["full"])) and f"{StepFlavor.FULL}" == "full"
     with pytest.raises(PerfkitError, match="unknown step flavour 'fancy'; choose from: paper, full, traced"):
         check_flavors(["fancy"])
+
+
+def test_a_records_drafter_is_typed_when_it_is_read():
+    from perfmodel.acceptance.record import AcceptanceRecord
+    from perfmodel.base.drafter_kind import DrafterKind
+    from perfmodel.base.paths import TOOLKIT_ROOT
+
+    record = AcceptanceRecord.load(TOOLKIT_ROOT / "decoder" / "assets" / "bundled" / "acceptance-greedy.json")
+    assert record.drafter is DrafterKind.MEDUSA and json.dumps(record.drafter) == '"medusa"'
+    assert tuple(DrafterKind) == ("medusa", "eagle", "draft")

@@ -28,6 +28,7 @@ import numpy as np
 
 from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import expected_acceptance, greedy_tree, optimal_tree
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 
 PAPER_LOG_SLOPE = 0.477  # Medusa paper, Appendix G.3: acc_rate = 0.477 log(num_candidates)
@@ -337,7 +338,7 @@ def record_choice(path) -> AcceptanceChoice:
     """The acceptance of a decoder.measure record at `path` (see resolve_acceptance). An
     EAGLE record (its `drafter`) has no heads: its log fit is its curve."""
     record = AcceptanceRecord.load(path)
-    if record.drafter != "medusa":
+    if record.drafter != DrafterKind.MEDUSA:
         try:
             log = fit_log_acceptance(record.tree_sizes, record.tokens_per_step, label="fitted to decoder.measure")
         except PerfkitError as exc:

@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from perfmodel.base.checks import is_integer, is_real
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.models.config import resolve_model_path
 
 # Who drafted the trees a record measured: the Medusa heads, or an EAGLE drafter (decoder.eagle).
-RECORD_DRAFTERS = ("medusa", "eagle")
+RECORD_DRAFTERS = (DrafterKind.MEDUSA, DrafterKind.EAGLE)
 OWN_RECORD_PATTERN = "acceptance-*.json"
 PREFERRED_RECORD = "acceptance-greedy.json"
 WRITER = "python -m decoder.measure"
@@ -93,11 +94,12 @@ class AcceptanceRecord:
         def bad(what: str) -> PerfkitError:
             return PerfkitError(f"{source}: not a usable decoder.measure record ({what})")
 
-        drafter = _optional(data, "drafter", TEXT, bad) or "medusa"
+        drafter = _optional(data, "drafter", TEXT, bad) or DrafterKind.MEDUSA
         if drafter not in RECORD_DRAFTERS:
             raise bad(f"drafter must be one of {', '.join(RECORD_DRAFTERS)}, got {drafter!r}")
+        drafter = DrafterKind(drafter)
         # Head accuracies shape Medusa's trees; an EAGLE run has no heads to score.
-        required = ("per_tree_size", "head_topk_accuracy") if drafter == "medusa" else ("per_tree_size",)
+        required = ("per_tree_size", "head_topk_accuracy") if drafter == DrafterKind.MEDUSA else ("per_tree_size",)
         for key in required:
             if key not in data:
                 raise PerfkitError(f"{source}: missing {key!r}; write it with {WRITER}")
@@ -126,7 +128,7 @@ class AcceptanceRecord:
         check_acceptance_grows(per_tree_size, bad)
         accuracy = data.get("head_topk_accuracy")
         rows = accuracy if isinstance(accuracy, list) and accuracy else [None]
-        if accuracy is None and drafter != "medusa":
+        if accuracy is None and drafter != DrafterKind.MEDUSA:
             rows = []
         elif not all(isinstance(r, list) and r and len(r) == len(rows[0]) for r in rows) or not all(
             is_real(a, finite=False) and 0 <= a <= 1 for r in rows for a in r

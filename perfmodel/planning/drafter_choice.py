@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.planning.drafters import DRAFTER_NAMES, Drafter
 from perfmodel.planning.simulation_summary import beyond_context_note
 from perfmodel.planning.simulations import SIMULATIONS, depth_text, optima
@@ -37,7 +38,11 @@ def cell(row, drafter: str) -> str:
         return "off"
     size, depth = int(row[f"{drafter}_tree_size"]), row[f"{drafter}_depth"]
     edge = ">=" if row[f"{drafter}_at_edge"] else "="
-    tree = f"gamma{edge}{size - 1}" if drafter == "draft" else f"n{edge}{size}{depth_text({'depth': depth}, ' d={}')}"
+    tree = (
+        f"gamma{edge}{size - 1}"
+        if drafter == DrafterKind.DRAFT
+        else f"n{edge}{size}{depth_text({'depth': depth}, ' d={}')}"
+    )
     return f"{tree} {row[f'{drafter}_speedup']:.2f}x"
 
 

@@ -24,11 +24,12 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.acceptance.rates import AcceptanceChoice, draft_model_tokens, drafter_acceptances
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.eagle import EAGLE2_SHAPE, DraftShape, eagle_step, without_heads
 
-DRAFTERS = ("medusa", "eagle", "draft")
-DRAFTER_NAMES = {"medusa": "Medusa", "eagle": "EAGLE", "draft": "draft model"}
+DRAFTERS = tuple(DrafterKind)
+DRAFTER_NAMES = {DrafterKind.MEDUSA: "Medusa", DrafterKind.EAGLE: "EAGLE", DrafterKind.DRAFT: "draft model"}
 
 # Draft-model comparison (speculative decoding with a draft model, Leviathan et al. 2023).
 # c = draft step / target step: at batch 1 both steps are weight reads, so c is about the
@@ -103,9 +104,9 @@ class Drafter:
 
     def step(self, step):
         """This drafter's step model over a step flavour (perfmodel.planning.step_models)."""
-        if self.name == "medusa":
+        if self.name == DrafterKind.MEDUSA:
             return step
-        if self.name == "eagle":
+        if self.name == DrafterKind.EAGLE:
             return eagle_step(step, self.shape)
         return DraftModelStep(without_heads(step), self.cost_ratio)
 
@@ -113,15 +114,15 @@ class Drafter:
         """The tree's depth per size (draft passes; gamma for the draft model's chain), NA for
         Medusa's trees, whose depth the tree built decides."""
         n = np.asarray(sizes, dtype=np.int64)
-        if self.name == "medusa":
+        if self.name == DrafterKind.MEDUSA:
             return pd.array([pd.NA] * len(n), dtype="Int64")
-        return pd.array(self.shape.depths(n) if self.name == "eagle" else n - 1, dtype="Int64")
+        return pd.array(self.shape.depths(n) if self.name == DrafterKind.EAGLE else n - 1, dtype="Int64")
 
     def describe(self) -> str:
         """What it assumes, in one line."""
-        if self.name == "eagle":
+        if self.name == DrafterKind.EAGLE:
             return f"{self.label}, at most depth + 1; tree: {self.shape.describe()}"
-        if self.name == "draft":
+        if self.name == DrafterKind.DRAFT:
             return (
                 f"tokens/step {self.label}; gamma draft steps of c = {self.cost_ratio:g} x the plain step (draft step "
                 "/ target step), then the target verifies gamma + 1 tokens"

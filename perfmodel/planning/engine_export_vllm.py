@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.planning.drafters import DRAFTER_NAMES
 from perfmodel.planning.engine_export_common import Weights, by_tree, file_stem
@@ -32,13 +33,13 @@ def check_vllm(schedule: SpeculationSchedule) -> None:
     """vLLM drafts chains: its Medusa one token per head, at most the model's heads; its EAGLE
     one token per draft pass (top-1); a draft model its gamma. Refuse any other tree."""
     for band in schedule.bands:
-        if band.drafter == "medusa" and (not band.chain or band.draft_tokens > schedule.medusa_heads):
+        if band.drafter == DrafterKind.MEDUSA and (not band.chain or band.draft_tokens > schedule.medusa_heads):
             raise PerfkitError(
                 f"vLLM's Medusa drafts one token per head (a chain of at most {schedule.medusa_heads}); the tree of "
                 f"{band.tree_size} tokens at {band.label()} is not one: export vLLM from a chain schedule "
                 "(speculation_schedule(..., family='chain'))"
             )
-        if band.drafter == "eagle" and not band.chain:
+        if band.drafter == DrafterKind.EAGLE and not band.chain:
             raise PerfkitError(
                 f"vLLM's EAGLE drafts one token per pass (top-1, a chain); the EAGLE tree of {band.tree_size} tokens "
                 f"(top-{band.top_k}) at {band.label()} is not one: export vLLM from a chain schedule "
@@ -55,7 +56,7 @@ def vllm_band_config(band: ScheduleBand, weights: Weights) -> dict | None:
         "model": weights[band.drafter],
         "num_speculative_tokens": band.draft_tokens,
     }
-    if band.drafter == "medusa":
+    if band.drafter == DrafterKind.MEDUSA:
         config["speculative_token_tree"] = vllm_tree(band.paths)
     return config
 

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import yaml
 
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.planning.engine_export_common import Weights, by_tree, commented, drafter_weights, file_stem, provenance
 from perfmodel.planning.engine_export_vllm import check_vllm, vllm_files
@@ -82,7 +83,7 @@ def sglang_args(band: ScheduleBand, weights: Weights) -> list[str]:
     An EAGLE or draft-model band names its weights (a Medusa band has none SGLang loads)."""
     if not band.speculate:
         return []
-    path = [] if band.drafter == "medusa" else ["--speculative-draft-model-path", weights[band.drafter]]
+    path = [] if band.drafter == DrafterKind.MEDUSA else ["--speculative-draft-model-path", weights[band.drafter]]
     return [
         "--speculative-algorithm",
         SGLANG_ALGORITHMS[band.drafter],
@@ -124,7 +125,7 @@ def trtllm_options(band: ScheduleBand, heads: int, weights: Weights) -> dict:
     (`heads`: the model's Medusa heads), an EagleDecodingConfig or a DraftTargetDecodingConfig."""
     if not band.speculate:
         return {}
-    if band.drafter == "eagle":
+    if band.drafter == DrafterKind.EAGLE:
         # EagleDecodingConfig, https://nvidia.github.io/TensorRT-LLM/1.3.0rc27/llm-api/reference/EagleDecodingConfig.html:
         # EAGLE-2's dynamic tree as TensorRT-LLM's test_llm_api_eagle2 sets it (max_draft_len = the tree's draft
         # tokens, num_eagle_layers = its depth, dynamic_tree_max_topK = the top-k each node expands,
@@ -140,7 +141,7 @@ def trtllm_options(band: ScheduleBand, heads: int, weights: Weights) -> dict:
                 "speculative_model": weights["eagle"],
             }
         }
-    if band.drafter == "draft":
+    if band.drafter == DrafterKind.DRAFT:
         # DraftTargetDecodingConfig and disable_overlap_scheduler, as the Draft/Target section of
         # https://nvidia.github.io/TensorRT-LLM/1.4.0rc1/features/speculative-decoding.html runs it
         return {

@@ -53,6 +53,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.eagle import DraftShape
@@ -107,10 +108,10 @@ def drafted_fields(drafter: Drafter | None, size: int) -> dict:
     per step. A Medusa drafter's acceptance is its TreeBook, which holds the tree."""
     if drafter is None or size == 1:
         return dict(tree_size=1, paths=(), acceptance=1.0, drafter=OFF, depth=0, top_k=0)
-    if drafter.name == "medusa":
+    if drafter.name == DrafterKind.MEDUSA:
         tree = drafter.acceptance.trees[size]
         shape = dict(paths=tree.paths, depth=tree.depth, top_k=tree.max_rank + 1)
-    elif drafter.name == "eagle":
+    elif drafter.name == DrafterKind.EAGLE:
         # the width of EAGLE's last pass: the nodes every pass after the first expands (DraftShape)
         passes = drafter.shape.pass_tokens(size)
         shape = dict(paths=(), depth=len(passes), top_k=int(passes[-1]))
@@ -136,7 +137,7 @@ def searched_drafters(
     several = drafter == "best"
     out, notes = [], []
     for found in drafters_for("all" if several else drafter, acceptance, alpha, cost_ratio):
-        if found.name == "medusa":
+        if found.name == DrafterKind.MEDUSA:
             if model.medusa_heads:
                 book = tree_book(found.choice, sizes[sizes > 1], model.medusa_heads, family)
                 notes += book.notes
@@ -147,11 +148,11 @@ def searched_drafters(
                     + ("Medusa is not searched" if several else "plain decoding everywhere")
                 )
             found = dataclasses.replace(found, acceptance=book, sizes=(1, *sorted(book.trees)))
-        elif found.name == "eagle" and family == "chain":
+        elif found.name == DrafterKind.EAGLE and family == "chain":
             shape = DraftShape(found.shape.depth, top_k=1)
             found = dataclasses.replace(eagle_drafter(found.choice, shape), sizes=tuple(range(1, shape.depth + 2)))
             notes.append(EAGLE_CHAIN_NOTE)
-        elif found.name == "eagle":
+        elif found.name == DrafterKind.EAGLE:
             found = dataclasses.replace(found, sizes=tuple(int(n) for n in np.union1d(sizes, [1])))
         out.append(found)
     return out, notes
@@ -163,7 +164,7 @@ def edge_note(drafter: Drafter, cells: pd.DataFrame, family: str, named: bool) -
     top = max(drafter.sizes)
     if len(drafter.sizes) <= 2 or not (cells["tree_size"] == top).any():
         return []
-    if drafter.name == "draft":
+    if drafter.name == DrafterKind.DRAFT:
         text = f"the longest draft searched (gamma {top - 1}) is the best somewhere: a longer one may do better"
     elif family == "tree":
         text = f"the largest tree searched ({top} tokens) is the best somewhere: a larger one may do better"

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.acceptance.trees import Tree
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.planning.drafters import (
     DRAFTER_NAMES,
@@ -184,7 +185,7 @@ class SpeculationSchedule:
 
     def setting(self) -> str:
         """Who drafts and the speculation setting, in words: 'medusa auto', 'drafter best, speculation auto'."""
-        if self.drafter == "medusa":
+        if self.drafter == DrafterKind.MEDUSA:
             return f"medusa {self.medusa}"
         return f"drafter {self.drafter}, speculation {self.medusa}"
 
