@@ -24,6 +24,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, run
 from perfmodel.hardware.specs import resolve_spec
 from perfmodel.latency.attention_table import AttentionTable, attention_devices, attention_stacks, attention_table
+from perfmodel.models.operators import Phase
 
 MAX_BATCH = 256
 MAX_LEN = 32768
@@ -35,7 +36,7 @@ def leave_one_config_out(
 ) -> pd.DataFrame:
     """One row per measured point of each configuration, predicted without that
     configuration: time_s (measured), predicted_s, outside."""
-    kernels = table.decode if phase == "decode" else table.prefill
+    kernels = table.decode if phase == Phase.DECODE else table.prefill
     out = []
     for (heads, kv_heads), grid in kernels.grids.items():
         batch, length, seconds = grid.points()
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     for device in devices:
         for stack in [args.stack] if args.stack else attention_stacks(device):
             table = attention_table(device, stack, "bf16")
-            results += [leave_one_config_out(table, phase) for phase in ("decode", "prefill")]
+            results += [leave_one_config_out(table, phase) for phase in (Phase.DECODE, Phase.PREFILL)]
     table = summary(pd.concat(results, ignore_index=True))
     print(
         "Leave one head configuration out (head size 128): each measured heads x KV heads predicted from the others "

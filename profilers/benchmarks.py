@@ -30,6 +30,7 @@ from perfmodel.models.operators import (
     FusedAttention,
     Kernel,
     Matmul,
+    Phase,
     op_kernels,
     query_len,
 )
@@ -164,11 +165,11 @@ class OpBenchmark:
         key, value = (new((k.batch, k.kv_heads, k.kv_len, k.head_dim)) for _ in range(2))
         operands = {"q": q, "k": key, "v": value}
         gqa = k.heads != k.kv_heads
-        if self.phase == "prefill":
+        if self.phase == Phase.PREFILL:
             return KernelRun(
                 k, operands, lambda: F.scaled_dot_product_attention(q, key, value, is_causal=True, enable_gqa=gqa)
             )
-        mask = tree_attention_mask(k.q_len, k.kv_len, self.device) if self.phase == "tree" and k.q_len > 1 else None
+        mask = tree_attention_mask(k.q_len, k.kv_len, self.device) if self.phase == Phase.TREE and k.q_len > 1 else None
         return KernelRun(
             k,
             {**operands, "mask": mask},

@@ -36,7 +36,7 @@ from perfmodel.measured.aiconfigurator import TORCH_ENGINE, TORCH_FOLDER
 from perfmodel.measured.contract import significant
 from perfmodel.measured.store import measured_rows, read_meta
 from perfmodel.models.config import load_model
-from perfmodel.models.operators import LINEAR_OPS, op_kernels, query_len
+from perfmodel.models.operators import LINEAR_OPS, Phase, op_kernels, query_len
 from profilers.sweeper import FAR_ABOVE_FLOOR, GRAPH_BELOW_S
 
 KERNEL_SOURCE = {"gemm": "torch.mm (cuBLAS)", "attention": "torch scaled_dot_product_attention"}
@@ -163,10 +163,10 @@ def _attention_tables(folder: Path, device: str, dropped: list[int]) -> dict[str
         raise PerfkitError(f"{folder}: no attention sweeps (*-attention.csv) with sdpa rows to import")
     rows = pd.concat(frames, ignore_index=True)
     shape = ["batch", "kv_len", "num_heads", "num_kv_heads", "head_dim"]
-    tree = rows[(rows["phase"] == "tree") & (rows["q_len"] > 1)]
+    tree = rows[(rows["phase"] == Phase.TREE) & (rows["q_len"] > 1)]
     return {
-        "generation_attention": _table(rows[rows["phase"] == "decode"], shape, "attention"),
-        "context_attention": _table(rows[rows["phase"] == "prefill"], shape, "attention"),
+        "generation_attention": _table(rows[rows["phase"] == Phase.DECODE], shape, "attention"),
+        "context_attention": _table(rows[rows["phase"] == Phase.PREFILL], shape, "attention"),
         "tree_attention": _table(tree, ["q_len", *shape], "attention"),
     }
 

@@ -74,3 +74,12 @@ def test_a_records_drafter_is_typed_when_it_is_read():
     record = AcceptanceRecord.load(TOOLKIT_ROOT / "decoder" / "assets" / "bundled" / "acceptance-greedy.json")
     assert record.drafter is DrafterKind.MEDUSA and json.dumps(record.drafter) == '"medusa"'
     assert tuple(DrafterKind) == ("medusa", "eagle", "draft")
+
+
+def test_a_phase_is_typed_and_reads_as_its_name():
+    from perfmodel.models.operators import PHASES, Phase, op_cost
+    from tests.conftest import TINY
+
+    assert PHASES == ("prefill", "decode", "tree") and all(type(p) is Phase for p in PHASES)
+    # a phase given as text or as a member costs the same
+    assert op_cost("sdpa", "tree", TINY, "fp16", 2, 64, 8) == op_cost("sdpa", Phase.TREE, TINY, "fp16", 2, 64, 8)

@@ -16,7 +16,7 @@ from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.latency.monotone import non_decreasing
 from perfmodel.latency.roofline import kernel_time, speed_of_light
-from perfmodel.models.operators import FusedAttention
+from perfmodel.models.operators import FusedAttention, Phase
 
 HEAD_DIM = 128  # the only head size the shipped tables keep (every model preset's)
 # Neighbour weights 1 / hypot(KV_WEIGHT x dlog2 kv_heads, dlog2 group) ** POWER (module doc).
@@ -120,7 +120,7 @@ class KernelTable:
         floor = attention_floor(phase, *columns, spec, dtype, q_len)
         clamped = int((best["time_s"].to_numpy() < floor).sum())
         best = best.assign(time_s=np.maximum(best["time_s"].to_numpy(), floor))
-        exponent = 2.0 if phase == "prefill" else 1.0
+        exponent = 2.0 if phase == Phase.PREFILL else 1.0
         grids = {(int(h), int(kv)): HeadGrid.of(part, exponent) for (h, kv), part in best.groupby(keys[:2])}
         return cls(phase, spec, dtype, grids, clamped, len(best), q_len)
 
@@ -129,8 +129,8 @@ class KernelTable:
         return replace(self, grids={k: g for k, g in self.grids.items() if k != (heads, kv_heads)})
 
     def roofline(self, batch, length, heads, kv_heads) -> np.ndarray:
-        q_len = length if self.phase == "prefill" else self.q_len
-        kernel = FusedAttention(batch, heads, kv_heads, q_len, length, HEAD_DIM, causal=self.phase == "prefill")
+        q_len = length if self.phase == Phase.PREFILL else self.q_len
+        kernel = FusedAttention(batch, heads, kv_heads, q_len, length, HEAD_DIM, causal=self.phase == Phase.PREFILL)
         return np.asarray(kernel_time(kernel, self.dtype, self.spec, RooflineParams()), dtype=float)
 
     def predict(self, batch, length, heads, kv_heads, ceiling=None) -> tuple[np.ndarray, np.ndarray]:
@@ -186,6 +186,6 @@ def attention_floor(phase: str, heads, kv_heads, batch, kv_len, spec: HardwareSp
     """Seconds no attention kernel of `phase` can beat: its Q, K and V read and output written
     at the datasheet bandwidth, or its FLOPs at the peak (decode: one query token; a tree
     step: q_len; prefill: kv_len queries, causal)."""
-    q = kv_len if phase == "prefill" else q_len
-    kernel = FusedAttention(batch, heads, kv_heads, q, kv_len, HEAD_DIM, causal=phase == "prefill")
+    q = kv_len if phase == Phase.PREFILL else q_len
+    kernel = FusedAttention(batch, heads, kv_heads, q, kv_len, HEAD_DIM, causal=phase == Phase.PREFILL)
     return speed_of_light(kernel, dtype, spec)

@@ -93,10 +93,10 @@ from perfmodel.latency.roofline import op_time
 from perfmodel.measured.aiconfigurator import ShippedStack, contract_rows, shipped_stacks, version_key
 from perfmodel.measured.contract import COLUMNS
 from perfmodel.models.config import ModelConfig
-from perfmodel.models.operators import ATTENTION_OPS, check_point, op_kernels
+from perfmodel.models.operators import ATTENTION_OPS, Phase, check_point, op_kernels
 
 TABLES = {"decode": "generation_attention", "prefill": "context_attention"}
-PHASES = ("decode", "tree", "prefill")
+PHASES = (Phase.DECODE, Phase.TREE, Phase.PREFILL)
 OPS = (*ATTENTION_OPS, "sdpa")
 # Without a stack named: vLLM first (the harness the issue compares with Vidur's profiles,
 # and the most used open engine), then SGLang, then TRT-LLM.
@@ -161,10 +161,10 @@ class AttentionTable:
             raise PerfkitError(f"unknown phase {phase!r}; choose from: {', '.join(PHASES)}")
         b, s, q, h, kv = self._args(heads, kv_heads, head_dim, batch=batch, seq_len=seq_len, candidates=candidates)
         floor = attention_floor(phase, h, kv, b, s, self.decode.spec, self.table_dtype, q)
-        if phase == "prefill":
+        if phase == Phase.PREFILL:
             seconds, outside = self.prefill.predict(b, s, h, kv)
             return np.maximum(seconds, floor), outside
-        if phase == "decode":
+        if phase == Phase.DECODE:
             seconds, outside = self.decode.predict(b, s, h, kv)
             return np.maximum(seconds, floor), outside
         if self.tree:
@@ -220,7 +220,7 @@ class AttentionTable:
     def measured(self, phase: str, heads: int, kv_heads: int) -> bool:
         """Whether the head configuration itself was measured (a tree step's is its decode
         configuration with group x candidates query heads, rarely measured)."""
-        return (heads, kv_heads) in (self.prefill if phase == "prefill" else self.decode).grids
+        return (heads, kv_heads) in (self.prefill if phase == Phase.PREFILL else self.decode).grids
 
 
 def attention_op_time(

@@ -79,7 +79,7 @@ from perfmodel.latency.transfer import TransferredGemm, transferred_gemm
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.measured.store import stored_profiles
 from perfmodel.models.config import ModelConfig, load_model
-from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, WEIGHT_OPS, Matmul, op_kernels
+from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, WEIGHT_OPS, Matmul, Phase, op_kernels
 
 LATENCY_CHOICES = ("auto", "measured", "calibrated", "datasheet")
 
@@ -209,7 +209,7 @@ class LatencyModel:
         if self.elementwise is not None and op in STEP_OPS and op in set(self.elementwise["op"]):
             part = self.elementwise[self.elementwise["op"] == op]
             b, s, q = np.broadcast_arrays(*(np.asarray(x) for x in (batch, seq_len, candidates)))
-            tokens = b * (s if phase == "prefill" else (q if phase == "tree" else 1))
+            tokens = b * (s if phase == Phase.PREFILL else (q if phase == Phase.TREE else 1))
             return np.interp(tokens, part["seq_len"].to_numpy(dtype=float), part["time_s"].to_numpy(dtype=float))
         return self.roofline.op_time(op, phase, batch, seq_len, candidates)
 

@@ -50,6 +50,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.contract import COLUMNS, significant
 from perfmodel.measured.store import measurement_roots
 from perfmodel.measured.vidur import TABLE_COLUMNS as ALL_REDUCE_COLUMNS
+from perfmodel.models.operators import Phase
 
 PACKAGE = "aiconfigurator-core"
 # The systems imported, and the device spec (hw_specs/) each was measured on.
@@ -182,7 +183,7 @@ def contract_rows(stack: ShippedStack, table: str) -> pd.DataFrame:
         phase = "decode" if table == "generation_attention" else "prefill"
         batch, seq_len = frame["batch"].to_numpy(dtype=np.int64), frame["kv_len"].to_numpy(dtype=np.int64)
         heads, kv_heads, d = (frame[c].to_numpy(dtype=np.int64) for c in ("num_heads", "num_kv_heads", "head_dim"))
-        queries = 1 if phase == "decode" else seq_len
+        queries = 1 if phase == Phase.DECODE else seq_len
         op, flops = "sdpa", 4 * batch * heads * queries * seq_len * d
         nbytes = size * batch * d * (2 * heads * queries + 2 * kv_heads * seq_len)
         extra = {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": d}

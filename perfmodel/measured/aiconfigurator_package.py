@@ -16,6 +16,7 @@ from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.aiconfigurator import ATTENTION_COLUMNS, DTYPES, HEAD_DIMS, KINDS, NCCL_OPS, run_id, version_key
 from perfmodel.measured.contract import significant
+from perfmodel.models.operators import Phase
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def compact_attention(frame: pd.DataFrame, phase: str) -> pd.DataFrame:
         & (frame.get("beam_width", 1) == 1)
     )
     frame = frame[keep]
-    kv_len = frame["isl"] + frame["step"] if phase == "decode" else frame["isl"]
+    kv_len = frame["isl"] + frame["step"] if phase == Phase.DECODE else frame["isl"]
     out = pd.DataFrame(
         {
             "batch": frame["batch_size"].astype(np.int64),

@@ -19,7 +19,7 @@ from perfmodel.base.checks import is_count
 from perfmodel.base.dtypes import ELEMENT_BYTES
 from perfmodel.base.errors import PerfkitError
 from perfmodel.models.config import ModelConfig
-from perfmodel.models.operators import ALL_OPS, LINEAR_OPS, OPS, PHASES, cost_of, op_kernels
+from perfmodel.models.operators import ALL_OPS, LINEAR_OPS, OPS, PHASES, Phase, cost_of, op_kernels
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,9 @@ class Grid:
         """(batch, seq_len, candidates) for every setting of `phase`, sorted; only `tree`
         varies candidates. A linear `op` in prefill also gets (1, t, 1) for each of the
         grid's `linear_tokens` t."""
-        cands = self.candidates if phase == "tree" else (1,)
+        cands = self.candidates if phase == Phase.TREE else (1,)
         points = [(b, s, q) for b in self.batches for s in self.seq_lens for q in cands]
-        if phase == "prefill" and op in LINEAR_OPS and self.linear_tokens:
+        if phase == Phase.PREFILL and op in LINEAR_OPS and self.linear_tokens:
             points = sorted(set(points) | {(1, t, 1) for t in self.linear_tokens})
         return points
 
@@ -107,8 +107,8 @@ WIDEST_DTYPE = max(ELEMENT_BYTES, key=ELEMENT_BYTES.get)  # bytes are checked at
 def largest_point(grid: Grid, op: str, phase: str) -> tuple[int, int, int]:
     """The grid point of `op` in `phase` with the largest cost: every cost grows with
     batch, sequence length and candidates."""
-    seq_lens = grid.seq_lens + (grid.linear_tokens if phase == "prefill" and op in LINEAR_OPS else ())
-    return max(grid.batches), max(seq_lens), max(grid.candidates) if phase == "tree" else 1
+    seq_lens = grid.seq_lens + (grid.linear_tokens if phase == Phase.PREFILL and op in LINEAR_OPS else ())
+    return max(grid.batches), max(seq_lens), max(grid.candidates) if phase == Phase.TREE else 1
 
 
 def cost_fits(op: str, phase: str, model: ModelConfig, b: int, s: int, q: int) -> bool:

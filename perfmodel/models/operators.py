@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
@@ -53,7 +54,19 @@ ALL_OPS = OPS + FUSED_OPS + STEP_OPS + DRAFTER_OPS
 # Operators whose every kernel is a GEMM against a weight: latency sources time them as such.
 WEIGHT_OPS = (*LINEAR_OPS, "medusa_heads", *DRAFTER_OPS)
 DEFAULT_OPS = OPS + FUSED_OPS  # what sweeps and rooflines cover unless asked for more
-PHASES = ("prefill", "decode", "tree")
+
+
+class Phase(StrEnum):
+    """Which tokens a step feeds through a sequence: its prompt (prefill), one token (decode) or
+    the Medusa tree's candidates (tree). A str: it prints and writes as its name; code compares
+    it with its members."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    TREE = "tree"
+
+
+PHASES = tuple(Phase)
 # The paper's figure groups: XW_Q/XW_K/XW_V, QK^T/PV, XW_u/XW_g/XW_d.
 OP_GROUPS = {"qkv": ("q", "k", "v"), "qk/pv": ("qk", "pv"), "up/gate/down": ("up", "gate", "down")}
 ATTENTION_OPS = ("qk", "pv")
@@ -195,9 +208,9 @@ def check_point(op: str, phase: str, batch, seq_len, candidates) -> None:
         if isinstance(value, bool) or array.dtype.kind not in "iu" or (array < 1).any():
             bad = array[array < 1].flat[0].item() if array.dtype.kind in "iu" else value
             raise PerfkitError(f"{name} must be a positive integer, got {bad!r}")
-    if phase != "tree" and (np.asarray(candidates) != 1).any():
+    if phase != Phase.TREE and (np.asarray(candidates) != 1).any():
         raise PerfkitError(f"candidates={candidates} applies to the tree phase only; {phase} uses 1")
-    if op in (*FUSED_OPS, "mask") and phase == "tree" and (np.asarray(candidates) > np.asarray(seq_len)).any():
+    if op in (*FUSED_OPS, "mask") and phase == Phase.TREE and (np.asarray(candidates) > np.asarray(seq_len)).any():
         raise PerfkitError(
             f"{op}: the tree's {candidates} candidates are part of the {seq_len} attended tokens, so need candidates "
             "<= seq_len"
@@ -226,7 +239,9 @@ def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
         # K/V length is s, as for qk/pv; in a tree step the last q of the s tokens are the tree.
         q_len = query_len(phase, seq_len, candidates)
         return (
-            FusedAttention(batch, model.num_heads, model.num_kv_heads, q_len, seq_len, d, causal=phase == "prefill"),
+            FusedAttention(
+                batch, model.num_heads, model.num_kv_heads, q_len, seq_len, d, causal=phase == Phase.PREFILL
+            ),
         )
     if op in ATTENTION_OPS:
         rows = model.group_size * query_len(phase, seq_len, candidates)
