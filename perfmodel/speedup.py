@@ -25,7 +25,7 @@ from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, options, run
 from perfmodel.latency.attention_table import write_measured_attention
 from perfmodel.latency.pipeline import HostCosts
-from perfmodel.latency.source import decoder_latency, view_latency
+from perfmodel.latency.source import LatencyMode, decoder_latency, view_latency
 from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives, tensor_parallel_steps
 from perfmodel.latency.traced import TracedStep
 from perfmodel.models.config import load_model
@@ -234,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
             split.append(f"  note: {planned_here}; the speedups below time its steps as if it fitted")
         compared = []
         # one drafter's optima against the datasheet's; the three drafters' would bury the choice
-        if len(drafters) == 1 and view_latency(device, model.shard(tp), dtype, args.latency).mode != "datasheet":
+        if (
+            len(drafters) == 1
+            and view_latency(device, model.shard(tp), dtype, args.latency).mode != LatencyMode.DATASHEET
+        ):
             datasheet = device_table(device, model, dtype, flavors, drafters, "datasheet", tp, tracer)
             compared = optima_side_by_side(table, datasheet)
         planned.append((device, dtype, out, table, split, compared))

@@ -11,6 +11,7 @@ import pandas as pd
 from hw_specs import SPEC_DIR
 from perfmodel.acceptance.ablation import dense_against_sparse
 from perfmodel.acceptance.rates import fit_error
+from perfmodel.latency.source import LatencyMode
 from perfmodel.latency.step import StepFlavor
 from perfmodel.planning import simulation_summary, simulations
 from perfmodel.planning.capacity import PlanResult
@@ -25,9 +26,9 @@ def intro_text(report: Report, validation: pd.DataFrame) -> str:
         measured.append(f"{len(report.view.measured)} operator timings")
     if report.view.ceilings:
         measured.append("empirical ceilings")
-    if report.latency.mode in ("measured", "calibrated"):
+    if report.latency.mode in (LatencyMode.MEASURED, LatencyMode.CALIBRATED):
         measured.append(f"measured operator profiles ({report.latency.table.origin})")
-    if report.latency.mode == "borrowed":
+    if report.latency.mode == LatencyMode.BORROWED:
         measured.append(f"{report.latency.table.spec.key}'s measured operator profiles, borrowed (same architecture)")
     if report.acceptance.measured:
         measured.append("an acceptance record")

@@ -83,3 +83,12 @@ def test_a_phase_is_typed_and_reads_as_its_name():
     assert PHASES == ("prefill", "decode", "tree") and all(type(p) is Phase for p in PHASES)
     # a phase given as text or as a member costs the same
     assert op_cost("sdpa", "tree", TINY, "fp16", 2, 64, 8) == op_cost("sdpa", Phase.TREE, TINY, "fp16", 2, 64, 8)
+
+
+def test_a_latency_sources_mode_is_typed_and_reads_as_its_name():
+    from perfmodel.latency.source import LatencyMode, latency_source
+
+    source = latency_source("h100", "llama-7b", "fp16")
+    assert source.mode is LatencyMode.MEASURED and f"{source.mode}" == "measured"
+    assert source.linear_kind("q") is LatencyMode.MEASURED and source.linear_kind("norm") is LatencyMode.DATASHEET
+    assert latency_source("h100", "llama-7b", "fp16", "datasheet").mode is LatencyMode.DATASHEET

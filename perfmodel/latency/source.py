@@ -44,6 +44,7 @@ elementwise ops (norm, act, ...) are used where the profile is of the same model
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 import pandas as pd
@@ -104,6 +105,18 @@ class LatencyChoice(str):
 # ----------------------------------------------------------------------------- the source
 
 
+class LatencyMode(StrEnum):
+    """What a latency source's GEMM times rest on (the module doc): a str, so labels and tables
+    read its name; code compares it with its members."""
+
+    MEASURED = "measured"
+    CALIBRATED = "calibrated"
+    GRID = "grid"
+    BORROWED = "borrowed"
+    TRANSFERRED = "transferred"
+    DATASHEET = "datasheet"
+
+
 @dataclass
 class LatencyModel:
     """A latency source (perfmodel.latency.step.LatencySource) that says where its numbers come from.
@@ -115,7 +128,7 @@ class LatencyModel:
     spec: HardwareSpec
     model: ModelConfig
     dtype: str
-    mode: str
+    mode: LatencyMode
     table: GemmTable | None = None
     elementwise: pd.DataFrame | None = None  # measured step-op rows of this very model shard
     params: RooflineParams = field(default_factory=RooflineParams)
@@ -124,6 +137,7 @@ class LatencyModel:
     attention: AttentionTable | None = None  # measured attention of this device, where it has tables
 
     def __post_init__(self) -> None:
+        self.mode = LatencyMode(self.mode)
         self.roofline = RooflineLatency(self.spec, self.model, self.dtype, self.params)
 
     @property
@@ -135,49 +149,55 @@ class LatencyModel:
     def attention_label(self) -> str | None:
         """Where attention times come from, when not the roofline the label already names."""
         if self.attention is None or self.model.head_dim != HEAD_DIM:
-            return "roofline" if self.mode in ("grid", "measured", "calibrated", "transferred") else None
+            return (
+                "roofline"
+                if self.mode
+                in (LatencyMode.GRID, LatencyMode.MEASURED, LatencyMode.CALIBRATED, LatencyMode.TRANSFERRED)
+                else None
+            )
         return self.attention.label
 
     @property
     def gemm_label(self) -> str:
-        if self.mode == "datasheet":
+        if self.mode == LatencyMode.DATASHEET:
             p = self.params
             return (
                 f"roofline latency, {p.label} (x{p.compute_efficiency:g} compute, x{p.memory_efficiency:g} bandwidth, "
                 f"{p.kernel_overhead_s * 1e6:g} us per kernel)"
             )
-        if self.mode == "borrowed":
+        if self.mode == LatencyMode.BORROWED:
             return (
                 f"borrowed: {self.table.spec.key}'s calibration ({self.table.origin}) on {self.spec.key}'s datasheet "
                 "roofline"
             )
-        if self.mode == "grid":
+        if self.mode == LatencyMode.GRID:
             return (
                 f"measured on {self.spec.key}: the {self.grid.label}, fitted non-decreasing in m, n and k, "
                 "interpolated in n and k, staircase in m kept, none under its speed of light"
             )
-        if self.mode == "transferred":
+        if self.mode == LatencyMode.TRANSFERRED:
             return self.grid.label
-        measured = sorted(op for op in (*LINEAR_OPS, "medusa_heads") if self.linear_kind(op) == "measured")
+        measured = sorted(op for op in (*LINEAR_OPS, "medusa_heads") if self.linear_kind(op) == LatencyMode.MEASURED)
         beside = f"; other shapes also from the {self.grid.stack.stack} grid at this level" if self.grid else ""
-        if self.mode == "measured" and measured:
+        if self.mode == LatencyMode.MEASURED and measured:
             shapes = ", ".join(measured)
             return f"measured on {self.spec.key} ({self.table.origin}; {shapes}), calibrated elsewhere{beside}"
         return f"calibrated on {self.spec.key}'s measurements ({self.table.origin}){beside}"
 
-    def linear_kind(self, op: str) -> str:
-        """How this op's GEMMs are timed: measured, calibrated, grid, borrowed or datasheet."""
+    def linear_kind(self, op: str) -> LatencyMode:
+        """How this op's GEMMs are timed: measured, calibrated, grid, transferred, borrowed or
+        datasheet."""
         if op not in (*LINEAR_OPS, "medusa_heads"):
-            return "datasheet"
-        if self.mode in ("grid", "transferred"):
+            return LatencyMode.DATASHEET
+        if self.mode in (LatencyMode.GRID, LatencyMode.TRANSFERRED):
             return self.mode
         if self.table is None:
-            return "datasheet"
-        if self.mode == "borrowed":
-            return "borrowed"
+            return LatencyMode.DATASHEET
+        if self.mode == LatencyMode.BORROWED:
+            return LatencyMode.BORROWED
         kernels = op_kernels(op, "decode", self.model, 1, 1, 1)
         every = all(self.table.measured(m.k, m.n) for m in kernels)
-        return "measured" if self.mode == "measured" and every else "calibrated"
+        return LatencyMode.MEASURED if self.mode == LatencyMode.MEASURED and every else LatencyMode.CALIBRATED
 
     def gemm_time(self, matmul: Matmul) -> np.ndarray:
         """The grid's time (grid mode), else the fitted roofline x the measured staircase. In
@@ -190,11 +210,11 @@ class LatencyModel:
     def _gemm_time(self, matmul: Matmul) -> np.ndarray:
         m = np.asarray(matmul.m, dtype=float)
         k, n = int(matmul.k), int(matmul.n)
-        if self.mode in ("grid", "transferred"):
+        if self.mode in (LatencyMode.GRID, LatencyMode.TRANSFERRED):
             return self.grid.time(k, n, m)
-        table = self.table if self.mode != "calibrated" else self.table.without(k, n)
+        table = self.table if self.mode != LatencyMode.CALIBRATED else self.table.without(k, n)
         calibrated = table.predict(k, n, m, self.spec, self.dtype)
-        if self.grid is None or table.measured(k, n) or self.mode == "borrowed":
+        if self.grid is None or table.measured(k, n) or self.mode == LatencyMode.BORROWED:
             return calibrated
         return np.sqrt(calibrated * table.grid_predict(k, n, m, self.grid))
 
@@ -267,7 +287,7 @@ def latency_source(
         table = stack_calibration(spec.key, chosen, dtype)
         if table is not None:
             attention = attention_table(spec.key, chosen, dtype)
-            mode = "calibrated" if source == "calibrated" else "measured"
+            mode = LatencyMode.CALIBRATED if source == "calibrated" else LatencyMode.MEASURED
             return LatencyModel(spec, model, dtype, mode, table, None, table.params, chosen, None, attention)
     elif chosen not in (None, VIDUR):
         grid = gemm_grid(spec.key, chosen, dtype)
@@ -280,7 +300,7 @@ def latency_source(
         table = stored_calibration(spec, dtype)
     if table is not None:
         rows = table.rows
-        mode = "calibrated" if source == "calibrated" else "measured"
+        mode = LatencyMode.CALIBRATED if source == "calibrated" else LatencyMode.MEASURED
         grid = None if given else default_grid(spec.key, dtype)
         attention = None if given else attention_table(spec.key, None, dtype)
         elementwise = same_shard(rows, model)

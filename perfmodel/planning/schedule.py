@@ -57,6 +57,7 @@ from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.eagle import DraftShape
+from perfmodel.latency.source import LatencyMode
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.operators import LINEAR_OPS
@@ -90,7 +91,7 @@ def step_evidence(step) -> str:
     mode = getattr(latency, "mode", None)
     if mode is None:
         return "unknown"
-    if mode == "measured" and any(latency.linear_kind(op) != "measured" for op in LINEAR_OPS):
+    if mode == LatencyMode.MEASURED and any(latency.linear_kind(op) != LatencyMode.MEASURED for op in LINEAR_OPS):
         return "calibrated"
     return mode
 
