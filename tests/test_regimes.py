@@ -50,3 +50,10 @@ def test_a_run_of_two_regimes_or_a_device_without_runs_is_one_line():
         regimes.run_launch(mixed)
     with pytest.raises(PerfkitError, match="no twin runs are shipped for a100-sxm"):
         regimes.shipped_runs("a100-sxm")
+
+
+def test_bad_runs_and_host_files_are_one_line(tmp_path, capsys):
+    assert run(regimes.main, ["--gpu", "h100", str(tmp_path / "none.csv")]) == 1
+    assert "none.csv: no such file" in capsys.readouterr().err
+    assert run(regimes.main, ["--gpu", "h100", "--host-dispatch", str(tmp_path / "none.json")]) == 1
+    assert "cannot read host dispatch file" in capsys.readouterr().err

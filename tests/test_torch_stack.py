@@ -122,3 +122,10 @@ def test_the_decoders_own_step_is_priced_on_the_torch_stack_by_default():
     assert view_latency(h100, model, "fp16").stack == "vidur"  # engines' steps keep their default
     a100 = gpu_view("a100", None, [])
     assert decoder_latency(a100, model, "fp16").stack == view_latency(a100, model, "fp16").stack
+
+
+def test_a_device_without_a_campaign_refuses_the_torch_stack_in_one_line():
+    with pytest.raises(PerfkitError, match="a100-pcie has no GPU campaign of this project's"):
+        latency_source("a100", "llama-7b", "fp16", stack="torch")
+    with pytest.raises(PerfkitError, match="a100-sxm has no GEMM measurements of that stack"):
+        latency_source("a100-sxm", "llama-7b", "fp16", stack="torch")

@@ -328,9 +328,14 @@ def unmeasured_source(
         return LatencyModel(spec, model, dtype, "borrowed", table, None, table.params, stack=VIDUR)
     if stack == VIDUR:
         raise PerfkitError(f"--stack vidur: no device of {spec.key}'s architecture has Vidur's profiles")
+    if stack is not None and stack.split("-")[0] == TORCH:
+        raise PerfkitError(
+            f"--stack {stack}: {spec.key} has no GPU campaign of this project's (python -m profilers.imports campaign "
+            "FOLDER keeps one as its torch stack)"
+        )
     engine = ENGINES[0] if stack in (None, "auto") else stack.split("-")[0]
     if engine not in ENGINES:
-        raise PerfkitError(f"--stack {stack}: choose from {', '.join((VIDUR, *ENGINES))} (or an engine-version)")
+        raise PerfkitError(f"--stack {stack}: choose from {', '.join((VIDUR, *ENGINES, TORCH))} (or a stack-version)")
     transfer = transferred_gemm(spec, engine, dtype)
     if transfer is None:
         return datasheet
