@@ -90,10 +90,10 @@ def _trusted(rows: pd.DataFrame, path: Path, dropped: list[int]) -> pd.DataFrame
     if not ceilings or "mode" not in rows:
         return rows
     limits = Ceilings.from_dict(ceilings)
-    floor = np.concatenate(
-        [limits.floor_seconds(part["flops"], part["bytes"], str(dtype)) for dtype, part in rows.groupby("dtype")]
-    )
-    rows = pd.concat([part for _, part in rows.groupby("dtype")])
+    flops, moved = rows["flops"].to_numpy(dtype=float), rows["bytes"].to_numpy(dtype=float)
+    floor = np.empty(len(rows))
+    for dtype, where in rows.groupby("dtype").indices.items():
+        floor[where] = limits.floor_seconds(flops[where], moved[where], str(dtype))
     seconds = rows["time_s"].to_numpy(dtype=float)
     suspect = (rows["mode"] == "cuda-events").to_numpy() & (
         (seconds < GRAPH_BELOW_S) | (seconds > FAR_ABOVE_FLOOR * floor)
