@@ -125,9 +125,9 @@ def twin_main(args, started: float) -> int:
     if args.acceptance not in (None, "greedy"):
         raise PerfkitError("the twin verifies greedily and keeps what --replay recorded: --acceptance must be greedy")
     dtype = args.dtype or ("fp16" if args.device == "cuda" else native_dtype())
-    tables, classes = [], []
-    for batch in dict.fromkeys(args.batch):
-        config = TwinConfig(
+    # every batch's settings checked before the first is measured: a bad one never costs a run
+    configs = [
+        TwinConfig(
             model=args.model,
             replay=args.replay,
             batch=batch,
@@ -143,8 +143,12 @@ def twin_main(args, started: float) -> int:
             launch=args.launch,
             host_dispatch=args.host_dispatch,
         )
+        for batch in dict.fromkeys(args.batch)
+    ]
+    tables, classes = [], []
+    for config in configs:
         table, per_class, summary = twin_loop(config, log=lambda text: print(text, file=sys.stderr, flush=True))
-        print(f"batch {batch}:")
+        print(f"batch {config.batch}:")
         print_twin_batch(table, per_class, summary)
         tables.append(table)
         classes.append(per_class)

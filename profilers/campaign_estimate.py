@@ -31,6 +31,7 @@ import numpy as np
 
 from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.hardware.cpu_identity import this_cpu_key
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec, find_spec
@@ -163,14 +164,13 @@ def twin_seconds(stage: TwinStage, plan: Plan, machine: Machine) -> float:
     weights = params * element_bytes(plan.dtype)
     peak = machine.spec.peak_flops(plan.dtype) * machine.params.compute_efficiency
     # a graph replays its kernels with no launch between them
-    launches = (
-        0.0 if stage.launch == "graph" else TWIN_KERNELS_PER_LAYER * model.num_layers * TWIN_LAUNCH_S[machine.device]
-    )
+    per_launch = TWIN_LAUNCH_S[machine.device]
+    launches = 0.0 if stage.launch is Launch.GRAPH else TWIN_KERNELS_PER_LAYER * model.num_layers * per_launch
     total = 0.0
     for batch in stage.batches:
         for size in (1, *stage.sizes):
             step = max(weights / machine.bandwidth + 2 * params * batch * size / peak, launches)
-            total += math.ceil(max(stage.prompts, batch) / batch) * stage.new_tokens * step
+            total += math.ceil(max(stage.prompts, batch) / batch) * stage.new_tokens * stage.rounds * step
     fixed = len(stage.batches) * (TWIN_SETUP_S[machine.device] + stage.profile * TWIN_PROFILE_S[machine.device])
     return total * (1 + TWIN_EXTRA) + fixed
 

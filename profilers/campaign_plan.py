@@ -32,6 +32,7 @@ from pathlib import Path
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.latency.pipeline import HOST_KINDS
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.models.config import PRESETS, ModelConfig, load_model
@@ -79,14 +80,15 @@ def twin_stage(
     prompts: int,
     new_tokens: int = 32,
     sizes: tuple[int, ...] | None = None,
-    launch: str = "eager",
+    launch: Launch = Launch.EAGER,
     profile: bool = True,
+    rounds: int = 1,
 ) -> TwinStage:
     """The twin of `model` (a folder of decoder/assets/configs, or `bundled`); a launch
     regime other than eager in files and a stage name of its own."""
     path = "bundled" if model == "bundled" else str(CONFIGS / model)
     default_sizes, prompt_len = ((4,), 16) if model == "bundled" else (TWIN_SIZES, 128)
-    regime = "" if launch == "eager" else f"-{launch}"
+    regime = "" if launch is Launch.EAGER else f"-{launch}"
     return TwinStage(
         f"twin-{model}{regime}",
         path,
@@ -99,6 +101,7 @@ def twin_stage(
         f"twin/{model}-{dtype}{regime}.csv",
         launch,
         profile,
+        rounds,
     )
 
 
@@ -188,16 +191,18 @@ class TwinStage:
     prompt_len: int
     new_tokens: int
     out: str
-    launch: str = "eager"  # perfmodel.base.launch: how its steps run
+    launch: Launch = Launch.EAGER  # how its steps run
     profile: bool = True  # each kernel class's share under torch.profiler (slow on a GPU)
+    rounds: int = 1  # interleaved timing passes over the prompts
 
     @property
     def what(self) -> str:
         return (
             f"performance twin of {Path(self.model).name} (dummy weights, {Path(self.record).name}'s acceptance "
             f"replayed), {self.launch} steps: batch {'/'.join(map(str, self.batches))}, plain and trees of "
-            f"{'/'.join(map(str, self.sizes))} tokens, {self.prompts} prompts x {self.new_tokens} tokens, measured "
-            "beside the predicted step"
+            f"{'/'.join(map(str, self.sizes))} tokens, {self.prompts} prompts x {self.new_tokens} tokens"
+            + (f", {self.rounds} rounds" if self.rounds > 1 else "")
+            + ", measured beside the predicted step"
         )
 
     def size(self) -> int:
@@ -320,8 +325,19 @@ def gpu_check_stages(device: str, dtype: str) -> list[Stage]:
                 f"check/{model.name}-{dtype}-attention.csv",
             ),
             *(
-                twin_stage("llama-2-7b", dtype, CHECK_BATCHES, 4, sizes=CHECK_SIZES, launch=launch, profile=False)
-                for launch in ("eager", "graph")
+                # eager steps over two rounds: one round's first settings ran 1.7-3x slower on a lent H200
+                # (profilers/measurements/h200/gpu-check-2026-11-27); a graph is timed after its capture
+                twin_stage(
+                    "llama-2-7b",
+                    dtype,
+                    CHECK_BATCHES,
+                    4,
+                    sizes=CHECK_SIZES,
+                    launch=launch,
+                    profile=False,
+                    rounds=1 if launch is Launch.GRAPH else 2,
+                )
+                for launch in (Launch.EAGER, Launch.GRAPH)
             ),
         ]
     model = load_model(QUICK_MODEL)
@@ -330,7 +346,7 @@ def gpu_check_stages(device: str, dtype: str) -> list[Stage]:
         short_linear(model, dtype, linear_grid((16,), QUICK_TOKENS)),
         *(
             twin_stage(QUICK_MODEL, dtype, (1,), prompts=1, new_tokens=8, launch=launch)
-            for launch in ("eager", "static")
+            for launch in (Launch.EAGER, Launch.STATIC)
         ),
     ]
 

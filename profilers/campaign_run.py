@@ -206,7 +206,7 @@ def run_twin_stage(stage: TwinStage, session: Session) -> StageDone:
             prompts=max(stage.prompts, batch),
             prompt_len=stage.prompt_len,
             new_tokens=stage.new_tokens,
-            rounds=1,
+            rounds=stage.rounds,
             launch=stage.launch,
             profile=stage.profile,
             # a GPU's steps priced as host and device queues where the host's costs were measured

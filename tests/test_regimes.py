@@ -57,3 +57,13 @@ def test_bad_runs_and_host_files_are_one_line(tmp_path, capsys):
     assert "none.csv: no such file" in capsys.readouterr().err
     assert run(regimes.main, ["--gpu", "h100", "--host-dispatch", str(tmp_path / "none.json")]) == 1
     assert "cannot read host dispatch file" in capsys.readouterr().err
+
+
+def test_a_gpu_checks_run_is_priced_at_the_host_costs_measured_beside_it(capsys):
+    # the H200 check measured its host's costs beside its twin runs; the H100's runs have none
+    h200_run = regimes.MEASUREMENTS_DIR / "h200/gpu-check-2026-11-27/twin/llama-2-7b-fp16.csv"
+    assert "gemm 16.16" in regimes.run_host(h200_run, None).label()
+    assert regimes.run_host(RUN, None) is None
+    assert run(regimes.main, ["--gpu", "h200"]) == 0
+    out = capsys.readouterr().out
+    assert "NVIDIA H200 (cuda)" in out and "graph: 9 steps" in out and "eager: 9 steps" in out

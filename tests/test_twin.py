@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,6 +171,15 @@ def test_the_twin_loop_refuses_a_batch_larger_than_its_prompts():
         TwinConfig(model=TINYLLAMA, replay="r.json", batch=8, prompts=4)
 
 
+def test_the_twin_checks_every_batch_before_it_measures_the_first(capsys):
+    # seen on a lent H200: --batch 1 4 16 --prompts 4 measured two batches for minutes, then refused the third
+    argv = ["--model", "bundled", "--weights", "dummy", "--replay", "r.json", "--batch", "1", "8", "--prompts", "4"]
+    assert run(validate_main, argv) == 1
+    captured = capsys.readouterr()
+    assert "--prompts 4 is fewer than batch 8" in captured.err and captured.err.count("\n") == 1
+    assert "batch 1" not in captured.out + captured.err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without CUDA gives")
 def test_the_twin_on_cuda_without_a_gpu_is_a_one_line_error(capsys):
     argv = ["--weights", "dummy", "--replay", "r.json", "--device", "cuda"]
@@ -183,3 +193,16 @@ def test_twin_results_names_a_missing_run_file_in_one_line(tmp_path, capsys):
     assert run(twin_results_main, [str(missing)]) == 1
     err = capsys.readouterr().err
     assert str(missing) in err and "no such file" in err and err.count("\n") == 1
+
+
+def test_twin_results_reads_a_gpu_check_run_that_profiled_no_kernel_classes(capsys):
+    # the GPU check times its twin steps without torch.profiler: no -classes.csv beside them
+    check = Path(__file__).resolve().parents[1] / "profilers/measurements/h200/gpu-check-2026-11-27"
+    runs = [check / "twin/llama-2-7b-fp16-graph.csv", check / "rerun/eager-r3.csv"]
+    assert run(twin_results_main, [str(p) for p in runs]) == 0
+    out = capsys.readouterr().out
+    assert "llama-2-7b-fp16-graph: kernel classes not profiled in this run" in out
+    assert "eager-r3, ms per step by kernel class" in out
+    # the re-run has batch 1 only: the graph run's batch-16 rows show '-' for it, never nan
+    batch16 = next(line for line in out.splitlines() if line.startswith("| 16 | 64 |"))
+    assert "39.1 / -" in batch16 and "nan" not in out

@@ -35,6 +35,7 @@ from perfmodel.latency.traced import TracedStep
 from perfmodel.measured.device_view import gpu_view
 from perfmodel.measured.store import MEASUREMENTS_DIR
 from perfmodel.models.config import load_model
+from profilers.campaign_plan import HOST_DISPATCH_FILE
 from profilers.closed_loop.results import read_runs
 
 # The issue's targets: a CUDA-graph step within 10%, an eager (or static) one within 15%.
@@ -126,18 +127,31 @@ def build_parser() -> Parser:
     return p
 
 
+def run_host(run: Path, given: Path | None) -> HostCosts | None:
+    """The host costs a run is priced at: the --host-dispatch file, else the one its campaign
+    measured on the same host (a GPU check writes host-dispatch.json beside twin/), else None
+    (the spec's launch cost)."""
+    if given is not None:
+        return HostCosts.from_json(given)
+    beside = run.parent.parent / HOST_DISPATCH_FILE
+    return HostCosts.from_json(beside) if beside.is_file() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    host = HostCosts.from_json(args.host_dispatch) if args.host_dispatch else None
     paths = args.runs or shipped_runs(args.gpu)
     runs = read_runs(paths)
     priced = pd.concat(
-        [priced_run(run.assign(run=path.parent.parent.name), args.gpu, host) for path, run in zip(paths, runs)],
+        [
+            priced_run(run.assign(run=path.parent.parent.name), args.gpu, run_host(path, args.host_dispatch))
+            for path, run in zip(paths, runs)
+        ],
         ignore_index=True,
     )
-    first = priced.iloc[0]
-    print(f"each step priced by the model alone in its run's regime; latency: {first['latency']}")
-    print(f"host: {first['host']}")
+    print(f"each step priced by the model alone in its run's regime; latency: {priced.iloc[0]['latency']}")
+    for label, part in priced.groupby("host", sort=False):
+        runs_named = ", ".join(dict.fromkeys(part["run"]))
+        print(f"host: {label}" if priced["host"].nunique() == 1 else f"host of {runs_named}: {label}")
     print(table_text(priced))
     print("\n".join(summary_lines(priced)))
     return 0

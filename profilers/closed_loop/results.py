@@ -41,7 +41,8 @@ def read_runs(paths: list[Path]) -> list[pd.DataFrame]:
 
 
 def joined(values, fmt: str) -> str:
-    return " / ".join(format(v, fmt) for v in values)
+    """Run by run; '-' where a run has no such point (runs of other batches side by side)."""
+    return " / ".join("-" if pd.isna(v) else format(v, fmt) for v in values)
 
 
 def tokens_per_step(row) -> float:
