@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import perfmodel.plan as plan_cli  # the command module (`from perfmodel import plan` is the planner)
+import perfmodel.plan_command as plan_cli
 from perfmodel import speedup as speedup_cli
 from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, resolve_acceptance
 from perfmodel.base.dtypes import default_dtype

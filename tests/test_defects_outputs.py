@@ -24,7 +24,7 @@ from perfmodel.base.outputs import replaced_atomically
 from perfmodel.cli import run
 from perfmodel.hardware.specs import load_spec_file
 from perfmodel.models.config import ModelConfig, load_model
-from perfmodel.plan import main as plan_main
+from perfmodel.plan_command import main as plan_main
 from perfmodel.planning.result import PlanResult
 from perfmodel.roofline import main as roofline_main
 from perfmodel.schedule import main as schedule_main

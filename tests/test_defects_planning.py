@@ -144,7 +144,7 @@ def test_the_recommended_batch_is_searched_up_to_the_max_batch(tp):
 
 
 def test_the_plan_command_recommends_beyond_batch_256(capsys):
-    from perfmodel.plan import main
+    from perfmodel.plan_command import main
 
     assert main(["--model", "llama-2-70b", "--gpu", "h100", "--tp", "8"]) == 0
     out = capsys.readouterr().out

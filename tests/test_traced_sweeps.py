@@ -17,7 +17,7 @@ from perfmodel.acceptance.rates import resolve_acceptance
 from perfmodel.latency.traced import TracedStep
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
-from perfmodel.plan import main as plan_main
+from perfmodel.plan_command import main as plan_main
 from perfmodel.planning import simulations
 from perfmodel.planning.capacity import plan
 from perfmodel.planning.simulations import Simulation

@@ -1,0 +1,199 @@
+"""Capacity planning: what fits on a device, which Medusa tree to run at each batch, how fast.
+
+The command of perfmodel.planning.capacity (which holds the planning model and its
+documentation), run as `python -m perfmodel.plan` (perfmodel/plan.py runs this module's main):
+`python -m perfmodel.plan --model llama-7b --gpu a100 h100 --latency-ms 30` prints the devices
+table, the bands per device and the plan in words; `--benchmark` times plan() over more than
+10,000 configurations. Its name is not perfmodel.plan: that is the planner function
+(`from perfmodel import plan`), and a module of that name would shadow it once imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import pandas as pd
+
+from perfmodel.base.outputs import write_csv
+from perfmodel.cli import Parser, batch_size, options, workload_options
+from perfmodel.hardware.specs import load_all_specs
+from perfmodel.latency.step import StepFlavor
+from perfmodel.planning.capacity import DEFAULT_BATCHES, plan
+from perfmodel.planning.memory import DEFAULT_RESERVE
+from perfmodel.planning.result import BAND_SHOWN
+from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS
+from perfmodel.serving.capacity import serve
+from perfmodel.serving.summary import summary as serving_summary
+
+__all__ = ["benchmark", "build_parser", "main"]
+
+
+def benchmark(model: str = "llama-7b", repeats: int = 3) -> tuple[int, float]:
+    """Configurations planned and the best time of `repeats` plan() calls: every shipped
+    device x batches 1..64 (up to its max batch) x the 22 candidate tree sizes: 11,638
+    configurations for llama-7b."""
+    devices = list(load_all_specs())
+    best = math.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = plan(model, devices, batches=range(1, 65), latency_target_s=0.05, throughput_target=10_000)
+        best = min(best, time.perf_counter() - started)
+    return len(result.configs), best
+
+
+DEVICE_FIELDS = {
+    "name": "name",
+    "tensor_parallel": "tensor parallel",
+    "usable_gb": "usable memory (GB)",
+    "weights_gb": "weights (GB)",
+    "heads_gb": "Medusa heads (GB)",
+    "kv_mb_per_token": "KV cache per token (MB)",
+    "kv_mb_per_seq": "KV cache per sequence (MB)",
+    "max_batch": "max batch",
+    "batch": "recommended batch",
+    "tree": "recommended tree",
+    "speedup": "speedup vs plain",
+    "per_token_ms": "per-token latency (ms)",
+    "user_tokens_s": "tokens/s per user",
+    "total_tokens_s": "tokens/s in all",
+    "devices_needed": "devices needed",
+    "latency_model": "latency",
+}
+
+
+def format_devices(devices: pd.DataFrame) -> str:
+    shown = devices.set_index("device")[list(DEVICE_FIELDS)].rename(columns=DEVICE_FIELDS)
+    return shown.T.to_string(float_format=lambda x: f"{x:,.2f}")
+
+
+def format_bands(bands: pd.DataFrame) -> str:
+    return bands[BAND_SHOWN].to_string(index=False, float_format=lambda x: f"{x:,.2f}")
+
+
+def number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m perfmodel.plan", description=__doc__.split("\n\n")[0])
+    options.model(p)
+    options.gpu(p, many=True)
+    options.spec(p, many=True)
+    options.dtype(p)
+    workload_options.workload(p)
+    p.add_argument("--throughput", type=number, metavar="TOKENS_S", help="aggregate throughput target, output tokens/s")
+    options.acceptance_rates(p)
+    p.add_argument(
+        "--batch",
+        nargs="+",
+        type=batch_size,
+        metavar="B",
+        help="batch sizes (default: every power of two up to the max batch that fits, and that batch)",
+    )
+    options.tp(p)
+    p.add_argument(
+        "--reserve",
+        type=number,
+        default=DEFAULT_RESERVE,
+        metavar="FRACTION",
+        help="memory kept free per device (default %(default)s)",
+    )
+    options.latency(p)
+    options.step(p, choices=WHOLE_STEP_FLAVORS, default="full")
+    options.launch(p, default=None)
+    options.csv(p, "the bands table (device x batch)")
+    options.json_output(p, "the plan and the serving answer (with its schedules)")
+    p.add_argument(
+        "--benchmark", action="store_true", help="time plan() over >= 10,000 configurations and print the rate"
+    )
+    return p
+
+
+def plan_tracer(launch: str | None = None):
+    """The decoder's tracer for --step traced (each configuration traced once; a context past
+    the model's trained one priced as the full step prices it), tracing the step of the launch
+    regime asked for (the eager loop by default)."""
+    from decoder.trace import StepTracer  # torch loads only when a step is traced
+
+    return StepTracer(beyond_context=True, launch=launch or "eager")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.benchmark:
+        count, seconds = benchmark(args.model)
+        print(f"{count:,} configurations (device x batch x tree size) in {seconds:.3f} s ({count / seconds:,.0f}/s)")
+        return 0
+    if not (args.gpu or args.spec):
+        p.error("at least one --gpu or --spec is required")
+    settings = workload_options.workload_settings(args, args.throughput)
+    devices = [*(args.gpu or ()), *(args.spec or ())]
+    if args.launch and args.step != StepFlavor.TRACED:
+        p.error(f"--launch {args.launch} prices the traced step's launches: use --step traced (not {args.step})")
+    tracer = plan_tracer(args.launch) if args.step == StepFlavor.TRACED else None
+    result = plan(
+        args.model,
+        devices,
+        dtype=args.dtype,
+        prompt_len=settings.prompt,
+        response_len=settings.response,
+        latency_target_s=settings.latency_target_s,
+        throughput_target=args.throughput,
+        acceptance=args.acceptance_rates,
+        batches=args.batch or DEFAULT_BATCHES,
+        memory_reserve=args.reserve,
+        tensor_parallel=args.tp,
+        latency=args.latency,
+        step=args.step,
+        tracer=tracer,
+        medusa=settings.medusa,
+        launch=args.launch,
+    )
+    answer = None
+    if settings.serving is not None:
+        workload, targets, engine = settings.serving
+        answer = serve(
+            args.model,
+            devices,
+            workload,
+            targets,
+            args.acceptance_rates,
+            args.dtype,
+            args.tp,
+            settings.medusa,
+            engine,
+            args.latency,
+            args.reserve,
+            args.step,
+            tracer,
+            args.launch,
+        )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "plan": json.loads(result.to_json()),
+                    "serving": None if answer is None else json.loads(answer.to_json()),
+                },
+                indent=2,
+            )
+        )
+    else:
+        if answer is not None:  # the answer to the question asked first, the tables behind it after
+            print(serving_summary(answer) + "\n\nCapacity plan, unloaded (one batch at a time):\n")
+        print("Devices\n" + format_devices(result.devices))
+        for device, bands in result.bands.groupby("device", sort=False):
+            print(f"\nBands on {device} (best tree per batch)\n" + format_bands(bands))
+        print("\n" + result.summary())
+    if args.csv:
+        write_csv(result.bands, args.csv)
+        if not args.json:
+            print(f"\nbands written to {args.csv}")
+    return 0
