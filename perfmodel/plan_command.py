@@ -21,11 +21,12 @@ from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, workload_options
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.latency.step import StepFlavor
-from perfmodel.planning.capacity import DEFAULT_BATCHES, plan
+from perfmodel.planning.capacity import DEFAULT_BATCHES, PlanRequest, plan, plan_deployments
+from perfmodel.planning.deployment import DeploymentChoices, resolve
 from perfmodel.planning.memory import DEFAULT_RESERVE
 from perfmodel.planning.result import BAND_SHOWN
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS
-from perfmodel.serving.capacity import serve
+from perfmodel.serving.capacity import ServeRequest, serve_deployments
 from perfmodel.serving.summary import summary as serving_summary
 
 __all__ = ["benchmark", "build_parser", "main"]
@@ -138,43 +139,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.launch and args.step != StepFlavor.TRACED:
         p.error(f"--launch {args.launch} prices the traced step's launches: use --step traced (not {args.step})")
     tracer = plan_tracer(args.launch) if args.step == StepFlavor.TRACED else None
-    result = plan(
-        args.model,
-        devices,
-        dtype=args.dtype,
-        prompt_len=settings.prompt,
-        response_len=settings.response,
-        latency_target_s=settings.latency_target_s,
-        throughput_target=args.throughput,
-        acceptance=args.acceptance_rates,
-        batches=args.batch or DEFAULT_BATCHES,
+    # the deployments resolved once: the plan and the serving search price the same step models
+    choices = DeploymentChoices(args.dtype, args.tp, args.latency, args.step, tracer, args.launch)
+    deployments = resolve(args.model, devices, choices)
+    request = PlanRequest(
+        settings.prompt,
+        settings.response,
+        settings.latency_target_s,
+        args.throughput,
+        args.acceptance_rates,
+        args.batch or DEFAULT_BATCHES,
         memory_reserve=args.reserve,
-        tensor_parallel=args.tp,
-        latency=args.latency,
-        step=args.step,
-        tracer=tracer,
         medusa=settings.medusa,
-        launch=args.launch,
     )
+    result = plan_deployments(deployments, request)
     answer = None
     if settings.serving is not None:
         workload, targets, engine = settings.serving
-        answer = serve(
-            args.model,
-            devices,
-            workload,
-            targets,
-            args.acceptance_rates,
-            args.dtype,
-            args.tp,
-            settings.medusa,
-            engine,
-            args.latency,
-            args.reserve,
-            args.step,
-            tracer,
-            args.launch,
-        )
+        asked = ServeRequest(args.acceptance_rates, settings.medusa, engine, args.reserve)
+        answer = serve_deployments(deployments, workload, targets, asked)
     if args.json:
         print(
             json.dumps(

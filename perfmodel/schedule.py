@@ -27,7 +27,8 @@ from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, run, token_count, workload_options
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
-from perfmodel.planning.capacity import serving_plan
+from perfmodel.planning.capacity import PlanRequest, serving_plan
+from perfmodel.planning.deployment import DeploymentChoices, resolve
 from perfmodel.planning.drafters import DRAFTER_NAMES, DRAFTERS, drafters_for
 from perfmodel.planning.engine_export_common import drafter_weights
 from perfmodel.planning.engine_export_vllm import vllm_note
@@ -250,9 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     tp = args.tp
     weights = weights_arg(args.heads)
     if tp is None:  # auto: the capacity plan's degree
-        tp, _ = serving_plan(
-            model, view, dtype, None, plan_acceptance(args.drafter, args.acceptance_rates), args.latency
-        )
+        auto = resolve(model, [view], DeploymentChoices(dtype=dtype, tensor_parallel=None, latency=args.latency))
+        tp, _ = serving_plan(auto[0], PlanRequest(acceptance=plan_acceptance(args.drafter, args.acceptance_rates)))
     setting = dict(
         tp=tp,
         dtype=dtype,

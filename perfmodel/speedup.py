@@ -29,7 +29,8 @@ from perfmodel.latency.source import LatencyMode, decoder_latency, view_latency
 from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives, tensor_parallel_steps
 from perfmodel.latency.traced import TracedStep
 from perfmodel.models.config import load_model
-from perfmodel.planning.capacity import serving_plan
+from perfmodel.planning.capacity import PlanRequest, serving_plan
+from perfmodel.planning.deployment import DeploymentChoices, resolve
 from perfmodel.planning.drafter_choice import choice_lines
 from perfmodel.planning.drafters import DEFAULT_DRAFT_ALPHA, drafters_for
 from perfmodel.planning.simulation_summary import best_trees, optima_side_by_side, summary_lines
@@ -220,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         device.spec.peak_flops(dtype)  # one clear line when the device lacks the dtype
         try:
-            tp, planned_here = serving_plan(model, device, dtype, args.tp, drafters[0].acceptance, args.latency)
+            choices = DeploymentChoices(dtype=dtype, tensor_parallel=args.tp, latency=args.latency)
+            deployment = resolve(model, [device], choices)[0]
+            tp, planned_here = serving_plan(deployment, PlanRequest(acceptance=drafters[0].acceptance))
         except PerfkitError as exc:  # another --tp would hold the model: with --all, one device less
             if not args.all:
                 raise

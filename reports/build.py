@@ -34,7 +34,8 @@ from perfmodel.measured.store import stored_closed_loops, stored_tree_ablations
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID
 from perfmodel.planning import simulations
-from perfmodel.planning.capacity import PlanResult, plan, serving_plan
+from perfmodel.planning.capacity import PlanRequest, PlanResult, plan, serving_plan
+from perfmodel.planning.deployment import DeploymentChoices, resolve
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS, check_flavors
 from reports.ablation_figures import tree_ablation_figure
 from reports.acceptance_figures import Curve, acceptance_figure, tree_figure
@@ -151,20 +152,15 @@ def build(config: BuildConfig, log=print) -> Report:
                 model, [view], dtype, acceptance.choice, None, config.workload, config.latency, config.step, tracer
             )
         degree = chosen_degree(serving) or config.tp
-        tp, planned = serving_plan(
-            model,
-            view,
-            dtype,
-            degree,
-            acceptance.choice.model,
-            config.latency,
+        choices = DeploymentChoices(dtype, degree, config.latency, config.step, tracer)
+        request = PlanRequest(
             config.workload.prompt,
             config.workload.response,
             config.workload.latency_target_s,
-            config.step,
-            tracer,
-            config.workload.medusa,
+            acceptance=acceptance.choice.model,
+            medusa=config.workload.medusa,
         )
+        tp, planned = serving_plan(resolve(model, [view], choices)[0], request)
         if config.tp is None:
             why = (
                 "the serving simulation's choice (the fewest devices for the rate)"
@@ -246,7 +242,7 @@ def capacity_plan(model, view: DeviceView, dtype: str, acceptance: ReportAccepta
         return plan(
             model,
             [view],
-            dtype,
+            dtype=dtype,
             prompt_len=config.workload.prompt,
             response_len=config.workload.response,
             latency_target_s=config.workload.latency_target_s,

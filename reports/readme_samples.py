@@ -36,6 +36,7 @@ from pathlib import Path
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, run
+from perfmodel.cli.console import command_code
 from perfmodel.measured.store import HOME_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +121,7 @@ def entry_point(argv: list[str]) -> tuple[Callable[[list[str] | None], int | Non
     `python -m pkg.mod ARGS` -> pkg.mod's main (a package's __main__'s), `medusa-perfkit
     ARGS` -> the console script's function."""
     if argv[:2] == ["python", "-m"] and len(argv) > 2:
-        module = importlib.import_module(argv[2])
+        module = importlib.import_module(command_code(argv[2]))
         if not hasattr(module, "main"):
             module = importlib.import_module(f"{argv[2]}.__main__")
         return module.main, argv[3:]

@@ -59,20 +59,9 @@ COMMANDS = discovered_commands()
 
 
 def command_module(name: str):
-    """The module whose main and build_parser a command runs: where a command's file only runs
-    another module's main (perfmodel/plan.py: perfmodel.plan is the planner function), that one."""
-    path = ROOT / name.replace(".", "/")
-    path = path / "__main__.py" if path.is_dir() else path.with_suffix(".py")
-    tree = ast.parse(path.read_text())
-    defines = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    delegated = [
-        n.module
-        for n in ast.walk(tree)
-        if isinstance(n, ast.ImportFrom) and n.module and any(alias.name == "main" for alias in n.names)
-    ]
-    if delegated and "build_parser" not in defines:
-        return importlib.import_module(delegated[0])
-    return importlib.import_module(f"{name}.__main__" if path.name == "__main__.py" else name)
+    """The module holding a command's main and build_parser (perfmodel.plan: perfmodel.plan_command)."""
+    name = console.command_code(name)
+    return importlib.import_module(f"{name}.__main__" if (ROOT / name / "__main__.py").exists() else name)
 
 
 def subcommands(parser: argparse.ArgumentParser) -> list[str]:

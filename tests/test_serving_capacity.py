@@ -13,9 +13,8 @@ import perfmodel.plan_command as plan_cli
 from perfmodel.acceptance.rates import resolve_acceptance
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
-from perfmodel.measured.device_view import resolve_devices
-from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import plan
+from perfmodel.planning.deployment import DeploymentChoices, resolve
 from perfmodel.planning.lengths import Lengths
 from perfmodel.serving.capacity import replica, serve
 from perfmodel.serving.simulator import EngineConfig, simulate
@@ -50,9 +49,8 @@ def test_the_answer_meets_the_targets_at_its_load_and_needs_the_fewest_devices(a
 
 
 def best_costs(option):
-    view = resolve_devices(["h100"])[0]
-    model, acceptance = load_model("llama-7b"), resolve_acceptance("paper")
-    return replica(model, view, "fp16", option.tp, option.medusa, acceptance, WORKLOAD).costs
+    (deployment,) = resolve("llama-7b", ["h100"], DeploymentChoices(dtype="fp16", tensor_parallel=option.tp))
+    return replica(deployment, option.medusa, resolve_acceptance("paper"), WORKLOAD).costs
 
 
 def test_medusa_lowers_unloaded_time_per_token(answer):

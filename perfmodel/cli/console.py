@@ -50,6 +50,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "startup-benchmark": ("reports.startup_benchmark", "time the roofline command and a report build, as run"),
 }
 
+# A command whose module only runs another module's main: the name perfmodel.plan is the
+# planner function, so perfmodel/plan.py runs perfmodel.plan_command (and is never imported).
+COMMAND_CODE = {"perfmodel.plan": "perfmodel.plan_command"}
+
+
+def command_code(module: str) -> str:
+    """The module holding a command's main and build_parser (`module` itself, mostly)."""
+    return COMMAND_CODE.get(module, module)
+
 
 def build_parser() -> Parser:
     width = max(map(len, COMMANDS))

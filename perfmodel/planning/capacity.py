@@ -49,134 +49,104 @@ plan() over more than 10,000 of them.
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, describe_acceptance, medusa_acceptance
-from perfmodel.base.checks import is_count, is_real
-from perfmodel.base.dtypes import check_dtype, default_dtype
+from perfmodel.base.checks import is_real, split_options
 from perfmodel.base.errors import PerfkitError
-from perfmodel.base.launch import Launch
-from perfmodel.hardware.efficiencies import RooflineParams
-from perfmodel.latency.source import LATENCY_CHOICES
-from perfmodel.measured.device_view import DeviceView, resolve_devices
-from perfmodel.models.config import ModelConfig, load_model
+from perfmodel.models.config import ModelConfig
+from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.device_plan import Setting, plan_device, plan_device_auto_tp
 from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths, Workload
 from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.memory import DEFAULT_RESERVE
 from perfmodel.planning.result import DEVICE_COLUMNS, PlanResult
 from perfmodel.planning.simulations import CANDIDATE_SIZES
-from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS, check_flavors, check_launch_step, check_tracer
 
 # batches=None plans every power of two up to the device's max batch, and that batch.
 DEFAULT_BATCHES = None
 
 
-def plan(
-    model: str | Path | ModelConfig,
-    devices,
-    dtype: str | None = None,
-    prompt_len=DEFAULT_PROMPT_LEN,
-    response_len=DEFAULT_RESPONSE_LEN,
-    latency_target_s: float | None = None,
-    throughput_target: float | None = None,
-    acceptance=PAPER_ACCEPTANCE,
-    batches=DEFAULT_BATCHES,
-    sizes=CANDIDATE_SIZES,
-    memory_reserve: float = DEFAULT_RESERVE,
-    tensor_parallel: int | None = 1,
-    params: RooflineParams | None = None,
-    latency: str = "auto",
-    step: str = "full",
-    tracer=None,
-    medusa: str = "auto",
-    launch: Launch | str | None = None,
-) -> PlanResult:
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a capacity plan is asked, beside its deployments.
+
+    prompt_len / response_len: an int, a (mean, p95) pair or a list of samples.
+    latency_target_s: seconds per output token per user. throughput_target: output tokens/s
+    in all. acceptance: "paper", a decoder.measure JSON path or an acceptance model (tokens
+    per step as a function of tree size), as perfmodel.acceptance.rates.resolve_acceptance
+    reads it. batches: batch sizes to evaluate (the device's max batch is added where it is
+    below the largest), or None (default): every power of two up to the device's max batch,
+    and the max batch itself. sizes: tree sizes (root included) to search; 1 (plain
+    decoding) is always included. memory_reserve: the fraction of each device kept free.
+    medusa: "auto" (the best tree or none per batch), "on" (the best tree per batch even
+    where plain decoding is faster) or "off" (plain decoding)."""
+
+    prompt_len: object = DEFAULT_PROMPT_LEN
+    response_len: object = DEFAULT_RESPONSE_LEN
+    latency_target_s: float | None = None
+    throughput_target: float | None = None
+    acceptance: object = PAPER_ACCEPTANCE
+    batches: object = DEFAULT_BATCHES
+    sizes: object = CANDIDATE_SIZES
+    memory_reserve: float = DEFAULT_RESERVE
+    medusa: str = MedusaSetting.AUTO
+
+    @property
+    def workload(self) -> Workload:
+        return Workload(
+            Lengths.of(self.prompt_len, "prompt_len"),
+            Lengths.of(self.response_len, "response_len"),
+            self.latency_target_s,
+            self.throughput_target,
+        )
+
+
+def plan(model: str | Path | ModelConfig, devices, **options) -> PlanResult:
     """Plan serving `model` on each of `devices` (see the module docstring for the model).
 
     model: a preset name, a config.json path or a ModelConfig. devices: names (cpu: this
     machine's CPU from its stored measurements), spec files, HardwareSpecs or DeviceViews,
-    one or many, resolved by perfmodel.measured.device_view.resolve_devices. dtype: the weights' and
-    KV cache's type, or None for each device's default (perfmodel.base.dtypes.default_dtype: fp32
-    on a CPU, fp16 on a GPU, as every command has it). prompt_len /
-    response_len: an int, a (mean, p95) pair or a list of samples. latency_target_s: seconds per output token per user.
-    throughput_target: output tokens/s in all. acceptance: "paper", a decoder.measure JSON
-    path or an acceptance model (tokens per step as a function of tree size), as
-    perfmodel.acceptance.rates.resolve_acceptance reads it. batches: batch sizes to evaluate (the
-    device's max batch is added where it is below the largest), or None (default): every
-    power of two up to the device's max batch, and the max batch itself, so the
-    recommendation may be any batch that fits. sizes: tree sizes (root
-    included) to search; 1 (plain decoding) is always included. tensor_parallel: devices
-    per model replica, or None (auto) for the degree that gives the most tokens/s per device
-    among those that fit and split the model (powers of two up to 8). params: the datasheet
-    roofline's efficiencies for every device, or None for each device's own (the public
-    defaults on a datasheet, none on a CPU's measured ceilings). latency: the latency source
-    (perfmodel.latency.source: auto = measured where the device was measured, else
-    calibrated, borrowed or datasheet; or force measured, calibrated or datasheet). step: the
-    step flavour the configurations are timed by (perfmodel.planning.step_models): "full", the
-    whole model's operator inventory, or "traced", every kernel of the reference decoder's
-    step, which needs `tracer` (decoder.trace.StepTracer; python -m perfmodel.plan --step
-    traced hands it in). medusa: "auto" (the best tree or none per batch), "on" (the best
-    tree per batch even where plain decoding is faster) or "off" (plain decoding). launch:
-    the launch regime the traced step is priced in end to end (perfmodel.base.launch.Launch:
-    eager, static or graph, its tracer tracing that regime's step), None for its kernels' sum.
+    one or many. options: how it is deployed, the fields of
+    perfmodel.planning.deployment.DeploymentChoices (dtype, tensor_parallel: default 1, None
+    for the degree with the most tokens/s per device among those that fit and split the
+    model, latency, step, tracer, launch, params), and what is asked, the fields of
+    PlanRequest (prompt_len, response_len, latency_target_s, throughput_target, acceptance,
+    batches, sizes, memory_reserve, medusa). plan_deployments() takes resolved deployments.
 
     Raises PerfkitError for bad input, and when the model fits on none of the devices.
     """
-    model = model if isinstance(model, ModelConfig) else load_model(model)
-    if dtype is not None:
-        check_dtype(dtype)
-    views = resolve_devices(devices)
-    dtypes = [dtype or default_dtype(view) for view in views]
-    workload = Workload(
-        Lengths.of(prompt_len, "prompt_len"),
-        Lengths.of(response_len, "response_len"),
-        latency_target_s,
-        throughput_target,
-    )
+    deployment, request = split_options(options, (DeploymentChoices, PlanRequest), "plan()")
+    return plan_deployments(resolve(model, devices, DeploymentChoices(**deployment)), PlanRequest(**request))
+
+
+def plan_deployments(deployments, request: PlanRequest | None = None) -> PlanResult:
+    """The capacity plan of one model's deployments (perfmodel.planning.deployment.resolve),
+    one device each, for `request` (default: PlanRequest())."""
+    deployments = (deployments,) if isinstance(deployments, Deployment) else tuple(deployments)
+    request = request or PlanRequest()
+    model = deployments[0].model
+    if any(d.model != model for d in deployments):
+        raise PerfkitError("plan_deployments plans one model: its deployments name several")
+    workload = request.workload
+    memory_reserve = request.memory_reserve
     if not is_real(memory_reserve, finite=False) or not 0 <= memory_reserve < 1:
         raise PerfkitError(f"memory_reserve must be a fraction in [0, 1), got {memory_reserve!r}")
-    if tensor_parallel is not None and not is_count(tensor_parallel):
-        raise PerfkitError(f"tensor_parallel must be a positive integer or None (auto), got {tensor_parallel!r}")
-    batches = None if batches is None else positive_ints(batches, "batches")
-    medusa = check_medusa(medusa)
+    batches = None if request.batches is None else positive_ints(request.batches, "batches")
+    medusa = check_medusa(request.medusa)
     speculate = model.medusa_heads and medusa != MedusaSetting.OFF
-    sizes = np.union1d(positive_ints(sizes, "tree sizes"), [1]) if speculate else np.array([1])
-    acceptance = medusa_acceptance(acceptance).model
+    sizes = np.union1d(positive_ints(request.sizes, "tree sizes"), [1]) if speculate else np.array([1])
+    acceptance = medusa_acceptance(request.acceptance).model
     accept = tabulated(acceptance, sizes)
-
-    if latency not in LATENCY_CHOICES:
-        raise PerfkitError(f"unknown latency source {latency!r}; choose from: {', '.join(LATENCY_CHOICES)}")
-    check_flavors([step], WHOLE_STEP_FLAVORS)
-    check_tracer([step], tracer)
-    launch = check_launch_step(launch, step)
-    if tensor_parallel is not None:
-        model.shard(tensor_parallel)  # one line naming the degrees that split the model
     rows, bands, configs = [], [], []
-    for view, view_dtype in zip(views, dtypes):
-        if params is not None:
-            view = dataclasses.replace(view, params=params)
-        setting = Setting(
-            model,
-            view,
-            view_dtype,
-            workload,
-            accept,
-            batches,
-            sizes,
-            memory_reserve,
-            latency,
-            step,
-            tracer,
-            medusa,
-            launch,
-        )
+    for deployment in deployments:
+        setting = Setting(deployment, workload, accept, batches, sizes, memory_reserve, medusa)
         row, device_bands, device_configs = (
-            plan_device(setting, tensor_parallel) if tensor_parallel else plan_device_auto_tp(setting)
+            plan_device(setting, deployment.tp) if deployment.tp else plan_device_auto_tp(setting)
         )
         rows.append(row)
         bands.append(device_bands)
@@ -184,7 +154,7 @@ def plan(
     devices_df = pd.DataFrame(rows, columns=DEVICE_COLUMNS).astype(
         {"batch": "Int64", "tree_size": "Int64", "devices_needed": "Int64"}
     )
-    dtype = "/".join(dict.fromkeys(dtypes))  # one name, or each device's default where they differ
+    dtype = "/".join(dict.fromkeys(d.dtype for d in deployments))  # one name, or each device's default
     if not devices_df["fits"].any():
         raise DoesNotFit(
             f"{model.name} in {dtype} fits on none of the devices: "
@@ -206,47 +176,20 @@ class DoesNotFit(PerfkitError):
         self.degrees = degrees
 
 
-def serving_plan(
-    model: ModelConfig,
-    view: DeviceView,
-    dtype: str,
-    tensor_parallel: int | None,
-    acceptance=PAPER_ACCEPTANCE,
-    latency: str = "auto",
-    prompt_len=DEFAULT_PROMPT_LEN,
-    response_len=DEFAULT_RESPONSE_LEN,
-    latency_target_s: float | None = None,
-    step: str = "full",
-    tracer=None,
-    medusa: str = "auto",
-) -> tuple[int, PlanResult | str]:
-    """The tensor-parallel degree to price `model` at on one device, and its capacity plan;
-    the one meaning of --tp for every command. tensor_parallel: that degree, or None for the
-    plan's choice (plan(tensor_parallel=None)).
+def serving_plan(deployment: Deployment, request: PlanRequest | None = None) -> tuple[int, PlanResult | str]:
+    """The tensor-parallel degree to price a deployment at (its own, or where it has none,
+    None, the plan's choice), and its capacity plan; the one meaning of --tp for every command.
 
     Where the model does not fit at the degree but another degree usable on the device
     holds it, a DoesNotFit error names that degree. Where no usable degree holds it, there
     is nothing to advise: (the degree asked, or 1, and why it does not fit), for the caller
-    to say beside numbers that then price its steps as if it did. step, tracer, medusa: plan()'s."""
+    to say beside numbers that then price its steps as if it did."""
     try:
-        result = plan(
-            model,
-            [view],
-            dtype,
-            prompt_len,
-            response_len,
-            latency_target_s,
-            acceptance=acceptance,
-            tensor_parallel=tensor_parallel,
-            latency=latency,
-            step=step,
-            tracer=tracer,
-            medusa=medusa,
-        )
+        result = plan_deployments(deployment, request)
     except DoesNotFit as exc:
         if any(degree is not None for degree in exc.degrees.values()):
             raise
-        return tensor_parallel or 1, str(exc)
+        return deployment.tp or 1, str(exc)
     return int(result.devices["tensor_parallel"].iloc[0]), result
 
 

@@ -12,37 +12,43 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perfmodel.base.launch import Launch
 from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.tensor_parallel import usable_degrees
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
+from perfmodel.planning.deployment import Deployment
 from perfmodel.planning.lengths import Workload
 from perfmodel.planning.medusa_setting import MedusaSetting
 from perfmodel.planning.memory import GB, MemoryFit, memory_fit
 from perfmodel.planning.result import BAND_COLUMNS
 from perfmodel.planning.simulations import pick_best, speedup_table
-from perfmodel.planning.step_models import flavor_steps
 
 
 @dataclass(frozen=True)
 class Setting:
-    """What one device's plan is of."""
+    """What one device's plan is of: a deployment (its tp None: the degree is searched) and
+    what is asked of it."""
 
-    model: ModelConfig
-    view: DeviceView
-    dtype: str
+    deployment: Deployment
     workload: Workload
     accept: object
     batches: np.ndarray | None
     sizes: np.ndarray
     reserve: float
-    latency: str
-    step: str = "full"  # the step flavour (perfmodel.planning.step_models): full or traced
-    tracer: object = None  # the traced flavour's tracer (perfmodel.latency.traced.Tracer)
     medusa: str = "auto"  # auto: a tree where it wins; on: a tree at every batch; off: none
-    launch: Launch | None = None  # the traced step's launch regime (None: its kernels' sum)
+
+    @property
+    def model(self) -> ModelConfig:
+        return self.deployment.model
+
+    @property
+    def view(self) -> DeviceView:
+        return self.deployment.view
+
+    @property
+    def dtype(self) -> str:
+        return self.deployment.dtype
 
 
 # tensor_parallel=None tries these degrees (those that split the model and fit).
@@ -157,16 +163,15 @@ def plan_device(setting: Setting, tp: int):
         return row | NO_RECOMMENDATION, None, None
 
     planned = batch_grid(setting.batches, fit.max_batch)
-    step = flavor_steps(
-        setting.view, model, dtype, tp, setting.latency, [setting.step], setting.tracer, setting.launch
-    )[setting.step]
+    deployment = setting.deployment.at(tp)
+    step = deployment.step_model()
     table = speedup_table(step, accept, planned, w.step_context, sizes).sort_values(
         ["batch", "tree_size"], ignore_index=True
     )
     table.insert(0, "device", spec.key)
-    regime = f" ({step.shard_step.launch_label})" if setting.launch is not None else ""
+    regime = f" ({step.shard_step.launch_label})" if deployment.launch is not None else ""
     row["latency_model"] = (
-        step.label if setting.step == StepFlavor.FULL else f"{setting.step} step{regime}: {step.label}"
+        step.label if deployment.step is StepFlavor.FULL else f"{deployment.step} step{regime}: {step.label}"
     )
     kv = table["batch"] * fit.kv_token * (w.kv_tokens + table["tree_size"] - 1)
     table["memory_gb"] = (fit.weights + fit.heads + kv) / GB

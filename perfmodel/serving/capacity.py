@@ -20,17 +20,17 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.acceptance.rates import AcceptanceChoice, medusa_acceptance
-from perfmodel.base.dtypes import check_dtype, default_dtype
+from perfmodel.base.checks import split_options
 from perfmodel.base.errors import PerfkitError
-from perfmodel.base.launch import Launch
+from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.tensor_parallel import usable_degrees
-from perfmodel.measured.device_view import DeviceView, resolve_devices
-from perfmodel.models.config import ModelConfig, load_model
+from perfmodel.measured.device_view import DeviceView
+from perfmodel.models.config import ModelConfig
+from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.memory import memory_fit
 from perfmodel.planning.schedule import build_schedule, view_evidence
 from perfmodel.planning.schedule_format import SpeculationSchedule
-from perfmodel.planning.step_models import check_launch_step, flavor_steps
 from perfmodel.serving.costs import ServingCosts, tabulate_costs
 from perfmodel.serving.simulator import EngineConfig, ServingRun, simulate
 from perfmodel.serving.workload import Requests, ServingWorkload, Targets
@@ -171,23 +171,17 @@ def half_octaves(top: int) -> np.ndarray:
 
 
 def replica(
-    model: ModelConfig,
-    view: DeviceView,
-    dtype: str,
-    tp: int,
+    deployment: Deployment,
     medusa: str,
     acceptance: AcceptanceChoice,
     workload: ServingWorkload,
-    latency: str = "auto",
     reserve: float = 0.1,
     max_seqs: int = 256,
-    step: str = "full",
-    tracer=None,
-    launch: Launch | None = None,
 ) -> Replica:
-    """The costs of `model` split tp ways on `view` with Medusa `medusa`: the step at the
-    schedule's tree for every batch up to what the KV cache holds (at most max_seqs) and every
-    context up to the longest request's, and the prefill."""
+    """The costs of a deployment (its model split deployment.tp ways on its device) with
+    Medusa `medusa`: the step at the schedule's tree for every batch up to what the KV cache
+    holds (at most max_seqs) and every context up to the longest request's, and the prefill."""
+    model, view, dtype, tp, step = deployment.model, deployment.view, deployment.dtype, deployment.tp, deployment.step
     medusa = check_medusa(medusa)
     kv_tokens = workload.prompt.p95 + workload.output.p95
     fit = memory_fit(
@@ -201,7 +195,7 @@ def replica(
             f"left on {where} for sequences of {kv_tokens:,} (p95) tokens"
         )
         return Replica(view, tp, dtype, medusa, None, None, note)
-    steps = flavor_steps(view, model, dtype, tp, latency, dict.fromkeys([step, "full"]), tracer, launch)
+    steps = deployment.steps([step, StepFlavor.FULL])
     seqs = int(min(max_seqs, capacity // max(1, round(workload.prompt.mean + workload.output.mean))))
     max_context = int(workload.prompt.p95 + workload.output.p95) * 2
     schedule = build_schedule(
@@ -277,41 +271,52 @@ def meets(run: ServingRun, targets: Targets, offered_tokens_s: float) -> bool:
     return stable and targets.met(run.percentile("ttft_s", q), run.percentile("tpot_s", q))
 
 
-def serve(
-    model: str | ModelConfig,
-    devices,
-    workload: ServingWorkload,
-    targets: Targets | None = None,
-    acceptance="paper",
-    dtype: str | None = None,
-    tensor_parallel: int | None = None,
-    medusa: str = "auto",
-    engine: EngineConfig | None = None,
-    latency: str = "auto",
-    reserve: float = 0.1,
-    step: str = "full",
-    tracer=None,
-    launch: Launch | str | None = None,
-) -> ServingAnswer:
+@dataclass(frozen=True)
+class ServeRequest:
+    """What the serving search is asked, beside its deployments and workload: the acceptance
+    (a preset or a decoder.measure record, perfmodel.acceptance.rates.resolve_acceptance),
+    the Medusa setting searched beside plain decoding (off: plain decoding only), the engine's
+    scheduling limits, and the fraction of each device's memory kept free."""
+
+    acceptance: object = "paper"
+    medusa: str = MedusaSetting.AUTO
+    engine: EngineConfig | None = None
+    reserve: float = 0.1
+
+
+def serve(model: str | ModelConfig, devices, workload: ServingWorkload, targets: Targets | None = None, **options):
     """Search every device x tensor-parallel degree (the one given, or each usable degree of
     1, 2, 4, 8) x Medusa setting (off, and `medusa` unless it is off) for the capacity within
-    `targets` of the workload's requests (see the module docstring).
+    `targets` of the workload's requests (see the module docstring); a ServingAnswer.
 
     model: a preset name, config.json or ModelConfig. devices: names, spec files or
-    DeviceViews (perfmodel.measured.device_view.resolve_devices). acceptance: a preset or a
-    decoder.measure record (perfmodel.acceptance.rates.resolve_acceptance). dtype None: each
-    device's default. The target rate is the workload's rate (a trace's own where none is
-    given), or the rate that makes targets.tokens_s where that is higher. step, tracer, launch:
-    the step flavour, the traced one's tracer and launch regime, as perfmodel.planning.capacity.plan
-    takes them."""
-    medusa = check_medusa(medusa)
-    launch = check_launch_step(launch, step)
-    model = model if isinstance(model, ModelConfig) else load_model(model)
-    views = resolve_devices(devices)
-    dtypes = [check_dtype(dtype) if dtype else default_dtype(view) for view in views]
-    choice = medusa_acceptance(acceptance)
+    DeviceViews (perfmodel.measured.device_view.resolve_devices). options: how it is deployed,
+    the fields of perfmodel.planning.deployment.DeploymentChoices (dtype: None for each
+    device's default; tensor_parallel: default None, every usable degree; latency, step,
+    tracer, launch, params), and the fields of ServeRequest (acceptance, medusa, engine,
+    reserve). The target rate is the workload's rate (a trace's own where none is given), or
+    the rate that makes targets.tokens_s where that is higher. serve_deployments() takes
+    resolved deployments."""
+    deployment, request = split_options(options, (DeploymentChoices, ServeRequest), "serve()")
+    tp = deployment.pop("tensor_parallel", None)
+    # the degree is checked per device by serve_deployments (the degrees it can use there)
+    deployments = resolve(model, devices, DeploymentChoices(**deployment, tensor_parallel=None))
+    return serve_deployments([d.at(tp) for d in deployments], workload, targets, ServeRequest(**request))
+
+
+def serve_deployments(
+    deployments, workload: ServingWorkload, targets: Targets | None = None, request: ServeRequest | None = None
+) -> ServingAnswer:
+    """serve() over resolved deployments of one model (perfmodel.planning.deployment.resolve);
+    a deployment's tp None searches every usable degree."""
+    deployments = (deployments,) if isinstance(deployments, Deployment) else tuple(deployments)
+    request = request or ServeRequest()
+    model = deployments[0].model
+    medusa = check_medusa(request.medusa)
+    choice = medusa_acceptance(request.acceptance)
     targets = targets or Targets()
-    engine = engine or EngineConfig()
+    engine = request.engine or EngineConfig()
+    reserve = request.reserve
     if not 0 <= reserve < 1:
         raise PerfkitError(f"reserve must be a fraction in [0, 1), got {reserve!r}")
     off = MedusaSetting.OFF
@@ -321,31 +326,18 @@ def serve(
     if targets.tokens_s is not None:
         target_rate = max(target_rate or 0.0, targets.tokens_s / float(np.mean(requests.output)))
     options = []
-    for view, view_dtype in zip(views, dtypes):
-        usable = usable_degrees(model, view.spec)
-        if tensor_parallel is not None and tensor_parallel not in usable:
+    for deployment in deployments:
+        spec = deployment.view.spec
+        usable = usable_degrees(model, spec)
+        if deployment.tp is not None and deployment.tp not in usable:
             raise PerfkitError(
-                f"tensor parallel {tensor_parallel} cannot be used for {model.name} on {view.spec.key}; usable "
+                f"tensor parallel {deployment.tp} cannot be used for {model.name} on {spec.key}; usable "
                 f"degrees: {', '.join(map(str, usable))}"
             )
-        degrees = [tensor_parallel] if tensor_parallel is not None else [tp for tp in (1, 2, 4, 8) if tp in usable]
+        degrees = [deployment.tp] if deployment.tp is not None else [tp for tp in (1, 2, 4, 8) if tp in usable]
         for mode in modes:
             for tp in degrees:
-                rep = replica(
-                    model,
-                    view,
-                    view_dtype,
-                    tp,
-                    mode,
-                    choice,
-                    workload,
-                    latency,
-                    reserve,
-                    engine.max_seqs,
-                    step,
-                    tracer,
-                    launch,
-                )
+                rep = replica(deployment.at(tp), mode, choice, workload, reserve, engine.max_seqs)
                 options.append(answer(rep, requests, targets, engine, target_rate))
     return ServingAnswer(model.name, workload.describe(), targets, engine, choice.label, target_rate, tuple(options))
 

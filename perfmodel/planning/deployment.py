@@ -1,0 +1,149 @@
+"""A deployment: one model on one device, as it is priced. `resolve(model, devices, ...)` builds
+one per device at the edge, checking every choice once, and every planner (the capacity plan,
+the serving search, the speculation schedule, the simulations, the report) takes deployments
+instead of looking the model, device, dtype and latency source up again.
+
+A Deployment owns its step models: `steps(...)` prices each flavour once per instance and
+keeps it, and `at(tp)` gives the same deployment split tp ways (kept too), so a plan and a
+serving search of one deployment share their step models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfmodel.base.checks import is_count
+from perfmodel.base.dtypes import check_dtype, default_dtype
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
+from perfmodel.hardware.efficiencies import RooflineParams
+from perfmodel.latency.source import LATENCY_CHOICES, LatencyChoice
+from perfmodel.latency.step import StepFlavor
+from perfmodel.latency.tensor_parallel import TensorParallelStep
+from perfmodel.latency.traced import Tracer
+from perfmodel.measured.device_view import DeviceView, resolve_devices
+from perfmodel.models.config import ModelConfig, load_model
+from perfmodel.planning.step_models import (
+    WHOLE_STEP_FLAVORS,
+    check_flavors,
+    check_launch_step,
+    check_tracer,
+    flavor_steps,
+)
+
+
+@dataclass(frozen=True)
+class DeploymentChoices:
+    """How a model is deployed and priced, the same on every device asked about.
+
+    dtype: the weights' and KV cache's type, None for each device's default (fp32 on a CPU,
+    fp16 on a GPU). tensor_parallel: devices per replica, None for the planner's choice (the
+    degree with the most tokens/s per device). latency: the latency source (auto, measured,
+    calibrated, datasheet; a LatencyChoice carries its stack). step: the step flavour, full
+    (the whole model's operators) or traced (every kernel of the reference decoder's step,
+    traced by `tracer`, decoder.trace.StepTracer). launch: the regime the traced step is
+    priced in end to end (eager, static, graph; None: its kernels' sum). params: the datasheet
+    roofline's efficiencies for every device, None for each device's own."""
+
+    dtype: str | None = None
+    tensor_parallel: int | None = 1
+    latency: str = "auto"
+    step: StepFlavor | str = StepFlavor.FULL
+    tracer: Tracer | None = None
+    launch: Launch | str | None = None
+    params: RooflineParams | None = None
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """`model` on `view` in `dtype`, split `tp` ways (None: not yet chosen), its steps priced by
+    `latency` as the `step` flavour (see DeploymentChoices). Built by resolve()."""
+
+    model: ModelConfig
+    view: DeviceView
+    dtype: str
+    tp: int | None = 1
+    latency: str = "auto"
+    step: StepFlavor = StepFlavor.FULL
+    tracer: Tracer | None = None
+    launch: Launch | None = None
+    _steps: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _degrees: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def device(self) -> str:
+        """The device's key (h100-sxm, cpu-..., a spec file's key)."""
+        return self.view.spec.key
+
+    def at(self, tp: int) -> Deployment:
+        """This deployment split `tp` ways: itself where it is, else one kept per degree."""
+        if tp == self.tp:
+            return self
+        if tp not in self._degrees:
+            self._degrees[tp] = dataclasses.replace(self, tp=tp)
+        return self._degrees[tp]
+
+    def steps(self, flavors: Iterable[str] | None = None) -> dict[StepFlavor, TensorParallelStep]:
+        """One step model per flavour (default: the deployment's own), priced once per
+        instance (perfmodel.planning.step_models.flavor_steps)."""
+        if self.tp is None:
+            raise PerfkitError("a deployment's steps need its tensor-parallel degree: price deployment.at(tp)")
+        wanted = check_flavors(dict.fromkeys(flavors or (self.step,)))
+        missing = [f for f in wanted if f not in self._steps]
+        if missing:
+            self._steps.update(
+                flavor_steps(
+                    self.view, self.model, self.dtype, self.tp, self.latency, missing, self.tracer, self.launch
+                )
+            )
+        return {f: self._steps[f] for f in wanted}
+
+    def step_model(self, flavor: str | None = None) -> TensorParallelStep:
+        """The step model of one flavour (default: the deployment's own)."""
+        flavor = flavor or self.step
+        return self.steps([flavor])[StepFlavor(flavor)]
+
+
+def resolve(
+    model: str | Path | ModelConfig, devices, choices: DeploymentChoices | None = None
+) -> tuple[Deployment, ...]:
+    """One Deployment per device: `model` a preset name, config.json or ModelConfig; `devices`
+    names, spec files, HardwareSpecs or DeviceViews, one or many (resolve_devices); `choices`
+    the same on every device (DeploymentChoices; default: each device's dtype, one device, the
+    auto latency source, the full step). Every choice is checked here, once, each bad one in
+    one line naming it and what is allowed."""
+    choices = choices or DeploymentChoices()
+    if choices.dtype is not None:
+        check_dtype(choices.dtype)
+    if choices.tensor_parallel is not None and not is_count(choices.tensor_parallel):
+        raise PerfkitError(
+            f"tensor_parallel must be a positive integer or None (auto), got {choices.tensor_parallel!r}"
+        )
+    if choices.latency not in LATENCY_CHOICES:
+        raise PerfkitError(f"unknown latency source {choices.latency!r}; choose from: {', '.join(LATENCY_CHOICES)}")
+    (step,) = check_flavors([choices.step], WHOLE_STEP_FLAVORS)
+    check_tracer([step], choices.tracer)
+    launch = check_launch_step(choices.launch, step)
+    model = model if isinstance(model, ModelConfig) else load_model(model)
+    if choices.tensor_parallel is not None:
+        model.shard(choices.tensor_parallel)  # one line naming the degrees that split the model
+    views = resolve_devices(devices)
+    if choices.params is not None:
+        views = [dataclasses.replace(view, params=choices.params) for view in views]
+    latency = choices.latency if isinstance(choices.latency, LatencyChoice) else LatencyChoice(choices.latency)
+    return tuple(
+        Deployment(
+            model,
+            view,
+            choices.dtype or default_dtype(view),
+            choices.tensor_parallel,
+            latency,
+            step,
+            choices.tracer,
+            launch,
+        )
+        for view in views
+    )
