@@ -14,6 +14,7 @@ schedule's regret: the measured speedup lost against the best tree measured at e
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections import Counter
 from pathlib import Path
@@ -33,7 +34,7 @@ from perfmodel.planning.drafters import DRAFTER_NAMES, DRAFTERS, drafters_for
 from perfmodel.planning.engine_export_common import drafter_weights
 from perfmodel.planning.engine_export_vllm import vllm_note
 from perfmodel.planning.engine_exports import ENGINES, check_engines, write_exports
-from perfmodel.planning.schedule import speculation_schedule
+from perfmodel.planning.schedule import ScheduleRequest, check_request, schedule_deployment
 from perfmodel.planning.schedule_bands import DEFAULT_MAX_BATCH, default_batches
 from perfmodel.planning.schedule_format import (
     ACCEPTANCE_SEPARATOR,
@@ -248,28 +249,28 @@ def main(argv: list[str] | None = None) -> int:
     # notes (a stored CPU standing in for this one) go to stderr: --json keeps stdout JSON
     view = resolve_devices([args.spec or args.gpu], log=lambda line: print(line, file=sys.stderr))[0]
     dtype = args.dtype or default_dtype(view)
-    tp = args.tp
     weights = weights_arg(args.heads)
-    if tp is None:  # auto: the capacity plan's degree
-        auto = resolve(model, [view], DeploymentChoices(dtype=dtype, tensor_parallel=None, latency=args.latency))
-        tp, _ = serving_plan(auto[0], PlanRequest(acceptance=plan_acceptance(args.drafter, args.acceptance_rates)))
-    setting = dict(
-        tp=tp,
-        dtype=dtype,
-        acceptance=args.acceptance_rates,
-        latency=args.latency,
-        batches=args.batch or default_batches(args.max_batch),
-        contexts=args.context,
-        medusa=args.medusa,
-        sizes=args.sizes,
+    (deployment,) = resolve(
+        model, [view], DeploymentChoices(dtype=dtype, tensor_parallel=args.tp, latency=args.latency)
+    )
+    if deployment.tp is None:  # auto: the capacity plan's degree
+        tp, _ = serving_plan(deployment, PlanRequest(acceptance=plan_acceptance(args.drafter, args.acceptance_rates)))
+        deployment = deployment.at(tp)
+    request = ScheduleRequest(
+        args.acceptance_rates,
+        args.batch or default_batches(args.max_batch),
+        args.context,
+        args.medusa,
+        args.sizes,
         drafter=args.drafter,
     )
-    schedule = speculation_schedule(model, view, **setting)
+    check_request(request)
+    schedule = schedule_deployment(deployment, request)
     weights = drafter_weights(schedule, weights)  # a --heads that names no drafter fails here, before any output
     # vLLM's Medusa drafts one token per head, its EAGLE one per pass: its export is the schedule over chains
     chains = None
     if "vllm" in engines and args.drafter in CHAINS_WHY:
-        chains = speculation_schedule(model, view, **setting, family="chain")
+        chains = schedule_deployment(deployment, dataclasses.replace(request, family="chain"))
     out = args.out or Path(DEFAULT_OUT.replace("<device>", schedule.device).replace("<model>", schedule.model))
     if args.json:
         print(schedule.to_json())

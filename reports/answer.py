@@ -135,12 +135,12 @@ def gather(
     schedule = speculation_schedule(
         report.model,
         report.view,
-        report.tp,
-        report.dtype,
-        report.acceptance.choice,
-        config.latency,
-        config.step,
-        tracer,
+        tensor_parallel=report.tp,
+        dtype=report.dtype,
+        acceptance=report.acceptance.choice,
+        latency=config.latency,
+        step=config.step,
+        tracer=tracer,
         batches=map_batches(planned),
         medusa=settings.medusa,
     )

@@ -37,7 +37,13 @@ def device_answers(model, pairs, acceptance, config, plans: dict) -> dict[str, P
         planned = plans[key]
         tp = int(planned.devices["tensor_parallel"].iloc[0]) if isinstance(planned, PlanResult) else config.tp or 1
         schedule = speculation_schedule(
-            model, view, tp, dtype, acceptance.choice, config.latency, medusa=settings.medusa
+            model,
+            view,
+            tensor_parallel=tp,
+            dtype=dtype,
+            acceptance=acceptance.choice,
+            latency=config.latency,
+            medusa=settings.medusa,
         )
         validation = load_validation(stored_closed_loops(key), key, model.name)
         answers[key] = PageAnswer(settings, context, schedule, measured_cells(schedule, validation), planned, None)

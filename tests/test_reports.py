@@ -438,7 +438,7 @@ def check_device_map(answer, devices: list[str], plans: Table, dtype: str | None
     for row in table.records():
         key = row["device \\ batch"].split()[0]
         tp = int(row["device \\ batch"].split(" x")[1]) if " x" in row["device \\ batch"] else 1
-        schedule = speculation_schedule("llama-7b", key, tp, dtype, latency="datasheet")
+        schedule = speculation_schedule("llama-7b", key, tensor_parallel=tp, dtype=dtype, latency="datasheet")
         for label in table.columns[1:]:
             batch = int(number(label))
             band = schedule.band(batch, 640)

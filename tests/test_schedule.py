@@ -24,9 +24,10 @@ from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning import engine_export_vllm as vllm_export
 from perfmodel.planning import engine_exports as ex
+from perfmodel.planning.deployment import DeploymentChoices, resolve
 from perfmodel.planning.drafter_choice import best_drafters
 from perfmodel.planning.drafters import DRAFT_SIZES, drafters_for
-from perfmodel.planning.schedule import build_schedule, speculation_schedule
+from perfmodel.planning.schedule import ScheduleRequest, build_schedule, speculation_schedule
 from perfmodel.planning.schedule_format import FORMAT, OFF, ScheduleBand, SpeculationSchedule
 from perfmodel.planning.schedule_regret import read_closed_loops, schedule_regret, stored_closed_loop_files
 from perfmodel.planning.simulations import CANDIDATE_SIZES, mark_best, pick_best, speedup_table
@@ -121,7 +122,7 @@ def test_paths_are_the_tree_of_the_band_size(a100, measured_heads):
 
 
 def test_tensor_parallel_prices_the_shard():
-    tp2 = speculation_schedule("llama-7b", "a100", tp=2)
+    tp2 = speculation_schedule("llama-7b", "a100", tensor_parallel=2)
     assert tp2.tp == 2 and "tp=2" in tp2.latency
 
 
@@ -144,7 +145,7 @@ def test_bad_bands_are_refused(a100):
     "call, said",
     [
         (lambda: speculation_schedule("llama-7b", "a100", medusa="maybe"), "'maybe'"),
-        (lambda: speculation_schedule("llama-7b", "a100", tp=3), "tp=3"),
+        (lambda: speculation_schedule("llama-7b", "a100", tensor_parallel=3), "tp=3"),
         (lambda: speculation_schedule("llama-7b", "a100", family="bush"), "'bush'"),
         (lambda: ex.check_engines(["vllm", "trt"]), "'trt'"),
         (lambda: SpeculationSchedule.from_json('{"format": "x"}'), "not a speculation schedule"),
@@ -579,9 +580,11 @@ def test_regret_on_made_up_points(a100):
 def test_build_schedule_takes_any_step_and_grid():
     view = resolve_devices(["h100"])[0]
     model = load_model("llama-7b")
-    step = flavor_steps(view, model, "fp16")["full"]
-    schedule = build_schedule(step, "paper", [1, 16], [1000, 3000], model=model, device=view.spec.key)
+    step = flavor_steps(view, model, "fp16")["full"]  # any step model, here the full step's
+    (deployment,) = resolve(model, [view], DeploymentChoices(dtype="fp16"))
+    schedule = build_schedule(step, ScheduleRequest("paper", [1, 16], [1000, 3000]), deployment)
     assert schedule.batch_grid == (1, 16) and schedule.context_grid == (1000, 3000)
+    assert (schedule.device, schedule.dtype, schedule.tp) == ("h100-sxm", "fp16", 1)
     assert any("beyond llama-7b's 2048-token context" in note for note in schedule.notes)
     assert schedule.band(16, 999) == schedule.band(16, 1)  # below the grid: the first band
 

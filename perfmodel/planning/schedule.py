@@ -49,19 +49,20 @@ which is all vLLM's Medusa and EAGLE draft by default: its engine export is made
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from perfmodel.base.checks import split_options
 from perfmodel.base.drafter_kind import DrafterKind
-from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.eagle import DraftShape
 from perfmodel.latency.source import LatencyMode
-from perfmodel.measured.device_view import resolve_devices
-from perfmodel.models.config import ModelConfig, load_model
+from perfmodel.models.config import ModelConfig
 from perfmodel.models.operators import LINEAR_OPS
 from perfmodel.planning.capacity import positive_ints
+from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.drafters import (
     DEFAULT_DRAFT_ALPHA,
     DEFAULT_DRAFT_COST,
@@ -70,7 +71,7 @@ from perfmodel.planning.drafters import (
     drafters_for,
     eagle_drafter,
 )
-from perfmodel.planning.medusa_setting import check_medusa
+from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.schedule_bands import best_cells, default_batches, default_contexts, merge_bands
 from perfmodel.planning.schedule_format import (
     ACCEPTANCE_SEPARATOR,
@@ -81,7 +82,6 @@ from perfmodel.planning.schedule_format import (
 )
 from perfmodel.planning.schedule_trees import TreeBook, tree_book
 from perfmodel.planning.simulations import CANDIDATE_SIZES, speedup_table
-from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS, check_flavors, flavor_steps
 
 
 def step_evidence(step) -> str:
@@ -182,40 +182,48 @@ def acceptance_label(drafters: list[Drafter]) -> str:
     return ACCEPTANCE_SEPARATOR.join(f"{DRAFTER_NAMES[d.name]}: {d.describe()}" for d in drafters)
 
 
-def build_schedule(
-    step,
-    acceptance_choice=None,
-    batches=None,
-    contexts=None,
-    sizes=CANDIDATE_SIZES,
-    medusa: str = "auto",
-    *,
-    model: ModelConfig | None = None,
-    device: str = "",
-    dtype: str = "",
-    tp: int = 1,
-    evidence: str | None = None,
-    family: str = "tree",
-    drafter: str = "medusa",
-    alpha: float = DEFAULT_DRAFT_ALPHA,
-    cost_ratio: float = DEFAULT_DRAFT_COST,
-) -> SpeculationSchedule:
-    """The schedule of one step model (perfmodel.planning.step_models.flavor_steps: the shard
-    and its all-reduces) and acceptance (anything resolve_acceptance reads; None: each
-    drafter's preset). batches, contexts: the grid (None: default_batches(),
-    default_contexts(the model's context)). sizes: tree sizes to search, root included (1 is
-    always among them; Medusa's and EAGLE's, the draft model searches gamma 1..8). model: the
-    whole model (its name and heads; default the step's). evidence: what the step times rest on
-    (default step_evidence(step)). family: tree (the best tree of each size) or chain (one
-    token per head or EAGLE pass, the trees vLLM drafts). drafter: medusa, eagle, draft or best
+@dataclass(frozen=True)
+class ScheduleRequest:
+    """What a speculation schedule is asked, beside its deployment.
+
+    acceptance: anything resolve_acceptance reads; None: each drafter's preset (the paper's
+    for Medusa, EAGLE-2's for EAGLE). batches, contexts: the grid (None: default_batches(),
+    default_contexts(the model's context)). medusa: auto, on or off. sizes: tree sizes to
+    search, root included (1 is always among them; Medusa's and EAGLE's, the draft model
+    searches gamma 1..8). family: tree (the best tree of each size) or chain (one token per
+    head or EAGLE pass, the trees vLLM drafts). drafter: medusa, eagle, draft or best
     (SCHEDULE_DRAFTERS); alpha and cost_ratio: the draft model's (perfmodel.planning.drafters)."""
-    medusa, family, drafter = check_medusa(medusa), check_family(family), check_drafter(drafter)
-    model = model or getattr(getattr(step, "shard_step", step), "model", None)
+
+    acceptance: object = None
+    batches: object = None
+    contexts: object = None
+    medusa: str = MedusaSetting.AUTO
+    sizes: object = CANDIDATE_SIZES
+    family: str = "tree"
+    drafter: str = "medusa"
+    alpha: float = DEFAULT_DRAFT_ALPHA
+    cost_ratio: float = DEFAULT_DRAFT_COST
+
+
+def build_schedule(
+    step, request: ScheduleRequest | None = None, deployment: Deployment | None = None, evidence: str | None = None
+) -> SpeculationSchedule:
+    """The schedule of one step model (a deployment's, perfmodel.planning.step_models.flavor_steps:
+    the shard and its all-reduces) for `request`. deployment: the model (its name and heads),
+    device, dtype and degree the schedule names (None: the step's model, no device, degree 1).
+    evidence: what the step times rest on (default step_evidence(step))."""
+    request = request or ScheduleRequest()
+    medusa, family = check_medusa(request.medusa), check_family(request.family)
+    drafter = check_drafter(request.drafter)
+    model = deployment.model if deployment else getattr(getattr(step, "shard_step", step), "model", None)
     if model is None:
-        raise PerfkitError("build_schedule needs the model (its heads and name): pass model=")
+        raise PerfkitError("build_schedule needs the model (its heads and name): pass its deployment")
+    batches, contexts = request.batches, request.contexts
     batches = default_batches() if batches is None else positive_ints(batches, "batches")
     contexts = default_contexts(model.max_context) if contexts is None else positive_ints(contexts, "contexts")
-    sizes = positive_ints(sizes, "tree sizes")
+    sizes = positive_ints(request.sizes, "tree sizes")
+    alpha, cost_ratio = request.alpha, request.cost_ratio
+    acceptance_choice = request.acceptance
     drafters, notes = searched_drafters(drafter, acceptance_choice, model, sizes, family, alpha, cost_ratio)
     cells = []
     for searched in drafters:
@@ -234,10 +242,10 @@ def build_schedule(
         notes.append(f"contexts beyond {model.name}'s {model.max_context}-token context are priced as if it ran there")
     bands = merge_bands(chosen, gains, batches, contexts, drafted, evidence or step_evidence(step))
     return SpeculationSchedule(
-        device=device,
+        device=deployment.device if deployment else "",
         model=model.name,
-        tp=int(tp),
-        dtype=dtype,
+        tp=int(deployment.tp) if deployment else 1,
+        dtype=deployment.dtype if deployment else "",
         acceptance=acceptance_label(drafters),
         latency=getattr(step, "label", ""),
         medusa=medusa,
@@ -251,54 +259,32 @@ def build_schedule(
     )
 
 
-def speculation_schedule(
-    model,
-    device,
-    tp: int = 1,
-    dtype: str | None = None,
-    acceptance=None,
-    latency: str = "auto",
-    step: str = "full",
-    tracer=None,
-    batches=None,
-    contexts=None,
-    medusa: str = "auto",
-    sizes=CANDIDATE_SIZES,
-    family: str = "tree",
-    drafter: str = "medusa",
-    alpha: float = DEFAULT_DRAFT_ALPHA,
-    cost_ratio: float = DEFAULT_DRAFT_COST,
-) -> SpeculationSchedule:
-    """The schedule of `model` (preset, config.json or ModelConfig) split `tp` ways on `device`
-    (a name, spec file or DeviceView; cpu: this machine's CPU), priced by the whole-model step
-    (step "full", or "traced" with the decoder's tracer) from the device's latency source
-    (perfmodel.latency.source: auto = measured where it was measured). acceptance: a preset
-    or a decoder.measure record (resolve_acceptance; None: each drafter's preset, the paper's
-    for Medusa, EAGLE-2's for EAGLE). dtype None: the device's default. family, drafter, alpha
-    and cost_ratio: build_schedule's (chain for vLLM's Medusa and EAGLE)."""
-    medusa = check_medusa(medusa)
-    check_family(family)
-    check_drafter(drafter)
-    check_flavors([step], WHOLE_STEP_FLAVORS)
-    model = model if isinstance(model, ModelConfig) else load_model(model)
-    view = resolve_devices([device])[0]
-    dtype = check_dtype(dtype) if dtype else default_dtype(view)
-    steps = flavor_steps(view, model, dtype, tp, latency, (step,), tracer)
-    evidence = view_evidence(view, steps[step])
-    return build_schedule(
-        steps[step],
-        acceptance,
-        batches,
-        contexts,
-        sizes,
-        medusa,
-        model=model,
-        device=view.spec.key,
-        dtype=dtype,
-        tp=tp,
-        evidence=evidence,
-        family=family,
-        drafter=drafter,
-        alpha=alpha,
-        cost_ratio=cost_ratio,
-    )
+def speculation_schedule(model, device, **options) -> SpeculationSchedule:
+    """The schedule of `model` (preset, config.json or ModelConfig) on `device` (a name, spec
+    file or DeviceView; cpu: this machine's CPU). options: how it is deployed, the fields of
+    perfmodel.planning.deployment.DeploymentChoices (dtype, tensor_parallel: default 1,
+    latency: auto = measured where the device was measured, step: full, or traced with the
+    decoder's tracer, ...), and what is asked, the fields of ScheduleRequest (acceptance,
+    batches, contexts, medusa, sizes, family, drafter, alpha, cost_ratio; chain for vLLM's
+    Medusa and EAGLE). schedule_deployment() takes a resolved deployment."""
+    deployment, request = split_options(options, (DeploymentChoices, ScheduleRequest), "speculation_schedule()")
+    request = ScheduleRequest(**request)
+    check_request(request)
+    return schedule_deployment(resolve(model, [device], DeploymentChoices(**deployment))[0], request)
+
+
+def check_request(request: ScheduleRequest) -> None:
+    """The request's settings checked, each in one line, before any deployment is priced."""
+    check_medusa(request.medusa)
+    check_family(request.family)
+    check_drafter(request.drafter)
+
+
+def schedule_deployment(deployment: Deployment, request: ScheduleRequest | None = None) -> SpeculationSchedule:
+    """The schedule of a deployment priced by its own step (its flavour, from its latency
+    source; its step model kept by the deployment, so a second schedule of it, say chains
+    beside trees, prices no step again)."""
+    request = request or ScheduleRequest()
+    check_request(request)
+    step = deployment.step_model()
+    return build_schedule(step, request, deployment, view_evidence(deployment.view, step))

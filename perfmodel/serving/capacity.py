@@ -29,7 +29,7 @@ from perfmodel.models.config import ModelConfig
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.memory import memory_fit
-from perfmodel.planning.schedule import build_schedule, view_evidence
+from perfmodel.planning.schedule import ScheduleRequest, build_schedule, view_evidence
 from perfmodel.planning.schedule_format import SpeculationSchedule
 from perfmodel.serving.costs import ServingCosts, tabulate_costs
 from perfmodel.serving.simulator import EngineConfig, ServingRun, simulate
@@ -198,17 +198,8 @@ def replica(
     steps = deployment.steps([step, StepFlavor.FULL])
     seqs = int(min(max_seqs, capacity // max(1, round(workload.prompt.mean + workload.output.mean))))
     max_context = int(workload.prompt.p95 + workload.output.p95) * 2
-    schedule = build_schedule(
-        steps[step],
-        acceptance,
-        half_octaves(max(seqs, 1)),
-        medusa=medusa,
-        model=model,
-        device=view.spec.key,
-        dtype=dtype,
-        tp=tp,
-        evidence=view_evidence(view, steps[step]),
-    )
+    request = ScheduleRequest(acceptance, half_octaves(max(seqs, 1)), medusa=medusa)
+    schedule = build_schedule(steps[step], request, deployment, view_evidence(view, steps[step]))
     costs = tabulate_costs(
         ComposedStep(steps[step], steps["full"]),
         acceptance.model,
