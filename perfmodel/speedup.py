@@ -8,6 +8,7 @@ drafter_choice); the figures (Medusa's) are reports.speedup_figures.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         device.spec.peak_flops(dtype)  # one clear line when the device lacks the dtype
         try:
-            choices = DeploymentChoices(dtype=dtype, tensor_parallel=args.tp, latency=args.latency)
+            choices = DeploymentChoices(dtype=dtype, tensor_parallel=args.tp, latency=args.latency, tracer=tracer)
             deployment = resolve(model, [device], choices)[0]
             tp, planned_here = serving_plan(deployment, PlanRequest(acceptance=drafters[0].acceptance))
         except PerfkitError as exc:  # another --tp would hold the model: with --all, one device less
@@ -231,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         folder = f"{device.spec.key}-{model.name}-{dtype}" + (f"-tp{tp}" if tp > 1 else "")
         out = args.out if args.out and len(devices) == 1 else (args.out or DEFAULT_OUT) / folder
-        table = device_table(device, model, dtype, flavors, drafters, args.latency, tp, tracer)
+        deployment = deployment.at(tp)
+        table = device_table(deployment, flavors, drafters)
         split = [tp_line(args.tp, tp)] if args.tp is None or tp > 1 else []
         if isinstance(planned_here, str):  # nothing to advise: say so above steps priced as if it fitted
             split.append(f"  note: {planned_here}; the speedups below time its steps as if it fitted")
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             len(drafters) == 1
             and view_latency(device, model.shard(tp), dtype, args.latency).mode != LatencyMode.DATASHEET
         ):
-            datasheet = device_table(device, model, dtype, flavors, drafters, "datasheet", tp, tracer)
+            datasheet = device_table(dataclasses.replace(deployment, latency="datasheet"), flavors, drafters)
             compared = optima_side_by_side(table, datasheet)
         planned.append((device, dtype, out, table, split, compared))
 

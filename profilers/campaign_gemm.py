@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from perfmodel.base.outputs import writable_file
-from perfmodel.measured.contract import contract_fields
+from perfmodel.measured.contract import ContractPoint, contract_fields
 from perfmodel.models.grid import Grid
 from perfmodel.models.operators import Matmul, cost_of
 from profilers.benchmarks import OpBenchmark
@@ -75,14 +75,7 @@ def missing_gemms(stage: GemmStage, out: Path, device_key: str, dtype: str) -> l
 def gemm_row(sweeper: Sweeper, bench: GemmBenchmark, timing, reason: str, run_id: str, state: dict) -> dict:
     cost = cost_of(bench.kernels, bench.dtype)
     row = contract_fields(
-        sweeper.info.key,
-        gemm_label(bench.k, bench.n),
-        bench.dtype,
-        OP,
-        PHASE,
-        1,
-        bench.seq_len,
-        1,
+        ContractPoint(sweeper.info.key, gemm_label(bench.k, bench.n), bench.dtype, OP, PHASE, 1, bench.seq_len),
         cost,
         timing.median_s if timing else None,
         "measured",

@@ -40,7 +40,7 @@ from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import writable_file
 from perfmodel.measured.collectives import BACKEND_COLUMN, OP, PHASE
-from perfmodel.measured.contract import contract_fields
+from perfmodel.measured.contract import ContractPoint, contract_fields
 from perfmodel.models.operators import OpCost
 from profilers.device import DeviceInfo, cpu_state
 from profilers.store import Journal, output_lock, record_run
@@ -127,14 +127,7 @@ def contract_row(info: DeviceInfo, config: CollectiveConfig, result: SizeTiming,
     timing = result.timing(config.mode)
     elements = result.nbytes // element_bytes(config.dtype)
     fields = contract_fields(
-        device=info.key,
-        model="",
-        dtype=config.dtype,
-        op=OP,
-        phase=PHASE,
-        batch=config.ranks,
-        seq_len=elements,
-        candidates=1,
+        ContractPoint(info.key, "", config.dtype, OP, PHASE, batch=config.ranks, seq_len=elements),
         cost=OpCost(flops=0, bytes=result.nbytes, kernels=0),
         time_s=timing.median_s,
         source="measured",

@@ -63,7 +63,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, run
 from perfmodel.hardware.specs import find_spec
 from perfmodel.measured.aiconfigurator import SYSTEMS as AIC_SYSTEMS
-from perfmodel.measured.contract import contract_fields, significant, write_table
+from perfmodel.measured.contract import ContractPoint, contract_fields, significant, write_table
 from perfmodel.measured.store import MEASUREMENTS_DIR
 from perfmodel.measured.vidur import (
     SHAPE_COLUMNS,
@@ -203,9 +203,8 @@ def op_rows(
     tokens = df["num_tokens"].to_numpy(dtype=np.int64)
     cost = cost_of(op_kernels(op, PHASE, shard, 1, tokens, 1), DTYPE)
     time_s, noise = seconds_and_noise(median, df[f"time_stats.{vidur_op}.std"].to_numpy(dtype=float))
-    fields = contract_fields(
-        device, shard.name, DTYPE, op, PHASE, 1, tokens, 1, cost, time_s, "measured", noise, run_id
-    )
+    point = ContractPoint(device, shard.name, DTYPE, op, PHASE, 1, tokens)
+    fields = contract_fields(point, cost, time_s, "measured", noise, run_id)
     rows = pd.DataFrame(fields, index=df.index)
     for column in ("intensity", "time_s", "tflops"):
         rows[column] = significant(rows[column])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.ceilings import Ceilings
-from perfmodel.measured.contract import contract_fields
+from perfmodel.measured.contract import ContractPoint, contract_fields
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, Grid
 from perfmodel.models.operators import DEFAULT_OPS, PHASES, cost_of, op_cost
@@ -217,14 +217,7 @@ class Sweeper:
         cost = op_cost(b.op, b.phase, cfg.model, cfg.dtype, b.batch, b.seq_len, b.candidates)
         median = timing.median_s if timing else None
         row = contract_fields(
-            self.info.key,
-            cfg.model.name,
-            cfg.dtype,
-            b.op,
-            b.phase,
-            b.batch,
-            b.seq_len,
-            b.candidates,
+            ContractPoint(self.info.key, cfg.model.name, cfg.dtype, b.op, b.phase, b.batch, b.seq_len, b.candidates),
             cost,
             median,
             "measured",

@@ -21,11 +21,12 @@ import pandas as pd
 
 from perfmodel.cli.workload_options import WorkloadSettings
 from perfmodel.planning.capacity import PlanResult
+from perfmodel.planning.deployment import Deployment
 from perfmodel.planning.lengths import Workload
-from perfmodel.planning.schedule import speculation_schedule
+from perfmodel.planning.schedule import ScheduleRequest, schedule_deployment
 from perfmodel.planning.schedule_bands import DEFAULT_MAX_BATCH, default_batches
 from perfmodel.planning.schedule_format import ScheduleBand, SpeculationSchedule
-from perfmodel.serving.capacity import ServingAnswer, serve
+from perfmodel.serving.capacity import ServeRequest, ServingAnswer, serve_deployments
 from reports.html import Cell
 
 HEADING = "The answer"
@@ -126,35 +127,16 @@ class PageAnswer:
 
 
 def gather(
-    report, planned: PlanResult | str, validation: pd.DataFrame, config, tracer=None, serving=None
+    report, planned: PlanResult | str, validation: pd.DataFrame, config, deployment: Deployment, serving=None
 ) -> PageAnswer:
-    """The answer of one device's page (reports.build): the schedule of the page's very step
-    (device view, degree, latency source, step flavour), the closed loop's cells, the serving
-    simulation where the workload has a rate (`serving`, where the build already ran it)."""
+    """The answer of one device's page (reports.build): the schedule of the page's very
+    deployment (device view, degree, latency source, step flavour: its own step model), the
+    closed loop's cells, the serving simulation where the workload has a rate (`serving`,
+    where the build already ran it)."""
     settings = config.workload
-    schedule = speculation_schedule(
-        report.model,
-        report.view,
-        tensor_parallel=report.tp,
-        dtype=report.dtype,
-        acceptance=report.acceptance.choice,
-        latency=config.latency,
-        step=config.step,
-        tracer=tracer,
-        batches=map_batches(planned),
-        medusa=settings.medusa,
-    )
-    serving = serving or serving_answer(
-        report.model,
-        [report.view],
-        report.dtype,
-        report.acceptance.choice,
-        config.tp,
-        settings,
-        config.latency,
-        config.step,
-        tracer,
-    )
+    request = ScheduleRequest(report.acceptance.choice, map_batches(planned), medusa=settings.medusa)
+    schedule = schedule_deployment(deployment, request)
+    serving = serving or serving_answer(deployment, report.acceptance.choice, settings)
     return PageAnswer(
         settings, step_context(settings), schedule, measured_cells(schedule, validation), planned, serving
     )
@@ -212,26 +194,14 @@ def measured_cells(schedule: SpeculationSchedule, validation: pd.DataFrame) -> d
     return cells
 
 
-def serving_answer(model, views, dtype, acceptance, tp, settings: WorkloadSettings, latency, step="full", tracer=None):
-    """serve()'s answer for the workload's rate or trace (None without one): the page's
-    tensor-parallel degree, or every usable one where it is auto (tp None)."""
+def serving_answer(deployments, acceptance, settings: WorkloadSettings):
+    """serve()'s answer for the workload's rate or trace (None without one) over deployments
+    (perfmodel.planning.deployment): each one's tensor-parallel degree, or every usable one
+    where it has none (tp None)."""
     if settings.serving is None:
         return None
     workload, targets, engine = settings.serving
-    return serve(
-        model,
-        views,
-        workload,
-        targets,
-        acceptance=acceptance,
-        dtype=dtype,
-        tensor_parallel=tp,
-        medusa=settings.medusa,
-        engine=engine,
-        latency=latency,
-        step=step,
-        tracer=tracer,
-    )
+    return serve_deployments(deployments, workload, targets, ServeRequest(acceptance, settings.medusa, engine))
 
 
 # ----------------------------------------------------------------------------- the page

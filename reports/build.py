@@ -35,7 +35,7 @@ from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID
 from perfmodel.planning import simulations
 from perfmodel.planning.capacity import PlanRequest, PlanResult, plan, serving_plan
-from perfmodel.planning.deployment import DeploymentChoices, resolve
+from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS, check_flavors
 from reports.ablation_figures import tree_ablation_figure
 from reports.acceptance_figures import Curve, acceptance_figure, tree_figure
@@ -146,13 +146,13 @@ def build(config: BuildConfig, log=print) -> Report:
         # speedups are then priced at that degree, so every section is of one deployment
         # With a rate and --tp auto, the degree is the serving simulation's (the fewest devices
         # for the rate within the targets), and the whole page is of that deployment.
+        # The deployment is resolved here, once: every section is priced from it.
+        choices = DeploymentChoices(dtype, config.tp, config.latency, config.step, tracer)
+        (resolved,) = resolve(model, [view], choices)
         serving = None
         if config.tp is None and config.workload.serving is not None:
-            serving = serving_answer(
-                model, [view], dtype, acceptance.choice, None, config.workload, config.latency, config.step, tracer
-            )
+            serving = serving_answer(resolved, acceptance.choice, config.workload)
         degree = chosen_degree(serving) or config.tp
-        choices = DeploymentChoices(dtype, degree, config.latency, config.step, tracer)
         request = PlanRequest(
             config.workload.prompt,
             config.workload.response,
@@ -160,7 +160,8 @@ def build(config: BuildConfig, log=print) -> Report:
             acceptance=acceptance.choice.model,
             medusa=config.workload.medusa,
         )
-        tp, planned = serving_plan(resolve(model, [view], choices)[0], request)
+        tp, planned = serving_plan(resolved if degree is None else resolved.at(degree), request)
+        deployment = resolved.at(tp)
         if config.tp is None:
             why = (
                 "the serving simulation's choice (the fewest devices for the rate)"
@@ -179,10 +180,10 @@ def build(config: BuildConfig, log=print) -> Report:
         log(f"building the report for {where} ...")
 
         flavors = simulated_flavors(config.step)
-        sims = simulations.device_table(view, model, dtype, flavors, acceptance.choice, config.latency, tp, tracer)
+        sims = simulations.device_table(deployment, flavors, acceptance.choice)
         draft = simulations.draft_model_table()
         drafters = report_drafters(acceptance, config.model)
-        compared = drafter_table(view, model, dtype, flavors, drafters, config.latency, tp, tracer)
+        compared = drafter_table(deployment, flavors, drafters)
         speed_jobs = speedup_jobs(view, model, dtype, sims, draft, acceptance.choice)
         speed_pngs = {name: renderer.draw(job) for name, job in speed_jobs.items()}
         best = simulations.optima(sims)
@@ -190,7 +191,7 @@ def build(config: BuildConfig, log=print) -> Report:
         tree = (
             recommended_tree(int(head["tree_size"]), acceptance, bool(head["at_edge"])) if head["speculate"] else None
         )
-        answer = gather(report, planned, validation, config, tracer, serving)
+        answer = gather(report, planned, validation, config, deployment, serving)
         jobs = extra_jobs(where, report, sims, planned, tree, validation, config)
         if len(ablation):
             jobs["tree-ablation"] = ablation_job(ablation, report)
@@ -227,12 +228,12 @@ def build(config: BuildConfig, log=print) -> Report:
     return report
 
 
-def drafter_table(view, model, dtype, flavors, drafters, latency: str, tp: int, tracer) -> pd.DataFrame:
+def drafter_table(deployment: Deployment, flavors, drafters) -> pd.DataFrame:
     """Simulation (b) of each drafter over the page's whole-step flavours (not the paper's
     block: the drafters differ in what a whole step holds), for the drafters' section."""
     by_batch = tuple(s for s in simulations.SIMULATIONS if s.key == "b")
     whole = [f for f in flavors if f in WHOLE_STEP_FLAVORS]
-    return simulations.device_table(view, model, dtype, whole, drafters, latency, tp, tracer, simulations=by_batch)
+    return simulations.device_table(deployment, whole, drafters, simulations=by_batch)
 
 
 def capacity_plan(model, view: DeviceView, dtype: str, acceptance: ReportAcceptance, config) -> PlanResult | str:

@@ -27,6 +27,7 @@ from perfmodel.measured.device_view import DeviceView, resolve_view
 from perfmodel.models.config import load_model
 from perfmodel.planning import simulation_summary, simulations
 from perfmodel.planning.capacity import PlanResult
+from perfmodel.planning.deployment import DeploymentChoices, resolve
 from perfmodel.planning.result import device_paragraph, overall
 from reports.answer import serving_answer
 from reports.build import capacity_plan
@@ -156,15 +157,14 @@ def compare(config: CompareConfig, log=print) -> Comparison:
 
     devices = device_rows(pairs, model)
     latency = latency_rows(pairs, model, config.latency)
+    # each device's deployment resolved once (the simulations price it at one device, as the page says)
+    deployments = [resolve(model, [v], DeploymentChoices(d, None, config.latency))[0] for v, d in pairs]
     sims = pd.concat(
-        [simulations.device_table(v, model, d, ("full",), acceptance.choice, config.latency) for v, d in pairs],
-        ignore_index=True,
+        [simulations.device_table(d.at(1), ("full",), acceptance.choice) for d in deployments], ignore_index=True
     )
     results = [capacity_plan(model, v, d, acceptance, config) for v, d in pairs]
-    answers = device_answers(model, pairs, acceptance, config, dict(zip(keys, results)))
-    serving = serving_answer(
-        model, [v for v, _ in pairs], config.dtype, acceptance.choice, config.tp, config.workload, config.latency
-    )
+    answers = device_answers(deployments, acceptance, config, dict(zip(keys, results)))
+    serving = serving_answer([d.at(config.tp) for d in deployments], acceptance.choice, config.workload)
     plans = [p for p in results if isinstance(p, PlanResult)]
     unplanned = [p for p in results if not isinstance(p, PlanResult)]
     if not plans:

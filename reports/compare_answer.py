@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from perfmodel.measured.store import stored_closed_loops
 from perfmodel.planning.capacity import PlanResult
-from perfmodel.planning.schedule import speculation_schedule
+from perfmodel.planning.schedule import ScheduleRequest, schedule_deployment
 from perfmodel.serving.capacity import ServingAnswer
 from reports.answer import (
     EVIDENCE_CSS,
@@ -26,26 +26,19 @@ from reports.sources import load_validation
 # ----------------------------------------------------------------------------- several devices
 
 
-def device_answers(model, pairs, acceptance, config, plans: dict) -> dict[str, PageAnswer]:
+def device_answers(deployments, acceptance, config, plans: dict) -> dict[str, PageAnswer]:
     """Per device of a comparison: its schedule at the degree its plan priced (config.tp where
     the plan failed), on one batch grid for all, with the closed loops stored for it."""
     settings = config.workload
     context = step_context(settings)
     answers = {}
-    for view, dtype in pairs:
-        key = view.spec.key
+    for deployment in deployments:
+        key = deployment.device
         planned = plans[key]
         tp = int(planned.devices["tensor_parallel"].iloc[0]) if isinstance(planned, PlanResult) else config.tp or 1
-        schedule = speculation_schedule(
-            model,
-            view,
-            tensor_parallel=tp,
-            dtype=dtype,
-            acceptance=acceptance.choice,
-            latency=config.latency,
-            medusa=settings.medusa,
-        )
-        validation = load_validation(stored_closed_loops(key), key, model.name)
+        request = ScheduleRequest(acceptance.choice, medusa=settings.medusa)
+        schedule = schedule_deployment(deployment.at(tp), request)
+        validation = load_validation(stored_closed_loops(key), key, deployment.model.name)
         answers[key] = PageAnswer(settings, context, schedule, measured_cells(schedule, validation), planned, None)
     return answers
 

@@ -65,3 +65,11 @@ def png_shows_a_plot():
     """The shared PNG check (tests/helpers.py): `png_shows_a_plot(path)` fails unless the file
     is a readable plot, neither blank nor a solid block."""
     return assert_png_shows_a_plot
+
+
+def deploy(view, model, dtype: str, latency: str = "auto", tp: int = 1, tracer=None):
+    """One device's deployment as resolve() builds it (perfmodel.planning.deployment), for the
+    tests that price a view and model at one dtype, latency source and degree."""
+    from perfmodel.planning.deployment import DeploymentChoices, resolve
+
+    return resolve(model, [view], DeploymentChoices(dtype, tp, latency, tracer=tracer))[0]

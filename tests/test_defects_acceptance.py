@@ -25,6 +25,7 @@ from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import plan
 from perfmodel.planning.simulations import device_table, loses_from, optima
 from reports.sources import report_acceptance
+from tests.conftest import deploy
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "acceptance.md"
@@ -99,7 +100,7 @@ def evidence() -> dict:
         best = {}
         for name in ("paper-ln", "paper"):
             choice = resolve_acceptance(name)
-            table = device_table(view, model, "fp16", ("paper", "full"), choice, latency)
+            table = device_table(deploy(view, model, "fp16", latency), ("paper", "full"), choice)
             found[f"label {latency}"] = table["latency_model"].iloc[0]
             best[name] = rows = optima(table)
             for step in ("paper", "full"):
@@ -192,7 +193,9 @@ def test_the_optimum_does_not_depend_on_the_base():
 
 def test_simulation_c_marks_the_contexts_the_model_was_not_trained_for(tmp_path):
     view = resolve_devices(["a100"])[0]
-    table = device_table(view, load_model("llama-7b"), "fp16", ("paper",), resolve_acceptance("paper"), "datasheet")
+    table = device_table(
+        deploy(view, load_model("llama-7b"), "fp16", "datasheet"), ("paper",), resolve_acceptance("paper")
+    )
     assert (table["max_context"] == 2048).all()
     assert table["beyond_context"].equals(table["seq_len"] > 2048)
     assert sorted(set(table.loc[table["beyond_context"], "simulation"])) == ["c"]
@@ -217,7 +220,7 @@ def test_a_models_context_comes_from_its_family_or_its_config(tmp_path):
     model = load_model(config)
     assert model.max_context == 512
     view = resolve_devices(["a100"])[0]
-    table = device_table(view, model, "fp16", ("full",), resolve_acceptance("paper"), "datasheet")
+    table = device_table(deploy(view, model, "fp16", "datasheet"), ("full",), resolve_acceptance("paper"))
     assert table["beyond_context"].equals(table["seq_len"] > 512)
 
 

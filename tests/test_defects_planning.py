@@ -23,6 +23,7 @@ from reports.__main__ import main as reports_main
 from reports.build import capacity_plan
 from reports.report import BuildConfig
 from reports.sources import report_acceptance
+from tests.conftest import deploy
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "decoder" / "assets" / "bundled"
@@ -47,7 +48,7 @@ def test_the_report_plan_prices_with_the_given_measurements_as_the_speedups_do(g
     view = resolve_view("h100", None, [given_h100_rows])
     model = load_model("llama-7b")
     acceptance = report_acceptance("paper", "llama-7b")
-    sims = simulations.device_table(view, model, "fp16", ("full",), acceptance.choice)
+    sims = simulations.device_table(deploy(view, model, "fp16"), ("full",), acceptance.choice)
     planned = capacity_plan(model, view, "fp16", acceptance, BuildConfig(model="llama-7b", out=tmp_path))
     label = sims["latency_model"].iloc[0]
     assert "given measurements" in label
@@ -63,7 +64,7 @@ def test_a_cpu_report_plan_uses_the_cpu_view_as_the_speedups_do(tmp_path):
     view = resolve_view("cpu-intel-xeon-processor-2c", None, [])
     model = load_model(BUNDLED)
     acceptance = report_acceptance("paper", str(BUNDLED))
-    sims = simulations.device_table(view, model, "fp32", ("full",), acceptance.choice)
+    sims = simulations.device_table(deploy(view, model, "fp32"), ("full",), acceptance.choice)
     config = BuildConfig(model=str(BUNDLED), out=tmp_path)
     planned = capacity_plan(model, view, "fp32", acceptance, config)
     assert planned.devices["latency_model"].iloc[0] == sims["latency_model"].iloc[0]
@@ -229,7 +230,7 @@ def test_the_paper_step_pays_for_one_layers_all_reduces():
     view = resolve_view("h100", None, [])
     model = load_model("llama-2-70b")
     acceptance = report_acceptance("paper", "llama-2-70b").choice
-    one, two = (simulations.device_table(view, model, "fp16", ("paper",), acceptance, tp=tp) for tp in (1, 2))
+    one, two = (simulations.device_table(deploy(view, model, "fp16", tp=tp), ("paper",), acceptance) for tp in (1, 2))
     plain = lambda t: t[(t["simulation"] == "a") & (t["tree_size"] == 1)]["plain_step_s"].iloc[0]  # noqa: E731
     # the paper's block is one layer: halving it adds its 2 all-reduces (tens of us), not the
     # whole model's 160, which would cost more than the layer's own 0.3 ms

@@ -34,6 +34,7 @@ from perfmodel.planning.drafter_choice import best_drafters
 from perfmodel.planning.drafters import DraftModelStep, drafters_for
 from perfmodel.planning.simulations import SIMULATION_BATCHES, device_table, optima, speedup_table
 from perfmodel.speedup import build_parser, main
+from tests.conftest import deploy
 
 LLAMA = load_model("llama-7b")
 LATENCY = RooflineLatency(resolve_spec("a100"), LLAMA, "fp16")
@@ -188,7 +189,7 @@ def test_the_draft_model_where_verification_is_free_is_leviathans_formula():
 @pytest.fixture(scope="module")
 def a100_all() -> pd.DataFrame:
     view = resolve_devices(["a100"])[0]
-    return device_table(view, LLAMA, "fp16", ("paper", "full"), drafters_for("all"))
+    return device_table(deploy(view, LLAMA, "fp16"), ("paper", "full"), drafters_for("all"))
 
 
 def test_at_batch_1_eagle_beats_medusa_with_the_presets(a100_all):

@@ -24,6 +24,7 @@ from perfmodel.planning.drafter_choice import cell as drafter_cell
 from perfmodel.planning.drafters import DRAFTER_NAMES, drafters_for
 from reports.__main__ import main
 from reports.sources import ReportAcceptance, report_acceptance, report_drafters
+from tests.conftest import deploy
 from tests.helpers import ParsedPage, Table, assert_in_order, number, numbers, parse_page
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -651,7 +652,7 @@ def test_the_drafters_section_compares_them(a100):
     assert page.headings[page.headings.index(section.heading) - 1].startswith("Speedup")
     by_batch = tuple(s for s in simulations.SIMULATIONS if s.key == "b")
     view, model = resolve_view("a100", None, []), load_model("llama-7b")
-    sims = simulations.device_table(view, model, "fp16", ("full",), drafters_for("all"), "datasheet", 1, None, by_batch)
+    sims = simulations.device_table(deploy(view, model, "fp16", "datasheet"), ("full",), drafters_for("all"), by_batch)
     rows = best_drafters(sims).sort_values("batch")
     table = section.table("batch", *DRAFTER_NAMES.values(), "best drafter")
     assert table.numbers("batch") == list(simulations.SIMULATION_BATCHES) == list(rows["batch"])

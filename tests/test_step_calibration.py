@@ -23,7 +23,7 @@ from perfmodel.hardware.specs import find_spec
 from perfmodel.latency.calibration import MeasuredLatency, fit_roofline
 from perfmodel.latency.roofline import RooflineLatency
 from perfmodel.latency.step import StepModel, step_inventory
-from perfmodel.measured.contract import contract_fields
+from perfmodel.measured.contract import ContractPoint, contract_fields
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import op_cost
 
@@ -160,14 +160,7 @@ def synthetic_rows(params: RooflineParams, grid=((1, 4, 16), (128, 1024), (1,)))
                     t = float(truth.op_time(op, phase, b, s, 1))
                     rows.append(
                         contract_fields(
-                            "a100-pcie",
-                            LLAMA.name,
-                            "fp16",
-                            op,
-                            phase,
-                            b,
-                            s,
-                            1,
+                            ContractPoint("a100-pcie", LLAMA.name, "fp16", op, phase, b, s),
                             op_cost(op, phase, LLAMA, "fp16", b, s),
                             t,
                             "measured",

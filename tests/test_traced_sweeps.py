@@ -23,6 +23,7 @@ from perfmodel.planning.capacity import plan
 from perfmodel.planning.simulations import Simulation
 from perfmodel.planning.step_models import flavor_steps
 from reports.__main__ import main as reports_main
+from tests.conftest import deploy
 from tests.helpers import one_line_error
 
 BUNDLED = load_model("bundled")  # 4 layers, 4096-token context: quick to trace and price
@@ -77,9 +78,8 @@ def test_a_traced_shard_pays_the_all_reduces_of_every_layer():
 
 def test_the_simulations_price_the_traced_step_from_its_traces(a100, traced_points):
     acceptance = resolve_acceptance(None)
-    table = simulations.device_table(
-        a100, BUNDLED, "fp16", ("full", "traced"), acceptance, "auto", 1, StepTracer(beyond_context=True), SMALL, SIZES
-    )
+    deployment = deploy(a100, BUNDLED, "fp16", tracer=StepTracer(beyond_context=True))
+    table = simulations.device_table(deployment, ("full", "traced"), acceptance, SMALL, SIZES)
     assert list(dict.fromkeys(table["step"])) == ["full", "traced"]
     traced = table[table["step"] == "traced"]
     assert len(traced) == len(table) / 2 and traced["best"].sum() == 1 + 2 + 2  # one optimum per curve

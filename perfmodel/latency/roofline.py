@@ -17,7 +17,7 @@ import pandas as pd
 from perfmodel.base.dtypes import element_bytes
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec
-from perfmodel.measured.contract import COLUMNS, contract_fields
+from perfmodel.measured.contract import COLUMNS, ContractPoint, contract_fields
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.grid import PAPER_GRID, Grid, iter_blocks
 from perfmodel.models.operators import OPS, PHASES, Kernel, cost_of, op_kernels
@@ -65,7 +65,11 @@ def predict_table(
         cost = cost_of(kernels, dtype)
         t = op_time(kernels, dtype, spec, params) if latency is None else latency.op_time(op, phase, b, s, q)
         frames.append(
-            pd.DataFrame(contract_fields(spec.key, model.name, dtype, op, phase, b, s, q, cost, t, "predicted", np.nan))
+            pd.DataFrame(
+                contract_fields(
+                    ContractPoint(spec.key, model.name, dtype, op, phase, b, s, q), cost, t, "predicted", np.nan
+                )
+            )
         )
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
     if latency is not None:

@@ -45,32 +45,26 @@ POINT_COLUMNS = ["model", "dtype", "op", "phase", "batch", "seq_len", "candidate
 KEY_COLUMNS = ["device", *POINT_COLUMNS]
 
 
-def contract_fields(
-    device: str,
-    model: str,
-    dtype: str,
-    op: str,
-    phase: str,
-    batch,
-    seq_len,
-    candidates,
-    cost,
-    time_s,
-    source: str,
-    noise=None,
-    run_id: str = "",
-) -> dict:
+@dataclass(frozen=True)
+class ContractPoint:
+    """A row's identity (KEY_COLUMNS): the device and the grid point; batch, seq_len and
+    candidates may be numpy arrays, for many rows at once."""
+
+    device: str
+    model: str
+    dtype: str
+    op: str
+    phase: str
+    batch: object
+    seq_len: object
+    candidates: object = 1
+
+
+def contract_fields(point: ContractPoint, cost, time_s, source: str, noise=None, run_id: str = "") -> dict:
     """The data-contract fields of a row, or of many rows when the point and cost fields
     are numpy arrays; `cost` is a perfmodel.models.operators.OpCost; time_s None means not timed."""
     return {
-        "device": device,
-        "model": model,
-        "dtype": dtype,
-        "op": op,
-        "phase": phase,
-        "batch": batch,
-        "seq_len": seq_len,
-        "candidates": candidates,
+        **{column: getattr(point, column) for column in KEY_COLUMNS},
         "flops": cost.flops,
         "bytes": cost.bytes,
         "intensity": cost.intensity,

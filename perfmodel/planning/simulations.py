@@ -25,6 +25,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.latency.step import StepModel
 from perfmodel.measured.device_view import DeviceView, resolve_devices
+from perfmodel.planning.deployment import Deployment
 from perfmodel.planning.drafters import (
     DEFAULT_DRAFT_COST,
     DRAFT_ALPHAS,
@@ -32,7 +33,6 @@ from perfmodel.planning.drafters import (
     Drafter,
     medusa_drafter,
 )
-from perfmodel.planning.step_models import flavor_steps
 
 # Tree sizes searched for the optimum: dense where trees are common, up to 256 tokens.
 CANDIDATE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
@@ -240,28 +240,22 @@ def choose_devices(gpus, spec_files, every: bool) -> list[DeviceView]:
 
 
 def device_table(
-    device: DeviceView,
-    model,
-    dtype: str,
+    deployment: Deployment,
     flavors,
     acceptance: AcceptanceChoice | list[Drafter],
-    latency_choice: str = "auto",
-    tp: int = 1,
-    tracer=None,
     simulations=SIMULATIONS,
     sizes=SIMULATION_SIZES,
 ) -> pd.DataFrame:
-    """The three simulations (or those given, over `sizes`) on one device, in the CSV's
-    columns. acceptance: the Medusa heads' (an AcceptanceChoice), or the drafters to price
-    (perfmodel.planning.drafters), one after the other: each one's steps over the same step
-    flavours (priced once), searched over its own sizes (`sizes` where it has none); the
-    `drafter` column says whose each row is. latency_choice is perfmodel.latency.source's
-    (auto: measured where the device was measured). tp > 1 prices the model split over tp
-    devices with its all-reduces, as the capacity plan does
-    (perfmodel.planning.step_models.flavor_steps). tracer: the traced flavour's
-    (decoder.trace.StepTracer; perfmodel.latency.traced.Tracer)."""
+    """The three simulations (or those given, over `sizes`) of one deployment
+    (perfmodel.planning.deployment: its model split deployment.tp ways on its device, priced
+    by its latency source as the capacity plan prices it; a traced flavour by its tracer),
+    in the CSV's columns, for each step flavour of `flavors`. acceptance: the Medusa heads'
+    (an AcceptanceChoice), or the drafters to price (perfmodel.planning.drafters), one after
+    the other: each one's steps over the same step flavours (priced once), searched over its
+    own sizes (`sizes` where it has none); the `drafter` column says whose each row is."""
     drafters = acceptance if isinstance(acceptance, list) else [medusa_drafter(acceptance)]
-    priced = flavor_steps(device, model, dtype, tp, latency_choice, flavors, tracer)
+    priced = deployment.steps(flavors)
+    model, dtype = deployment.model, deployment.dtype
     frames = []
     for drafter in drafters:
         steps = {flavor: drafter.step(step) for flavor, step in priced.items()}
@@ -271,7 +265,7 @@ def device_table(
         )
     table = pd.concat(frames, ignore_index=True)
     table = table.assign(
-        device=device.spec.key,
+        device=deployment.device,
         model=model.name,
         dtype=dtype,
         latency_model=next(iter(priced.values())).label,
