@@ -27,11 +27,12 @@ from perfmodel.cli import Parser, options, run
 from perfmodel.latency.attention_table import write_measured_attention
 from perfmodel.latency.pipeline import HostCosts
 from perfmodel.latency.source import LatencyMode, decoder_latency, view_latency
-from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives, tensor_parallel_steps
+from perfmodel.latency.step import StepFlavor
+from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives
 from perfmodel.latency.traced import TracedStep
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import PlanRequest, serving_plan
-from perfmodel.planning.deployment import DeploymentChoices, resolve
+from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.drafter_choice import choice_lines
 from perfmodel.planning.drafters import DEFAULT_DRAFT_ALPHA, drafters_for
 from perfmodel.planning.simulation_summary import best_trees, optima_side_by_side, summary_lines
@@ -123,14 +124,20 @@ def tp_line(asked: int | None, tp: int) -> str:
     return f"  tensor parallel: {split}"
 
 
-def point_steps(
-    device, model, dtype: str, flavors, latency, tp: int, cuda_graph: bool = False, regime=None, host=None
-) -> dict:
-    """Step models of each flavour; a traced one traces the reference decoder's steps, its
-    forward replayed from a CUDA graph with cuda_graph, or the step of a launch regime
-    priced end to end (perfmodel.latency.traced.TracedStep.regime)."""
-    steps = tensor_parallel_steps(device, model, dtype, tp, latency, [f for f in flavors if f != "traced"])
-    if "traced" in flavors:
+def point_steps(deployment: Deployment, flavors, cuda_graph: bool = False, regime=None, host=None) -> dict:
+    """Step models of each flavour for a deployment; a traced one traces the reference
+    decoder's steps, its forward replayed from a CUDA graph with cuda_graph, or the step of a
+    launch regime priced end to end (perfmodel.latency.traced.TracedStep.regime)."""
+    device, model, dtype, tp, latency = (
+        deployment.view,
+        deployment.model,
+        deployment.dtype,
+        deployment.tp,
+        deployment.latency,
+    )
+    untraced = [f for f in flavors if f != StepFlavor.TRACED]
+    steps = deployment.steps(untraced) if untraced else {}
+    if StepFlavor.TRACED in flavors:
         from decoder.trace import trace_step  # torch loads only when a step is traced
 
         shard = model.shard(tp)
@@ -161,7 +168,8 @@ def answer_point(args, model, devices, flavors) -> int:
         dtype = args.dtype or default_dtype("cpu" if device.is_cpu else "cuda")
         device.spec.peak_flops(dtype)
         tp = args.tp or 1
-        steps = point_steps(device, model, dtype, flavors, args.latency, tp, args.cuda_graph, args.launch, host)
+        (deployment,) = resolve(model, [device], DeploymentChoices(dtype, tp, args.latency))
+        steps = point_steps(deployment, flavors, args.cuda_graph, args.launch, host)
         rows = step_point(steps, args.batch, args.context, args.tree_size, args.acceleration)
         rows = rows.assign(device=device.spec.key, model=model.name, dtype=dtype)[list(POINT_COLUMNS)]
         print(

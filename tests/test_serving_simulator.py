@@ -12,7 +12,7 @@ from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning.lengths import Lengths
 from perfmodel.planning.step_models import flavor_steps
-from perfmodel.serving.costs import tabulate_costs
+from perfmodel.serving.costs import CostBounds, tabulate_costs
 from perfmodel.serving.simulator import EngineConfig, simulate
 from perfmodel.serving.workload import ServingWorkload, read_trace
 
@@ -26,9 +26,8 @@ def step():
 
 
 def costs_at(step, tree: int, max_seqs: int = 64, capacity: int = 10**7):
-    return tabulate_costs(
-        step, PAPER_ACCEPTANCE, lambda b, s: np.full(np.shape(b), tree), max_seqs, 2048, capacity, tree, "t", tree > 1
-    )
+    bounds = CostBounds(max_seqs, 2048, capacity, tree)
+    return tabulate_costs(step, PAPER_ACCEPTANCE, lambda b, s: np.full(np.shape(b), tree), bounds, "t", tree > 1)
 
 
 def fixed(rate: float, prompt: int = PROMPT, output: int = OUTPUT, requests: int = 200) -> ServingWorkload:

@@ -31,7 +31,7 @@ from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.memory import memory_fit
 from perfmodel.planning.schedule import ScheduleRequest, build_schedule, view_evidence
 from perfmodel.planning.schedule_format import SpeculationSchedule
-from perfmodel.serving.costs import ServingCosts, tabulate_costs
+from perfmodel.serving.costs import CostBounds, ServingCosts, tabulate_costs
 from perfmodel.serving.simulator import EngineConfig, ServingRun, simulate
 from perfmodel.serving.workload import Requests, ServingWorkload, Targets
 
@@ -200,16 +200,10 @@ def replica(
     max_context = int(workload.prompt.p95 + workload.output.p95) * 2
     request = ScheduleRequest(acceptance, half_octaves(max(seqs, 1)), medusa=medusa)
     schedule = build_schedule(steps[step], request, deployment, view_evidence(view, steps[step]))
+    bounds = CostBounds(max(seqs, 1), max_context, capacity, max(band.tree_size for band in schedule.bands))
+    composed = ComposedStep(steps[step], steps[StepFlavor.FULL])
     costs = tabulate_costs(
-        ComposedStep(steps[step], steps["full"]),
-        acceptance.model,
-        schedule.tree_size,
-        max(seqs, 1),
-        max_context,
-        capacity,
-        max(band.tree_size for band in schedule.bands),
-        steps[step].label,
-        medusa != MedusaSetting.OFF,
+        composed, acceptance.model, schedule.tree_size, bounds, steps[step].label, medusa != MedusaSetting.OFF
     )
     return Replica(view, tp, dtype, medusa, costs, schedule)
 

@@ -83,22 +83,35 @@ def context_grid(max_context: int, points: int = CONTEXT_POINTS) -> np.ndarray:
     return grid
 
 
+@dataclass(frozen=True)
+class CostBounds:
+    """How far a replica's costs are tabulated: batches 1..max_seqs, contexts up to
+    max_context; the KV tokens the cache holds, and the largest tree the schedule may run
+    (whose spare KV slots every sequence keeps free)."""
+
+    max_seqs: int
+    max_context: int
+    kv_capacity: int
+    max_tree: int
+
+
 def tabulate_costs(
     step,
     acceptance: Callable[[np.ndarray], np.ndarray],
     tree_size: Callable[[np.ndarray, np.ndarray], np.ndarray],
-    max_seqs: int,
-    max_context: int,
-    kv_capacity: int,
-    max_tree: int,
+    bounds: CostBounds,
     label: str,
     medusa: bool,
 ) -> ServingCosts:
     """The costs of `step` (a step model with step_time and prefill_time; tensor parallel
-    included) for batches 1..max_seqs and contexts up to max_context. tree_size(batch,
-    context) -> the tree run there (1: plain; arrays); acceptance(n) -> tokens per step.
-    max_tree: the largest tree the schedule may run, whose spare KV slots every sequence
-    keeps free."""
+    included) within `bounds`. tree_size(batch, context) -> the tree run there (1: plain;
+    arrays); acceptance(n) -> tokens per step."""
+    max_seqs, max_context, kv_capacity, max_tree = (
+        bounds.max_seqs,
+        bounds.max_context,
+        bounds.kv_capacity,
+        bounds.max_tree,
+    )
     if max_seqs < 1:
         raise PerfkitError(f"the running batch must hold at least one sequence, got {max_seqs}")
     contexts = context_grid(max_context)
