@@ -25,7 +25,6 @@ from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, HeadAccuracyAcceptance
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import writable_dir
-from perfmodel.latency.source import view_latency
 from perfmodel.latency.step import StepFlavor, StepModel
 from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives
 from perfmodel.latency.traced import TracedStep
@@ -173,7 +172,7 @@ def build(config: BuildConfig, log=print) -> Report:
             config = replace(config, out=writable_dir(default_folder(view, model, config.dtype), "report folder"))
         # The device is resolved here, once: its latency source and the step it prices go to the
         # sections and their sentences with the report, which never resolve it again.
-        latency = view_latency(view, model.shard(tp), dtype, config.latency)
+        latency = deployment.step_model(StepFlavor.FULL).shard_step.latency
         step = whole_step(view, model, dtype, tp, latency, config.step, tracer)
         report = Report(view, model, dtype, acceptance, latency, step, tp)
         where = f"{model.name} on {view.spec.name}{f' x{tp} (tensor parallel)' if tp > 1 else ''} ({dtype})"
