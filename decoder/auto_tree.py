@@ -41,6 +41,7 @@ from decoder.runs import decode_interleaved, heldout_prompts
 from decoder.step_profile import PLAIN_STEP_FACTOR, StepProfile, profile_problems, unsteady_rounds
 from perfmodel.acceptance.record import own_record
 from perfmodel.acceptance.trees import greedy_tree
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.base.outputs import writable_dir
@@ -323,5 +324,5 @@ def auto_tree(
 def default_tree_name(ckpt: Checkpoint, drafter: str = "medusa") -> str:
     """auto where the checkpoint records its heads' accuracies and the heads draft, else its
     own default tree (auto prices the heads' trees: EAGLE drafts the default tree unless told)."""
-    heads = drafter == "medusa" and ckpt.heads is not None
+    heads = drafter == DrafterKind.MEDUSA and ckpt.heads is not None
     return "auto" if heads and checkpoint_accuracy(ckpt) is not None else "default"

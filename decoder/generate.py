@@ -10,6 +10,7 @@ from decoder.checkpoint import load_checkpoint
 from decoder.medusa import DRAFTERS, Decoder, check_context
 from decoder.static_step import check_launch
 from decoder.tree import TREE_NAMES, resolve_tree
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.cli import Parser, options, positive_int, positive_number, run
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.prompt or not ids:
         raise PerfkitError("empty prompt: give some text to continue")
     check_context(ckpt.config, len(ids), args.max_new_tokens, "--max-new-tokens")
-    if args.drafter == "eagle" and (args.no_medusa or args.tree == "auto" or ckpt.eagle is None):
+    if args.drafter == DrafterKind.EAGLE and (args.no_medusa or args.tree == "auto" or ckpt.eagle is None):
         raise PerfkitError(
             f"{ckpt.folder} has no EAGLE drafter (python -m decoder.train --eagle)"
             if ckpt.eagle is None

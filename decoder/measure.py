@@ -29,6 +29,7 @@ from decoder.tree import TREE_NAMES, resolve_tree
 from decoder.twin import ReplayRecord, dummy_checkpoint, native_dtype, random_prompts
 from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import expected_acceptance, greedy_tree
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import writable_file
@@ -55,7 +56,7 @@ def check_drafter(args, ckpt) -> None:
     """EAGLE drafts the static trees the heads' accuracies shape (the same trees Medusa runs,
     so the two compare at equal tree sizes) or, with --dynamic, EAGLE-2's own dynamic trees:
     it needs the drafter, and not --tree auto (priced for the heads)."""
-    if args.drafter != "eagle":
+    if args.drafter != DrafterKind.EAGLE:
         return
     if ckpt.eagle is None:
         raise PerfkitError(f"{ckpt.folder} has no EAGLE drafter; python -m decoder.train --eagle --model {ckpt.folder}")

@@ -27,6 +27,7 @@ from decoder.result import STEP_PARTS, DecodeResult
 from decoder.static_step import check_launch, static_generate
 from decoder.tree import TreeBuffers, path_of_length, tree_attention_mask, tree_buffers
 from perfmodel.acceptance.trees import Tree, greedy_tree
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.models.operators import HEAD_TOP_K
@@ -169,7 +170,7 @@ class Decoder:
         medusa = tree is not None or dynamic_nodes > 0
         if drafter not in DRAFTERS:
             raise PerfkitError(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
-        eagle = drafter == "eagle" and medusa
+        eagle = drafter == DrafterKind.EAGLE and medusa
         launch = Launch.parse(launch)
         check_launch(launch, self.device, dynamic_nodes)
         if eagle and self.eagle is None:

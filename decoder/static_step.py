@@ -30,6 +30,7 @@ from decoder.eagle import CONTEXT, DraftPlan, Window, draft_batch, window_mask
 from decoder.model import KVCache
 from decoder.result import DecodeResult
 from decoder.tree import TreeBuffers, tree_attention_mask
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 
@@ -108,7 +109,7 @@ class StaticStep:
         drafter: str = "medusa",
     ):
         self.model, self.heads = decoder.model, decoder.heads
-        self.eagle = decoder.eagle if drafter == "eagle" else None
+        self.eagle = decoder.eagle if drafter == DrafterKind.EAGLE else None
         self.tree = StaticTree.of(buffers)
         self.acceptance, self.topk, self.launch, self.generator = acceptance, topk, launch, generator
         self.scheme = VERIFY[acceptance.scheme]

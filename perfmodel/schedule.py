@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfmodel.base.drafter_kind import DrafterKind
+from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
 from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import write_csv
@@ -190,7 +190,7 @@ def plan_acceptance(drafter: str, acceptance):
     """What --tp auto's capacity plan prices: the Medusa heads' acceptance setting, or the one
     drafter's curve as python -m perfmodel.speedup hands it (the plan reads Medusa's settings
     only); drafters_for refuses another drafter's record here, in one line."""
-    first = drafters_for("all" if drafter == "best" else drafter, acceptance)[0]
+    first = drafters_for("all" if drafter == DrafterChoice.BEST else drafter, acceptance)[0]
     return first.choice if first.name == DrafterKind.MEDUSA else first.acceptance
 
 

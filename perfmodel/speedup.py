@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfmodel.base.drafter_kind import DrafterKind
+from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
@@ -156,11 +156,11 @@ def answer_point(args, model, devices, flavors) -> int:
         raise PerfkitError("--tree-size needs --acceleration (tokens accepted per step with that tree)")
     model.check_context(args.context, args.tree_size)  # every step flavour, as the traced one already refuses
     for given, option in ((args.cuda_graph, "--cuda-graph"), (args.launch, "--launch")):
-        if given and "traced" not in flavors:
+        if given and StepFlavor.TRACED not in flavors:
             raise PerfkitError(
                 f"{option} prices the traced step's launches: use --step traced or all (not {args.step})"
             )
-    if args.host_dispatch is not None and args.launch not in ("eager", "static"):
+    if args.host_dispatch is not None and args.launch not in (Launch.EAGER, Launch.STATIC):
         raise PerfkitError("--host-dispatch prices an eager or static step's host queue: give --launch eager or static")
     host = HostCosts.from_json(args.host_dispatch) if args.host_dispatch is not None else None
     frames = []
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         if given:
             raise PerfkitError(f"{option} prices one point's traced step: give --tree-size and --acceleration")
     draft = draft_model_table(cost_ratio=args.draft_cost)
-    tracer = sweep_tracer() if "traced" in flavors else None  # one for every device: a shard is traced once
+    tracer = sweep_tracer() if StepFlavor.TRACED in flavors else None  # one for every device: a shard is traced once
 
     planned, skipped = [], []
     for device in devices:
@@ -270,12 +270,12 @@ def main(argv: list[str] | None = None) -> int:
             out.mkdir(parents=True, exist_ok=True)
             what = (
                 "the best drafter and tree per batch and context"
-                if args.drafter == "all"
+                if args.drafter == DrafterChoice.ALL
                 else f"acceptance {drafters[0].describe()}"
             )
             print(f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted; {what}")
             print(f"  latency: {table['latency_model'].iloc[0]}")
-            if args.drafter == "all":
+            if args.drafter == DrafterChoice.ALL:
                 found = choice_lines(table, drafters)
             else:
                 found = summary_lines(device, dtype, table, draft)

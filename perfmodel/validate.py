@@ -11,6 +11,7 @@ import pandas as pd
 
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, positive_int, run
 from profilers.closed_loop.compare import verdict, write_outputs
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return twin_main(args, started)
     if args.replay is not None or args.dtype is not None:
         raise PerfkitError("--replay and --dtype are for the twin (--weights dummy); the real closed loop runs fp32")
-    if args.launch != "eager" or args.host_dispatch is not None:
+    if args.launch != Launch.EAGER or args.host_dispatch is not None:
         raise PerfkitError(
             "--launch and --host-dispatch are for the twin (--weights dummy); the real closed loop prices the eager "
             "decoder's operators"

@@ -22,7 +22,7 @@ from perfmodel.base.outputs import writable_dir
 from perfmodel.cli.workload_options import WorkloadSettings
 from perfmodel.latency import roofline_table
 from perfmodel.latency.source import view_latency
-from perfmodel.latency.step import StepModel
+from perfmodel.latency.step import StepFlavor, StepModel
 from perfmodel.measured.device_view import DeviceView, resolve_view
 from perfmodel.models.config import load_model
 from perfmodel.planning import simulation_summary, simulations
@@ -133,7 +133,7 @@ def latency_rows(pairs, model, latency: str = "auto") -> pd.DataFrame:
 
 def best_per_batch(sims: pd.DataFrame) -> pd.DataFrame:
     """Rows batch, columns device: 'n=40, 1.49x' or 'plain' (whole-model step, s=1024)."""
-    best = simulations.optima(sims[(sims["simulation"] == "b") & (sims["step"] == "full")])
+    best = simulations.optima(sims[(sims["simulation"] == "b") & (sims["step"] == StepFlavor.FULL)])
     best = best.assign(
         cell=[
             f"n{'>=' if r.at_edge else '='}{r.tree_size}, {r.speedup:.2f}x" if r.speculate else "plain (1.00x)"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from perfmodel.acceptance.trees import export_tree
+from perfmodel.latency.step import StepFlavor
 from perfmodel.planning import simulation_summary
 from perfmodel.planning.capacity import PlanResult
 from perfmodel.planning.drafter_choice import best_drafters
@@ -98,7 +99,7 @@ def speedup_section(
         + (
             "Traced step: every kernel the reference decoder's step launches (python -m decoder.trace), each priced "
             "by the latency source, memory-bound ones by their bytes, plus each launch. "
-            if "traced" in set(sims["step"])
+            if StepFlavor.TRACED in set(sims["step"])
             else ""
         )
         + f"Acceptance: {report.acceptance.choice.label}. Latency: {sims['latency_model'].iloc[0]}."

@@ -11,3 +11,14 @@ class DrafterKind(StrEnum):
     MEDUSA = "medusa"
     EAGLE = "eagle"
     DRAFT = "draft"
+
+
+class DrafterChoice(StrEnum):
+    """Which drafters a search prices: one kind, each band's best of the three (best), or every
+    kind side by side (all)."""
+
+    MEDUSA = "medusa"
+    EAGLE = "eagle"
+    DRAFT = "draft"
+    BEST = "best"
+    ALL = "all"

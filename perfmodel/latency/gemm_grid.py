@@ -41,6 +41,8 @@ from perfmodel.latency.monotone import non_decreasing
 from perfmodel.measured.aiconfigurator import ShippedStack, shipped_stacks
 from perfmodel.measured.store import stored_profiles
 
+AUTO_STACK = "auto"  # --stack auto: the device's default stack
+
 # The engines' grids, in the order `auto` prefers them: vLLM first (the most used serving
 # engine, and the harness closest to Vidur's, which was built on vLLM's kernels).
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -141,7 +143,7 @@ def resolve_stack(device_key: str, stack: str | None) -> str | None:
     default the device's per-model profiles (vidur), else its first engine grid; None where
     the device has no GEMM measurements (and none was asked for)."""
     names = stack_names(device_key)
-    if stack in (None, "auto"):
+    if stack in (None, AUTO_STACK):
         return names[0] if names else None
     matches = [n for n in names if n == stack or n.split("-")[0] == stack]
     if not matches:

@@ -57,6 +57,7 @@ from perfmodel.latency.attention_grid import HEAD_DIM
 from perfmodel.latency.attention_table import OPS as MEASURED_ATTENTION_OPS
 from perfmodel.latency.attention_table import AttentionTable, attention_op_time, attention_table
 from perfmodel.latency.gemm_grid import (
+    AUTO_STACK,
     ENGINES,
     TORCH,
     VIDUR,
@@ -82,7 +83,18 @@ from perfmodel.measured.store import stored_profiles
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, WEIGHT_OPS, Matmul, Phase, op_kernels
 
-LATENCY_CHOICES = ("auto", "measured", "calibrated", "datasheet")
+
+class LatencySetting(StrEnum):
+    """The latency source asked for: auto (measured where the device was measured, else
+    calibrated, borrowed or the datasheet), or one forced."""
+
+    AUTO = "auto"
+    MEASURED = "measured"
+    CALIBRATED = "calibrated"
+    DATASHEET = "datasheet"
+
+
+LATENCY_CHOICES = tuple(setting.value for setting in LatencySetting)
 
 
 class LatencyChoice(str):
@@ -271,7 +283,7 @@ def latency_source(
     dtype = check_dtype(dtype) if dtype else default_dtype(spec.key)
     model = model if isinstance(model, ModelConfig) else load_model(model)
     datasheet = LatencyModel(spec, model, dtype, "datasheet", params=params or RooflineParams())
-    if source == "datasheet":
+    if source == LatencySetting.DATASHEET:
         return datasheet
     given = measurements is not None and len(measurements) and (measurements["dtype"] == dtype).any()
     if not given and not stack_names(spec.key):
@@ -287,7 +299,7 @@ def latency_source(
         table = stack_calibration(spec.key, chosen, dtype)
         if table is not None:
             attention = attention_table(spec.key, chosen, dtype)
-            mode = LatencyMode.CALIBRATED if source == "calibrated" else LatencyMode.MEASURED
+            mode = LatencyMode.CALIBRATED if source == LatencySetting.CALIBRATED else LatencyMode.MEASURED
             return LatencyModel(spec, model, dtype, mode, table, None, table.params, chosen, None, attention)
     elif chosen not in (None, VIDUR):
         grid = gemm_grid(spec.key, chosen, dtype)
@@ -300,7 +312,7 @@ def latency_source(
         table = stored_calibration(spec, dtype)
     if table is not None:
         rows = table.rows
-        mode = LatencyMode.CALIBRATED if source == "calibrated" else LatencyMode.MEASURED
+        mode = LatencyMode.CALIBRATED if source == LatencySetting.CALIBRATED else LatencyMode.MEASURED
         grid = None if given else default_grid(spec.key, dtype)
         attention = None if given else attention_table(spec.key, None, dtype)
         elementwise = same_shard(rows, model)
@@ -317,12 +329,12 @@ def unmeasured_source(
     its architecture (the vidur stack) where there is one and no engine was asked for, else
     an engine's GEMMs transferred from the measured devices (vllm unless asked), else the
     datasheet."""
-    if source != "auto":
+    if source != LatencySetting.AUTO:
         raise PerfkitError(
             f"no {dtype} measurements of {spec.key} to give a {source} latency; measured devices: "
             f"{', '.join(measured_devices()) or 'none'} (or use --latency datasheet)"
         )
-    lender = borrowable(spec) if stack in (None, "auto", VIDUR) else None
+    lender = borrowable(spec) if stack in (None, AUTO_STACK, VIDUR) else None
     table = stored_calibration(resolve_spec(lender, None), dtype) if lender else None
     if table is not None:
         return LatencyModel(spec, model, dtype, "borrowed", table, None, table.params, stack=VIDUR)
@@ -333,7 +345,7 @@ def unmeasured_source(
             f"--stack {stack}: {spec.key} has no GPU campaign of this project's (python -m profilers.imports campaign "
             "FOLDER keeps one as its torch stack)"
         )
-    engine = ENGINES[0] if stack in (None, "auto") else stack.split("-")[0]
+    engine = ENGINES[0] if stack in (None, AUTO_STACK) else stack.split("-")[0]
     if engine not in ENGINES:
         raise PerfkitError(f"--stack {stack}: choose from {', '.join((VIDUR, *ENGINES, TORCH))} (or a stack-version)")
     transfer = transferred_gemm(spec, engine, dtype)
@@ -364,7 +376,7 @@ def decoder_latency(view: DeviceView, model: ModelConfig, dtype: str, source: st
     view_latency's. Engine stacks price engines, whose kernels the decoder does not run."""
     stack = getattr(source, "stack", None)
     given = view.measured is not None and len(view.measured)
-    if stack is None and str(source) != "datasheet" and not view.is_cpu and not given:
+    if stack is None and str(source) != LatencySetting.DATASHEET and not view.is_cpu and not given:
         stack = torch_stack(view.spec.key)
     return view_latency(view, model, dtype, source, stack)
 
@@ -381,7 +393,7 @@ def view_latency(
     if not view.is_cpu:
         measured = view.measured if view.measured is not None and len(view.measured) else None
         return latency_source(view.spec, model, dtype, source, measured, view.params, stack)
-    if source in ("auto", "datasheet"):
+    if source in (LatencySetting.AUTO, LatencySetting.DATASHEET):
         return LatencyModel(view.spec, model, dtype, "datasheet", params=view.params)
     if view.measured is None or not len(view.measured):
         raise PerfkitError(f"{view.spec.key} has no measured sweep to give a {source} latency")

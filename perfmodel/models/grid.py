@@ -159,7 +159,7 @@ def check_arithmetic(model: ModelConfig, grid: Grid, ops=OPS, phases=PHASES) -> 
     def with_seq(n: int) -> Grid:
         return replace(grid, seq_lens=(n,), linear_tokens=tuple(t for t in grid.linear_tokens if t <= n))
 
-    cands = max(grid.candidates) if "tree" in phases else 1
+    cands = max(grid.candidates) if Phase.TREE in phases else 1
     longest = largest_fitting(lambda n: failing_point(model, with_seq(n), ops, phases) is None, cands, s)
     largest = largest_fitting(lambda n: failing_point(model, replace(grid, batches=(n,)), ops, phases) is None, 1, b)
     fits = [

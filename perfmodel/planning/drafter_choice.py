@@ -9,6 +9,7 @@ import pandas as pd
 
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.planning.drafters import DRAFTER_NAMES, Drafter
+from perfmodel.planning.schedule_format import OFF
 from perfmodel.planning.simulation_summary import beyond_context_note
 from perfmodel.planning.simulations import SIMULATIONS, depth_text, optima
 
@@ -47,7 +48,7 @@ def cell(row, drafter: str) -> str:
 
 
 def winner_text(row) -> str:
-    if row["drafter"] == "off":
+    if row["drafter"] == OFF:
         return "off (no drafter beats plain decoding)"
     return f"{DRAFTER_NAMES[row['drafter']]} {cell(row, row['drafter'])}"
 

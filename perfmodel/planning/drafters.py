@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.acceptance.rates import AcceptanceChoice, draft_model_tokens, drafter_acceptances
-from perfmodel.base.drafter_kind import DrafterKind
+from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.eagle import EAGLE2_SHAPE, DraftShape, eagle_step, without_heads
 
@@ -151,10 +151,10 @@ def drafters_for(
     """The drafters `which` names (one of DRAFTERS, or all), each with its acceptance: the
     setting `acceptance` (a preset, record or model) for the drafter it is of, the preset of
     the others (perfmodel.acceptance.rates.drafter_acceptances)."""
-    names = DRAFTERS if which == "all" else (which,)
-    if which != "all" and which not in DRAFTERS:
+    names = DRAFTERS if which == DrafterChoice.ALL else (which,)
+    if which != DrafterChoice.ALL and which not in DRAFTERS:
         raise PerfkitError(f"unknown drafter {which!r}; choose from: {', '.join((*DRAFTERS, 'all'))}")
-    curves = [n for n in names if n != "draft"]
+    curves = [n for n in names if n != DrafterKind.DRAFT]
     if not curves and acceptance is not None:
         raise PerfkitError("the draft model's acceptance is its alpha, not an acceptance curve or record")
     choices = drafter_acceptances(acceptance, curves) if curves else {}

@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.base.checks import split_options
-from perfmodel.base.drafter_kind import DrafterKind
+from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.eagle import DraftShape
 from perfmodel.latency.source import LatencyMode
@@ -77,6 +77,7 @@ from perfmodel.planning.schedule_format import (
     ACCEPTANCE_SEPARATOR,
     OFF,
     SpeculationSchedule,
+    TreeFamily,
     check_drafter,
     check_family,
 )
@@ -92,7 +93,7 @@ def step_evidence(step) -> str:
     if mode is None:
         return "unknown"
     if mode == LatencyMode.MEASURED and any(latency.linear_kind(op) != LatencyMode.MEASURED for op in LINEAR_OPS):
-        return "calibrated"
+        return LatencyMode.CALIBRATED
     return mode
 
 
@@ -100,7 +101,7 @@ def view_evidence(view, step) -> str:
     """step_evidence, where a CPU's roofline says `ceilings`: it has no datasheet, its
     roofline is its own measured ceilings."""
     evidence = step_evidence(step)
-    return "ceilings" if view.is_cpu and evidence == "datasheet" else evidence
+    return "ceilings" if view.is_cpu and evidence == LatencyMode.DATASHEET else evidence
 
 
 def drafted_fields(drafter: Drafter | None, size: int) -> dict:
@@ -135,9 +136,9 @@ def searched_drafters(
     root included), and the notes on what was left out. Medusa's acceptance becomes its
     TreeBook (the trees of `sizes`, or its chains), EAGLE's chain family drafts top-1 up to its
     depth; EAGLE's trees are searched over `sizes`, the draft model over its own gammas."""
-    several = drafter == "best"
+    several = drafter == DrafterChoice.BEST
     out, notes = [], []
-    for found in drafters_for("all" if several else drafter, acceptance, alpha, cost_ratio):
+    for found in drafters_for(DrafterChoice.ALL if several else drafter, acceptance, alpha, cost_ratio):
         if found.name == DrafterKind.MEDUSA:
             if model.medusa_heads:
                 book = tree_book(found.choice, sizes[sizes > 1], model.medusa_heads, family)
@@ -149,7 +150,7 @@ def searched_drafters(
                     + ("Medusa is not searched" if several else "plain decoding everywhere")
                 )
             found = dataclasses.replace(found, acceptance=book, sizes=(1, *sorted(book.trees)))
-        elif found.name == DrafterKind.EAGLE and family == "chain":
+        elif found.name == DrafterKind.EAGLE and family == TreeFamily.CHAIN:
             shape = DraftShape(found.shape.depth, top_k=1)
             found = dataclasses.replace(eagle_drafter(found.choice, shape), sizes=tuple(range(1, shape.depth + 2)))
             notes.append(EAGLE_CHAIN_NOTE)
@@ -167,7 +168,7 @@ def edge_note(drafter: Drafter, cells: pd.DataFrame, family: str, named: bool) -
         return []
     if drafter.name == DrafterKind.DRAFT:
         text = f"the longest draft searched (gamma {top - 1}) is the best somewhere: a longer one may do better"
-    elif family == "tree":
+    elif family == TreeFamily.TREE:
         text = f"the largest tree searched ({top} tokens) is the best somewhere: a larger one may do better"
     else:
         return []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 
@@ -15,13 +16,21 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.acceptance.trees import Tree
-from perfmodel.base.drafter_kind import DrafterKind
+from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.planning.drafters import (
     DRAFTER_NAMES,
     DRAFTERS,
 )
 from perfmodel.planning.medusa_setting import check_medusa, check_setting
+
+
+class TreeFamily(StrEnum):
+    """What a schedule's trees are: the best tree of each size, or chains of one token per head or pass."""
+
+    TREE = "tree"
+    CHAIN = "chain"
+
 
 FAMILIES = {
     "tree": "the best tree of each size",
@@ -117,7 +126,7 @@ class SpeculationSchedule:
         check_drafter(self.drafter)
         if not self.bands:
             raise PerfkitError("a speculation schedule needs at least one band")
-        allowed = DRAFTERS if self.drafter == "best" else (self.drafter,)
+        allowed = DRAFTERS if self.drafter == DrafterChoice.BEST else (self.drafter,)
         for band in self.bands:
             if band.speculate and band.drafter not in allowed:
                 raise PerfkitError(
@@ -272,9 +281,9 @@ def compact_json(data: dict) -> str:
     return "{\n" + ",\n".join(f" {json.dumps(k)}: {value(v)}" for k, v in data.items()) + "\n}"
 
 
-def check_family(family: str) -> str:
-    return check_setting(family, FAMILIES, "tree family")
+def check_family(family: str) -> TreeFamily:
+    return TreeFamily(check_setting(family, FAMILIES, "tree family"))
 
 
-def check_drafter(drafter: str) -> str:
-    return check_setting(drafter, SCHEDULE_DRAFTERS, "drafter")
+def check_drafter(drafter: str) -> DrafterChoice:
+    return DrafterChoice(check_setting(drafter, SCHEDULE_DRAFTERS, "drafter"))

@@ -11,7 +11,7 @@ import numpy as np
 from perfmodel.acceptance.rates import AcceptanceChoice, HeadAccuracyAcceptance
 from perfmodel.acceptance.reference_trees import VICUNA_7B_ORDER, vicuna_7b_prefix
 from perfmodel.acceptance.trees import Tree, expected_acceptance
-from perfmodel.planning.schedule_format import check_family
+from perfmodel.planning.schedule_format import TreeFamily, check_family
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def tree_book(choice: AcceptanceChoice, sizes, heads: int, family: str = "tree")
     the chains of 1 to `heads` nodes, at their expected acceptance from the head accuracies (without them,
     the acceptance model's, which was fitted to trees: an upper bound for a chain)."""
     shaper = choice.trees if isinstance(choice.trees, HeadAccuracyAcceptance) else None
-    if check_family(family) == "chain":
+    if check_family(family) == TreeFamily.CHAIN:
         # every chain the heads (and the record's heads) reach: `sizes` is about trees
         depth = heads if shaper is None else min(heads, shaper.accuracy.shape[0])
         trees = {n: Tree(tuple((0,) * d for d in range(1, n))) for n in range(2, depth + 2)}

@@ -37,7 +37,7 @@ def check_flavors(flavors, allowed=STEP_FLAVORS) -> tuple[StepFlavor, ...]:
 
 def check_tracer(flavors, tracer) -> None:
     """A traced flavour needs a tracer: one line where none was handed in."""
-    if "traced" in flavors and tracer is None:
+    if StepFlavor.TRACED in flavors and tracer is None:
         raise PerfkitError(
             "the traced step needs a tracer (decoder.trace.StepTracer: the commands' --step traced hands it in)"
         )
@@ -76,9 +76,11 @@ def flavor_steps(
     check_tracer(flavors, tracer)
     # The shard, its latency source and all-reduces as tensor_parallel_steps chooses them
     # for every flavour; a traced step takes the full step's.
-    priced = tensor_parallel_steps(view, model, dtype, tp, latency, [*(f for f in flavors if f != "traced"), "full"])
-    if "traced" in flavors:
-        full = priced["full"]
+    priced = tensor_parallel_steps(
+        view, model, dtype, tp, latency, [*(f for f in flavors if f != StepFlavor.TRACED), StepFlavor.FULL]
+    )
+    if StepFlavor.TRACED in flavors:
+        full = priced[StepFlavor.FULL]
         own = decoder_latency(view, full.shard_step.model, dtype, latency)
         traced = TracedStep(full.shard_step.model, own, dtype, tracer, regime=launch)
         priced["traced"] = TensorParallelStep(traced, tp, full.all_reduce, dtype, full.gather)

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.latency.kinds import kernel_rows
 from perfmodel.latency.step import step_inventory
 from perfmodel.latency.traced import TracedStep, kind_shares
@@ -63,8 +64,8 @@ def launch_columns(step) -> dict:
     if inner.regime is not None:
         return {
             "launch": str(inner.regime),
-            "kernel_launch_us": np.nan if inner.regime.value == "graph" else inner.host_costs().issue("gemm") * 1e6,
-            "graph_node_us": launch.graph_s * 1e6 if inner.regime.value == "graph" else np.nan,
+            "kernel_launch_us": np.nan if inner.regime is Launch.GRAPH else inner.host_costs().issue("gemm") * 1e6,
+            "graph_node_us": launch.graph_s * 1e6 if inner.regime is Launch.GRAPH else np.nan,
         }
     return {
         "launch": "cuda graph" if inner.cuda_graph else "eager",

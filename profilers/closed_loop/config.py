@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from decoder.medusa import DRAFTERS
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 
 DEFAULT_SIZES = (2, 4, 8, 16, 32, 64)
@@ -44,7 +45,7 @@ class ValidateConfig:
             raise PerfkitError(f"acceptance must be one of {', '.join(VALIDATED_SCHEMES)}, got {self.acceptance!r}")
         if self.drafter not in VALIDATED_DRAFTERS:
             raise PerfkitError(f"drafter must be one of {', '.join(VALIDATED_DRAFTERS)}, got {self.drafter!r}")
-        if self.drafter == "eagle" and (self.acceptance != "greedy" or self.dynamic):
+        if self.drafter == DrafterKind.EAGLE and (self.acceptance != "greedy" or self.dynamic):
             raise PerfkitError(
                 "the EAGLE closed loop replays greedy steps over static trees: use --acceptance greedy, without "
                 f"--dynamic (got --acceptance {self.acceptance}{' --dynamic' if self.dynamic else ''})"

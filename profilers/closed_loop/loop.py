@@ -9,6 +9,7 @@ import torch
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder
 from decoder.runs import heldout_prompts
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.models.config import load_model
 from profilers.closed_loop.compare import print_batch
@@ -33,7 +34,7 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
     if config.device == "cuda" and not torch.cuda.is_available():
         raise PerfkitError("--device cuda: no CUDA device is visible to torch on this machine; use --device cpu")
     ckpt = load_checkpoint(config.model)
-    if ckpt.heads is None and config.drafter == "medusa":
+    if ckpt.heads is None and config.drafter == DrafterKind.MEDUSA:
         raise PerfkitError(f"{ckpt.folder} has no Medusa heads to validate")
     model = load_model(ckpt.folder)
     dtype = "fp32"  # the reference decoder runs checkpoints in fp32
@@ -43,7 +44,7 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
     probe_prompts = heldout_prompts(
         ckpt, config.batch, max(1, config.context - PROBE_LEAD - PROBE_STEPS // 2), config.seed + 1
     )
-    eagle = config.drafter == "eagle"
+    eagle = config.drafter == DrafterKind.EAGLE
     with torch_threads(config.threads):
         record = (eagle_untimed_passes if eagle else untimed_passes)(decoder, prompts, config, log)
         contexts = step_contexts(record, config)

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.acceptance.batching import attended_context, batch_acceptance, simulated_tokens
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.latency.calibration import MeasuredLatency
 from perfmodel.latency.eagle import EagleStep
 from perfmodel.latency.step import StepModel
@@ -96,7 +97,7 @@ def priced_runs(
     runs, rows, plain_step_s = measured.runs, measured.rows, measured.plain_step_s
     contexts, build_s = measured.contexts, measured.build_s
     latency = MeasuredLatency(rows, model.name, dtype)
-    step = StepModel(model, latency, STEP_FLAVOR, with_heads=config.drafter == "medusa")
+    step = StepModel(model, latency, STEP_FLAVOR, with_heads=config.drafter == DrafterKind.MEDUSA)
     sizes = np.array([r["tree_size"] for r in runs])
     attended = np.array([contexts[r["tree_kind"], r["tree_size"]] for r in runs])
     ops_plain = float(step.step_time(config.batch, config.context, 1))
@@ -106,7 +107,7 @@ def priced_runs(
     tree_build = np.array([build_s.get(r["tree_size"], 0.0) if r["tree_kind"] == "dynamic" else 0.0 for r in runs])
     tree_build = tree_build * config.batch
     draft_ops, draft_host, drafting = np.zeros(len(runs)), np.zeros(len(runs)), None
-    if config.drafter == "eagle":  # the tree drafted before the step verifies it
+    if config.drafter == DrafterKind.EAGLE:  # the tree drafted before the step verifies it
         run_shape, probe_shape = draft_shapes(record)
         eagle = EagleStep(step, model, latency, STEP_FLAVOR, run_shape)
         draft_ops = eagle.draft_time(config.batch, attended, sizes)

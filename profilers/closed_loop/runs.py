@@ -17,6 +17,7 @@ import torch
 from decoder.medusa import dynamic_tree
 from decoder.runs import decode_interleaved, mean_accepted
 from decoder.tree import tree_buffers
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.step import op_points
 from perfmodel.models.config import ModelConfig
@@ -67,7 +68,9 @@ def operator_timing(
         )
     sweeper = Sweeper(SweepConfig(config.device, model, dtype, QUICK_GRID, Path("unused.csv"), timer=timer), info, nvml)
     sizes, seq_lens = np.array([n for _, n in contexts]), np.array(list(contexts.values()))
-    points = op_points(model, STEP_FLAVOR, config.batch, seq_lens, sizes, with_heads=config.drafter == "medusa")
+    points = op_points(
+        model, STEP_FLAVOR, config.batch, seq_lens, sizes, with_heads=config.drafter == DrafterKind.MEDUSA
+    )
     points += [point for point in dict.fromkeys(extra_points) if point not in set(points)]
     probes = [
         functools.partial(decoder.generate, probe_prompts, tokens, topk=HEAD_TOP_K)
@@ -107,7 +110,7 @@ def timed_runs(
         decoder.generate(prompts[: config.batch], 8, **kwargs, **setting)
     sizes = ", ".join(str(n) for kind, n in record.settings if kind == "static")
     kinds = " and dynamic" if config.dynamic else ""
-    drafted = ", drafted by EAGLE," if config.drafter == "eagle" else ""
+    drafted = ", drafted by EAGLE," if config.drafter == DrafterKind.EAGLE else ""
     log(
         f"timing plain decoding and static{kinds} trees of {sizes} tokens{drafted} interleaved, "
         f"{config.acceptance} acceptance, {config.decode_rounds} round(s) ..."
