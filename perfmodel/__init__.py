@@ -67,7 +67,19 @@ _HOMES = {
     "device_table": "perfmodel.planning.simulations",
     "draft_model_table": "perfmodel.planning.simulations",
     "plan": "perfmodel.planning.capacity",
+    "plan_deployments": "perfmodel.planning.capacity",
+    "PlanRequest": "perfmodel.planning.capacity",
     "PlanResult": "perfmodel.planning.result",
+    # a deployment, resolved once and handed to every planner
+    "Deployment": "perfmodel.planning.deployment",
+    "DeploymentChoices": "perfmodel.planning.deployment",
+    "resolve": "perfmodel.planning.deployment",
+    "speculation_schedule": "perfmodel.planning.schedule",
+    "schedule_deployment": "perfmodel.planning.schedule",
+    "ScheduleRequest": "perfmodel.planning.schedule",
+    "serve": "perfmodel.serving.capacity",
+    "serve_deployments": "perfmodel.serving.capacity",
+    "ServeRequest": "perfmodel.serving.capacity",
 }
 
 __all__ = sorted(_HOMES)
