@@ -79,11 +79,13 @@ def _matmul_call(info: DeviceInfo, dtype: str, n: int):
 def measure_matmul_peak(info: DeviceInfo, dtype: str, config: TimerConfig = CEILING_TIMER) -> tuple[int, Timing]:
     """(FLOPs of one call, its timing) for the fastest of a few large square matmuls.
 
-    GPUs: n = 8192. CPUs: n = 1024, 2048, 4096 while the next size (8x the work) would
-    take under half a second a call; library blocking makes the best size machine-dependent,
-    and the ceiling is what is reachable.
+    GPUs: n = 8192. CPUs: n = 256, 512, ... 4096 while the next size (8x the work) would
+    take under a third of the timer's budget a call (half a second at CEILING_TIMER's 1.5 s);
+    library blocking makes the best size machine-dependent, and the ceiling is what is
+    reachable. Starting small keeps a dtype the CPU emulates (bf16 and fp16 without native
+    support: 2 s for one 1024-square product on an AVX2 core) to a second or two.
     """
-    sizes = (8192,) if info.kind == "cuda" else (1024, 2048, 4096)
+    sizes = (8192,) if info.kind == "cuda" else (256, 512, 1024, 2048, 4096)
     best = None
     for n in sizes:
         call = _matmul_call(info, dtype, n)
@@ -95,7 +97,7 @@ def measure_matmul_peak(info: DeviceInfo, dtype: str, config: TimerConfig = CEIL
         timing = _timer(info)(call, config)
         if best is None or 2 * n**3 / timing.median_s > best[0] / best[1].median_s:
             best = (2 * n**3, timing)
-        if 8 * timing.median_s > 0.5:
+        if 8 * timing.median_s > config.budget_s / 3:
             break
     return best
 

@@ -22,10 +22,11 @@ from perfmodel.measured.store import user_measurements_dir
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.grid import Grid, iter_points
 from profilers.benchmarks import check_bench_dtype
-from profilers.ceilings import measure_ceilings
+from profilers.ceilings import CEILING_TIMER, measure_ceilings
 from profilers.device import DeviceInfo, check_device, cpu_info, cuda_info
 from profilers.store import Journal, journal_path, output_lock, record_run
 from profilers.sweeper import SweepConfig, Sweeper, default_timer, with_token_grid
+from profilers.timer import TimerConfig
 
 
 @dataclass
@@ -100,7 +101,7 @@ def _run_sweep(config: SweepConfig, log, known_ceilings: dict | None) -> SweepRe
     ceilings = known_ceilings
     if ceilings is None and config.ceilings:
         log("measuring ceilings")
-        ceilings = measure_ceilings(info, log=log).as_dict()
+        ceilings = measure_ceilings(info, log=log, config=config.ceiling_timer).as_dict()
     started = time.time()
     record_run(config.out, run_id, run_metadata(config, info, ceilings, started=started))
 
@@ -134,6 +135,12 @@ def measure_now(gpu: str | None, spec_file, models: list[ModelConfig], dtype: st
     return measure_and_store(check_device("cuda"), models, dtype, grid, resolve_spec(gpu, spec_file).key, log)
 
 
+def ceiling_timer(device: str) -> TimerConfig:
+    """The timer of each ceiling a --measure sweep measures first (profilers.ceilings: the
+    device's bandwidth, peaks and launch cost), on any device."""
+    return CEILING_TIMER
+
+
 def measure_and_store(
     device: str,
     models: list[ModelConfig],
@@ -159,7 +166,13 @@ def measure_and_store(
     files = []
     for model in models:
         config = SweepConfig(
-            device, model, dtype, grid, folder / f"{model.name}-{dtype}.csv", timer=default_timer(device)
+            device,
+            model,
+            dtype,
+            grid,
+            folder / f"{model.name}-{dtype}.csv",
+            timer=default_timer(device),
+            ceiling_timer=ceiling_timer(device),
         )
         log(f"measuring {model.name} {dtype} on {info.name} into {config.out} (resumable: rerun to continue)")
         files.append(run_sweep(config, log).out)

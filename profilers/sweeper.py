@@ -19,6 +19,7 @@ from perfmodel.models.config import ModelConfig
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, Grid
 from perfmodel.models.operators import DEFAULT_OPS, PHASES, cost_of, op_cost
 from profilers.benchmarks import OpBenchmark
+from profilers.ceilings import CEILING_TIMER
 from profilers.device import DeviceInfo, available_bytes, cpu_state
 from profilers.timer import (
     InterleavedSampler,
@@ -54,6 +55,7 @@ class SweepConfig:
     timer: TimerConfig = field(default_factory=TimerConfig)
     timer_mode: str = "auto"
     ceilings: bool = True
+    ceiling_timer: TimerConfig = CEILING_TIMER  # the timer of each ceiling measured before the sweep
     memory_cap_bytes: int | None = None
     threads: int | None = None
     progress: bool = True

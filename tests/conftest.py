@@ -5,8 +5,10 @@ before, or on the order tests run in."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
+from filelock import FileLock
 from helpers import assert_png_shows_a_plot
 
 from perfmodel.measured.store import HOME_VARIABLE
@@ -73,3 +75,37 @@ def deploy(view, model, dtype: str, latency: str = "auto", tp: int = 1, tracer=N
     from perfmodel.planning.deployment import DeploymentChoices, resolve
 
     return resolve(model, [view], DeploymentChoices(dtype, tp, latency, tracer=tracer))[0]
+
+
+def run_folder(tmp_path_factory):
+    """A folder of this test run that every xdist worker of it shares (never another run's)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def quick_trained(tmp_path_factory):
+    """`python -m decoder.train --quick`'s checkpoint and work folder, trained once per test
+    run (the first worker to ask trains, the others wait and read): about 20 s a training.
+    Tests take copies (quick_copy), never these folders themselves."""
+    from decoder import train
+    from perfmodel.cli import run
+
+    root = run_folder(tmp_path_factory)
+    out, work, done = root / "quick-model", root / "quick-work", root / "quick.done"
+    with FileLock(str(root / "quick.lock")):
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
+            assert run(train.main, ["--quick", "--out", str(out), "--work", str(work)]) == 0
+            done.touch()
+    return out, work
+
+
+def quick_copy(quick_trained, tmp_path_factory, name: str = "quick"):
+    """A copy of the shared quick checkpoint and its work folder, for one module to change."""
+    folder = tmp_path_factory.mktemp(name)
+    out, work = folder / "model", folder / "work"
+    shutil.copytree(quick_trained[0], out)
+    shutil.copytree(quick_trained[1], work)
+    return out, work

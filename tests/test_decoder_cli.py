@@ -5,14 +5,14 @@ import pytest
 from decoder import auto_tree, generate, measure, step_profile, train, training
 from decoder.checkpoint import load_checkpoint
 from perfmodel.cli import run
+from tests.conftest import quick_copy
 
 
 @pytest.fixture(scope="module")
-def quick_model(tmp_path_factory):
-    """`python -m decoder.train --quick`: the whole pipeline on a tiny model."""
-    out, work = tmp_path_factory.mktemp("model"), tmp_path_factory.mktemp("work")
-    assert run(train.main, ["--quick", "--out", str(out), "--work", str(work)]) == 0
-    return out, work
+def quick_model(quick_trained, tmp_path_factory):
+    """`python -m decoder.train --quick`: the whole pipeline on a tiny model (conftest trains
+    it once per run; this module changes its own copy)."""
+    return quick_copy(quick_trained, tmp_path_factory)
 
 
 def test_training_writes_a_loadable_checkpoint_and_its_card(quick_model):

@@ -18,6 +18,7 @@ from decoder.model import LlamaConfig
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
 from perfmodel.models.config import BUNDLED_MODEL, MEDUSA2_MODEL, load_model, parse_hf_config
+from tests.conftest import quick_copy
 
 MANIFEST = "checksums.sha256"
 CHECKPOINT_FILES = {
@@ -199,11 +200,10 @@ def test_an_explicit_head_dim_may_differ_from_hidden_over_heads():
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    """A --quick checkpoint and its work folder (later runs resume from it: seconds)."""
-    out, work = tmp_path_factory.mktemp("quick") / "model", tmp_path_factory.mktemp("quick-work")
-    assert run(train.main, ["--quick", "--out", str(out), "--work", str(work)]) == 0
-    return out, work
+def quick(quick_trained, tmp_path_factory):
+    """A --quick checkpoint and its work folder (later runs resume from it: seconds); a copy
+    of the one conftest trains once per run."""
+    return quick_copy(quick_trained, tmp_path_factory)
 
 
 @pytest.fixture

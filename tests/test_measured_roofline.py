@@ -48,6 +48,8 @@ def measured_cpu(tmp_path_factory, tiny_model):
         patch.setattr(
             sweep_runs, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=20, budget_s=0.05)
         )
+        # the ceilings too: a short budget measures them, noisier (what the test reads is that they are drawn)
+        patch.setattr(sweep_runs, "ceiling_timer", lambda device: TimerConfig(warmup=1, min_reps=3, budget_s=0.2))
         assert run(main, ["--gpu", "cpu", "--measure", "--model", str(tiny_model), "--out", str(out), *GRID]) == 0
     return out
 

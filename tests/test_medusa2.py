@@ -15,6 +15,7 @@ from decoder.model import LlamaConfig, Transformer
 from decoder.runs import heldout_prompts
 from perfmodel.cli import run
 from perfmodel.models.config import BUNDLED_MODEL, MEDUSA2_MODEL
+from tests.conftest import quick_copy
 
 TINY = LlamaConfig(
     vocab_size=97,
@@ -28,10 +29,9 @@ TINY = LlamaConfig(
 
 
 @pytest.fixture(scope="module")
-def medusa2_model(tmp_path_factory):
+def medusa2_model(quick_trained, tmp_path_factory):
     """`decoder.train --quick`, then `decoder.train --medusa2 --quick` on it."""
-    base, base_work = tmp_path_factory.mktemp("base"), tmp_path_factory.mktemp("base-work")
-    assert run(train.main, ["--quick", "--out", str(base), "--work", str(base_work)]) == 0
+    base, _ = quick_copy(quick_trained, tmp_path_factory, "base")
     out, work = tmp_path_factory.mktemp("medusa2"), tmp_path_factory.mktemp("medusa2-work")
     args = ["--medusa2", "--quick", "--model", str(base), "--out", str(out), "--work", str(work)]
     assert run(train.main, args) == 0

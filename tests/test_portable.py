@@ -127,6 +127,7 @@ def test_report_measure_sweeps_this_cpu_and_stores_it(other_cpu, tmp_path, monke
     monkeypatch.setattr(
         sweep_runs, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=10, budget_s=0.02)
     )
+    monkeypatch.setattr(sweep_runs, "ceiling_timer", lambda device: TimerConfig(warmup=1, min_reps=3, budget_s=0.2))
     args = ["build", "--gpu", "cpu", "--model", str(folder), "--acceptance", "paper", "--jobs", "1"]
     assert reports_main([*args, "--measure", "--out", str(tmp_path / "first")]) == 0
     assert "no stored measurements" not in capsys.readouterr().out
