@@ -117,14 +117,14 @@ def config_from_args(args) -> SweepConfig:
         dtype,
         grid,
         out,
-        tuple(args.ops),
-        tuple(args.phases),
-        timer,
-        args.timer,
-        not args.no_ceilings,
-        cap,
-        args.threads,
-        not args.no_progress,
+        ops=tuple(args.ops),
+        phases=tuple(args.phases),
+        timer=timer,
+        timer_mode=args.timer,
+        ceilings=not args.no_ceilings,
+        memory_cap_bytes=cap,
+        threads=args.threads,
+        progress=not args.no_progress,
     )
 
 

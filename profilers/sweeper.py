@@ -55,10 +55,10 @@ class SweepConfig:
     timer: TimerConfig = field(default_factory=TimerConfig)
     timer_mode: str = "auto"
     ceilings: bool = True
-    ceiling_timer: TimerConfig = CEILING_TIMER  # the timer of each ceiling measured before the sweep
     memory_cap_bytes: int | None = None
     threads: int | None = None
     progress: bool = True
+    ceiling_timer: TimerConfig = CEILING_TIMER  # the timer of each ceiling measured before the sweep
 
 
 def default_timer(device: str, budget_s: float | None = None, target_noise: float = 0.01) -> TimerConfig:
