@@ -37,8 +37,6 @@ def split_options(options: dict, kinds: tuple[type, ...], who: str) -> list[dict
     known = set().union(*names)
     unknown = sorted(set(options) - known)
     if unknown:
-        raise PerfkitError(
-            f"{who} got unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-            f"it takes: {', '.join(sorted(known))}"
-        )
+        what = "unknown options" if len(unknown) > 1 else "an unknown option"
+        raise PerfkitError(f"{who} got {what} {', '.join(map(repr, unknown))}; it takes: {', '.join(sorted(known))}")
     return [{k: v for k, v in options.items() if k in kind} for kind in names]
