@@ -47,6 +47,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "checkpoint": ("decoder.checkpoint", "check a checkpoint folder's weights and config"),
     "reports": ("reports", "HTML performance reports: build (one device) or compare (several)"),
     "readme-samples": ("reports.readme_samples", "regenerate (or --check) the sample outputs of the README and docs/"),
+    "golden": ("reports.golden", "every documented command's output and files, byte for byte against another commit"),
     "startup-benchmark": ("reports.startup_benchmark", "time the roofline command and a report build, as run"),
 }
 
