@@ -142,11 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     # the deployments resolved once: the plan and the serving search price the same step models
     choices = DeploymentChoices(args.dtype, args.tp, args.latency, args.step, tracer, args.launch)
     deployments = resolve(args.model, devices, choices)
+    workload, targets = settings.workload, settings.targets
     request = PlanRequest(
-        settings.prompt,
-        settings.response,
-        settings.latency_target_s,
-        args.throughput,
+        workload.prompt,
+        workload.response,
+        targets.latency_s,
+        targets.tokens_s,
         args.acceptance_rates,
         args.batch or DEFAULT_BATCHES,
         memory_reserve=args.reserve,
@@ -154,9 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     result = plan_deployments(deployments, request)
     answer = None
-    if settings.serving is not None:
-        workload, targets, engine = settings.serving
-        asked = ServeRequest(args.acceptance_rates, settings.medusa, engine, args.reserve)
+    if settings.simulated:
+        asked = ServeRequest(args.acceptance_rates, settings.medusa, settings.engine, args.reserve)
         answer = serve_deployments(deployments, workload, targets, asked)
     if args.json:
         print(

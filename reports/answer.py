@@ -22,7 +22,6 @@ import pandas as pd
 from perfmodel.cli.workload_options import WorkloadSettings
 from perfmodel.planning.capacity import PlanResult
 from perfmodel.planning.deployment import Deployment
-from perfmodel.planning.lengths import Workload
 from perfmodel.planning.schedule import ScheduleRequest, schedule_deployment
 from perfmodel.planning.schedule_bands import DEFAULT_MAX_BATCH, default_batches
 from perfmodel.planning.schedule_format import ScheduleBand, SpeculationSchedule
@@ -142,17 +141,12 @@ def gather(
     )
 
 
-def workload_of(settings: WorkloadSettings) -> Workload:
-    return Workload(settings.prompt, settings.response, settings.latency_target_s)
-
-
 def step_context(settings: WorkloadSettings) -> int:
     """The average decoding step's context, mean prompt + half the mean response: a trace's
     own lengths where one is given, else --prompt-len and --response-len."""
-    trace = settings.serving is not None and settings.serving[0].trace is not None
-    if not trace:
-        return workload_of(settings).step_context
-    requests = settings.serving[0].sample()
+    if settings.workload.trace is None:
+        return settings.workload.step_context
+    requests = settings.workload.sample()
     return max(1, round(float(np.mean(requests.prompt) + np.mean(requests.output) / 2)))
 
 
@@ -198,10 +192,10 @@ def serving_answer(deployments, acceptance, settings: WorkloadSettings):
     """serve()'s answer for the workload's rate or trace (None without one) over deployments
     (perfmodel.planning.deployment): each one's tensor-parallel degree, or every usable one
     where it has none (tp None)."""
-    if settings.serving is None:
+    if not settings.simulated:
         return None
-    workload, targets, engine = settings.serving
-    return serve_deployments(deployments, workload, targets, ServeRequest(acceptance, settings.medusa, engine))
+    request = ServeRequest(acceptance, settings.medusa, settings.engine)
+    return serve_deployments(deployments, settings.workload, settings.targets, request)
 
 
 # ----------------------------------------------------------------------------- the page

@@ -27,15 +27,15 @@ def served_text(workload) -> str:
 
 def workload_text(settings: WorkloadSettings, context: int) -> str:
     """The workload the answer answers, as the user gave it."""
-    said = [f"prompts {settings.prompt} tokens, responses {settings.response} tokens"]
-    if settings.serving is not None:
-        workload, targets, engine = settings.serving
-        said = [served_text(workload), f"targets: {targets.describe()}", f"{engine.prefill} prefill"]
+    workload, targets = settings.workload, settings.targets
+    said = [f"prompts {workload.prompt} tokens, responses {workload.response} tokens"]
+    if settings.simulated:
+        said = [served_text(workload), f"targets: {targets.describe()}", f"{settings.engine.prefill} prefill"]
         if workload.trace is not None:  # its lengths are the trace's: the capacity plan's are still these
-            said.append(f"capacity plan for prompts {settings.prompt}, responses {settings.response} tokens")
+            said.append(f"capacity plan for prompts {workload.prompt}, responses {workload.response} tokens")
     said[0] += f" (average decoding context {context} tokens)"
-    if settings.latency_target_s is not None:
-        said.append(f"at most {settings.latency_target_s * 1e3:g} ms per token")
+    if targets.latency_s is not None:
+        said.append(f"at most {targets.latency_s * 1e3:g} ms per token")
     return f"Workload: {'; '.join(said)}; Medusa {settings.medusa}."
 
 

@@ -149,13 +149,13 @@ def build(config: BuildConfig, log=print) -> Report:
         choices = DeploymentChoices(dtype, config.tp, config.latency, config.step, tracer)
         (resolved,) = resolve(model, [view], choices)
         serving = None
-        if config.tp is None and config.workload.serving is not None:
+        if config.tp is None and config.workload.simulated:
             serving = serving_answer(resolved, acceptance.choice, config.workload)
         degree = chosen_degree(serving) or config.tp
         request = PlanRequest(
-            config.workload.prompt,
-            config.workload.response,
-            config.workload.latency_target_s,
+            config.workload.workload.prompt,
+            config.workload.workload.response,
+            config.workload.targets.latency_s,
             acceptance=acceptance.choice.model,
             medusa=config.workload.medusa,
         )
@@ -243,9 +243,9 @@ def capacity_plan(model, view: DeviceView, dtype: str, acceptance: ReportAccepta
             model,
             [view],
             dtype=dtype,
-            prompt_len=config.workload.prompt,
-            response_len=config.workload.response,
-            latency_target_s=config.workload.latency_target_s,
+            prompt_len=config.workload.workload.prompt,
+            response_len=config.workload.workload.response,
+            latency_target_s=config.workload.targets.latency_s,
             latency=config.latency,
             acceptance=acceptance.choice.model,
             tensor_parallel=config.tp,

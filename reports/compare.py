@@ -216,7 +216,7 @@ def compare(config: CompareConfig, log=print) -> Comparison:
         compare_answer_section(
             page,
             answers,
-            compare_answer_line(serving, overall(planned_devices, plans[0].workload)),
+            compare_answer_line(serving, overall(planned_devices, plans[0].targets)),
             "Devices side by side for one model. Every number is predicted, except measured ceilings, which come "
             "from profiler sweeps shipped for that device, and closed-loop speedups (M). Step times come from each "
             f"device's latency source (the latency column below): {latency_modes(sources)}.",
@@ -301,9 +301,9 @@ def capacity_summary(plans, unplanned: list[str]) -> str:
 
     header = plans[0].summary().split("\n\n")[0]
     paragraphs = [
-        device_paragraph(row, p.bands[p.bands["device"] == row.device], p.workload)
+        device_paragraph(row, p.bands[p.bands["device"] == row.device], p.targets)
         for p in plans
         for row in p.devices.itertuples()
     ]
     devices = pd.concat([p.devices for p in plans], ignore_index=True)
-    return "\n\n".join([header, *paragraphs, *unplanned, overall(devices, plans[0].workload)])
+    return "\n\n".join([header, *paragraphs, *unplanned, overall(devices, plans[0].targets)])

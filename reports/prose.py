@@ -297,8 +297,8 @@ def input_items(report: Report, config: BuildConfig, validation: pd.DataFrame, a
         f"Acceptance: {acceptance_text}.",
         f"Closed-loop runs: {runs_text}.",
         f"Tree ablation: {', '.join(sorted(set(ablation['file']))) if len(ablation) else 'none'}.",
-        f"Workload for capacity planning: prompts {config.workload.prompt} tokens, responses "
-        f"{config.workload.response} tokens"
+        f"Workload for capacity planning: prompts {config.workload.workload.prompt} tokens, responses "
+        f"{config.workload.workload.response} tokens"
         + (
             f", latency target {target:g} ms/token."
             if (target := latency_target_ms(config.workload))

@@ -9,13 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfmodel.cli.workload_options import WorkloadSettings
+from perfmodel.cli.workload_options import WorkloadOptions, WorkloadSettings
 from perfmodel.latency.source import LatencyModel
 from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
-from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths
 from reports.sources import ReportAcceptance
 
 FLAVORS = (
@@ -28,14 +27,13 @@ FLAVORS = (
 STEP_PHRASES = {"full": "whole-model step", "traced": "traced step (the reference decoder's kernels)"}
 
 
-# What a page answers without workload options: perfmodel.cli.workload_options.workload's defaults.
-DEFAULT_WORKLOAD = WorkloadSettings(
-    Lengths.of(DEFAULT_PROMPT_LEN), Lengths.of(DEFAULT_RESPONSE_LEN), None, "auto", None
-)
+# What a page answers without workload options: their defaults.
+DEFAULT_WORKLOAD = WorkloadOptions().settings()
 
 
 def latency_target_ms(workload: WorkloadSettings) -> float | None:
-    return None if workload.latency_target_s is None else workload.latency_target_s * 1e3
+    latency = workload.targets.latency_s
+    return None if latency is None else latency * 1e3
 
 
 def simulated_flavors(step: str) -> tuple[str, ...]:

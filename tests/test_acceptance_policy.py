@@ -142,14 +142,14 @@ EAGLE_RECORD = Path(__file__).resolve().parents[1] / "docs" / "results" / "data"
 def test_the_medusa_heads_answers_refuse_eagles_acceptance(setting):
     from perfmodel.planning.capacity import plan
     from perfmodel.planning.schedule import speculation_schedule
+    from perfmodel.planning.workload import Workload
     from perfmodel.serving.capacity import serve
-    from perfmodel.serving.workload import ServingWorkload
 
     message = f"acceptance {setting} is of the eagle drafter, not of medusa"
     for call in (
         lambda: plan("llama-7b", "a100", acceptance=setting),
         lambda: speculation_schedule("llama-7b", "a100", acceptance=setting),
-        lambda: serve("llama-7b", ["a100"], ServingWorkload(1.0), acceptance=setting),
+        lambda: serve("llama-7b", ["a100"], Workload(rate=1.0), acceptance=setting),
     ):
         with pytest.raises(PerfkitError, match=message):
             call()

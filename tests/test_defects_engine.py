@@ -22,8 +22,8 @@ from perfmodel.models.operators import FusedAttention, Matmul, op_cost, op_kerne
 from perfmodel.peer.static_batch import COMPONENTS, static_batch
 from perfmodel.planning.capacity import plan
 from perfmodel.planning.lengths import Lengths
+from perfmodel.planning.workload import Targets, Workload
 from perfmodel.serving.capacity import serve
-from perfmodel.serving.workload import ServingWorkload, Targets
 
 # Llama-3.1-70B's shapes (its config.json): 128256-token vocabulary, 80 layers, 64 x 8 heads.
 LLAMA31_70B = ModelConfig("llama-3.1-70b", 8192, 28672, 64, 8, 80, 128256, 128, max_context=131072)
@@ -162,7 +162,7 @@ def test_medusa_off_fits_without_the_heads_weights():
     assert row["fits"] and row["heads_gb"] == 0 and row["max_batch"] >= 1
     with pytest.raises(Exception, match="weights and heads"):
         plan(LLAMA31_70B, ["h100"], prompt_len=1024, response_len=256, tensor_parallel=2, medusa="on")
-    workload = ServingWorkload(rate=0.5, prompt=Lengths(1024, 1024), output=Lengths(256, 256), requests=10)
+    workload = Workload(Lengths(1024, 1024), Lengths(256, 256), rate=0.5, requests=10)
     answer = serve(LLAMA31_70B, ["h100"], workload, Targets(), tensor_parallel=2, medusa="off")
     (option,) = answer.options
     assert option.fits, option.note

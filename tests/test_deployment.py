@@ -7,15 +7,15 @@ import pytest
 
 from perfmodel import DeploymentChoices, PlanRequest, plan, plan_deployments, resolve, speculation_schedule
 from perfmodel.base.errors import PerfkitError
+from perfmodel.planning.workload import Workload
 from perfmodel.serving.capacity import serve
-from perfmodel.serving.workload import ServingWorkload
 
 
 @pytest.mark.parametrize(
     "call, message",
     [
         (lambda: plan("llama-7b", "a100", prompt_lenn=512), "plan() got an unknown option 'prompt_lenn'; it takes: "),
-        (lambda: serve("llama-7b", "a100", ServingWorkload(1.0), tp=2), "serve() got an unknown option 'tp'"),
+        (lambda: serve("llama-7b", "a100", Workload(rate=1.0), tp=2), "serve() got an unknown option 'tp'"),
         (lambda: speculation_schedule("llama-7b", "a100", tp=2), "speculation_schedule() got an unknown option 'tp'"),
     ],
 )

@@ -587,16 +587,16 @@ def served(tmp_path_factory) -> Path:
 
 
 def test_a_rate_gets_the_devices_it_needs_and_their_latencies(served):
+    from perfmodel.planning.workload import Targets, Workload
     from perfmodel.serving.capacity import serve
     from perfmodel.serving.summary import ms
-    from perfmodel.serving.workload import ServingWorkload, Targets
 
     section = answer_of(served)
     assert workload_note(section).startswith("Workload: 4 requests/s, prompts 512 tokens, outputs 256 tokens")
     assert "p90 TPOT <= 40 ms" in workload_note(section)
     capacity = next(p for p in section.paragraphs if p.startswith("Capacity"))
     best = serve(
-        "llama-7b", ["a100"], ServingWorkload(4.0), Targets(tpot_s=0.04), tensor_parallel=2, latency="datasheet"
+        "llama-7b", ["a100"], Workload(rate=4.0), Targets(tpot_s=0.04), tensor_parallel=2, latency="datasheet"
     ).best
     assert capacity.startswith("Capacity at 4 requests/s (predicted by simulating the engine")
     assert f"a100-pcie tp 2, Medusa {best.medusa}: {best.devices} devices" in capacity
@@ -610,13 +610,13 @@ def test_a_rate_gets_the_devices_it_needs_and_their_latencies(served):
 
 
 def test_tp_auto_with_a_rate_builds_the_page_of_the_serving_answers_degree(tmp_path, capsys):
+    from perfmodel.planning.workload import Targets, Workload
     from perfmodel.serving.capacity import serve
-    from perfmodel.serving.workload import ServingWorkload, Targets
 
     args = ["--gpu", "a100", "--model", "llama-7b", "--latency", "datasheet", "--tp", "auto", "--rate", "40"]
     assert main(["build", *args, "--tpot-ms", "30", "--out", str(tmp_path)]) == 0
     best = serve(
-        "llama-7b", ["a100"], ServingWorkload(40.0), Targets(tpot_s=0.03), tensor_parallel=None, latency="datasheet"
+        "llama-7b", ["a100"], Workload(rate=40.0), Targets(tpot_s=0.03), tensor_parallel=None, latency="datasheet"
     ).best
     assert f"--tp auto: {best.tp} device(s) per replica, the serving simulation's choice" in capsys.readouterr().out
     capacity = next(p for p in answer_of(tmp_path).paragraphs if p.startswith("Capacity"))

@@ -16,11 +16,11 @@ from perfmodel.cli import run
 from perfmodel.planning.capacity import plan
 from perfmodel.planning.deployment import DeploymentChoices, resolve
 from perfmodel.planning.lengths import Lengths
+from perfmodel.planning.workload import Targets, Workload
 from perfmodel.serving.capacity import replica, serve
 from perfmodel.serving.simulator import EngineConfig, simulate
-from perfmodel.serving.workload import ServingWorkload, Targets
 
-WORKLOAD = ServingWorkload(20.0, Lengths(512, 900), Lengths(128, 200), requests=300)
+WORKLOAD = Workload(Lengths(512, 900), Lengths(128, 200), rate=20.0, requests=300)
 
 
 @pytest.fixture(scope="module")

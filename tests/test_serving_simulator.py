@@ -12,9 +12,9 @@ from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning.lengths import Lengths
 from perfmodel.planning.step_models import flavor_steps
+from perfmodel.planning.workload import Workload, read_trace
 from perfmodel.serving.costs import CostBounds, tabulate_costs
 from perfmodel.serving.simulator import EngineConfig, simulate
-from perfmodel.serving.workload import ServingWorkload, read_trace
 
 PROMPT, OUTPUT = 256, 256
 
@@ -30,8 +30,8 @@ def costs_at(step, tree: int, max_seqs: int = 64, capacity: int = 10**7):
     return tabulate_costs(step, PAPER_ACCEPTANCE, lambda b, s: np.full(np.shape(b), tree), bounds, "t", tree > 1)
 
 
-def fixed(rate: float, prompt: int = PROMPT, output: int = OUTPUT, requests: int = 200) -> ServingWorkload:
-    return ServingWorkload(rate, Lengths.of(prompt), Lengths.of(output), requests=requests)
+def fixed(rate: float, prompt: int = PROMPT, output: int = OUTPUT, requests: int = 200) -> Workload:
+    return Workload(Lengths.of(prompt), Lengths.of(output), rate, requests=requests)
 
 
 @pytest.mark.parametrize("tree", [1, 16])
@@ -95,13 +95,13 @@ def test_a_trace_is_read_sorted_and_checked(tmp_path):
 
 
 def test_lengths_are_drawn_with_the_asked_mean_and_p95():
-    w = ServingWorkload(1.0, Lengths(1000, 2000), Lengths(256, 256), requests=5000)
+    w = Workload(Lengths(1000, 2000), Lengths(256, 256), 1.0, requests=5000)
     requests = w.sample()
     assert np.mean(requests.prompt) == pytest.approx(1000, rel=0.05)
     assert np.percentile(requests.prompt, 95) == pytest.approx(2000, rel=0.05)
     assert (requests.output == 256).all()
     with pytest.raises(PerfkitError, match="no log-normal has a tail that heavy"):
-        ServingWorkload(1.0, Lengths(100, 1000)).sample()
+        Workload(Lengths(100, 1000), rate=1.0).sample()
 
 
 @pytest.mark.parametrize(
@@ -114,7 +114,7 @@ def test_lengths_are_drawn_with_the_asked_mean_and_p95():
 )
 def test_bad_workloads_are_one_line_errors(kwargs, message):
     with pytest.raises(PerfkitError, match=message):
-        ServingWorkload(**kwargs)
+        Workload(**kwargs)
 
 
 def test_bad_engine_settings_are_one_line_errors():

@@ -1,135 +1,183 @@
-"""The options of a workload, declared once: what a deployment serves and must meet (lengths,
-a request rate or trace, latency targets), the Medusa setting and how the engine schedules,
-and the settings a command reads back from them (WorkloadSettings).
+"""The options of a workload, declared once as the fields of WorkloadOptions (the parser is
+generated from them, perfmodel.cli.fields): what a deployment serves and must meet (lengths, a
+request rate or trace, latency targets), the Medusa setting and how the engine schedules. A
+command reads them back as WorkloadSettings: the one Workload, its Targets and the engine.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.cli.fields import add_options, option, read_options
 from perfmodel.cli.parser import positive_int, positive_number
 from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths
 from perfmodel.planning.medusa_setting import MEDUSA_MODES
+from perfmodel.planning.workload import PERCENTILES, Targets, Workload
 from perfmodel.serving.simulator import DEFAULT_CHUNK_TOKENS, DEFAULT_MAX_SEQS, PREFILL_MODES, EngineConfig
-from perfmodel.serving.workload import PERCENTILES, ServingWorkload, Targets
 
 Target = argparse._ActionsContainer  # a parser or a (mutually exclusive) group of one
 
 
-def workload(target: Target) -> None:
-    """What a deployment serves and must meet: lengths, a request rate or trace, latency
-    targets, the Medusa setting and how the engine schedules (read back by
-    workload_settings)."""
-    for flag, default, what in (
-        ("--prompt-len", DEFAULT_PROMPT_LEN, "prompt"),
-        ("--response-len", DEFAULT_RESPONSE_LEN, "response"),
-    ):
-        target.add_argument(
-            flag,
-            nargs="+",
-            type=positive_number,
-            default=[default],
-            metavar="TOKENS",
-            help=f"{what} tokens: MEAN [P95] (default {default}; the KV cache is sized for the p95)",
-        )
-    target.add_argument(
-        "--latency-ms", type=positive_number, metavar="MS", help="per-token latency target per user, in ms (unloaded)"
-    )
-    target.add_argument(
-        "--rate",
+def lengths_option(flag: str, what: str, default: int) -> dict:
+    return option(
+        flag,
+        f"{what} tokens: MEAN [P95] (default {default}; the KV cache is sized for the p95)",
+        nargs="+",
         type=positive_number,
-        metavar="REQ_S",
-        help="requests per second to serve: runs the serving simulation",
-    )
-    target.add_argument(
-        "--trace",
-        type=Path,
-        metavar="CSV",
-        help="a request trace (arrival_s, prompt_tokens, output_tokens per row) to simulate instead of Poisson "
-        "arrivals; --rate rescales its arrivals",
-    )
-    target.add_argument("--ttft-ms", type=positive_number, metavar="MS", help="time-to-first-token target, in ms")
-    target.add_argument("--tpot-ms", type=positive_number, metavar="MS", help="time-per-output-token target, in ms")
-    target.add_argument(
-        "--percentile",
-        type=int,
-        choices=PERCENTILES,
-        default=90,
-        help="the percentile of requests the TTFT and TPOT targets hold for (default %(default)s)",
-    )
-    medusa(target)
-    target.add_argument(
-        "--prefill",
-        choices=PREFILL_MODES,
-        default="separate",
-        help="how the simulated engine prefills: separate iterations (vLLM v0, TGI) or chunked into decoding "
-        "iterations up to --chunk-tokens (vLLM v1, SGLang) (default %(default)s)",
-    )
-    target.add_argument(
-        "--chunk-tokens",
-        type=positive_int,
-        default=DEFAULT_CHUNK_TOKENS,
         metavar="TOKENS",
-        help="tokens per iteration with --prefill chunked, the step's own tokens included (default %(default)s)",
     )
-    target.add_argument(
-        "--max-seqs",
-        type=positive_int,
+
+
+MEDUSA = option(
+    "--medusa",
+    "; ".join(f"{name} = {meaning}" for name, meaning in MEDUSA_MODES.items()) + " (default auto)",
+    choices=tuple(MEDUSA_MODES),
+)
+
+
+@dataclass(frozen=True)
+class MedusaOptions:
+    """The Medusa setting alone, for a command that takes no workload (the schedule)."""
+
+    medusa: str = field(default="auto", metadata=MEDUSA)
+
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    """What workload options a command line gave, as parsed (read back by settings())."""
+
+    prompt_len: tuple[float, ...] = field(
+        default=(DEFAULT_PROMPT_LEN,), metadata=lengths_option("--prompt-len", "prompt", DEFAULT_PROMPT_LEN)
+    )
+    response_len: tuple[float, ...] = field(
+        default=(DEFAULT_RESPONSE_LEN,), metadata=lengths_option("--response-len", "response", DEFAULT_RESPONSE_LEN)
+    )
+    latency_ms: float | None = field(
+        default=None,
+        metadata=option(
+            "--latency-ms", "per-token latency target per user, in ms (unloaded)", type=positive_number, metavar="MS"
+        ),
+    )
+    rate: float | None = field(
+        default=None,
+        metadata=option(
+            "--rate", "requests per second to serve: runs the serving simulation", type=positive_number, metavar="REQ_S"
+        ),
+    )
+    trace: Path | None = field(
+        default=None,
+        metadata=option(
+            "--trace",
+            "a request trace (arrival_s, prompt_tokens, output_tokens per row) to simulate instead of Poisson "
+            "arrivals; --rate rescales its arrivals",
+            type=Path,
+            metavar="CSV",
+        ),
+    )
+    ttft_ms: float | None = field(
+        default=None,
+        metadata=option("--ttft-ms", "time-to-first-token target, in ms", type=positive_number, metavar="MS"),
+    )
+    tpot_ms: float | None = field(
+        default=None,
+        metadata=option("--tpot-ms", "time-per-output-token target, in ms", type=positive_number, metavar="MS"),
+    )
+    percentile: int = field(
+        default=90,
+        metadata=option(
+            "--percentile",
+            "the percentile of requests the TTFT and TPOT targets hold for (default %(default)s)",
+            type=int,
+            choices=PERCENTILES,
+        ),
+    )
+    medusa: str = field(default="auto", metadata=MEDUSA)
+    prefill: str = field(
+        default="separate",
+        metadata=option(
+            "--prefill",
+            "how the simulated engine prefills: separate iterations (vLLM v0, TGI) or chunked into decoding "
+            "iterations up to --chunk-tokens (vLLM v1, SGLang) (default %(default)s)",
+            choices=PREFILL_MODES,
+        ),
+    )
+    chunk_tokens: int = field(
+        default=DEFAULT_CHUNK_TOKENS,
+        metadata=option(
+            "--chunk-tokens",
+            "tokens per iteration with --prefill chunked, the step's own tokens included (default %(default)s)",
+            type=positive_int,
+            metavar="TOKENS",
+        ),
+    )
+    max_seqs: int = field(
         default=DEFAULT_MAX_SEQS,
-        metavar="N",
-        help="the simulated engine's cap on running sequences, as vLLM's max_num_seqs (default %(default)s; the KV "
-        "cache may hold fewer)",
+        metadata=option(
+            "--max-seqs",
+            "the simulated engine's cap on running sequences, as vLLM's max_num_seqs (default %(default)s; the KV "
+            "cache may hold fewer)",
+            type=positive_int,
+            metavar="N",
+        ),
     )
+
+    def settings(self, throughput: float | None = None) -> WorkloadSettings:
+        """The workload, targets (`throughput`: output tokens/s in all, where the command takes
+        it) and engine these options give; bad values are one-line errors."""
+        workload = Workload(
+            lengths_arg(self.prompt_len, "--prompt-len"),
+            lengths_arg(self.response_len, "--response-len"),
+            self.rate,
+            self.trace,
+        )
+        targets = Targets(
+            seconds(self.ttft_ms), seconds(self.tpot_ms), self.percentile, throughput, seconds(self.latency_ms)
+        )
+        if targets.simulated and not workload.arrivals and throughput is None:
+            raise PerfkitError("--ttft-ms and --tpot-ms need a load to hold at: give --rate, --trace or --throughput")
+        engine = EngineConfig(self.prefill, self.chunk_tokens, self.max_seqs)
+        return WorkloadSettings(workload, targets, engine, self.medusa)
 
 
 @dataclass(frozen=True)
 class WorkloadSettings:
-    """What workload() declared, read back: the lengths and per-token target of a capacity
-    plan, and, where a rate, trace or TTFT/TPOT target is given, the serving simulation's
-    workload, targets and engine (serving None otherwise)."""
+    """What a command's workload options say: the workload, its targets, how the simulated
+    engine schedules, and the Medusa setting."""
 
-    prompt: object
-    response: object
-    latency_target_s: float | None
+    workload: Workload
+    targets: Targets
+    engine: EngineConfig
     medusa: str
-    serving: tuple[ServingWorkload, Targets, EngineConfig] | None
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the serving simulation is asked for: a rate, a trace or a TTFT/TPOT target."""
+        return self.workload.arrivals or self.targets.simulated
 
 
-def lengths_arg(values: list[float], flag: str):
+def seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1e3
+
+
+def lengths_arg(values, flag: str) -> Lengths:
     """--prompt-len / --response-len: MEAN or MEAN P95."""
     if len(values) > 2:
         raise PerfkitError(f"{flag} takes a mean and optionally a p95, got {len(values)} values")
     return Lengths.of(values[0] if len(values) == 1 else tuple(values), flag)
 
 
-def workload_settings(args, throughput: float | None = None) -> WorkloadSettings:
-    prompt = lengths_arg(args.prompt_len, "--prompt-len")
-    response = lengths_arg(args.response_len, "--response-len")
-    latency = None if args.latency_ms is None else args.latency_ms / 1e3
-    serving = None
-    if args.rate is not None or args.trace is not None or args.ttft_ms is not None or args.tpot_ms is not None:
-        if args.rate is None and args.trace is None and throughput is None:
-            raise PerfkitError("--ttft-ms and --tpot-ms need a load to hold at: give --rate, --trace or --throughput")
-        serving = (
-            ServingWorkload(args.rate, prompt, response, args.trace),
-            Targets(
-                None if args.ttft_ms is None else args.ttft_ms / 1e3,
-                None if args.tpot_ms is None else args.tpot_ms / 1e3,
-                args.percentile,
-                throughput,
-            ),
-            EngineConfig(args.prefill, args.chunk_tokens, args.max_seqs),
-        )
-    return WorkloadSettings(prompt, response, latency, args.medusa, serving)
+def workload(target: Target) -> None:
+    """Add the workload options (WorkloadOptions' fields) to a parser or group."""
+    add_options(target, WorkloadOptions)
+
+
+def workload_settings(args: argparse.Namespace, throughput: float | None = None) -> WorkloadSettings:
+    """The workload options of a parse, as settings (see WorkloadOptions.settings)."""
+    return read_options(WorkloadOptions, args).settings(throughput)
 
 
 def medusa(target: Target) -> None:
-    target.add_argument(
-        "--medusa",
-        choices=tuple(MEDUSA_MODES),
-        default="auto",
-        help="; ".join(f"{name} = {meaning}" for name, meaning in MEDUSA_MODES.items()) + " (default auto)",
-    )
+    add_options(target, MedusaOptions)

@@ -61,11 +61,12 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.device_plan import Setting, plan_device, plan_device_auto_tp
-from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths, Workload
+from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths
 from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.memory import DEFAULT_RESERVE
 from perfmodel.planning.result import DEVICE_COLUMNS, PlanResult
 from perfmodel.planning.simulations import CANDIDATE_SIZES
+from perfmodel.planning.workload import Targets, Workload
 
 # batches=None plans every power of two up to the device's max batch, and that batch.
 DEFAULT_BATCHES = None
@@ -98,12 +99,15 @@ class PlanRequest:
 
     @property
     def workload(self) -> Workload:
-        return Workload(
-            Lengths.of(self.prompt_len, "prompt_len"),
-            Lengths.of(self.response_len, "response_len"),
-            self.latency_target_s,
-            self.throughput_target,
-        )
+        return Workload(Lengths.of(self.prompt_len, "prompt_len"), Lengths.of(self.response_len, "response_len"))
+
+    @property
+    def targets(self) -> Targets:
+        for name in ("latency_target_s", "throughput_target"):
+            value = getattr(self, name)
+            if value is not None and (not is_real(value) or value <= 0):
+                raise PerfkitError(f"{name} must be a positive number, got {value!r}")
+        return Targets(latency_s=self.latency_target_s, tokens_s=self.throughput_target)
 
 
 def plan(model: str | Path | ModelConfig, devices, **options) -> PlanResult:
@@ -132,7 +136,7 @@ def plan_deployments(deployments, request: PlanRequest | None = None) -> PlanRes
     model = deployments[0].model
     if any(d.model != model for d in deployments):
         raise PerfkitError("plan_deployments plans one model: its deployments name several")
-    workload = request.workload
+    workload, targets = request.workload, request.targets
     memory_reserve = request.memory_reserve
     if not is_real(memory_reserve, finite=False) or not 0 <= memory_reserve < 1:
         raise PerfkitError(f"memory_reserve must be a fraction in [0, 1), got {memory_reserve!r}")
@@ -144,7 +148,7 @@ def plan_deployments(deployments, request: PlanRequest | None = None) -> PlanRes
     accept = tabulated(acceptance, sizes)
     rows, bands, configs = [], [], []
     for deployment in deployments:
-        setting = Setting(deployment, workload, accept, batches, sizes, memory_reserve, medusa)
+        setting = Setting(deployment, workload, targets, accept, batches, sizes, memory_reserve, medusa)
         row, device_bands, device_configs = (
             plan_device(setting, deployment.tp) if deployment.tp else plan_device_auto_tp(setting)
         )
@@ -164,7 +168,9 @@ def plan_deployments(deployments, request: PlanRequest | None = None) -> PlanRes
     bands_df, configs_df = (
         pd.concat([t for t in tables if t is not None], ignore_index=True) for tables in (bands, configs)
     )
-    return PlanResult(model, dtype, workload, describe_acceptance(acceptance), devices_df, bands_df, configs_df)
+    return PlanResult(
+        model, dtype, workload, targets, describe_acceptance(acceptance), devices_df, bands_df, configs_df
+    )
 
 
 class DoesNotFit(PerfkitError):

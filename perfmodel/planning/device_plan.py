@@ -18,11 +18,11 @@ from perfmodel.latency.tensor_parallel import usable_degrees
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.deployment import Deployment
-from perfmodel.planning.lengths import Workload
 from perfmodel.planning.medusa_setting import MedusaSetting
 from perfmodel.planning.memory import GB, MemoryFit, memory_fit
 from perfmodel.planning.result import BAND_COLUMNS
 from perfmodel.planning.simulations import pick_best, speedup_table
+from perfmodel.planning.workload import Targets, Workload
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class Setting:
 
     deployment: Deployment
     workload: Workload
+    targets: Targets
     accept: object
     batches: np.ndarray | None
     sizes: np.ndarray
@@ -191,7 +192,8 @@ def plan_device(setting: Setting, tp: int):
     band["tree"] = np.where(band["speculate"], band["tree_size"].astype(str), "none")
     band["per_token_ms"] = band["per_token_s"] * 1e3
     band["user_tokens_s"] = 1 / band["per_token_s"]
-    band["meets_latency"] = True if w.latency_target_s is None else band["per_token_s"] <= w.latency_target_s
+    target = setting.targets
+    band["meets_latency"] = True if target.latency_s is None else band["per_token_s"] <= target.latency_s
     band = band[BAND_COLUMNS]
 
     ok = band[band["meets_latency"]]
@@ -201,12 +203,12 @@ def plan_device(setting: Setting, tp: int):
         tree = f"tree of {fastest['tree']}" if fastest["speculate"] else "no tree"
         row.update(NO_RECOMMENDATION)
         row["note"] = (
-            f"no batch meets {w.latency_target_s * 1e3:g} ms per token: the fastest is {fastest['per_token_ms']:.1f} "
+            f"no batch meets {target.latency_s * 1e3:g} ms per token: the fastest is {fastest['per_token_ms']:.1f} "
             f"ms/token at batch {fastest['batch']} ({tree})."
         )
         return row, band, table
     pick = ok.loc[ok["total_tokens_s"].idxmax()]
-    replicas = 1 if w.throughput_target is None else math.ceil(w.throughput_target / pick["total_tokens_s"])
+    replicas = 1 if target.tokens_s is None else math.ceil(target.tokens_s / pick["total_tokens_s"])
     row.update(
         batch=int(pick["batch"]),
         tree=pick["tree"],

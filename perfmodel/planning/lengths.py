@@ -1,6 +1,5 @@
-"""What a deployment must serve: prompt and response length distributions, and the latency
-and throughput targets. The capacity plan (perfmodel.planning.capacity) sizes memory for the p95
-lengths and times steps at the mean context."""
+"""A length distribution in tokens (prompts, responses): its mean for latency and its p95 for
+memory. The workload (perfmodel.planning.workload) holds one for prompts and one for responses."""
 
 from __future__ import annotations
 
@@ -56,29 +55,3 @@ class Lengths:
 
     def __str__(self) -> str:
         return f"{self.mean:g}" if self.mean == self.p95 else f"mean {self.mean:g}, p95 {self.p95}"
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the deployment must serve: lengths, and the latency and throughput targets."""
-
-    prompt: Lengths
-    response: Lengths
-    latency_target_s: float | None = None  # per output token, per user
-    throughput_target: float | None = None  # output tokens/s, all users together
-
-    def __post_init__(self) -> None:
-        for name in ("latency_target_s", "throughput_target"):
-            value = getattr(self, name)
-            if value is not None and (not is_real(value) or value <= 0):
-                raise PerfkitError(f"{name} must be a positive number, got {value!r}")
-
-    @property
-    def kv_tokens(self) -> int:
-        """Tokens each sequence keeps in the KV cache: p95 prompt + p95 response."""
-        return self.prompt.p95 + self.response.p95
-
-    @property
-    def step_context(self) -> int:
-        """Context of the average decoding step: mean prompt + half the mean response."""
-        return max(1, round(self.prompt.mean + self.response.mean / 2))

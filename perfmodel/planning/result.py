@@ -14,8 +14,8 @@ import pandas as pd
 
 from perfmodel.base.units import bytes_text
 from perfmodel.models.config import ModelConfig
-from perfmodel.planning.lengths import Workload
 from perfmodel.planning.memory import GB
+from perfmodel.planning.workload import Targets, Workload
 
 # The columns of the plan's tables: devices, bands (and what a reader is shown of them).
 DEVICE_COLUMNS = [
@@ -88,6 +88,7 @@ class PlanResult:
     model: ModelConfig
     dtype: str
     workload: Workload
+    targets: Targets
     acceptance: str
     devices: pd.DataFrame = field(repr=False)
     bands: pd.DataFrame = field(repr=False)
@@ -109,15 +110,15 @@ class PlanResult:
 
     def to_json(self) -> str:
         """The inputs, one record per device and the bands, as JSON (NaN and NA as null)."""
-        w = self.workload
+        w, t = self.workload, self.targets
         return json.dumps(
             {
                 "model": self.model.name,
                 "dtype": self.dtype,
                 "prompt_tokens": {"mean": w.prompt.mean, "p95": w.prompt.p95},
                 "response_tokens": {"mean": w.response.mean, "p95": w.response.p95},
-                "latency_target_s": w.latency_target_s,
-                "throughput_target": w.throughput_target,
+                "latency_target_s": t.latency_s,
+                "throughput_target": t.tokens_s,
                 "acceptance": self.acceptance,
                 "source": "predicted",
                 "devices": [json_ready(dataclasses.asdict(r)) for r in self.recommendations],
@@ -176,7 +177,7 @@ def json_ready(record: dict) -> dict:
 def plan_summary(result: PlanResult) -> str:
     """The inputs in a sentence, the acceptance, the targets, a paragraph per device and the
     overall answer."""
-    w = result.workload
+    w, t = result.workload, result.targets
     lines = [
         f"{result.model.name} ({result.dtype}): prompts {w.prompt} tokens, responses {w.response}; KV cache sized "
         f"for {w.kv_tokens:,} tokens "
@@ -184,17 +185,17 @@ def plan_summary(result: PlanResult) -> str:
         f"Acceptance: {result.acceptance}.",
     ]
     targets = []
-    if w.latency_target_s is not None:
-        targets.append(f"<= {w.latency_target_s * 1e3:g} ms per token per user")
-    if w.throughput_target is not None:
-        targets.append(f"{w.throughput_target:,.0f} tokens/s in all")
+    if t.latency_s is not None:
+        targets.append(f"<= {t.latency_s * 1e3:g} ms per token per user")
+    if t.tokens_s is not None:
+        targets.append(f"{t.tokens_s:,.0f} tokens/s in all")
     if targets:
         lines.append("Target: " + " and ".join(targets) + ".")
     paragraphs = [
-        device_paragraph(row, result.bands[result.bands["device"] == row.device], w)
+        device_paragraph(row, result.bands[result.bands["device"] == row.device], t)
         for row in result.devices.itertuples()
     ]
-    return "\n".join(lines) + "\n\n" + "\n\n".join([*paragraphs, overall(result.devices, w)])
+    return "\n".join(lines) + "\n\n" + "\n\n".join([*paragraphs, overall(result.devices, t)])
 
 
 def tree_bands(bands: pd.DataFrame) -> str:
@@ -219,7 +220,7 @@ def none_run(first: int, last: int) -> str:
     return f"{batches}: none (plain decoding is faster)"
 
 
-def device_paragraph(row, bands: pd.DataFrame, w: Workload) -> str:
+def device_paragraph(row, bands: pd.DataFrame, t: Targets) -> str:
     tp = f" x{row.tensor_parallel} (tensor parallel)" if row.tensor_parallel > 1 else ""
     head = f"{row.name} ({row.device}){tp}: "
     if not row.fits:
@@ -236,25 +237,23 @@ def device_paragraph(row, bands: pd.DataFrame, w: Workload) -> str:
         f"Recommended: batch {row.batch:,}, {tree}: {row.per_token_ms:.1f} ms/token, "
         f"{row.user_tokens_s:,.0f} tokens/s per user, {row.total_tokens_s:,.0f} tokens/s in all"
     )
-    if w.throughput_target is not None:
-        text += f"; {row.devices_needed:,} device(s) for {w.throughput_target:,.0f} tokens/s"
+    if t.tokens_s is not None:
+        text += f"; {row.devices_needed:,} device(s) for {t.tokens_s:,.0f} tokens/s"
     return text + "."
 
 
-def overall(devices: pd.DataFrame, w: Workload) -> str:
+def overall(devices: pd.DataFrame, t: Targets) -> str:
     fits = devices[devices["fits"]]
     ok = fits[fits["meets_latency"]]
     if ok.empty:
         fastest = fits.loc[fits["best_ms"].idxmin()]
         return (
-            f"No device meets {w.latency_target_s * 1e3:g} ms per token: the fastest is {fastest['device']} at "
+            f"No device meets {t.latency_s * 1e3:g} ms per token: the fastest is {fastest['device']} at "
             f"{fastest['best_ms']:.1f} ms/token; relax the target, shorten the context or use a faster device."
         )
-    if w.throughput_target is not None:
+    if t.tokens_s is not None:
         best = ok.loc[ok["devices_needed"].idxmin()]
-        return (
-            f"Fewest devices for {w.throughput_target:,.0f} tokens/s: {int(best['devices_needed'])} x {best['device']}."
-        )
+        return f"Fewest devices for {t.tokens_s:,.0f} tokens/s: {int(best['devices_needed'])} x {best['device']}."
     best = ok.loc[ok["total_tokens_s"].idxmax()]
     return (
         f"Most tokens/s per replica: {best['device']} ({best['total_tokens_s']:,.0f} tokens/s at batch "

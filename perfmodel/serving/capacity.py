@@ -31,9 +31,9 @@ from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.memory import memory_fit
 from perfmodel.planning.schedule import ScheduleRequest, build_schedule, view_evidence
 from perfmodel.planning.schedule_format import SpeculationSchedule
+from perfmodel.planning.workload import Requests, Targets, Workload
 from perfmodel.serving.costs import CostBounds, ServingCosts, tabulate_costs
 from perfmodel.serving.simulator import EngineConfig, ServingRun, simulate
-from perfmodel.serving.workload import Requests, ServingWorkload, Targets
 
 NAN = float("nan")  # a latency or rate a configuration that serves nothing has not
 # The rate search stops when the feasible and infeasible rates are this close (relative).
@@ -136,7 +136,7 @@ class ServingAnswer:
             {
                 "model": self.model,
                 "workload": self.workload,
-                "targets": asdict(self.targets),
+                "targets": self.targets.serving(),
                 "engine": asdict(self.engine),
                 "acceptance": self.acceptance,
                 "target_rate": self.target_rate,
@@ -174,7 +174,7 @@ def replica(
     deployment: Deployment,
     medusa: str,
     acceptance: AcceptanceChoice,
-    workload: ServingWorkload,
+    workload: Workload,
     reserve: float = 0.1,
     max_seqs: int = 256,
 ) -> Replica:
@@ -183,7 +183,7 @@ def replica(
     holds (at most max_seqs) and every context up to the longest request's, and the prefill."""
     model, view, dtype, tp, step = deployment.model, deployment.view, deployment.dtype, deployment.tp, deployment.step
     medusa = check_medusa(medusa)
-    kv_tokens = workload.prompt.p95 + workload.output.p95
+    kv_tokens = workload.kv_tokens
     fit = memory_fit(
         model, view.spec, dtype, tp, kv_tokens, reserve, heads=medusa != MedusaSetting.OFF and model.medusa_heads > 0
     )
@@ -196,8 +196,8 @@ def replica(
         )
         return Replica(view, tp, dtype, medusa, None, None, note)
     steps = deployment.steps([step, StepFlavor.FULL])
-    seqs = int(min(max_seqs, capacity // max(1, round(workload.prompt.mean + workload.output.mean))))
-    max_context = int(workload.prompt.p95 + workload.output.p95) * 2
+    seqs = int(min(max_seqs, capacity // max(1, round(workload.prompt.mean + workload.response.mean))))
+    max_context = int(workload.kv_tokens) * 2
     request = ScheduleRequest(acceptance, half_octaves(max(seqs, 1)), medusa=medusa)
     schedule = build_schedule(steps[step], request, deployment, view_evidence(view, steps[step]))
     bounds = CostBounds(max(seqs, 1), max_context, capacity, max(band.tree_size for band in schedule.bands))
@@ -269,7 +269,7 @@ class ServeRequest:
     reserve: float = 0.1
 
 
-def serve(model: str | ModelConfig, devices, workload: ServingWorkload, targets: Targets | None = None, **options):
+def serve(model: str | ModelConfig, devices, workload: Workload, targets: Targets | None = None, **options):
     """Search every device x tensor-parallel degree (the one given, or each usable degree of
     1, 2, 4, 8) x Medusa setting (off, and `medusa` unless it is off) for the capacity within
     `targets` of the workload's requests (see the module docstring); a ServingAnswer.
@@ -290,7 +290,7 @@ def serve(model: str | ModelConfig, devices, workload: ServingWorkload, targets:
 
 
 def serve_deployments(
-    deployments, workload: ServingWorkload, targets: Targets | None = None, request: ServeRequest | None = None
+    deployments, workload: Workload, targets: Targets | None = None, request: ServeRequest | None = None
 ) -> ServingAnswer:
     """serve() over resolved deployments of one model (perfmodel.planning.deployment.resolve);
     a deployment's tp None searches every usable degree."""

@@ -30,8 +30,8 @@ import pandas as pd
 
 from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
+from perfmodel.planning.workload import Requests
 from perfmodel.serving.costs import ServingCosts
-from perfmodel.serving.workload import Requests
 
 PREFILL_MODES = ("separate", "chunked")
 DEFAULT_CHUNK_TOKENS = 2048

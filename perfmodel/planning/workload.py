@@ -1,6 +1,10 @@
-"""What a serving deployment is asked to carry and to meet: requests (a rate with length
-distributions, or a trace of arrivals and lengths) and service-level targets (time to first
-token and time per output token at a percentile, a throughput)."""
+"""What a deployment is asked to carry and to meet, one type each for every planner: the
+workload (prompt and response length distributions, and for the serving simulation a request
+rate or a trace of arrivals and lengths) and the targets (a per-token latency per user for the
+unloaded capacity plan; time to first token and time per output token at a percentile for the
+serving simulation; a throughput for both). The capacity plan (perfmodel.planning.capacity)
+sizes memory for the p95 lengths and times steps at the mean context; the serving search
+(perfmodel.serving.capacity) simulates the requests the workload samples."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import pandas as pd
 
 from perfmodel.base.checks import is_count, is_real
 from perfmodel.base.errors import PerfkitError
-from perfmodel.planning.lengths import Lengths
+from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths
 
 # How many requests one simulation serves unless told: enough that the middle 80% (the
 # steady state the percentiles are taken over) holds several hundred requests, few enough
@@ -53,27 +57,40 @@ def check_resolvable(rate: float, requests: int) -> None:
 
 @dataclass(frozen=True)
 class Targets:
-    """Service-level targets: time to first token and time per output token (seconds), each
-    met by `percentile` percent of requests, and output tokens/s in all. None: no target."""
+    """What a deployment must meet (None: no target). ttft_s, tpot_s: time to first token and
+    time per output token (seconds), each met by `percentile` percent of the serving
+    simulation's requests; tokens_s: output tokens/s in all; latency_s: the unloaded capacity
+    plan's per-token latency per user (seconds)."""
 
     ttft_s: float | None = None
     tpot_s: float | None = None
     percentile: int = 90
     tokens_s: float | None = None
+    latency_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("ttft_s", "tpot_s", "tokens_s"):
+        for name in ("ttft_s", "tpot_s", "tokens_s", "latency_s"):
             positive(getattr(self, name), name)
         if self.percentile not in PERCENTILES:
             raise PerfkitError(
                 f"percentile {self.percentile!r} is not offered; choose one of: {', '.join(map(str, PERCENTILES))}"
             )
 
+    @property
+    def simulated(self) -> bool:
+        """Whether a target needs the serving simulation (a TTFT or TPOT percentile)."""
+        return self.ttft_s is not None or self.tpot_s is not None
+
     def met(self, ttft_s: float, tpot_s: float) -> bool:
         """Whether latencies at the target percentile meet the targets set."""
         return (self.ttft_s is None or ttft_s <= self.ttft_s) and (self.tpot_s is None or tpot_s <= self.tpot_s)
 
+    def serving(self) -> dict:
+        """The targets the serving simulation holds to, by name (the unloaded latency_s aside)."""
+        return {name: getattr(self, name) for name in ("ttft_s", "tpot_s", "percentile", "tokens_s")}
+
     def describe(self) -> str:
+        """The serving simulation's targets in words."""
         parts = []
         if self.ttft_s is not None:
             parts.append(f"p{self.percentile} TTFT <= {self.ttft_s * 1e3:g} ms")
@@ -110,24 +127,44 @@ class Requests:
 
 
 @dataclass(frozen=True)
-class ServingWorkload:
-    """Requests arriving as a Poisson process at `rate` per second with prompt and output
-    lengths drawn from log-normal distributions of the given mean and p95 (a fixed length
-    where the two are equal), or the arrivals and lengths of a trace file."""
+class Workload:
+    """What a deployment serves: prompt and response lengths (a mean and a p95 each). For the
+    serving simulation, requests arrive as a Poisson process at `rate` per second with lengths
+    drawn from log-normal distributions of that mean and p95 (a fixed length where the two are
+    equal), or as a trace file's arrivals and lengths (`rate` rescales them); `requests` and
+    `seed` size and fix the sample."""
 
+    prompt: Lengths = Lengths(DEFAULT_PROMPT_LEN, DEFAULT_PROMPT_LEN)
+    response: Lengths = Lengths(DEFAULT_RESPONSE_LEN, DEFAULT_RESPONSE_LEN)
     rate: float | None = None
-    prompt: Lengths = Lengths(512, 512)
-    output: Lengths = Lengths(256, 256)
     trace: Path | None = None
     requests: int = DEFAULT_REQUESTS
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("prompt", "response"):
+            if not isinstance(getattr(self, name), Lengths):
+                raise PerfkitError(f"{name} must be a Lengths (Lengths.of(...) reads a count, pair or samples)")
         positive(self.rate, "request rate")
         if not is_count(self.requests, 10):
             raise PerfkitError(f"requests must be an integer >= 10 (a simulation's sample), got {self.requests!r}")
         if self.rate is not None:
             check_resolvable(self.rate, self.requests)
+
+    @property
+    def arrivals(self) -> bool:
+        """Whether requests arrive (a rate or a trace): what the serving simulation needs."""
+        return self.rate is not None or self.trace is not None
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens each sequence keeps in the KV cache: p95 prompt + p95 response."""
+        return self.prompt.p95 + self.response.p95
+
+    @property
+    def step_context(self) -> int:
+        """Context of the average decoding step: mean prompt + half the mean response."""
+        return max(1, round(self.prompt.mean + self.response.mean / 2))
 
     def sample(self, rate: float | None = None) -> Requests:
         """The requests of one simulation: the trace's (at `rate` where given), else drawn at
@@ -141,14 +178,16 @@ class ServingWorkload:
         gaps = rng.exponential(1.0, self.requests)
         arrivals = np.cumsum(gaps) - gaps[0]
         prompt = draw_lengths(self.prompt, self.requests, rng)
-        output = draw_lengths(self.output, self.requests, rng)
-        origin = f"{self.requests} Poisson arrivals at {rate:g}/s, prompts {self.prompt}, outputs {self.output}"
+        output = draw_lengths(self.response, self.requests, rng)
+        origin = f"{self.requests} Poisson arrivals at {rate:g}/s, prompts {self.prompt}, outputs {self.response}"
         return Requests(arrivals / rate, prompt, output, origin)
 
     def describe(self) -> str:
+        if not self.arrivals:
+            return f"prompts {self.prompt} tokens, responses {self.response} tokens"
         if self.trace is not None:
             return f"trace {self.trace}" + (f" at {self.rate:g} requests/s" if self.rate else "")
-        return f"{self.rate:g} requests/s, prompts {self.prompt} tokens, outputs {self.output} tokens"
+        return f"{self.rate:g} requests/s, prompts {self.prompt} tokens, outputs {self.response} tokens"
 
 
 def lognormal_sigma(lengths: Lengths) -> float:

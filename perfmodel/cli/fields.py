@@ -1,0 +1,53 @@
+"""Command-line options declared as dataclass fields, and the parser generated from them.
+
+An options dataclass declares each option once, as a field: its name is the attribute the
+command reads, its default the option's, and `option(...)` in its metadata the flag, its help
+and what argparse needs to parse it (type, nargs, choices, metavar). `add_options(parser, Cls)`
+adds them all; `read_options(Cls, args)` gives the dataclass back from what was parsed. A
+command is then a dataclass of its options plus a function of it (as vidur's
+config/flat_dataclass.py does for its configs). A help text may say %(default)s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, TypeVar
+
+Options = TypeVar("Options")
+CLI = "cli"  # the metadata key of an option's declaration
+
+
+def option(flag: str, help: str, **parse: Any) -> dict:
+    """A field's metadata declaring it as `flag`: its help and how argparse parses it
+    (type=, nargs=, choices=, metavar=, action=)."""
+    return {CLI: {"flag": flag, "help": help, **parse}}
+
+
+def declared(cls) -> list[dataclasses.Field]:
+    """The fields of `cls` that are options, in declaration order."""
+    return [f for f in dataclasses.fields(cls) if CLI in f.metadata]
+
+
+def default_of(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def add_options(target: argparse._ActionsContainer, cls) -> None:
+    """Add every option `cls` declares to a parser or group, under the field's name."""
+    for f in declared(cls):
+        spec = dict(f.metadata[CLI])
+        flag = spec.pop("flag")
+        default = default_of(f)
+        if spec.get("nargs") in ("+", "*") and isinstance(default, tuple):
+            default = list(default)  # what argparse itself gives for a repeated value
+        target.add_argument(flag, dest=f.name, default=default, **spec)
+
+
+def read_options(cls: type[Options], args: argparse.Namespace) -> Options:
+    """The options dataclass from a parse of a parser add_options() built."""
+    return cls(**{f.name: getattr(args, f.name) for f in declared(cls)})
