@@ -172,7 +172,7 @@ def build(config: BuildConfig, log=print) -> Report:
             config = replace(config, out=writable_dir(default_folder(view, model, config.dtype), "report folder"))
         # The device is resolved here, once: its latency source and the step it prices go to the
         # sections and their sentences with the report, which never resolve it again.
-        latency = deployment.step_model(StepFlavor.FULL).shard_step.latency
+        latency = deployment.step_model(StepFlavor.FULL).shard.latency
         step = whole_step(view, model, dtype, tp, latency, config.step, tracer)
         report = Report(view, model, dtype, acceptance, latency, step, tp)
         where = f"{model.name} on {view.spec.name}{f' x{tp} (tensor parallel)' if tp > 1 else ''} ({dtype})"

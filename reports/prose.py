@@ -137,7 +137,7 @@ def closed_loop_facts(report: Report, sims: pd.DataFrame, validation: pd.DataFra
         f"{span(sizes, '{}')} tokens ran at {span(measured, unit='x')} plain decoding; {outcome}."
     ]
     step = report.step
-    latency = step.shard_step.latency
+    latency = step.shard.latency
     context = int(sims.loc[sims["simulation"] == "a", "seq_len"].iloc[0])  # the headline predictions' context
 
     def predicted_at(at_context: int | None) -> pd.Series:

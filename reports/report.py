@@ -80,7 +80,7 @@ class Report:
     @property
     def flavor(self) -> str:
         """The whole step's flavour (full or traced): the simulations' rows the page recommends from."""
-        return self.step.shard_step.flavor
+        return self.step.shard.flavor
 
     @property
     def step_phrase(self) -> str:

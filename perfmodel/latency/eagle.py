@@ -55,6 +55,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.allreduce import tp_comm_time_per_step
 from perfmodel.latency.logits_gather import gather_time
 from perfmodel.latency.step import LatencySource, StepFlavor, StepOp, check_flavor, distinct_points, layer_ops
+from perfmodel.latency.step_cost import DraftsThenVerifies
 from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.models.config import ModelConfig
 
@@ -229,7 +230,7 @@ def draft_points(model: ModelConfig, flavor: str, shape, batch, seq_len, candida
 
 
 @dataclass(frozen=True)
-class EagleStep:
+class EagleStep(DraftsThenVerifies):
     """Step latency with EAGLE drafting: its draft passes plus the verification step
     (module doc). Speaks StepModel's step_time, so speedup_table prices it as it prices a
     Medusa step. verify: the step model verifying the tree (with_heads=False), its
@@ -250,9 +251,10 @@ class EagleStep:
     def __post_init__(self) -> None:
         check_flavor(self.flavor)
 
-    @property
-    def label(self) -> str:
-        return getattr(self.verify, "label", None) or self.latency.label
+    def prefill_time(self, batch, prompt_len, medusa: bool = False) -> np.ndarray:
+        """The target's prefill (the drafter's one layer over the prompt is left out: under
+        a 32-layer target's thirty-second)."""
+        return self.verify.prefill_time(batch, prompt_len, medusa)
 
     def pass_times(self, batch, seq_len, candidates, depth=None) -> list[np.ndarray]:
         """Seconds of each draft pass at the points given (broadcast arrays; 0 where a tree has

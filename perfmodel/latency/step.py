@@ -34,6 +34,7 @@ import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.fusion import UNFUSED, Fusion, stack_fusion
+from perfmodel.latency.step_cost import PricedBySource
 from perfmodel.models.config import ModelConfig
 
 
@@ -186,7 +187,7 @@ def op_points(
 
 
 @dataclass(frozen=True)
-class StepModel:
+class StepModel(PricedBySource):
     """Step latency of a model from a latency source, for plain and Medusa steps
     (with_heads=False: tree steps verifying a tree another drafter drafted, step_inventory)."""
 
@@ -197,6 +198,14 @@ class StepModel:
 
     def __post_init__(self) -> None:
         check_flavor(self.flavor)
+
+    @property
+    def label(self) -> str:
+        """The latency source's label, and what the step runs fused where it fuses anything."""
+        fusion = self.fusion
+        if fusion == UNFUSED:
+            return self.latency.label
+        return f"{self.latency.label}; the step as the engine runs it: {fusion.describe()}"
 
     @property
     def fusion(self) -> Fusion:

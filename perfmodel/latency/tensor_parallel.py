@@ -23,7 +23,6 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.latency.allreduce import all_reduce_source, tp_comm_time_per_step
 from perfmodel.latency.allreduce_tables import engine_all_reduce_stack
-from perfmodel.latency.fusion import UNFUSED
 from perfmodel.latency.logits_gather import gather_source, gather_time
 from perfmodel.latency.source import view_latency
 from perfmodel.latency.step import StepFlavor, StepModel
@@ -63,7 +62,7 @@ class TensorParallelStep:
         (one layer) has no LM head."""
         if self.shard_step.flavor == StepFlavor.PAPER:
             return np.zeros(np.broadcast(batch, tokens_per_seq).shape)
-        heads = self.shard_step.model.medusa_heads if getattr(self.shard_step, "with_heads", True) else 0
+        heads = self.shard_step.model.medusa_heads if self.shard_step.with_heads else 0
         b = np.asarray(batch)
         return b * np.asarray(tokens_per_seq) + np.where(medusa, b * heads, 0)
 
@@ -84,11 +83,20 @@ class TensorParallelStep:
         return shard + self.comm_time(batch, prompt_len) + self.gather_time(batch, 1, medusa)
 
     @property
+    def model(self) -> ModelConfig:
+        return self.shard_step.model
+
+    @property
+    def shard(self) -> StepModel:
+        return self.shard_step
+
+    @property
+    def evidence(self) -> str:
+        return self.shard_step.evidence
+
+    @property
     def label(self) -> str:
-        compute = self.shard_step.latency.label
-        fusion = getattr(self.shard_step, "fusion", UNFUSED)
-        if fusion != UNFUSED:
-            compute += f"; the step as the engine runs it: {fusion.describe()}"
+        compute = self.shard_step.label
         if self.tp == 1:
             return compute
         return (

@@ -59,6 +59,8 @@ from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.latency.kinds import HOST_ONLY_KINDS, KINDS, TRACE_KINDS
 from perfmodel.latency.pipeline import HOST_KINDS, HostCosts, price_pipeline
 from perfmodel.latency.roofline import kernel_time
+from perfmodel.latency.step import StepFlavor, StepModel
+from perfmodel.latency.step_cost import PricedBySource
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.operators import FusedAttention, Matmul
 
@@ -269,7 +271,7 @@ def kind_shares(priced: pd.DataFrame) -> pd.DataFrame:
 
 
 @dataclass
-class TracedStep:
+class TracedStep(PricedBySource):
     """Step latency of a model from traces of its steps, priced by a latency source.
 
     Speaks StepModel's interface (step_time, overhead), so the speedup commands take it as
@@ -302,6 +304,15 @@ class TracedStep:
     @property
     def launch(self) -> LaunchCost:
         return launch_costs(self.latency)
+
+    @property
+    def label(self) -> str:
+        return self.latency.label
+
+    def prefill_time(self, batch, prompt_len, medusa: bool = False) -> np.ndarray:
+        """A prefill is not traced: the reference decoder's prefill runs its step's inventory
+        over the prompt (StepModel's reference flavour), priced by the same latency source."""
+        return StepModel(self.model, self.latency, StepFlavor.REFERENCE).prefill_time(batch, prompt_len, medusa)
 
     @property
     def launch_label(self) -> str:

@@ -50,7 +50,7 @@ def static_batch(step, batch: int, prompt_len: int, response_len: int) -> Static
     contexts = prompt_len + np.arange(1, response_len)
     batches = np.full(contexts.shape, batch)
     parts = dict.fromkeys(COMPONENTS, 0.0)
-    for name, seconds in step.shard_step.op_times(batches, contexts, 1).items():
+    for name, seconds in step.shard.op_times(batches, contexts, 1).items():
         parts[component(name)] += float(np.mean(seconds))
     parts["communication"] = float(np.mean(step.comm_time(batches, 1) + step.gather_time(batches, 1, False)))
     tpot = float(np.mean(step.step_time(batches, contexts, 1)))

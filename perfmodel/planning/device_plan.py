@@ -170,7 +170,7 @@ def plan_device(setting: Setting, tp: int):
         ["batch", "tree_size"], ignore_index=True
     )
     table.insert(0, "device", spec.key)
-    regime = f" ({step.shard_step.launch_label})" if deployment.launch is not None else ""
+    regime = f" ({step.shard.launch_label})" if deployment.launch is not None else ""
     row["latency_model"] = (
         step.label if deployment.step is StepFlavor.FULL else f"{deployment.step} step{regime}: {step.label}"
     )

@@ -27,6 +27,7 @@ from perfmodel.acceptance.rates import AcceptanceChoice, draft_model_tokens, dra
 from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.eagle import EAGLE2_SHAPE, DraftShape, eagle_step, without_heads
+from perfmodel.latency.step_cost import DraftsThenVerifies
 
 DRAFTERS = tuple(DrafterKind)
 DRAFTER_NAMES = {DrafterKind.MEDUSA: "Medusa", DrafterKind.EAGLE: "EAGLE", DrafterKind.DRAFT: "draft model"}
@@ -46,7 +47,7 @@ DRAFT_SIZES = (1, *(g + 1 for g in DRAFT_GAMMAS))
 
 
 @dataclass(frozen=True)
-class DraftModelStep:
+class DraftModelStep(DraftsThenVerifies):
     """A draft-model step (module doc): the target verifying n = gamma + 1 tokens (`verify`,
     a step without heads) plus gamma draft steps of cost_ratio x its plain step."""
 
@@ -54,8 +55,12 @@ class DraftModelStep:
     cost_ratio: float
 
     @property
-    def label(self) -> str:
-        return self.verify.label
+    def model(self):
+        return self.verify.model
+
+    def prefill_time(self, batch, prompt_len, medusa: bool = False) -> np.ndarray:
+        """The target's prefill, and the draft model's over the same prompt at cost_ratio of it."""
+        return (1 + self.cost_ratio) * np.asarray(self.verify.prefill_time(batch, prompt_len, False), dtype=float)
 
     def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
         plain = np.asarray(self.verify.step_time(batch, seq_len, 1), dtype=float)

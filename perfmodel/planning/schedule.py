@@ -56,11 +56,9 @@ import pandas as pd
 
 from perfmodel.base.checks import split_options
 from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
-from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.eagle import DraftShape
 from perfmodel.latency.source import LatencyMode
 from perfmodel.models.config import ModelConfig
-from perfmodel.models.operators import LINEAR_OPS
 from perfmodel.planning.capacity import positive_ints
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.drafters import (
@@ -85,22 +83,10 @@ from perfmodel.planning.schedule_trees import TreeBook, tree_book
 from perfmodel.planning.simulations import CANDIDATE_SIZES, speedup_table
 
 
-def step_evidence(step) -> str:
-    """What a step model's times rest on: its latency source's mode, where `measured` holds
-    only if every linear op of the (shard) model was measured, else `calibrated`."""
-    latency = getattr(getattr(step, "shard_step", step), "latency", None)
-    mode = getattr(latency, "mode", None)
-    if mode is None:
-        return "unknown"
-    if mode == LatencyMode.MEASURED and any(latency.linear_kind(op) != LatencyMode.MEASURED for op in LINEAR_OPS):
-        return LatencyMode.CALIBRATED
-    return mode
-
-
 def view_evidence(view, step) -> str:
-    """step_evidence, where a CPU's roofline says `ceilings`: it has no datasheet, its
-    roofline is its own measured ceilings."""
-    evidence = step_evidence(step)
+    """The step's evidence (StepCost.evidence), where a CPU's roofline says `ceilings`: it has
+    no datasheet, its roofline is its own measured ceilings."""
+    evidence = step.evidence
     return "ceilings" if view.is_cpu and evidence == LatencyMode.DATASHEET else evidence
 
 
@@ -212,13 +198,11 @@ def build_schedule(
     """The schedule of one step model (a deployment's, perfmodel.planning.step_models.flavor_steps:
     the shard and its all-reduces) for `request`. deployment: the model (its name and heads),
     device, dtype and degree the schedule names (None: the step's model, no device, degree 1).
-    evidence: what the step times rest on (default step_evidence(step))."""
+    evidence: what the step times rest on (default the step's own, StepCost.evidence)."""
     request = request or ScheduleRequest()
     medusa, family = check_medusa(request.medusa), check_family(request.family)
     drafter = check_drafter(request.drafter)
-    model = deployment.model if deployment else getattr(getattr(step, "shard_step", step), "model", None)
-    if model is None:
-        raise PerfkitError("build_schedule needs the model (its heads and name): pass its deployment")
+    model = deployment.model if deployment else step.model
     batches, contexts = request.batches, request.contexts
     batches = default_batches() if batches is None else positive_ints(batches, "batches")
     contexts = default_contexts(model.max_context) if contexts is None else positive_ints(contexts, "contexts")
@@ -241,14 +225,14 @@ def build_schedule(
     gains = best["speedup"].to_numpy().reshape(shape)
     if model.max_context and contexts.max() > model.max_context:
         notes.append(f"contexts beyond {model.name}'s {model.max_context}-token context are priced as if it ran there")
-    bands = merge_bands(chosen, gains, batches, contexts, drafted, evidence or step_evidence(step))
+    bands = merge_bands(chosen, gains, batches, contexts, drafted, evidence or step.evidence)
     return SpeculationSchedule(
         device=deployment.device if deployment else "",
         model=model.name,
         tp=int(deployment.tp) if deployment else 1,
         dtype=deployment.dtype if deployment else "",
         acceptance=acceptance_label(drafters),
-        latency=getattr(step, "label", ""),
+        latency=step.label,
         medusa=medusa,
         bands=tuple(bands),
         medusa_heads=model.medusa_heads,

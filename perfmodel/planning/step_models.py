@@ -81,7 +81,7 @@ def flavor_steps(
     )
     if StepFlavor.TRACED in flavors:
         full = priced[StepFlavor.FULL]
-        own = decoder_latency(view, full.shard_step.model, dtype, latency)
-        traced = TracedStep(full.shard_step.model, own, dtype, tracer, regime=launch)
+        own = decoder_latency(view, full.model, dtype, latency)
+        traced = TracedStep(full.model, own, dtype, tracer, regime=launch)
         priced["traced"] = TensorParallelStep(traced, tp, full.all_reduce, dtype, full.gather)
     return {f: priced[f] for f in flavors}

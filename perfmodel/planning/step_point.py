@@ -39,15 +39,10 @@ POINT_COLUMNS = (
 )
 
 
-def _shard(step):
-    """The step model under a tensor-parallel wrapper (or the step itself)."""
-    return getattr(step, "shard_step", step)
-
-
 def kernels_launched(step, batch: int, context: int, candidates: int) -> int:
     """Kernels one step launches: the trace's rows, or the inventory's op counts (one kernel
     per op call, the paper and full steps' own accounting)."""
-    inner = _shard(step)
+    inner = step.shard
     if isinstance(inner, TracedStep):
         return len(kernel_rows(inner.priced(batch, context, candidates)))
     return sum(item.count for item in step_inventory(inner.model, inner.flavor, candidates > 1))
@@ -57,7 +52,7 @@ def launch_columns(step) -> dict:
     """How a traced step launches its kernels (eager, cuda graph) and the per-kernel costs it
     charged, in microseconds (graph_node_us only in graph mode); empty for the paper and full
     steps, whose per-kernel overhead is the latency source's (its label says so)."""
-    inner = _shard(step)
+    inner = step.shard
     if not isinstance(inner, TracedStep):
         return {"launch": "", "kernel_launch_us": np.nan, "graph_node_us": np.nan}
     launch = inner.launch
@@ -98,7 +93,7 @@ def step_point(steps: dict, batch: int, context: int, tree_size: int, accelerati
                 "speedup": acceleration / overhead,
                 "plain_kernels": kernels_launched(step, batch, context, 1),
                 "medusa_kernels": kernels_launched(step, batch, context, tree_size),
-                "latency_model": step.label if hasattr(step, "label") else _shard(step).latency.label,
+                "latency_model": step.label,
                 **launch_columns(step),
                 "source": "predicted",
             }
@@ -117,7 +112,7 @@ def point_lines(steps: dict, rows: pd.DataFrame) -> list[str]:
             f"{r.medusa_step_ms:.3f} ms ({r.medusa_kernels} kernels): overhead {r.overhead:.3f}, speedup "
             f"{r.speedup:.2f}x at acceleration {r.acceleration:g}"
         )
-        inner = _shard(steps[r.step])
+        inner = steps[r.step].shard
         if isinstance(inner, TracedStep):
             lines.append(f"    launch: {inner.launch_label}")
             for name, candidates in (("plain", 1), ("Medusa", r.tree_size)):

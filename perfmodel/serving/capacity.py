@@ -23,6 +23,7 @@ from perfmodel.acceptance.rates import AcceptanceChoice, medusa_acceptance
 from perfmodel.base.checks import split_options
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.step import StepFlavor
+from perfmodel.latency.step_cost import StepCost
 from perfmodel.latency.tensor_parallel import usable_degrees
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
@@ -213,8 +214,24 @@ class ComposedStep:
     """Decoding priced by the chosen step flavour, prefill by the full step (a traced step
     has no prefill of its own; both use one latency source)."""
 
-    decode: object
-    prefill: object
+    decode: StepCost
+    prefill: StepCost
+
+    @property
+    def model(self):
+        return self.decode.model
+
+    @property
+    def shard(self) -> StepCost:
+        return self.decode.shard
+
+    @property
+    def label(self) -> str:
+        return self.decode.label
+
+    @property
+    def evidence(self) -> str:
+        return self.decode.evidence
 
     def step_time(self, batch, seq_len, candidates=1):
         return self.decode.step_time(batch, seq_len, candidates)
