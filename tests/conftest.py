@@ -42,6 +42,25 @@ def pytest_cmdline_main(config):
     config.option.numprocesses = "auto"  # xdist's own rule: one worker per physical core
 
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def pytest_configure(config):
+    """Each xdist worker's share of the cores for torch's and numpy's threads, set before the
+    workers start (they and their subprocesses inherit it): two workers of two threads each on
+    two cores wait on each other (the distilled decoder's fixture took 48 s so, 3 s with one
+    thread each). A count the user set is kept; tests that time with every thread set their own
+    (profilers.sweep_runs)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    workers = config.getoption("numprocesses", None)
+    cores = os.cpu_count() or 1
+    workers = cores if workers in ("auto", "logical") else int(workers or 0)
+    if workers > 1:
+        for name in THREAD_VARIABLES:
+            os.environ.setdefault(name, str(max(1, cores // workers)))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_measurements_home(tmp_path_factory):
     """Module fixtures set up before any per-test home: they never reach the user's cache."""
@@ -57,9 +76,12 @@ def own_measurements_home(session_measurements_home, tmp_path_factory, monkeypat
 
 
 @pytest.fixture(scope="session")
-def decoder():
-    """The self-distilled small decoder (tests/distilled.py), trained once per session."""
-    return distilled_decoder()
+def decoder(tmp_path_factory):
+    """The self-distilled small decoder (tests/distilled.py), trained once per test run: the
+    first xdist worker to ask trains it, the others read its weights."""
+    root = run_folder(tmp_path_factory)
+    with FileLock(str(root / "distilled.lock")):
+        return distilled_decoder(root / "distilled.pt")
 
 
 @pytest.fixture

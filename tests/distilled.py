@@ -4,6 +4,8 @@ test session (conftest's `decoder` fixture) for every test that decodes with it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from decoder.checkpoint import Checkpoint
@@ -23,7 +25,16 @@ CONFIG = LlamaConfig(
 PROMPTS = [[1, 2, 3, 4, 5, 6], [7, 8], [9, 10, 11, 12, 13, 14, 15, 3, 4, 5], [5]]
 
 
-def distilled_decoder() -> Decoder:
+def distilled_decoder(saved: Path | None = None) -> Decoder:
+    """The distilled decoder; with `saved`, its weights are read from that file where it
+    exists (another xdist worker of the run trained them), else trained and written there."""
+    if saved is not None and saved.exists():
+        weights = torch.load(saved, weights_only=True)
+        model = Transformer(CONFIG).eval()
+        model.load_state_dict(weights["model"])
+        heads = MedusaHeads(32, 48, 4, lm_head=model.lm_head.weight.data)
+        heads.load_state_dict(weights["heads"])
+        return Decoder(Checkpoint(None, CONFIG, model, heads.eval(), None, None, {}))
     torch.manual_seed(0)
     model = Transformer(CONFIG).eval()
     heads = MedusaHeads(32, 48, 4, lm_head=model.lm_head.weight.data)
@@ -38,4 +49,6 @@ def distilled_decoder() -> Decoder:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    if saved is not None:
+        torch.save({"model": model.state_dict(), "heads": heads.state_dict()}, saved)
     return Decoder(Checkpoint(None, CONFIG, model, heads.eval(), None, None, {}))

@@ -61,6 +61,8 @@ def test_measure_writes_every_figure(quick_model, tmp_path):
         "1",
         "3",
         "9",
+        "--tree",
+        "default",  # --tree auto, the default here, is test_tree_auto_runs_the_models_choice...'s
         "--out",
         str(report_file),
     ]
@@ -80,7 +82,8 @@ def test_measure_writes_every_figure(quick_model, tmp_path):
 
 def test_measure_other_schemes_and_the_dynamic_tree(quick_model, tmp_path):
     out, _ = quick_model
-    for extra in (["--acceptance", "typical"], ["--acceptance", "rejection"], ["--dynamic", "6"]):
+    schemes = (["--acceptance", "typical", "--tree", "default"], ["--acceptance", "rejection", "--tree", "default"])
+    for extra in (*schemes, ["--dynamic", "6"]):
         report_file = tmp_path / "r.json"
         assert (
             run(
@@ -110,7 +113,9 @@ def test_measure_other_schemes_and_the_dynamic_tree(quick_model, tmp_path):
 
 def test_generate_streams_text(quick_model, capsys):
     out, _ = quick_model
-    assert run(generate.main, ["--model", str(out), "--prompt", "def main(", "--max-new-tokens", "12"]) == 0
+    # the checkpoint's own tree: --tree auto's calibration is the next test's
+    args = ["--model", str(out), "--prompt", "def main(", "--max-new-tokens", "12", "--tree", "default"]
+    assert run(generate.main, args) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith("def main(") and len(captured.out) > len("def main(\n")
     assert "tokens in" in captured.err and "per step" in captured.err
@@ -156,6 +161,7 @@ def test_tree_auto_runs_the_models_choice_and_keeps_its_calibration(quick_model,
     monkeypatch.setattr(step_profile, "MONOTONE_SLACK", 1.0)
     monkeypatch.setattr(step_profile, "ROUND_SPREAD", float("inf"))
     monkeypatch.setattr(step_profile, "costly_trees", lambda step_s: None)
+    monkeypatch.setattr(auto_tree, "CALIBRATION_SIZES", (1, 2, 4, 8))  # the keeping under test, not the sizes
     args = ["--model", str(out), "--prompts", "4", "--batch", "2", "--new-tokens", "16", "--prompt-len", "16"]
     args += ["--sizes", "1", "3", "--tree", "auto"]
     assert run(measure.main, [*args, "--out", str(tmp_path / "first.json")]) == 0
@@ -173,8 +179,9 @@ def test_tree_auto_runs_the_models_choice_and_keeps_its_calibration(quick_model,
     assert second["auto"]["predicted"] == predicted
 
 
-def test_generate_says_which_tree_auto_chose(quick_model, capsys):
+def test_generate_says_which_tree_auto_chose(quick_model, capsys, monkeypatch):
     out, _ = quick_model
+    monkeypatch.setattr(auto_tree, "CALIBRATION_SIZES", (1, 2, 4))  # the choice said, not its quality
     assert run(generate.main, ["--model", str(out), "--prompt", "def main(", "--max-new-tokens", "8"]) == 0
     err = capsys.readouterr().err
     assert "--tree auto: " in err and ("decoding plainly" in err or "predicted" in err)

@@ -229,7 +229,7 @@ def test_the_capacity_line_says_where_the_measurement_found_no_tree_paid():
             )
         ]
     )
-    planned = PlanResult(load_model("bundled"), "fp32", None, "", devices, pd.DataFrame(), pd.DataFrame())
+    planned = PlanResult(load_model("bundled"), "fp32", None, None, "", devices, pd.DataFrame(), pd.DataFrame())
     line = capacity_fact(planned, {1: False})
     assert "a tree of 2" in line and "no tree paid at batch 1, and at batch 4096 nothing was measured" in line
 
