@@ -17,6 +17,7 @@ import pandas as pd
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.outputs import writable_dir, writable_file
+from perfmodel.base.provenance import Provenance
 from perfmodel.cli import Parser, batch_size, options, positive_int, run, token_count
 from perfmodel.latency.attention_table import write_measured_attention
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             write_measured_attention(folder, view.spec.key, model, dtype, getattr(args.latency, "stack", None))
             for model in ([] if view.is_cpu else models)
         ]
-    measured = sum((t["source"] == "measured").sum() for t in tables)
+    measured = sum((t["source"] == Provenance.MEASURED).sum() for t in tables)
     print(f"{view.spec.name} ({view.spec.key}), {dtype}: {len(figures)} figures in {out}/")
     print(f"  latency: {'; '.join(dict.fromkeys(table['latency_model'].dropna()))}")
     if view.sources:

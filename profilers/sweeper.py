@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from perfmodel.base.errors import PerfkitError
@@ -34,7 +35,18 @@ from profilers.timer import (
 GRIDS = {"paper": PAPER_GRID, "quick": QUICK_GRID}
 # fine: linear ops also at perfmodel.models.grid.fine_token_grid's token counts; coarse: the grid only.
 TOKEN_GRIDS = ("fine", "coarse")
-TIMER_MODES = ("auto", "events", "graph")
+
+
+class TimerMode(StrEnum):
+    """How a GPU op is timed: CUDA events, replays of a CUDA graph, or auto (events, and a
+    graph where an op runs too short for events to resolve). A str: configs write its name."""
+
+    AUTO = "auto"
+    EVENTS = "events"
+    GRAPH = "graph"
+
+
+TIMER_MODES = tuple(TimerMode)
 # Below this, one kernel is short enough for launch overhead to matter: use a CUDA graph.
 GRAPH_BELOW_S = 50e-6
 # An event-timed median this many times its roofline floor (bytes at the measured bandwidth,
@@ -53,7 +65,7 @@ class SweepConfig:
     ops: tuple[str, ...] = DEFAULT_OPS
     phases: tuple[str, ...] = PHASES
     timer: TimerConfig = field(default_factory=TimerConfig)
-    timer_mode: str = "auto"
+    timer_mode: str = TimerMode.AUTO
     ceilings: bool = True
     memory_cap_bytes: int | None = None
     threads: int | None = None
@@ -159,10 +171,11 @@ class Sweeper:
             if self.info.kind == "cpu":
                 return time_wall(calls[0], cfg.timer, self.flush), ""
             timing = None
-            if cfg.timer_mode in ("auto", "events"):
+            if cfg.timer_mode in (TimerMode.AUTO, TimerMode.EVENTS):
                 timing = time_cuda_events(calls[0], cfg.timer, self.flush)
-            if cfg.timer_mode == "graph" or (
-                cfg.timer_mode == "auto" and retime_in_graph(timing.median_s, floor_seconds(bench, self.ceilings))
+            if cfg.timer_mode == TimerMode.GRAPH or (
+                cfg.timer_mode == TimerMode.AUTO
+                and retime_in_graph(timing.median_s, floor_seconds(bench, self.ceilings))
             ):
                 # Enough operand copies to overflow L2, so back-to-back replays read cold data.
                 copies = min(MAX_GRAPH_COPIES, max(1, math.ceil(2 * self.info.cache_bytes / bench.operand_bytes())))

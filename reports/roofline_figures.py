@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullLocator
 
+from perfmodel.base.provenance import Provenance
 from perfmodel.latency.roofline_table import Ceiling
 from reports.figure_layout import fit_bottom, legend_below, suptitle
 from reports.plotting import PLAIN, level_colors, subplots
@@ -65,7 +66,7 @@ def sources_title(title: str, sources) -> str:
         "Predicted and measured"
         if {"predicted", "measured"} <= sources
         else "Measured"
-        if "measured" in sources
+        if Provenance.MEASURED in sources
         else "Predicted"
     )
     return f"{words}: {title}"
@@ -112,7 +113,7 @@ def scatter(ax, points: pd.DataFrame, color_by: str, colors: dict, sizes: dict) 
     that overlapping rings stay rings, measured filled on top. `points`: collapsed
     (collapse_sequence_lengths)."""
     for (op, source), group in points.groupby(["op", "source"], sort=False):
-        measured = source == "measured"
+        measured = source == Provenance.MEASURED
         level_colors = [colors[v] for v in group[color_by]]
         ax.scatter(
             group["intensity"],
@@ -197,9 +198,9 @@ def _level_handles(color_by: str, colors: dict) -> list:
 
 def _source_handles(sources) -> list:
     out = []
-    if "predicted" in set(sources):
+    if Provenance.PREDICTED in set(sources):
         out.append(Line2D([], [], ls="", marker="o", mfc="none", mec="black", label="predicted (hollow)"))
-    if "measured" in set(sources):
+    if Provenance.MEASURED in set(sources):
         out.append(Line2D([], [], ls="", marker="o", mfc="gray", mec="black", label="measured (filled)"))
     return out
 
@@ -286,7 +287,7 @@ def variation_figure(
         for source, sub in points[points["op"] == op].groupby("source"):
             for level, line in sub.groupby(line_by):
                 line = line.sort_values("candidates")
-                measured = source == "measured"
+                measured = source == Provenance.MEASURED
                 right.plot(
                     line["candidates"],
                     line["tflops"],
@@ -311,7 +312,7 @@ def variation_figure(
         )
         for i, op in enumerate(ops)
     ]
-    if "measured" in set(points["source"]):
+    if Provenance.MEASURED in set(points["source"]):
         handles += [
             Line2D([], [], color="gray", marker="o", mfc="none", label="predicted (hollow markers)"),
             Line2D([], [], color="gray", marker="o", ms=4, lw=0.8, label="measured (filled markers)"),

@@ -80,3 +80,41 @@ def test_a_report_resolves_its_deployment_once_and_its_answer_looks_nothing_up(m
     assert not gather, f"the answer looked up {dict(gather)}: it takes the build's deployment"
     # the model and the device once (reports.build.load_inputs), the view handed to resolve()
     assert build["load_model"] == 1 and build["resolve_view"] == 1 and build["resolve_devices"] == 1
+
+
+# The names of the typed modes (launch regime, step flavour, latency mode and stack choice,
+# drafter, Medusa setting, phase, tree family and kind, timer mode, a row's provenance).
+MODE_NAMES = {
+    *("eager", "static", "graph", "compiled", "full", "traced", "paper", "reference", "medusa", "eagle", "draft"),
+    *("best", "all", "auto", "on", "off", "measured", "predicted", "calibrated", "grid", "borrowed", "datasheet"),
+    *("prefill", "decode", "tree", "chain", "plain", "dynamic", "events"),
+}
+# Where text from a command line becomes a mode: parsers, and the decoder's commands reading
+# --tree (a tree name or auto); the plots' "best" is a column's name.
+PARSING_EDGE = (
+    "perfmodel/cli/",
+    "decoder/measure.py",
+    "decoder/generate.py",
+    "perfmodel/planning/engine_exports.py",
+    "reports/plotting.py",
+)
+
+
+def test_modes_are_compared_as_members_outside_the_parsing_edge():
+    found = []
+    for path in sources(*LAYERS):
+        name = str(path.relative_to(ROOT))
+        if name.startswith(PARSING_EDGE):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            if not any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+                continue
+            texts = []
+            for side in (node.left, *node.comparators):
+                elements = side.elts if isinstance(side, (ast.Tuple, ast.Set, ast.List)) else [side]
+                texts += [e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            if MODE_NAMES & set(texts):
+                found.append(f"{name}:{node.lineno} {ast.unparse(node)[:80]}")
+    assert not found, f"modes compared as text (compare the enum's members): {found}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 
@@ -225,15 +226,23 @@ def max_nodes(heads: int, topk: int) -> int:
     return sum(topk**d for d in range(1, heads + 1))
 
 
+class TreeFormat(StrEnum):
+    """The tree formats export_tree writes, by the engine that reads them."""
+
+    REFERENCE = "reference"
+    TENSORRT_LLM = "tensorrt-llm"
+    VLLM = "vllm"
+
+
 def export_tree(tree: Tree, engine: str):
     """The tree in an engine's format: `reference` (Medusa's list of tuples),
     `tensorrt-llm` (medusa_choices, a list of lists) or `vllm` (speculative_token_tree,
     a list of tuples), as Python data; json.dumps() or str() it for a config file."""
-    if engine in ("reference", "vllm"):
+    if engine in (TreeFormat.REFERENCE, TreeFormat.VLLM):
         return [tuple(p) for p in tree.paths]
-    if engine == "tensorrt-llm":
+    if engine == TreeFormat.TENSORRT_LLM:
         return [list(p) for p in tree.paths]
-    raise PerfkitError(f"unknown engine {engine!r}; choose one of: reference, tensorrt-llm, vllm")
+    raise PerfkitError(f"unknown engine {engine!r}; choose one of: {', '.join(TreeFormat)}")
 
 
 def load_tree(text_or_file: str | Path) -> Tree:

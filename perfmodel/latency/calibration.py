@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.provenance import Provenance
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.latency.fit import ROWS_BOUNDS, fit_roofline_params
@@ -33,7 +34,7 @@ def usable_rows(rows: pd.DataFrame, model: str | None = None, dtype: str | None 
     """Measured rows with a time, of one model and dtype when given."""
     if rows is None or not len(rows):
         raise PerfkitError("no measured rows to calibrate from")
-    keep = (rows["source"] == "measured") & rows["time_s"].notna() & (rows["time_s"] > 0)
+    keep = (rows["source"] == Provenance.MEASURED) & rows["time_s"].notna() & (rows["time_s"] > 0)
     for column, value in (("model", model), ("dtype", dtype)):
         if value is not None:
             keep &= rows[column] == value

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.provenance import Provenance
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec, resolve_spec
 from perfmodel.latency.fit import GEMM_BOUNDS, fit_key, fit_roofline_params, remembered_fit
@@ -210,7 +211,7 @@ def profile_rows(device_key: str) -> tuple[pd.DataFrame | None, str]:
     if not paths:
         return None, ""
     rows = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
-    rows = rows[(rows["source"] == "measured") & rows["time_s"].notna()]
+    rows = rows[(rows["source"] == Provenance.MEASURED) & rows["time_s"].notna()]
     return rows, f"{len(paths)} imported profile(s): {', '.join(p.stem for p in paths)}"
 
 

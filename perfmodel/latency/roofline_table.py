@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from perfmodel.base.provenance import Provenance
 from perfmodel.hardware import specs as hardware
 from perfmodel.hardware.ceilings import gemv_bandwidth_gb_s
 from perfmodel.hardware.specs import HardwareSpec
@@ -113,7 +114,7 @@ def matching_measurements(
     if measured is None:
         return pd.DataFrame(columns=COLUMNS)
     rows = measured[
-        (measured["source"] == "measured") & (measured["model"] == model.name) & (measured["dtype"] == dtype)
+        (measured["source"] == Provenance.MEASURED) & (measured["model"] == model.name) & (measured["dtype"] == dtype)
     ]
     return rows[rows["device"] == spec.key] if spec.key in set(rows["device"]) else rows
 

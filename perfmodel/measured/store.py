@@ -15,6 +15,7 @@ import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.paths import TOOLKIT_ROOT
+from perfmodel.base.provenance import Provenance
 from perfmodel.hardware.specs import load_all_specs, name_index, normalize_name
 from perfmodel.measured.contract import KEY_COLUMNS, plural, read_rows, warn
 
@@ -72,7 +73,7 @@ def measured_rows(path: str | Path, device: str | None = None, log=warn) -> pd.D
     df, unread = read_rows(path)
     if "status" in df.columns:
         df = df[df["status"].fillna("ok") == "ok"]
-    df = df[df["source"] == "measured"]
+    df = df[df["source"] == Provenance.MEASURED]
     if device is not None:
         check_device(df, device, path)
     df, dropped = valid_values(df, path)

@@ -11,6 +11,7 @@ from perfmodel.base.outputs import write_csv
 from perfmodel.measured.contract import write_table
 from profilers.closed_loop.config import TARGET_ERROR
 from profilers.closed_loop.predict import DECODER_PHASE_OPS
+from profilers.closed_loop.tree_kind import TreeKind
 
 
 def phase_table(phases: pd.DataFrame) -> pd.DataFrame:
@@ -28,8 +29,8 @@ def dynamic_against_static(table: pd.DataFrame) -> pd.DataFrame:
     """Per node count: the dynamic tree's measured and predicted speedup over the static
     tree's, and what building it costs per step."""
     key = ["batch", "tree_size"]
-    static = table[table["tree_kind"] == "static"].set_index(key)
-    dynamic = table[table["tree_kind"] == "dynamic"].set_index(key)
+    static = table[table["tree_kind"] == TreeKind.STATIC].set_index(key)
+    dynamic = table[table["tree_kind"] == TreeKind.DYNAMIC].set_index(key)
     out = pd.DataFrame(
         {
             "measured_dynamic_over_static": dynamic["measured_speedup"] / static["measured_speedup"],
@@ -96,7 +97,7 @@ def print_batch(table: pd.DataFrame, summary: dict) -> None:
         f"size 1 is plain decoding{drafted}):"
     )
     print(phase_table(summary["phases"]).to_string(index=False))
-    if (table["tree_kind"] == "dynamic").any():
+    if (table["tree_kind"] == TreeKind.DYNAMIC).any():
         print(dynamic_against_static(table).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(
         f"{summary['threads']} CPU thread(s); plain step: {summary['plain_step_s'] * 1e3:.2f} ms timed with the "

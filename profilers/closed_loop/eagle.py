@@ -40,6 +40,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.eagle import EagleStep, StaticTreeDraft, draft_points
 from perfmodel.models.operators import HEAD_TOP_K
 from profilers.closed_loop.config import STEP_FLAVOR, ValidateConfig
+from profilers.closed_loop.tree_kind import TreeKind
 from profilers.closed_loop.untimed import UntimedPasses, decode_kwargs, prompt_generations, prompt_survivals
 
 # Drafts timed on their own for the drafting's host overhead: 1, 2, 4 and 5 passes (the
@@ -66,8 +67,8 @@ def eagle_untimed_passes(decoder, prompts, config: ValidateConfig, log) -> Untim
     hits = [prompt_hits(decoder, p, o) for p, o in zip(prompts, outputs)]
     accuracy = conditional_accuracy(np.concatenate(hits))
     per_prompt = [conditional_accuracy(h) for h in hits]
-    trees = {("static", n): {"tree": greedy_tree(accuracy, n - 1), "drafter": "eagle"} for n in config.sizes}
-    record = UntimedPasses(accuracy, per_prompt, hits, [], None, {("plain", 1): {}} | trees)
+    trees = {(TreeKind.STATIC, n): {"tree": greedy_tree(accuracy, n - 1), "drafter": "eagle"} for n in config.sizes}
+    record = UntimedPasses(accuracy, per_prompt, hits, [], None, {(TreeKind.PLAIN, 1): {}} | trees)
     record.survivals = {key: prompt_survivals(*key, record) for key in trees}
     record.generations = {key: prompt_generations(*key, record, config) for key in trees}
     return record
@@ -84,7 +85,7 @@ def prompt_hits(decoder, prompt, output) -> np.ndarray:
 
 
 def run_trees(record: UntimedPasses) -> tuple[Tree, ...]:
-    return tuple(setting["tree"] for (kind, _), setting in record.settings.items() if kind == "static")
+    return tuple(setting["tree"] for (kind, _), setting in record.settings.items() if kind == TreeKind.STATIC)
 
 
 def draft_shapes(record: UntimedPasses) -> tuple[StaticTreeDraft, StaticTreeDraft]:

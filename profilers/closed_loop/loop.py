@@ -25,6 +25,7 @@ from profilers.closed_loop.runs import (
     timed_runs,
     torch_threads,
 )
+from profilers.closed_loop.tree_kind import TreeKind
 from profilers.closed_loop.untimed import untimed_passes
 
 
@@ -56,7 +57,7 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
         build_s = {
             r["tree_size"]: dynamic_build_s(decoder, record.step_probs, r["tree_size"] - 1)
             for r in runs
-            if r["tree_kind"] == "dynamic"
+            if r["tree_kind"] == TreeKind.DYNAMIC
         }
     measured = Measured(runs, rows, plain_step_s, contexts, build_s, drafts_s)
     table, summary = priced_runs(config, model, dtype, record, measured)

@@ -17,6 +17,7 @@ from perfmodel.latency.step import StepModel
 from perfmodel.models.config import ModelConfig
 from profilers.closed_loop.config import STEP_FLAVOR, TARGET_ERROR, ValidateConfig
 from profilers.closed_loop.eagle import DraftHost, draft_shapes
+from profilers.closed_loop.tree_kind import TreeKind
 from profilers.closed_loop.untimed import UntimedPasses
 
 # Which operators of the reference step run in which phase of the decoder's step; the
@@ -31,7 +32,7 @@ DECODER_PHASE_OPS = {
 
 def predicted_acceptance(kind: str, size: int, record: UntimedPasses, config: ValidateConfig) -> tuple[float, float]:
     """(tokens per step of one sequence, tokens per sequence and step of the batch)."""
-    if kind == "plain":
+    if kind == TreeKind.PLAIN:
         return 1.0, 1.0
     generations = record.generations[kind, size]
     return (
@@ -44,7 +45,7 @@ def accuracy_acceptance(kind: str, size: int, record: UntimedPasses, config: Val
     """Tokens per sequence and step of the batch from the head accuracies alone, heads
     independent and steps alike (what perfmodel predicts from a checkpoint's accuracies);
     NaN for a dynamic tree, which has no fixed tree to value."""
-    if kind != "static":
+    if kind != TreeKind.STATIC:
         return float("nan")
     generations = simulated_tokens(record.survivals[kind, size], config.new_tokens, seed=config.seed)
     return batch_acceptance(generations, config.batch, config.new_tokens)
@@ -57,7 +58,7 @@ def step_contexts(record: UntimedPasses, config: ValidateConfig) -> dict[tuple[s
     pads the others to."""
     return {
         (kind, size): config.context
-        if kind == "plain"
+        if kind == TreeKind.PLAIN
         else round(attended_context(record.generations[kind, size], config.batch, config.prompt_len, config.new_tokens))
         for kind, size in record.settings
     }
@@ -104,7 +105,9 @@ def priced_runs(
     ops_tree = step.step_time(config.batch, attended, sizes)
     host = plain_step_s - ops_plain
     # a dynamic tree is built on the host for every sequence of every step
-    tree_build = np.array([build_s.get(r["tree_size"], 0.0) if r["tree_kind"] == "dynamic" else 0.0 for r in runs])
+    tree_build = np.array(
+        [build_s.get(r["tree_size"], 0.0) if r["tree_kind"] == TreeKind.DYNAMIC else 0.0 for r in runs]
+    )
     tree_build = tree_build * config.batch
     draft_ops, draft_host, drafting = np.zeros(len(runs)), np.zeros(len(runs)), None
     if config.drafter == DrafterKind.EAGLE:  # the tree drafted before the step verifies it
@@ -143,7 +146,7 @@ def priced_runs(
     table["device"], table["model"], table["dtype"] = rows["device"].iloc[0], model.name, dtype
     phases = table[[c for c in table.columns if c.endswith("_s") and c.split("_", 1)[1][:-2] in DECODER_PHASE_OPS]]
     phases = phases.assign(tree_kind=table["tree_kind"], tree_size=sizes)
-    table = table[table["tree_kind"] != "plain"].reset_index(drop=True)
+    table = table[table["tree_kind"] != TreeKind.PLAIN].reset_index(drop=True)
     summary = {
         "threads": config.threads,
         "plain_step_s": plain_step_s,

@@ -24,6 +24,7 @@ from perfmodel.models.config import ModelConfig
 from perfmodel.models.grid import QUICK_GRID
 from perfmodel.models.operators import HEAD_TOP_K
 from profilers.closed_loop.config import STEP_FLAVOR, ValidateConfig
+from profilers.closed_loop.tree_kind import TreeKind
 from profilers.closed_loop.untimed import UntimedPasses, decode_kwargs
 from profilers.device import cpu_info, cuda_info
 from profilers.sweeper import SweepConfig, Sweeper, default_timer
@@ -108,7 +109,7 @@ def timed_runs(
     kwargs = decode_kwargs(config)
     for setting in record.settings.values():  # warm-up of every shape, untimed
         decoder.generate(prompts[: config.batch], 8, **kwargs, **setting)
-    sizes = ", ".join(str(n) for kind, n in record.settings if kind == "static")
+    sizes = ", ".join(str(n) for kind, n in record.settings if kind == TreeKind.STATIC)
     kinds = " and dynamic" if config.dynamic else ""
     drafted = ", drafted by EAGLE," if config.drafter == DrafterKind.EAGLE else ""
     log(
@@ -126,7 +127,7 @@ def timed_runs(
         progress=lambda: between(shares),
         **kwargs,
     )
-    baseline = results[("plain", 1)]
+    baseline = results[(TreeKind.PLAIN, 1)]
     return [
         {
             "tree_kind": kind,

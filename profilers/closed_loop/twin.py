@@ -53,6 +53,7 @@ from perfmodel.models.config import load_model
 from perfmodel.models.operators import HEAD_TOP_K
 from profilers.closed_loop.config import TARGET_ERROR
 from profilers.closed_loop.runs import torch_threads
+from profilers.closed_loop.tree_kind import TreeKind
 from profilers.closed_loop.twin_pricing import priced_step, this_machine
 from profilers.device import DeviceInfo, check_device, cpu_info, cuda_info
 from profilers.kernel_replay import KernelTimes
@@ -173,8 +174,8 @@ def twin_loop(config: TwinConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame
     prompts = random_prompts(ckpt.config.vocab_size, config.prompts, config.prompt_len, config.seed)
     params = sum(p.numel() for p in (*ckpt.model.parameters(), *ckpt.heads.parameters()))
     launch = {"launch": config.launch}
-    settings = {("plain", 1): launch} | {
-        ("static", n): {"tree": record.tree(n), "replay": record.replay(n), **launch} for n in sizes
+    settings = {(TreeKind.PLAIN, 1): launch} | {
+        (TreeKind.STATIC, n): {"tree": record.tree(n), "replay": record.replay(n), **launch} for n in sizes
     }
     with torch_threads(config.threads):
         log(f"{model.name} twin, {params / 1e9:.2f} B parameters with heads, {config.dtype}, batch {config.batch}")
@@ -244,9 +245,9 @@ def pipelined_step(table: pd.DataFrame, host: HostCosts, launch: Launch) -> floa
 
 
 def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, source, settings, kernels) -> tuple:
-    plain = runs[("plain", 1)]
+    plain = runs[(TreeKind.PLAIN, 1)]
     plain_step = plain.decode_s / plain.steps
-    priced_plain = priced[("plain", 1)]
+    priced_plain = priced[(TreeKind.PLAIN, 1)]
     host = HostCosts.from_json(config.host_dispatch) if config.pipelined else None
     if host is not None:  # nothing calibrated: every step, the plain one too, predicted
         in_step = 1.0
@@ -254,14 +255,14 @@ def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, 
     else:
         in_step = plain_step / priced_plain["time_s"].sum()  # the one calibrated constant (module doc)
         predicted_steps_s = {key: float(table["time_s"].sum()) * in_step for key, table in priced.items()}
-    predicted_plain = predicted_steps_s[("plain", 1)]
+    predicted_plain = predicted_steps_s[(TreeKind.PLAIN, 1)]
     plain_steps = config.batches * config.new_tokens  # one token a step
     rows, class_rows = [], []
     for key, result in runs.items():
         kind, size = key
         predicted_steps = (
             plain_steps
-            if kind == "plain"
+            if kind == TreeKind.PLAIN
             else settings[key]["replay"].steps(config.batch, config.new_tokens, config.batches)
         )
         table = priced[key]

@@ -24,6 +24,7 @@ from perfmodel.acceptance.batching import (
 from perfmodel.acceptance.trees import greedy_tree
 from perfmodel.models.operators import HEAD_TOP_K
 from profilers.closed_loop.config import ValidateConfig
+from profilers.closed_loop.tree_kind import TreeKind
 
 
 @dataclass
@@ -82,7 +83,9 @@ def untimed_passes(decoder, prompts, config: ValidateConfig, log) -> UntimedPass
         outputs = decode_batches(decoder, prompts, config.batch, config.new_tokens, tree=largest, **kwargs).tokens
         accuracy = head_accuracy(decoder, prompts, outputs)
     per_prompt = [head_accuracy(decoder, [p], [o]) for p, o in zip(prompts, outputs)]
-    settings = {("plain", 1): {}} | {("static", n): {"tree": greedy_tree(accuracy, n - 1)} for n in config.sizes}
+    settings = {(TreeKind.PLAIN, 1): {}} | {
+        (TreeKind.STATIC, n): {"tree": greedy_tree(accuracy, n - 1)} for n in config.sizes
+    }
     greedy = config.acceptance == "greedy"
     predictions = (
         [head_predictions(decoder, p, o) for p, o in zip(prompts, outputs)] if greedy or config.dynamic else []
@@ -90,11 +93,11 @@ def untimed_passes(decoder, prompts, config: ValidateConfig, log) -> UntimedPass
     hits = [h for _, h in predictions] if greedy else []
     step_probs, calibrate = [], None
     if config.dynamic:  # only a dynamic tree is predicted from the heads' per-step probabilities
-        settings |= {("dynamic", n): {"dynamic_nodes": n - 1} for n in config.sizes}
+        settings |= {(TreeKind.DYNAMIC, n): {"dynamic_nodes": n - 1} for n in config.sizes}
         step_probs = [probs for probs, _ in predictions]
         calibrate = probability_calibration(np.concatenate(step_probs), np.concatenate([h for _, h in predictions]))
     record = UntimedPasses(accuracy, per_prompt, hits, step_probs, calibrate, settings)
-    medusa = [(kind, n) for kind, n in settings if kind != "plain"]
+    medusa = [(kind, n) for kind, n in settings if kind != TreeKind.PLAIN]
     record.survivals = {(kind, n): prompt_survivals(kind, n, record) for kind, n in medusa}
     record.generations = {(kind, n): prompt_generations(kind, n, record, config) for kind, n in medusa}
     return record
@@ -103,7 +106,7 @@ def untimed_passes(decoder, prompts, config: ValidateConfig, log) -> UntimedPass
 def prompt_survivals(kind: str, size: int, record: UntimedPasses) -> list[np.ndarray]:
     """Each prompt's s[d] (perfmodel.acceptance.batching) for one Medusa run: from its head accuracies
     for a static tree, from calibrated per-position probabilities for a dynamic one."""
-    if kind == "static":
+    if kind == TreeKind.STATIC:
         return [acceptance_survival(record.settings[kind, size]["tree"], a) for a in record.per_prompt]
     return [dynamic_survival(p, size - 1, record.calibrate) for p in record.step_probs]
 
@@ -113,7 +116,7 @@ def prompt_generations(kind: str, size: int, record: UntimedPasses, config: Vali
     greedy acceptance replayed through the heads' recorded predictions (the decoder's
     steps exactly: greedy verification is deterministic and lossless, so its text is the
     plain pass's); otherwise simulated from the prompt's survival curve."""
-    if kind == "static" and record.hits:
+    if kind == TreeKind.STATIC and record.hits:
         tree = record.settings[kind, size]["tree"]
         return replayed_tokens([accepted_lengths(tree, h) for h in record.hits], config.new_tokens)
     return simulated_tokens(record.survivals[kind, size], config.new_tokens, seed=config.seed)
