@@ -14,11 +14,15 @@ import argparse
 import json
 import math
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
 from perfmodel.base.outputs import write_csv
-from perfmodel.cli import Parser, batch_size, options, workload_options
+from perfmodel.cli import Parser, batch_size, options
+from perfmodel.cli.fields import add_options, nested, option, read_options, shared
+from perfmodel.cli.workload_options import WorkloadOptions
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.latency.step import StepFlavor
 from perfmodel.planning.capacity import DEFAULT_BATCHES, PlanRequest, plan, plan_deployments
@@ -81,38 +85,59 @@ def number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
 
 
+@dataclass(frozen=True)
+class PlanOptions:
+    """The command's options, each declared once: the shared ones by perfmodel.cli.options,
+    the workload's by WorkloadOptions, and the plan's own here (the parser is generated from
+    them, perfmodel.cli.fields)."""
+
+    model: str = field(default="llama-7b", metadata=shared(options.model))
+    gpu: list[str] | None = field(default=None, metadata=shared(options.gpu, many=True))
+    spec: list[Path] | None = field(default=None, metadata=shared(options.spec, many=True))
+    dtype: str | None = field(default=None, metadata=shared(options.dtype))
+    workload: WorkloadOptions = field(default_factory=WorkloadOptions, metadata=nested(WorkloadOptions))
+    throughput: float | None = field(
+        default=None,
+        metadata=option(
+            "--throughput", "aggregate throughput target, output tokens/s", type=number, metavar="TOKENS_S"
+        ),
+    )
+    acceptance_rates: str | None = field(default=None, metadata=shared(options.acceptance_rates))
+    batch: list[int] | None = field(
+        default=None,
+        metadata=option(
+            "--batch",
+            "batch sizes (default: every power of two up to the max batch that fits, and that batch)",
+            nargs="+",
+            type=batch_size,
+            metavar="B",
+        ),
+    )
+    tp: int | None = field(default=1, metadata=shared(options.tp))
+    reserve: float = field(
+        default=DEFAULT_RESERVE,
+        metadata=option(
+            "--reserve", "memory kept free per device (default %(default)s)", type=number, metavar="FRACTION"
+        ),
+    )
+    latency: object = field(default="auto", metadata=shared(options.latency))  # a LatencyChoice once parsed
+    step: str = field(default="full", metadata=shared(options.step, choices=WHOLE_STEP_FLAVORS, default="full"))
+    launch: str | None = field(default=None, metadata=shared(options.launch, default=None))
+    csv: Path | None = field(default=None, metadata=shared(options.csv, what="the bands table (device x batch)"))
+    json: bool = field(
+        default=False, metadata=shared(options.json_output, what="the plan and the serving answer (with its schedules)")
+    )
+    benchmark: bool = field(
+        default=False,
+        metadata=option(
+            "--benchmark", "time plan() over >= 10,000 configurations and print the rate", action="store_true"
+        ),
+    )
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.plan", description=__doc__.split("\n\n")[0])
-    options.model(p)
-    options.gpu(p, many=True)
-    options.spec(p, many=True)
-    options.dtype(p)
-    workload_options.workload(p)
-    p.add_argument("--throughput", type=number, metavar="TOKENS_S", help="aggregate throughput target, output tokens/s")
-    options.acceptance_rates(p)
-    p.add_argument(
-        "--batch",
-        nargs="+",
-        type=batch_size,
-        metavar="B",
-        help="batch sizes (default: every power of two up to the max batch that fits, and that batch)",
-    )
-    options.tp(p)
-    p.add_argument(
-        "--reserve",
-        type=number,
-        default=DEFAULT_RESERVE,
-        metavar="FRACTION",
-        help="memory kept free per device (default %(default)s)",
-    )
-    options.latency(p)
-    options.step(p, choices=WHOLE_STEP_FLAVORS, default="full")
-    options.launch(p, default=None)
-    options.csv(p, "the bands table (device x batch)")
-    options.json_output(p, "the plan and the serving answer (with its schedules)")
-    p.add_argument(
-        "--benchmark", action="store_true", help="time plan() over >= 10,000 configurations and print the rate"
-    )
+    add_options(p, PlanOptions)
     return p
 
 
@@ -127,14 +152,14 @@ def plan_tracer(launch: str | None = None):
 
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
-    args = p.parse_args(argv)
+    args = read_options(PlanOptions, p.parse_args(argv))
     if args.benchmark:
         count, seconds = benchmark(args.model)
         print(f"{count:,} configurations (device x batch x tree size) in {seconds:.3f} s ({count / seconds:,.0f}/s)")
         return 0
     if not (args.gpu or args.spec):
         p.error("at least one --gpu or --spec is required")
-    settings = workload_options.workload_settings(args, args.throughput)
+    settings = args.workload.settings(args.throughput)
     devices = [*(args.gpu or ()), *(args.spec or ())]
     if args.launch and args.step != StepFlavor.TRACED:
         p.error(f"--launch {args.launch} prices the traced step's launches: use --step traced (not {args.step})")

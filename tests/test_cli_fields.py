@@ -11,6 +11,7 @@ from perfmodel.cli import Parser
 from perfmodel.cli.fields import add_options, option, read_options
 from perfmodel.cli.parser import positive_int
 from perfmodel.cli.workload_options import WorkloadOptions, workload_settings
+from perfmodel.plan_command import PlanOptions
 from perfmodel.plan_command import build_parser as plan_parser
 
 
@@ -24,8 +25,8 @@ class Toy:
 def test_a_dataclass_becomes_its_parser_and_comes_back():
     p = Parser(prog="toy")
     add_options(p, Toy)
-    assert read_options(Toy, p.parse_args([])) == Toy(4, ["a"])
-    assert read_options(Toy, p.parse_args(["--size", "9", "--names", "x", "y"])) == Toy(9, ["x", "y"])
+    assert read_options(Toy, p.parse_args([])) == Toy(4, ("a",))
+    assert read_options(Toy, p.parse_args(["--size", "9", "--names", "x", "y"])) == Toy(9, ("x", "y"))
     assert "how many (default 4)" in p.format_help()
     assert "--internal" not in p.format_help()
 
@@ -61,3 +62,14 @@ def test_a_target_without_a_load_is_refused_in_one_line():
     args = plan_parser().parse_args(["--gpu", "h100", "--ttft-ms", "200"])
     with pytest.raises(PerfkitError, match="need a load to hold at: give --rate, --trace or --throughput"):
         workload_settings(args)
+
+
+def test_a_command_is_its_options_dataclass():
+    """python -m perfmodel.plan reads one PlanOptions: shared options, the workload's group and
+    its own, each declared once."""
+    args = plan_parser().parse_args(["--gpu", "h100", "a100", "--tp", "auto", "--rate", "5", "--batch", "1", "8"])
+    options = read_options(PlanOptions, args)
+    assert options.gpu == ["h100", "a100"] and options.tp is None and options.batch == (1, 8)
+    assert options.workload == WorkloadOptions(rate=5.0)
+    assert options.latency == "auto" and options.latency.stack is None  # --latency and --stack, one choice
+    assert (options.model, options.step, options.reserve, options.json) == ("llama-7b", "full", 0.1, False)

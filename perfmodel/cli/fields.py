@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 Options = TypeVar("Options")
 CLI = "cli"  # the metadata key of an option's declaration
+SHARED = "cli_shared"  # ... of a shared option's: (adder, its keyword arguments)
+NESTED = "cli_nested"  # ... of a group's: its options dataclass
 
 
 def option(flag: str, help: str, **parse: Any) -> dict:
@@ -24,9 +27,20 @@ def option(flag: str, help: str, **parse: Any) -> dict:
     return {CLI: {"flag": flag, "help": help, **parse}}
 
 
+def shared(adder: Callable[..., None], **kwargs: Any) -> dict:
+    """A field's metadata declaring it as a shared option: `adder(target, **kwargs)` adds it
+    (perfmodel.cli.options.model, .gpu, ...), under the field's name."""
+    return {SHARED: (adder, kwargs)}
+
+
+def nested(cls) -> dict:
+    """A field's metadata declaring it as the group of options `cls` declares."""
+    return {NESTED: cls}
+
+
 def declared(cls) -> list[dataclasses.Field]:
-    """The fields of `cls` that are options, in declaration order."""
-    return [f for f in dataclasses.fields(cls) if CLI in f.metadata]
+    """The fields of `cls` that are options or groups, in declaration order."""
+    return [f for f in dataclasses.fields(cls) if {CLI, SHARED, NESTED} & set(f.metadata)]
 
 
 def default_of(f: dataclasses.Field):
@@ -40,14 +54,27 @@ def default_of(f: dataclasses.Field):
 def add_options(target: argparse._ActionsContainer, cls) -> None:
     """Add every option `cls` declares to a parser or group, under the field's name."""
     for f in declared(cls):
+        if NESTED in f.metadata:
+            add_options(target, f.metadata[NESTED])
+            continue
+        if SHARED in f.metadata:
+            adder, kwargs = f.metadata[SHARED]
+            adder(target, **kwargs)
+            continue
         spec = dict(f.metadata[CLI])
         flag = spec.pop("flag")
-        default = default_of(f)
-        if spec.get("nargs") in ("+", "*") and isinstance(default, tuple):
-            default = list(default)  # what argparse itself gives for a repeated value
-        target.add_argument(flag, dest=f.name, default=default, **spec)
+        target.add_argument(flag, dest=f.name, default=default_of(f), **spec)
 
 
 def read_options(cls: type[Options], args: argparse.Namespace) -> Options:
     """The options dataclass from a parse of a parser add_options() built."""
-    return cls(**{f.name: getattr(args, f.name) for f in declared(cls)})
+    return cls(**{f.name: read_field(f, args) for f in declared(cls)})
+
+
+def read_field(f: dataclasses.Field, args: argparse.Namespace):
+    if NESTED in f.metadata:
+        return read_options(f.metadata[NESTED], args)
+    value = getattr(args, f.name)
+    if CLI in f.metadata and f.metadata[CLI].get("nargs") in ("+", "*") and value is not None:
+        return tuple(value)  # a repeated value given or its default alike, and the dataclass stays hashable
+    return value
