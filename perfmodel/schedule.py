@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -26,6 +27,7 @@ from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, run, token_count, workload_options
+from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import PlanRequest, serving_plan
@@ -49,75 +51,103 @@ from perfmodel.planning.simulations import CANDIDATE_SIZES
 DEFAULT_OUT = "perf-reports/schedule/<device>-<model>"
 
 
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """The command's options, each declared once (perfmodel.cli.fields generates the parser)."""
+
+    model: str = field(default="llama-7b", metadata=shared(options.model))
+    gpu: str | None = field(default=None, metadata=shared(options.gpu, exclusive=("device", True)))
+    spec: Path | None = field(default=None, metadata=shared(options.spec, exclusive=("device", True)))
+    dtype: str | None = field(default=None, metadata=shared(options.dtype))
+    tp: int | None = field(default=1, metadata=shared(options.tp))
+    acceptance_rates: str | None = field(default=None, metadata=shared(options.acceptance_rates))
+    latency: object = field(default="auto", metadata=shared(options.latency))  # a LatencyChoice once parsed
+    medusa: str = field(default="auto", metadata=shared(workload_options.medusa))
+    drafter: str = field(default="medusa", metadata=shared(options.drafter, choices=tuple(SCHEDULE_DRAFTERS)))
+    batch: tuple[int, ...] | None = field(
+        default=None,
+        metadata=option(
+            "--batch",
+            "the batch grid (default: every power of two up to --max-batch); each point stands for the batches up "
+            "to the next",
+            nargs="+",
+            type=batch_size,
+            metavar="B",
+        ),
+    )
+    max_batch: int = field(
+        default=DEFAULT_MAX_BATCH,
+        metadata=option(
+            "--max-batch", "the largest batch of the default grid (default %(default)s)", type=batch_size, metavar="B"
+        ),
+    )
+    context: tuple[int, ...] | None = field(
+        default=None,
+        metadata=option(
+            "--context",
+            "the context grid, cached tokens (default: 512 1024 ... 16384 within the model's context)",
+            nargs="+",
+            type=token_count,
+            metavar="S",
+        ),
+    )
+    sizes: tuple[int, ...] = field(
+        default=CANDIDATE_SIZES,
+        metadata=option(
+            "--sizes",
+            "Medusa's and EAGLE's tree sizes to search, root included (default: the planner's 22 sizes, 1 to 256); "
+            "the draft model searches gamma 1 to 8",
+            nargs="+",
+            type=token_count,
+            metavar="T",
+        ),
+    )
+    engine: tuple[str, ...] = field(
+        default=("all",),
+        metadata=option(
+            "--engine",
+            "the exports to write: vllm, sglang, tensorrt-llm, json (the schedule's own), or all (default)",
+            nargs="+",
+            choices=(*ENGINES, "all"),
+        ),
+    )
+    out: Path | None = field(
+        default=None, metadata=shared(options.out, default=DEFAULT_OUT, what="the folder of the exports")
+    )
+    heads: tuple[str, ...] | None = field(
+        default=None,
+        metadata=option(
+            "--heads",
+            "the drafter's weights, path or hub id, as the engines load them: the Medusa heads, the EAGLE head or "
+            "the draft model; with --drafter best, DRAFTER=PATH for each (default: placeholders, MODEL-medusa, "
+            "MODEL-eagle, MODEL-draft)",
+            nargs="+",
+            metavar="[DRAFTER=]PATH",
+        ),
+    )
+    json: bool = field(
+        default=False,
+        metadata=shared(
+            options.json_output, what="the schedule (its own JSON format; files are written only with --out)"
+        ),
+    )
+    closed_loop: tuple[Path, ...] | None = field(
+        default=None,
+        metadata=option(
+            "--closed-loop",
+            "perfmodel.validate CSVs to score the schedule against (default on a CPU: its stored closed-loop and "
+            "twin runs of this model and dtype)",
+            nargs="+",
+            type=Path,
+            metavar="FILE",
+        ),
+    )
+    csv: Path | None = field(default=None, metadata=shared(options.csv, what="the bands table"))
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.schedule", description=__doc__.split("\n\n")[0])
-    options.model(p)
-    device = p.add_mutually_exclusive_group(required=True)
-    options.gpu(device)
-    options.spec(device)
-    options.dtype(p)
-    options.tp(p)
-    options.acceptance_rates(p)
-    options.latency(p)
-    workload_options.medusa(p)
-    options.drafter(p, tuple(SCHEDULE_DRAFTERS))
-    p.add_argument(
-        "--batch",
-        nargs="+",
-        type=batch_size,
-        metavar="B",
-        help="the batch grid (default: every power of two up to --max-batch); each point stands for the batches up "
-        "to the next",
-    )
-    p.add_argument(
-        "--max-batch",
-        type=batch_size,
-        default=DEFAULT_MAX_BATCH,
-        metavar="B",
-        help="the largest batch of the default grid (default %(default)s)",
-    )
-    p.add_argument(
-        "--context",
-        nargs="+",
-        type=token_count,
-        metavar="S",
-        help="the context grid, cached tokens (default: 512 1024 ... 16384 within the model's context)",
-    )
-    p.add_argument(
-        "--sizes",
-        nargs="+",
-        type=token_count,
-        default=list(CANDIDATE_SIZES),
-        metavar="T",
-        help="Medusa's and EAGLE's tree sizes to search, root included (default: the planner's 22 sizes, 1 to 256); "
-        "the draft model searches gamma 1 to 8",
-    )
-    p.add_argument(
-        "--engine",
-        nargs="+",
-        choices=(*ENGINES, "all"),
-        default=["all"],
-        help="the exports to write: vllm, sglang, tensorrt-llm, json (the schedule's own), or all (default)",
-    )
-    options.out(p, DEFAULT_OUT, what="the folder of the exports")
-    p.add_argument(
-        "--heads",
-        nargs="+",
-        metavar="[DRAFTER=]PATH",
-        help="the drafter's weights, path or hub id, as the engines load them: the Medusa heads, the EAGLE head or "
-        "the draft model; with --drafter best, DRAFTER=PATH for each (default: placeholders, MODEL-medusa, "
-        "MODEL-eagle, MODEL-draft)",
-    )
-    options.json_output(p, "the schedule (its own JSON format; files are written only with --out)")
-    p.add_argument(
-        "--closed-loop",
-        nargs="+",
-        type=Path,
-        metavar="FILE",
-        help="perfmodel.validate CSVs to score the schedule against (default on a CPU: its stored closed-loop and "
-        "twin runs of this model and dtype)",
-    )
-    options.csv(p, "the bands table")
+    add_options(p, ScheduleOptions)
     return p
 
 
@@ -243,7 +273,7 @@ def closed_loop_rows(paths, schedule: SpeculationSchedule) -> tuple[pd.DataFrame
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(ScheduleOptions, build_parser().parse_args(argv))
     engines = check_engines(args.engine)
     model = load_model(args.model)
     # notes (a stored CPU standing in for this one) go to stderr: --json keeps stdout JSON

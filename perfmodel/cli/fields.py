@@ -19,6 +19,7 @@ Options = TypeVar("Options")
 CLI = "cli"  # the metadata key of an option's declaration
 SHARED = "cli_shared"  # ... of a shared option's: (adder, its keyword arguments)
 NESTED = "cli_nested"  # ... of a group's: its options dataclass
+EXCLUSIVE = "cli_exclusive"  # ... of the mutually exclusive group a shared option joins
 
 
 def option(flag: str, help: str, **parse: Any) -> dict:
@@ -27,10 +28,11 @@ def option(flag: str, help: str, **parse: Any) -> dict:
     return {CLI: {"flag": flag, "help": help, **parse}}
 
 
-def shared(adder: Callable[..., None], **kwargs: Any) -> dict:
+def shared(adder: Callable[..., None], *, exclusive: tuple[str, bool] | None = None, **kwargs: Any) -> dict:
     """A field's metadata declaring it as a shared option: `adder(target, **kwargs)` adds it
-    (perfmodel.cli.options.model, .gpu, ...), under the field's name."""
-    return {SHARED: (adder, kwargs)}
+    (perfmodel.cli.options.model, .gpu, ...), under the field's name. exclusive: (group,
+    required), the mutually exclusive group of that name it joins (--gpu or --spec)."""
+    return {SHARED: (adder, kwargs), EXCLUSIVE: exclusive}
 
 
 def nested(cls) -> dict:
@@ -53,13 +55,20 @@ def default_of(f: dataclasses.Field):
 
 def add_options(target: argparse._ActionsContainer, cls) -> None:
     """Add every option `cls` declares to a parser or group, under the field's name."""
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
     for f in declared(cls):
         if NESTED in f.metadata:
             add_options(target, f.metadata[NESTED])
             continue
         if SHARED in f.metadata:
             adder, kwargs = f.metadata[SHARED]
-            adder(target, **kwargs)
+            where = target
+            if f.metadata[EXCLUSIVE] is not None:
+                name, required = f.metadata[EXCLUSIVE]
+                if name not in groups:
+                    groups[name] = target.add_mutually_exclusive_group(required=required)
+                where = groups[name]
+            adder(where, **kwargs)
             continue
         spec = dict(f.metadata[CLI])
         flag = spec.pop("flag")
