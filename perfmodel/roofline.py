@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +20,7 @@ from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.outputs import writable_dir, writable_file
 from perfmodel.base.provenance import Provenance
 from perfmodel.cli import Parser, batch_size, options, positive_int, run, token_count
+from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.latency.attention_table import write_measured_attention
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.measured.contract import write_table
@@ -33,55 +35,84 @@ from reports.roofline_page import submit_roofline_figures, write_page
 DEFAULT_OUT = Path("perf-reports") / "roofline"
 
 
+@dataclass(frozen=True)
+class RooflineOptions:
+    """The command's options, each declared once (perfmodel.cli.fields generates the parser)."""
+
+    gpu: str | None = field(default=None, metadata=shared(options.gpu, exclusive=("device", True)))
+    spec: Path | None = field(default=None, metadata=shared(options.spec, exclusive=("device", True)))
+    model: list[str] | None = field(default=None, metadata=shared(options.model, many=True))
+    variation_model: str | None = field(
+        default=None,
+        metadata=option(
+            "--variation-model",
+            "model for the Medusa variation figures (default: the last --model, llama-33b as in the paper)",
+            metavar="NAME|PATH",
+        ),
+    )
+    dtype: str | None = field(default=None, metadata=shared(options.dtype))
+    batch: tuple[int, ...] | None = field(
+        default=None,
+        metadata=option(
+            "--batch", "batch sizes (default 1..64, powers of two)", nargs="+", type=batch_size, metavar="B"
+        ),
+    )
+    seq: tuple[int, ...] | None = field(
+        default=None,
+        metadata=option(
+            "--seq", "sequence lengths (default 128..8192, powers of two)", nargs="+", type=token_count, metavar="S"
+        ),
+    )
+    candidates: tuple[int, ...] | None = field(
+        default=None,
+        metadata=option(
+            "--candidates", "Medusa candidates (default 1,16,...,112)", nargs="+", type=token_count, metavar="Q"
+        ),
+    )
+    medusa_heads: int | None = field(
+        default=None,
+        metadata=option(
+            "--medusa-heads",
+            "Medusa heads for the medusa_heads op (default: the model's)",
+            type=positive_int,
+            metavar="K",
+        ),
+    )
+    out: Path | None = field(default=None, metadata=shared(options.out, default=f"{DEFAULT_OUT}/<device>"))
+    csv: Path | None = field(
+        default=None, metadata=shared(options.csv, what="the grid table", default="DIR/roofline.csv")
+    )
+    measurements: tuple[Path, ...] | None = field(
+        default=None,
+        metadata=option(
+            "--measurements",
+            "measured rows (data-contract CSV/Parquet) to overlay (default: the device's shipped sweeps)",
+            type=Path,
+            nargs="+",
+            metavar="FILE",
+        ),
+    )
+    measure: bool = field(
+        default=False,
+        metadata=option(
+            "--measure",
+            "first run a quick sweep on this machine's device (--gpu cpu, or the GPU named), then draw it",
+            action="store_true",
+        ),
+    )
+    jobs: int | None = field(default=None, metadata=shared(options.jobs))
+    latency: object = field(default="auto", metadata=shared(options.latency))  # a LatencyChoice once parsed
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.roofline", description=__doc__.split("\n\n")[0])
-    device = p.add_mutually_exclusive_group(required=True)
-    options.gpu(device)
-    options.spec(device)
-    options.model(p, many=True)
-    p.add_argument(
-        "--variation-model",
-        metavar="NAME|PATH",
-        help="model for the Medusa variation figures (default: the last --model, llama-33b as in the paper)",
-    )
-    options.dtype(p)
-    p.add_argument(
-        "--batch", nargs="+", type=batch_size, metavar="B", help="batch sizes (default 1..64, powers of two)"
-    )
-    p.add_argument(
-        "--seq", nargs="+", type=token_count, metavar="S", help="sequence lengths (default 128..8192, powers of two)"
-    )
-    p.add_argument(
-        "--candidates", nargs="+", type=token_count, metavar="Q", help="Medusa candidates (default 1,16,...,112)"
-    )
-    p.add_argument(
-        "--medusa-heads",
-        type=positive_int,
-        metavar="K",
-        help="Medusa heads for the medusa_heads op (default: the model's)",
-    )
-    options.out(p, f"{DEFAULT_OUT}/<device>")
-    options.csv(p, "the grid table", default="DIR/roofline.csv")
-    p.add_argument(
-        "--measurements",
-        type=Path,
-        nargs="+",
-        metavar="FILE",
-        help="measured rows (data-contract CSV/Parquet) to overlay (default: the device's shipped sweeps)",
-    )
-    p.add_argument(
-        "--measure",
-        action="store_true",
-        help="first run a quick sweep on this machine's device (--gpu cpu, or the GPU named), then draw it",
-    )
-    options.jobs(p)
-    options.latency(p)
+    add_options(p, RooflineOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
-    args = build_parser().parse_args(argv)
+    args = read_options(RooflineOptions, build_parser().parse_args(argv))
     cpu = is_cpu_name(args.gpu)
     dtype = check_dtype(args.dtype or default_dtype("cpu" if cpu else "cuda"))
     models = [load_model(m) for m in args.model or (["llama-7b"] if cpu or args.measure else DEFAULT_MODELS)]

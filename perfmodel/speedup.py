@@ -7,14 +7,11 @@ drafter_choice); the figures (Medusa's) are reports.speedup_figures.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
-import math
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 
@@ -23,7 +20,9 @@ from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import write_csv
-from perfmodel.cli import Parser, options, run
+from perfmodel.cli import Parser, run
+from perfmodel.cli.fields import add_options, read_options
+from perfmodel.cli.speedup_options import DEFAULT_OUT, SpeedupOptions
 from perfmodel.latency.attention_table import write_measured_attention
 from perfmodel.latency.pipeline import HostCosts
 from perfmodel.latency.source import LatencyMode, decoder_latency, view_latency
@@ -34,82 +33,21 @@ from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import PlanRequest, serving_plan
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.drafter_choice import choice_lines
-from perfmodel.planning.drafters import DEFAULT_DRAFT_ALPHA, drafters_for
+from perfmodel.planning.drafters import drafters_for
 from perfmodel.planning.simulation_summary import best_trees, optima_side_by_side, summary_lines
-from perfmodel.planning.simulations import DEFAULT_DRAFT_COST, choose_devices, device_table, draft_model_table, optima
+from perfmodel.planning.simulations import choose_devices, device_table, draft_model_table, optima
 from perfmodel.planning.step_point import POINT_COLUMNS, point_lines, step_point
 from reports.render import Renderer
 from reports.speedup_figures import submit_speedup_figures
 
-DEFAULT_OUT = Path("perf-reports") / "speedup"
 
-
-def number_in(low: float, high: float, what: str):
-    """An argparse type: a number from low to high, `what` saying which in its error."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be a number {what}, got {text!r}")
-        return value
-
-    return parse
-
-
-cost_ratio = number_in(0.0, 1e3, ">= 0 (draft step time / target step time)")
-acceptance_rate = number_in(0.0, 1.0, "from 0 to 1 (the share of drafts the target accepts)")
-
-
-def build_parser():
+def build_parser() -> Parser:
     p = Parser(
         prog="python -m perfmodel.speedup",
         description="Medusa speedup and the best tree size: the paper's three simulations (Appendix G.3) on any "
         "device, and the draft-model comparison.",
     )
-    device = p.add_mutually_exclusive_group(required=True)
-    options.gpu(device, many=True)
-    device.add_argument(
-        "--all", action="store_true", help="every device in hw_specs/ (devices without a peak for --dtype are skipped)"
-    )
-    options.spec(device, many=True)
-    options.model(p)
-    options.dtype(p)
-    options.step(p, choices=("paper", "full", "traced", "both", "all"), default="both")
-    options.latency(p)
-    options.acceptance_rates(p)
-    p.add_argument(
-        "--draft-cost",
-        type=cost_ratio,
-        default=DEFAULT_DRAFT_COST,
-        metavar="C",
-        help=f"draft-model step time / target step time for the comparison (default {DEFAULT_DRAFT_COST:g}: about a "
-        "350M draft for a 7B target)",
-    )
-    options.drafter(p)
-    p.add_argument(
-        "--draft-alpha",
-        type=acceptance_rate,
-        default=DEFAULT_DRAFT_ALPHA,
-        metavar="A",
-        help="with --drafter draft or all: the draft model's acceptance rate alpha, the chance the target accepts "
-        f"each drafted token (default {DEFAULT_DRAFT_ALPHA:g}, the middle of the comparison's 0.6-0.9)",
-    )
-    options.out(p, f"{DEFAULT_OUT}/<device>-<model>-<dtype>; with several devices, one such subfolder of DIR each")
-    options.csv(p, "every device's rows", default="DIR/speedup.csv per device")
-    options.step_point(
-        p,
-        tree_use=": answer for that one tree instead of the simulations (plain and Medusa step times, overhead "
-        "and speedup); needs --acceleration",
-    )
-    options.acceleration(p)
-    options.cuda_graph(p)
-    options.launch(p, default=None)
-    options.host_dispatch(p)
-    options.tp(p)
-    options.jobs(p)
+    add_options(p, SpeedupOptions)
     return p
 
 
@@ -198,7 +136,7 @@ def sweep_tracer():
 
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
-    args = build_parser().parse_args(argv)
+    args = read_options(SpeedupOptions, build_parser().parse_args(argv))
     model = load_model(args.model)
     if args.dtype:
         check_dtype(args.dtype)

@@ -19,13 +19,14 @@ Options = TypeVar("Options")
 CLI = "cli"  # the metadata key of an option's declaration
 SHARED = "cli_shared"  # ... of a shared option's: (adder, its keyword arguments)
 NESTED = "cli_nested"  # ... of a group's: its options dataclass
-EXCLUSIVE = "cli_exclusive"  # ... of the mutually exclusive group a shared option joins
+EXCLUSIVE = "cli_exclusive"  # ... of the mutually exclusive group an option joins
+ALONG = "cli_along"  # ... of an option another field's adder adds
 
 
-def option(flag: str, help: str, **parse: Any) -> dict:
+def option(flag: str, help: str, *, exclusive: tuple[str, bool] | None = None, **parse: Any) -> dict:
     """A field's metadata declaring it as `flag`: its help and how argparse parses it
-    (type=, nargs=, choices=, metavar=, action=)."""
-    return {CLI: {"flag": flag, "help": help, **parse}}
+    (type=, nargs=, choices=, metavar=, action=); exclusive as for shared()."""
+    return {CLI: {"flag": flag, "help": help, **parse}, EXCLUSIVE: exclusive}
 
 
 def shared(adder: Callable[..., None], *, exclusive: tuple[str, bool] | None = None, **kwargs: Any) -> dict:
@@ -35,6 +36,12 @@ def shared(adder: Callable[..., None], *, exclusive: tuple[str, bool] | None = N
     return {SHARED: (adder, kwargs), EXCLUSIVE: exclusive}
 
 
+def along(adder_field: str) -> dict:
+    """A field's metadata declaring it as an option that another field's shared adder adds
+    with its own (options.step_point adds --tree-size, --batch and --context)."""
+    return {ALONG: adder_field}
+
+
 def nested(cls) -> dict:
     """A field's metadata declaring it as the group of options `cls` declares."""
     return {NESTED: cls}
@@ -42,7 +49,7 @@ def nested(cls) -> dict:
 
 def declared(cls) -> list[dataclasses.Field]:
     """The fields of `cls` that are options or groups, in declaration order."""
-    return [f for f in dataclasses.fields(cls) if {CLI, SHARED, NESTED} & set(f.metadata)]
+    return [f for f in dataclasses.fields(cls) if {CLI, SHARED, NESTED, ALONG} & set(f.metadata)]
 
 
 def default_of(f: dataclasses.Field):
@@ -60,19 +67,21 @@ def add_options(target: argparse._ActionsContainer, cls) -> None:
         if NESTED in f.metadata:
             add_options(target, f.metadata[NESTED])
             continue
+        if ALONG in f.metadata:
+            continue
+        where = target
+        if f.metadata[EXCLUSIVE] is not None:
+            name, required = f.metadata[EXCLUSIVE]
+            if name not in groups:
+                groups[name] = target.add_mutually_exclusive_group(required=required)
+            where = groups[name]
         if SHARED in f.metadata:
             adder, kwargs = f.metadata[SHARED]
-            where = target
-            if f.metadata[EXCLUSIVE] is not None:
-                name, required = f.metadata[EXCLUSIVE]
-                if name not in groups:
-                    groups[name] = target.add_mutually_exclusive_group(required=required)
-                where = groups[name]
             adder(where, **kwargs)
             continue
         spec = dict(f.metadata[CLI])
         flag = spec.pop("flag")
-        target.add_argument(flag, dest=f.name, default=default_of(f), **spec)
+        where.add_argument(flag, dest=f.name, default=default_of(f), **spec)
 
 
 def read_options(cls: type[Options], args: argparse.Namespace) -> Options:

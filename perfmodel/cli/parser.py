@@ -109,6 +109,21 @@ def tp_degree(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"{exc} (or auto)") from None
 
 
+def number_in(low: float, high: float, what: str) -> Callable[[str], float]:
+    """An argparse type: a number from low to high, `what` saying which in its error."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be a number {what}, got {text!r}")
+        return value
+
+    return parse
+
+
 def positive_number(text: str) -> float:
     """A finite number > 0 (a rate, a latency target)."""
     try:
