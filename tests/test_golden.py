@@ -51,8 +51,15 @@ def test_the_golden_set_holds_the_documented_samples():
         (["--command", POINT], "say what to compare with"),
         (["--against", "no-such-ref-xyz", "--command", POINT], "--against no-such-ref-xyz: git cannot export it"),
         (["--tree", "/", "--command", POINT], "--tree /: not a medusa-perfkit checkout"),
+        (["--tree", ".", "--jobs", "0", "--command", POINT], "--jobs must be at least 1, got 0"),
     ],
 )
 def test_bad_usage_is_one_line(argv, said):
     with pytest.raises(PerfkitError, match=said.replace("/", "/")):
         golden.main(argv)
+
+
+def test_a_kept_folder_that_holds_files_is_refused(tmp_path):
+    (tmp_path / "old.txt").write_text("a run of before")
+    with pytest.raises(PerfkitError, match="the folder is not empty"):
+        golden.main(["--tree", str(ROOT), "--command", POINT, "--keep", str(tmp_path)])

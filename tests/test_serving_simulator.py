@@ -12,7 +12,7 @@ from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning.lengths import Lengths
 from perfmodel.planning.step_models import flavor_steps
-from perfmodel.planning.workload import Workload, read_trace
+from perfmodel.planning.workload import Targets, Workload, read_trace
 from perfmodel.serving.costs import CostBounds, tabulate_costs
 from perfmodel.serving.simulator import EngineConfig, simulate
 
@@ -110,11 +110,25 @@ def test_lengths_are_drawn_with_the_asked_mean_and_p95():
         (dict(rate=0), "request rate must be a positive number, got 0"),
         (dict(rate=float("nan")), "request rate must be a positive number"),
         (dict(rate=1, requests=3), "requests must be an integer >= 10"),
+        (dict(prompt=512), r"prompt must be a Lengths \(Lengths.of\(...\) reads a count, pair or samples\)"),
     ],
 )
 def test_bad_workloads_are_one_line_errors(kwargs, message):
     with pytest.raises(PerfkitError, match=message):
         Workload(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(latency_s=-0.01), "latency_s must be a positive number, got -0.01"),
+        (dict(tpot_s=0), "tpot_s must be a positive number, got 0"),
+        (dict(percentile=95), "percentile 95 is not offered; choose one of: 50, 90, 99"),
+    ],
+)
+def test_bad_targets_are_one_line_errors(kwargs, message):
+    with pytest.raises(PerfkitError, match=message):
+        Targets(**kwargs)
 
 
 def test_bad_engine_settings_are_one_line_errors():
