@@ -66,7 +66,7 @@ from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.memory import DEFAULT_RESERVE
 from perfmodel.planning.result import DEVICE_COLUMNS, PlanResult
 from perfmodel.planning.simulations import CANDIDATE_SIZES
-from perfmodel.planning.workload import Targets, Workload
+from perfmodel.planning.workload import Targets, Workload, positive
 
 # batches=None plans every power of two up to the device's max batch, and that batch.
 DEFAULT_BATCHES = None
@@ -103,11 +103,9 @@ class PlanRequest:
 
     @property
     def targets(self) -> Targets:
-        for name in ("latency_target_s", "throughput_target"):
-            value = getattr(self, name)
-            if value is not None and (not is_real(value) or value <= 0):
-                raise PerfkitError(f"{name} must be a positive number, got {value!r}")
-        return Targets(latency_s=self.latency_target_s, tokens_s=self.throughput_target)
+        # checked under the names plan() takes them by
+        latency = positive(self.latency_target_s, "latency_target_s")
+        return Targets(latency_s=latency, tokens_s=positive(self.throughput_target, "throughput_target"))
 
 
 def plan(model: str | Path | ModelConfig, devices, **options) -> PlanResult:
