@@ -136,3 +136,42 @@ def test_bad_engine_settings_are_one_line_errors():
         EngineConfig("mixed")
     with pytest.raises(PerfkitError, match="chunk_tokens must be a positive integer, got 0"):
         EngineConfig("chunked", 0)
+
+
+def vectorised_steps(costs, batch, context, tokens, tree, left, until):
+    """ServingCosts' steps as numpy computes them, each step at once: the reference the
+    loop's plain-float lookup must reproduce."""
+    count = max(1, int(np.ceil(left / tokens - 1e-9)))
+    ahead = context + tokens * np.arange(count)
+    row, c = batch - 1, costs.contexts
+    nearest = np.abs(c[:, None] - ahead[None, :]).argmin(axis=0)
+    same_tree = costs.tree[row, nearest] == tree
+    count = max(1, int(np.argmin(same_tree)) if not same_tree.all() else count)
+    seconds = np.interp(ahead[:count], c, costs.step_s[row])
+    starts = np.concatenate([[0.0], np.cumsum(seconds)[:-1]])
+    count = max(1, int(np.searchsorted(starts, until, side="left")))
+    return count, float(seconds[:count].sum())
+
+
+def test_the_loops_step_lookup_is_numpys_arithmetic(step):
+    # a schedule whose tree changes with context, so runs of steps stop where the tree does
+    costs = tabulate_costs(
+        step,
+        PAPER_ACCEPTANCE,
+        lambda b, s: np.where(np.asarray(s) < 300, 16, 1),
+        CostBounds(8, 2048, 10**7, 16),
+        "t",
+        True,
+    )
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        batch, context = int(rng.integers(1, 9)), float(rng.uniform(0.5, 2500))
+        seconds, tokens, tree = costs.step(batch, context)
+        assert seconds == pytest.approx(np.interp(context, costs.contexts, costs.step_s[batch - 1]), rel=1e-12)
+        left, until = float(rng.uniform(0, 300)), float(rng.choice([rng.uniform(0, 2), np.inf]))
+        count, total = costs.lookup.steps(batch, context, tokens, tree, left, until)
+        expected_count, expected_total = vectorised_steps(costs, batch, context, tokens, tree, left, until)
+        assert count == expected_count
+        assert total == pytest.approx(expected_total, rel=1e-12)
+    lengths = [0, 1, 7, 300, 2048, 5000]
+    assert [costs.lookup.prefill(n) for n in lengths] == costs.prefill(lengths).tolist()

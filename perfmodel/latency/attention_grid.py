@@ -50,9 +50,13 @@ class HeadGrid:
 
     @classmethod
     def of(cls, points: pd.DataFrame, length_exponent: float = 1.0) -> HeadGrid:
-        grid = points.pivot_table(index="batch", columns="kv_len", values="time_s", aggfunc="median")
-        log_len = np.log2(grid.columns.to_numpy(dtype=float))
-        values = np.log(grid.to_numpy(dtype=float))
+        """From points with one time per (batch, kv_len) (KernelTable.of's medians)."""
+        batches, row = np.unique(points["batch"].to_numpy(dtype=float), return_inverse=True)
+        lengths, column = np.unique(points["kv_len"].to_numpy(dtype=float), return_inverse=True)
+        seconds = np.full((len(batches), len(lengths)), np.nan)
+        seconds[row, column] = points["time_s"].to_numpy(dtype=float)
+        log_len = np.log2(lengths)
+        values = np.log(seconds)
         measured = ~np.isnan(values)
         for row, ok in zip(values, measured):
             x, y = log_len[ok], row[ok]
@@ -63,8 +67,7 @@ class HeadGrid:
                 exponent = 1.0  # one point: take the cache-streaming limit, time proportional to kv_len
             after = log_len > x[-1]
             row[after] = y[-1] + exponent * np.log(2) * (log_len[after] - x[-1])
-        log_batch = np.log2(grid.index.to_numpy(dtype=float))
-        return cls(log_batch, log_len, non_decreasing(values), measured, length_exponent)
+        return cls(np.log2(batches), log_len, non_decreasing(values), measured, length_exponent)
 
     def at(self, batch: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """ln(seconds) at (batch, kv_len) arrays, and whether each lies in the measured region

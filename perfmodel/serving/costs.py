@@ -9,8 +9,10 @@ pricing of batch x context (about 256 x 16 points) per configuration, then looku
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -39,17 +41,52 @@ class ServingCosts:
     def max_seqs(self) -> int:
         return self.step_s.shape[0]
 
+    @cached_property
+    def lookup(self) -> StepLookup:
+        return StepLookup(
+            self.contexts.tolist(),
+            self.step_s.tolist(),
+            self.tokens.tolist(),
+            self.tree.tolist(),
+            self.prefill_lengths.tolist(),
+            self.prefill_s.tolist(),
+        )
+
     def step(self, batch: int, context: float) -> tuple[float, float, int]:
         """(seconds, tokens per sequence, tree size) of a step of `batch` sequences at a mean
         context of `context` tokens."""
-        row = batch - 1
-        c = self.contexts
-        j = min(max(int(np.searchsorted(c, context)), 1), len(c) - 1)
+        return self.lookup.step(batch, context)
+
+    def prefill(self, tokens) -> np.ndarray:
+        """Seconds to prefill a prompt prefix of `tokens` tokens (the cost of a chunk from p to
+        p + c is prefill(p + c) - prefill(p))."""
+        t = np.asarray(tokens, dtype=float)
+        return np.where(t <= 0, 0.0, np.interp(t, self.prefill_lengths, self.prefill_s))
+
+
+@dataclass(frozen=True)
+class StepLookup:
+    """ServingCosts' step table as plain Python lists, and its lookups in Python floats: the
+    simulation calls them once per iteration, tens of thousands of times per search, where
+    numpy's per-call overhead on a 16-point row was most of the loop's time. The arithmetic
+    is numpy's (np.interp's slope form, argmin's first-of-equals)."""
+
+    contexts: list  # the context grid, tokens
+    step_s: list  # [batch - 1][context point], as ServingCosts
+    tokens: list
+    tree: list
+    prefill_lengths: list
+    prefill_s: list
+
+    def step(self, batch: int, context: float) -> tuple[float, float, int]:
+        """See ServingCosts.step."""
+        row, c = batch - 1, self.contexts
+        j = min(max(bisect_left(c, context), 1), len(c) - 1)
         f = min(max((context - c[j - 1]) / (c[j] - c[j - 1]), 0.0), 1.0)
         # The tree of the nearer grid point, and its own step time and acceptance.
         k = j if f >= 0.5 else j - 1
-        seconds = self.step_s[row, j - 1] + f * (self.step_s[row, j] - self.step_s[row, j - 1])
-        return float(seconds), float(self.tokens[row, k]), int(self.tree[row, k])
+        seconds = self.step_s[row]
+        return seconds[j - 1] + f * (seconds[j] - seconds[j - 1]), float(self.tokens[row][k]), int(self.tree[row][k])
 
     def steps(
         self, batch: int, context: float, tokens: float, tree: int, left: float, until: float
@@ -59,21 +96,50 @@ class ServingCosts:
         after `until` seconds, while the tree stays `tree`; and their seconds in all. At least
         one step."""
         count = max(1, math.ceil(left / tokens - 1e-9))
-        ahead = context + tokens * np.arange(count)
-        row, c = batch - 1, self.contexts
-        nearest = np.abs(c[:, None] - ahead[None, :]).argmin(axis=0)
-        same_tree = self.tree[row, nearest] == tree
-        count = max(1, int(np.argmin(same_tree)) if not same_tree.all() else count)
-        seconds = np.interp(ahead[:count], c, self.step_s[row])
-        starts = np.concatenate([[0.0], np.cumsum(seconds)[:-1]])
-        count = max(1, int(np.searchsorted(starts, until, side="left")))
-        return count, float(seconds[:count].sum())
+        c, seconds, trees = self.contexts, self.step_s[batch - 1], self.tree[batch - 1]
+        last = len(c) - 1
+        # The grid segment c[j] <= context < c[j + 1] (-1 below the grid, last above it) only
+        # moves forward as the context grows: no search per step. Inline, as this loop runs
+        # millions of times in a search.
+        j = bisect_right(c, context) - 1
+        total, k = 0.0, 0
+        while k < count:
+            ahead = context + tokens * k
+            while j < last and c[j + 1] <= ahead:
+                j += 1
+            if k:
+                if total >= until:
+                    break
+                nearest = 0 if j < 0 else last if j == last else j if ahead - c[j] <= c[j + 1] - ahead else j + 1
+                if trees[nearest] != tree:
+                    break
+            if j < 0:
+                total += seconds[0]
+            elif j == last:
+                total += seconds[last]
+            elif c[j] == ahead:
+                total += seconds[j]
+            else:  # np.interp's arithmetic
+                total += (seconds[j + 1] - seconds[j]) / (c[j + 1] - c[j]) * (ahead - c[j]) + seconds[j]
+            k += 1
+        return k, total
 
-    def prefill(self, tokens) -> np.ndarray:
-        """Seconds to prefill a prompt prefix of `tokens` tokens (the cost of a chunk from p to
-        p + c is prefill(p + c) - prefill(p))."""
-        t = np.asarray(tokens, dtype=float)
-        return np.where(t <= 0, 0.0, np.interp(t, self.prefill_lengths, self.prefill_s))
+    def prefill(self, tokens: int) -> float:
+        """See ServingCosts.prefill, for one prefix."""
+        return 0.0 if tokens <= 0 else interpolate(tokens, self.prefill_lengths, self.prefill_s)
+
+
+def interpolate(x: float, xs: list, values: list) -> float:
+    """np.interp(x, xs, values) for one x, in numpy's arithmetic (its slope form, a grid
+    point's own value)."""
+    if x <= xs[0]:
+        return values[0]
+    if x >= xs[-1]:
+        return values[-1]
+    j = bisect_right(xs, x) - 1
+    if xs[j] == x:
+        return values[j]
+    return (values[j + 1] - values[j]) / (xs[j + 1] - xs[j]) * (x - xs[j]) + values[j]
 
 
 def context_grid(max_context: int, points: int = CONTEXT_POINTS) -> np.ndarray:

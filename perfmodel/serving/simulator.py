@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 
 import numpy as np
 import pandas as pd
@@ -36,6 +37,9 @@ from perfmodel.serving.costs import ServingCosts
 PREFILL_MODES = ("separate", "chunked")
 DEFAULT_CHUNK_TOKENS = 2048
 DEFAULT_MAX_SEQS = 256  # vLLM's default max_num_seqs: the running batch's cap
+# How far a sequence's gain (the difference of two large sums of fractional tokens) may fall
+# short of its output by rounding alone and still complete it.
+GAIN_ROUNDING = 1e-9
 # The requests the percentiles and throughput are taken over: those arriving between these
 # shares of the run, past the empty start and before the draining end.
 STEADY = (0.1, 0.9)
@@ -92,92 +96,104 @@ def simulate(requests: Requests, costs: ServingCosts, engine: EngineConfig = Eng
             f"request {i} ({prompt[i]} prompt + {output[i]} output tokens) needs more KV cache than the replica holds "
             f"({costs.kv_capacity:,} tokens); use more devices, a smaller dtype or shorter requests"
         )
-    first = np.full(n, np.nan)
-    finish = np.full(n, np.nan)
-    gained = np.zeros(n)  # tokens after the first
-    prefilled = np.zeros(n, dtype=np.int64)  # prompt tokens prefilled so far
+    lookup = costs.lookup
+    prefill_of = costs.prefill(prompt)  # each prompt's whole prefill, seconds
+    arrival_at, prompt_of, output_of, need_of = arrival.tolist(), prompt.tolist(), output.tolist(), need.tolist()
+    first, finish = [math.nan] * n, [math.nan] * n
+    prefilled = [0] * n  # prompt tokens prefilled so far
+    # Every running sequence gains the same tokens per step, so one counter, `progress`,
+    # tracks them all: a sequence's gain is progress less its value when it joined (`joined`).
+    # The running batch is a heap by the progress at which each sequence completes, and its
+    # mean context a running sum: an iteration costs the same at any batch.
+    progress, joined = 0.0, [0.0] * n
+    running: list[tuple[float, int]] = []
+    prompt_sum, joined_sum = 0, 0.0  # over the running batch
     waiting: deque[int] = deque()
     prefilling: list[int] = []
-    running = np.empty(0, dtype=np.int64)
     kv_used, t, upcoming, done = 0, 0.0, 0, 0
     times, produced = [0.0], [0.0]  # iteration end times and output tokens made by then
     decode_time = batch_time = tree_steps = steps = 0.0
     chunked = engine.prefill == "chunked"
 
     while done < n:
-        while upcoming < n and arrival[upcoming] <= t:
+        while upcoming < n and arrival_at[upcoming] <= t:
             waiting.append(upcoming)
             upcoming += 1
         while (
             waiting
             and len(running) + len(prefilling) < costs.max_seqs
-            and kv_used + need[waiting[0]] <= costs.kv_capacity
+            and kv_used + need_of[waiting[0]] <= costs.kv_capacity
         ):
             i = waiting.popleft()
-            kv_used += need[i]
+            kv_used += need_of[i]
             prefilling.append(i)
-        if not len(running) and not prefilling:
-            t = max(t, float(arrival[upcoming]))
+        if not running and not prefilling:
+            t = max(t, arrival_at[upcoming])
             continue
 
         made = 0.0
         if not chunked and prefilling:
-            ready = np.array(prefilling)
-            t += float(costs.prefill(prompt[ready]).sum())
-            prefilling = []
+            t += float(prefill_of[prefilling].sum())
+            ready, prefilling = prefilling, []
         else:
             dt, budget = 0.0, engine.chunk_tokens
-            if len(running):
+            if running:
                 b = len(running)
-                context = float((prompt[running] + gained[running]).mean())
-                seconds, tokens, tree = costs.step(b, context)
+                context = (prompt_sum - joined_sum) / b + progress
+                seconds, tokens, tree = lookup.step(b, context)
                 count = 1
                 if not prefilling:
                     # Nothing joins or leaves before the next arrival or completion: take the
                     # steps up to then at once.
-                    left = float((output[running] - 1 - gained[running]).min())
-                    next_arrival = float(arrival[upcoming]) if upcoming < n else math.inf
-                    count, seconds = costs.steps(b, context, tokens, tree, left, next_arrival - t)
+                    left = running[0][0] - progress
+                    next_arrival = arrival_at[upcoming] if upcoming < n else math.inf
+                    count, seconds = lookup.steps(b, context, tokens, tree, left, next_arrival - t)
                 dt += seconds
                 budget -= b * tree
-                gained[running] += tokens * count
+                progress += tokens * count
                 made += b * tokens * count
                 decode_time += seconds
                 batch_time += seconds * b
                 tree_steps += count * (tree > 1)
                 steps += count
-            ready_list = []
+            ready = []
             for i in prefilling:
                 if budget <= 0:
                     break
-                chunk = min(int(prompt[i] - prefilled[i]), budget)
-                dt += float(costs.prefill(prefilled[i] + chunk) - costs.prefill(prefilled[i]))
+                chunk = min(prompt_of[i] - prefilled[i], budget)
+                dt += lookup.prefill(prefilled[i] + chunk) - lookup.prefill(prefilled[i])
                 prefilled[i] += chunk
                 budget -= chunk
-                if prefilled[i] == prompt[i]:
-                    ready_list.append(i)
-            prefilling = [i for i in prefilling if prefilled[i] < prompt[i]]
-            ready = np.array(ready_list, dtype=np.int64)
+                if prefilled[i] == prompt_of[i]:
+                    ready.append(i)
+            prefilling = [i for i in prefilling if prefilled[i] < prompt_of[i]]
             t += dt
-            if len(running):
-                over = gained[running] >= output[running] - 1
-                finished = running[over]
-                finish[finished] = t
-                kv_used -= int(need[finished].sum())
-                done += len(finished)
-                made -= float((gained[finished] - (output[finished] - 1)).sum())  # tokens past the end are dropped
-                running = running[~over]
-        if len(ready):
-            first[ready] = t
-            made += len(ready)
-            single = output[ready] <= 1
-            finish[ready[single]] = t
-            kv_used -= int(need[ready[single]].sum())
-            done += int(single.sum())
-            running = np.concatenate([running, ready[~single]])
+            while running and progress - joined[running[0][1]] >= output_of[running[0][1]] - 1 - GAIN_ROUNDING:
+                i = heappop(running)[1]
+                finish[i] = t
+                kv_used -= need_of[i]
+                done += 1
+                made -= progress - joined[i] - (output_of[i] - 1)  # tokens past the end are dropped
+                prompt_sum -= prompt_of[i]
+                joined_sum -= joined[i]
+            if not running:
+                joined_sum = 0.0  # no rounding carried into the next batch
+        for i in ready:
+            first[i] = t
+            made += 1
+            if output_of[i] <= 1:
+                finish[i] = t
+                kv_used -= need_of[i]
+                done += 1
+            else:
+                joined[i] = progress
+                heappush(running, (output_of[i] - 1 + progress, i))
+                prompt_sum += prompt_of[i]
+                joined_sum += progress
         times.append(t)
         produced.append(produced[-1] + made)
 
+    first, finish = np.array(first), np.array(finish)
     frame = pd.DataFrame(
         {"arrival_s": arrival, "first_token_s": first, "finish_s": finish, "prompt": prompt, "output": output}
     )
