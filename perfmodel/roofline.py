@@ -28,6 +28,7 @@ from perfmodel.measured.device_view import device_key, is_cpu_name, resolve_view
 from perfmodel.models.config import load_model
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, check_arithmetic
 from perfmodel.models.operators import DEFAULT_OPS
+from reports.figure_cache import figure_cache
 from reports.output_folder import staged
 from reports.render import Renderer
 from reports.roofline_page import submit_roofline_figures, write_page
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Everything is written into a staging folder inside `out` and moved in only once it is all
     # there (reports.output_folder): a full disk or an interruption leaves the last run whole.
-    with Renderer(args.jobs) as renderer, staged(out) as folder:
+    with Renderer(args.jobs, figure_cache()) as renderer, staged(out) as folder:
         figures, tables, errors = submit_roofline_figures(
             renderer, view, models, variation_model, dtype, grid, args.latency
         )

@@ -37,6 +37,7 @@ from perfmodel.planning.drafters import drafters_for
 from perfmodel.planning.simulation_summary import best_trees, optima_side_by_side, summary_lines
 from perfmodel.planning.simulations import choose_devices, device_table, draft_model_table, optima
 from perfmodel.planning.step_point import POINT_COLUMNS, point_lines, step_point
+from reports.figure_cache import figure_cache
 from reports.render import Renderer
 from reports.speedup_figures import submit_speedup_figures
 
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     medusa = args.drafter == DrafterKind.MEDUSA  # the figures and best trees are Medusa's
-    with Renderer(args.jobs) as renderer:
+    with Renderer(args.jobs, figure_cache()) as renderer:
         figures = [
             submit_speedup_figures(renderer, d, model, dtype, table, draft, acceptance) if medusa else {}
             for d, dtype, _, table, _, _ in planned

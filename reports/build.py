@@ -42,6 +42,7 @@ from reports.answer import gather, serving_answer
 from reports.answer_page import answer_section
 from reports.answer_words import chosen_degree
 from reports.capacity_figures import capacity_figure
+from reports.figure_cache import figure_cache
 from reports.html import Page
 from reports.output_folder import staged
 from reports.render import FigureJob, Renderer
@@ -137,7 +138,7 @@ def build(config: BuildConfig, log=print) -> Report:
     view, model, dtype, acceptance, validation, drafted, ablation = load_inputs(config, log)
     tracer = step_tracer(config.step)  # one for the plan and the simulations: each point traced once
     grid = QUICK_GRID if view.is_cpu else PAPER_GRID
-    with Renderer(config.jobs) as renderer:
+    with Renderer(config.jobs, figure_cache()) as renderer:
         # The rooflines depend on the device and the model alone: the workers draw them while
         # the plan and the speedups are computed.
         roof, tables, op_errors = submit_roofline_figures(renderer, view, [model], model, dtype, grid, config.latency)

@@ -38,6 +38,7 @@ from reports.compare_figures import (
     latency_figure,
     speedup_comparison_figure,
 )
+from reports.figure_cache import figure_cache
 from reports.html import Page
 from reports.output_folder import staged
 from reports.render import FigureJob, Renderer
@@ -208,7 +209,7 @@ def compare(config: CompareConfig, log=print) -> Comparison:
             ),
         ),
     }
-    with Renderer(config.jobs) as renderer, staged(config.out) as folder:
+    with Renderer(config.jobs, figure_cache()) as renderer, staged(config.out) as folder:
         drawn = {name: renderer.draw(job) for name, job in jobs.items()}
         page = Page(f"Medusa device comparison: {model.name}", contents=True)
         if skipped:

@@ -30,6 +30,8 @@ from pathlib import Path
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, run
 from perfmodel.measured.store import HOME_VARIABLE
+from reports.figure_cache import FOLDER_VARIABLE as FIGURES_VARIABLE
+from reports.figure_cache import OFF
 from reports.readme_samples import ROOT, WALL_TIME, doc_files, find_samples
 
 # The examples that write files (reports, figures, tables): their files are what a refactor
@@ -86,6 +88,7 @@ def record_command(command: str, tree: Path, folder: Path) -> int:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])),
         HOME_VARIABLE: str(folder / "home"),
         "MPLBACKEND": "Agg",
+        FIGURES_VARIABLE: OFF,  # every figure drawn by the tree's own code
         "NO_COLOR": "1",
     }
     with open(folder / STDOUT, "wb") as out, open(folder / STDERR, "wb") as err:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from matplotlib.figure import Figure
 
+from reports.figure_cache import FigureCache
 from reports.plotting import png_bytes, svg_bytes
 
 
@@ -60,7 +61,8 @@ class Renderer:
     platform) figures render in this process, lazily.
     """
 
-    def __init__(self, workers: int | None = None):
+    def __init__(self, workers: int | None = None, cache: FigureCache | None = None):
+        self.cache = cache
         workers = workers or os.cpu_count() or 1
         # fork shares the already-imported matplotlib with the workers; where it is missing
         # (macOS, Windows) a spawn would re-import everything, which costs more than it saves.
@@ -71,10 +73,35 @@ class Renderer:
         self.frozen = False
 
     def submit(self, job: FigureJob) -> Callable[[], bytes]:
-        return self._submit(_render, job)
+        key = self.cache.key("png", job.draw, job.kwargs) if self.cache else None
+        kept = self.cache.get(key) if key else None
+        if kept is not None:
+            return lambda: kept[0]
+        rendered = self._submit(_render, job)
+        return self._kept(key, rendered, lambda png: self.cache.put(key, png))
 
     def draw(self, job: FigureJob) -> Callable[[], Drawn]:
-        return self._submit(_draw, job)
+        key = self.cache.key("page", job.draw, job.kwargs) if self.cache else None
+        kept = self.cache.get(key) if key else None
+        if kept is not None:
+            return lambda: Drawn(*kept)
+        drawn = self._submit(_draw, job)
+        return self._kept(key, drawn, lambda figure: self.cache.put(key, figure.png, figure.svg, page=True))
+
+    @staticmethod
+    def _kept(key: str | None, get: Callable[[], object], keep: Callable[[object], None]) -> Callable[[], object]:
+        """`get`, keeping what it gives in the cache the first time (where it has a key)."""
+        if key is None:
+            return get
+        done: list = []
+
+        def get_and_keep():
+            if not done:
+                done.append(get())
+                keep(done[0])
+            return done[0]
+
+        return get_and_keep
 
     def _submit(self, work: Callable[[FigureJob], object], job: FigureJob) -> Callable[[], object]:
         if self.pool is None:
@@ -91,6 +118,8 @@ class Renderer:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
+        if self.cache is not None and exc_type is None:
+            self.cache.prune()
         if self.pool is not None:
             # after an error nobody waits for the figures still being drawn
             self.pool.shutdown(wait=exc_type is None, cancel_futures=True)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, positive_int, run
+from reports.figure_cache import FOLDER_VARIABLE as FIGURES_VARIABLE
+from reports.figure_cache import OFF
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,9 @@ COMMANDS = (
 def wall_time(command: Command, out: str) -> float:
     """Seconds from starting the interpreter to its exit; a failed run is an error naming it."""
     started = time.perf_counter()
-    done = subprocess.run(command.argv(out), capture_output=True, text=True)
+    # A newcomer's first run: no figure kept from an earlier one (reports.figure_cache).
+    env = {**os.environ, FIGURES_VARIABLE: OFF}
+    done = subprocess.run(command.argv(out), capture_output=True, text=True, env=env)
     elapsed = time.perf_counter() - started
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 
 import pytest
 from filelock import FileLock
@@ -13,6 +14,7 @@ from helpers import assert_png_shows_a_plot
 
 from perfmodel.measured.store import HOME_VARIABLE
 from perfmodel.models.config import ModelConfig
+from reports.figure_cache import FOLDER_VARIABLE as FIGURES_VARIABLE
 from tests.distilled import distilled_decoder
 
 # Small shapes with GQA and two Medusa heads, shared by the benchmark and sweep tests: every
@@ -53,12 +55,25 @@ def pytest_configure(config):
     (profilers.sweep_runs)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    share_figures(config)
     workers = config.getoption("numprocesses", None)
     cores = os.cpu_count() or 1
     workers = cores if workers in ("auto", "logical") else int(workers or 0)
     if workers > 1:
         for name in THREAD_VARIABLES:
             os.environ.setdefault(name, str(max(1, cores // workers)))
+
+
+def share_figures(config) -> None:
+    """One figure cache for the run, shared by its workers (reports.figure_cache): tests that
+    build reports draw many of the same figures, and a figure's key is what it shows, so a
+    kept one is the bytes drawing gives. Outside the user's cache, removed at the end. A test
+    of the drawing itself turns it off (test_figures)."""
+    if FIGURES_VARIABLE in os.environ:
+        return
+    folder = tempfile.mkdtemp(prefix="perfkit-test-figures-")
+    os.environ[FIGURES_VARIABLE] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,6 +19,8 @@ from perfmodel.acceptance.reference_trees import VICUNA_7B_ORDER, vicuna_7b_pref
 from reports import render
 from reports.__main__ import main as reports_main
 from reports.acceptance_figures import tree_layout
+from reports.figure_cache import FOLDER_VARIABLE as FIGURES_VARIABLE
+from reports.figure_cache import OFF
 from reports.plotting import subplots
 
 SHIPPED_CPU = "cpu-intel-xeon-processor-2c"
@@ -145,6 +147,7 @@ def rendered(tmp_path_factory) -> dict[str, list[str]]:
     out = tmp_path_factory.mktemp("figures")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(render, "png_bytes", checked)
+        patch.setenv(FIGURES_VARIABLE, OFF)  # every figure drawn, none taken from the run's cache
         assert (
             reports_main(
                 ["build", "--gpu", SHIPPED_CPU, "--model", "bundled", "--out", str(out / "cpu"), "--jobs", "1"]

@@ -8,7 +8,7 @@ from perfmodel.base.errors import PerfkitError
 from reports import golden
 from reports.readme_samples import ROOT
 
-POINT = "python -m perfmodel.speedup --gpu a100 --model llama-7b --step all --tree-size 64 --acceleration 3.0"
+POINT = "python -m perfmodel.speedup --gpu a100 --model llama-7b --tree-size 64 --acceleration 3.0"
 
 
 def write(folder, name, text):
