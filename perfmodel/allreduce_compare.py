@@ -10,9 +10,11 @@ perfmodel.measured.vidur.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.cli import Parser, run
+from perfmodel.cli.fields import add_options, option, read_options
 from perfmodel.latency.allreduce import DECODE_BYTES
 from perfmodel.latency.allreduce_fit import (
     DECODE_BATCHES,
@@ -28,6 +30,36 @@ from perfmodel.latency.allreduce_fit import (
 from perfmodel.latency.allreduce_ring import RING_CONSTANTS
 from perfmodel.measured.vidur import SHIPPED_TABLES, import_vidur_all_reduce, table_path
 
+WHAT = ("what", False)  # one of --compare, --fit, --import-vidur
+
+
+@dataclass(frozen=True)
+class AllreduceCompareOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    compare: bool = field(
+        default=False,
+        metadata=option(
+            "--compare", "print the model's error per table (the default)", action="store_true", exclusive=WHAT
+        ),
+    )
+    fit: bool = field(
+        default=False,
+        metadata=option(
+            "--fit", "refit the ring latency and efficiency per interconnect", action="store_true", exclusive=WHAT
+        ),
+    )
+    import_vidur: Path | None = field(
+        default=None,
+        metadata=option(
+            "--import-vidur",
+            "convert DIR/<topology>/all_reduce.csv (Vidur's data/profiling/network) into the shipped tables",
+            metavar="DIR",
+            type=Path,
+            exclusive=WHAT,
+        ),
+    )
+
 
 def build_parser() -> Parser:
     parser = Parser(
@@ -35,15 +67,7 @@ def build_parser() -> Parser:
         description="Ring all-reduce model vs the shipped measured tables (Vidur's, NCCL's), per table and worker "
         "count; Vidur's tables vs NCCL's.",
     )
-    what = parser.add_mutually_exclusive_group()
-    what.add_argument("--compare", action="store_true", help="print the model's error per table (the default)")
-    what.add_argument("--fit", action="store_true", help="refit the ring latency and efficiency per interconnect")
-    what.add_argument(
-        "--import-vidur",
-        metavar="DIR",
-        type=Path,
-        help="convert DIR/<topology>/all_reduce.csv (Vidur's data/profiling/network) into the shipped tables",
-    )
+    add_options(parser, AllreduceCompareOptions)
     return parser
 
 
@@ -132,7 +156,7 @@ def import_vidur(source_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(AllreduceCompareOptions, build_parser().parse_args(argv))
     if args.fit:
         print_fit()
     elif args.import_vidur:

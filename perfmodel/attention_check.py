@@ -16,12 +16,14 @@ per device, stack and phase, and the configuration predicted worst (by its media
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, run
+from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.hardware.specs import resolve_spec
 from perfmodel.latency.attention_table import AttentionTable, attention_devices, attention_stacks, attention_table
 from perfmodel.models.operators import Phase
@@ -89,21 +91,32 @@ def summary(result: pd.DataFrame) -> pd.DataFrame:
     return result.groupby(keys, sort=False).apply(stats, include_groups=False).reset_index()
 
 
+@dataclass(frozen=True)
+class AttentionCheckOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    gpu: tuple[str, ...] | None = field(
+        default=None, metadata=shared(options.gpu, many=True, default="every device with shipped attention tables")
+    )
+    stack: str | None = field(
+        default=None,
+        metadata=option(
+            "--stack",
+            "the software stack whose measurements to check: vllm, sglang, trtllm (the newest of the engine) or an "
+            "exact stack such as vllm-0.24.0 (default: every stack with attention tables)",
+            metavar="ENGINE[-VERSION]",
+        ),
+    )
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.attention_check", description=__doc__.split("\n\n")[0])
-    options.gpu(p, many=True, default="every device with shipped attention tables")
-    # Declared here until perfmodel/cli/options.py holds --stack for every command that takes it.
-    p.add_argument(
-        "--stack",
-        metavar="ENGINE[-VERSION]",
-        help="the software stack whose measurements to check: vllm, sglang, trtllm (the newest of the engine) or "
-        "an exact stack such as vllm-0.24.0 (default: every stack with attention tables)",
-    )
+    add_options(p, AttentionCheckOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(AttentionCheckOptions, build_parser().parse_args(argv))
     measured = attention_devices()
     devices = [resolve_spec(d, None).key for d in args.gpu] if args.gpu else measured
     missing = [d for d in devices if d not in measured]

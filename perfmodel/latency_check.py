@@ -22,12 +22,14 @@ reach without them (see `oracle_bounds`).
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, positive_int, run
+from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.hardware.specs import resolve_spec
 from perfmodel.latency.gemm_grid import default_grid, gemm_grid, stack_names
 from perfmodel.latency.gemm_table import GemmTable, gemm_rows
@@ -160,22 +162,35 @@ def best_other_staircase(held: pd.DataFrame, device: str, held_out: str, max_tok
     return np.concatenate(errors)
 
 
+@dataclass(frozen=True)
+class LatencyCheckOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    gpu: tuple[str, ...] | None = field(
+        default=None, metadata=shared(options.gpu, many=True, default="every measured device with profiles")
+    )
+    max_tokens: int = field(
+        default=MAX_TOKENS,
+        metadata=option("--max-tokens", "largest token count checked (default 1024)", type=positive_int),
+    )
+    bounds: bool = field(
+        default=False,
+        metadata=option(
+            "--bounds",
+            "also print two oracles fitted on the held-out rows: how far any prediction of their form could get",
+            action="store_true",
+        ),
+    )
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.latency_check", description=__doc__.split("\n\n")[0])
-    options.gpu(p, many=True, default="every measured device with profiles")
-    p.add_argument(
-        "--max-tokens", type=positive_int, default=MAX_TOKENS, help="largest token count checked (default 1024)"
-    )
-    p.add_argument(
-        "--bounds",
-        action="store_true",
-        help="also print two oracles fitted on the held-out rows: how far any prediction of their form could get",
-    )
+    add_options(p, LatencyCheckOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(LatencyCheckOptions, build_parser().parse_args(argv))
     profiled = [key for key in measured_devices() if stored_profiles(key)]
     devices = args.gpu or profiled
     unmeasured = [d for d in devices if not stored_profiles(resolve_spec(d, None).key)]

@@ -12,6 +12,8 @@ two still part.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
@@ -19,6 +21,7 @@ from tqdm import tqdm
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import replaced_atomically, writable_file, write_csv
 from perfmodel.cli import Parser, options, run
+from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.cli.parser import positive_int
 from perfmodel.hardware.specs import resolve_spec
 from perfmodel.peer.aiconfigurator_peer import BACKENDS, SYSTEMS, check_installed
@@ -36,35 +39,61 @@ from perfmodel.peer.compare import (
 QUICK = dict(devices=("h100-sxm",), stacks=("trtllm",), models=(DEFAULT_MODELS[1][0], (8,)), batches=(1, 16))
 
 
+@dataclass(frozen=True)
+class PeerCheckOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    gpu: tuple[str, ...] | None = field(
+        default=None,
+        metadata=shared(
+            options.gpu, many=True, default=f"{' '.join(DEFAULT_DEVICES)}; the peer has tables of {', '.join(SYSTEMS)}"
+        ),
+    )
+    stack: tuple[str, ...] = field(
+        default=tuple(DEFAULT_STACKS),
+        metadata=option("--stack", f"engine stacks (default: {' '.join(DEFAULT_STACKS)})", nargs="+", choices=BACKENDS),
+    )
+    batch: tuple[int, ...] = field(
+        default=tuple(DEFAULT_BATCHES),
+        metadata=option(
+            "--batch",
+            f"batch sizes (default: {' '.join(map(str, DEFAULT_BATCHES))})",
+            nargs="+",
+            type=positive_int,
+        ),
+    )
+    prompt_len: int = field(
+        default=1024, metadata=option("--prompt-len", "prompt tokens (default 1024)", type=positive_int)
+    )
+    response_len: int = field(
+        default=256, metadata=option("--response-len", "output tokens, >= 2 (default 256)", type=positive_int)
+    )
+    quick: bool = field(
+        default=False,
+        metadata=option(
+            "--quick",
+            "Llama-3.1-70B on 8 H100s in TensorRT-LLM at batches 1 and 16 only (a few seconds)",
+            action="store_true",
+        ),
+    )
+    csv: Path | None = field(
+        default=None, metadata=shared(options.csv, what="every point's row (both sides, ratios, components)")
+    )
+    markdown: Path | None = field(
+        default=None,
+        metadata=option(
+            "--markdown",
+            "also write what it prints to this Markdown page",
+            type=options.output_file,
+            metavar="FILE",
+        ),
+    )
+    no_progress: bool = field(default=False, metadata=option("--no-progress", "no progress bar", action="store_true"))
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.peer_check", description=__doc__.split("\n\n")[0])
-    options.gpu(p, many=True, default=f"{' '.join(DEFAULT_DEVICES)}; the peer has tables of {', '.join(SYSTEMS)}")
-    p.add_argument(
-        "--stack",
-        nargs="+",
-        choices=BACKENDS,
-        default=list(DEFAULT_STACKS),
-        help=f"engine stacks (default: {' '.join(DEFAULT_STACKS)})",
-    )
-    p.add_argument(
-        "--batch",
-        nargs="+",
-        type=positive_int,
-        default=list(DEFAULT_BATCHES),
-        help=f"batch sizes (default: {' '.join(map(str, DEFAULT_BATCHES))})",
-    )
-    p.add_argument("--prompt-len", type=positive_int, default=1024, help="prompt tokens (default 1024)")
-    p.add_argument("--response-len", type=positive_int, default=256, help="output tokens, >= 2 (default 256)")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="Llama-3.1-70B on 8 H100s in TensorRT-LLM at batches 1 and 16 only (a few seconds)",
-    )
-    options.csv(p, "every point's row (both sides, ratios, components)")
-    p.add_argument(
-        "--markdown", type=options.output_file, metavar="FILE", help="also write what it prints to this Markdown page"
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_options(p, PeerCheckOptions)
     return p
 
 
@@ -112,7 +141,7 @@ def markdown(lines: list[str], argv: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    args = read_options(PeerCheckOptions, build_parser().parse_args(argv))
     csv = writable_file(args.csv, "--csv file") if args.csv else None
     page = writable_file(args.markdown, "--markdown file") if args.markdown else None
     devices = [resolve_spec(name, None).key for name in args.gpu] if args.gpu else list(DEFAULT_DEVICES)

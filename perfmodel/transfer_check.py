@@ -17,11 +17,14 @@ shipped method with the variants it was chosen over.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, options, run
+from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.latency.gemm_grid import ENGINES
 from perfmodel.latency.transfer import (
@@ -104,26 +107,38 @@ def shown(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+@dataclass(frozen=True)
+class TransferCheckOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    stack: tuple[str, ...] = field(
+        default=tuple(ENGINES),
+        metadata=option(
+            "--stack",
+            f"the engines whose grids are checked: {', '.join(ENGINES)} (default: all); each device's stack of it "
+            "(engine and version) is named in the table",
+            nargs="+",
+            choices=ENGINES,
+            metavar="ENGINE",
+        ),
+    )
+    ablation: bool = field(
+        default=False,
+        metadata=option(
+            "--ablation", "also compare the shipped method with the variants it was chosen over", action="store_true"
+        ),
+    )
+    csv: Path | None = field(default=None, metadata=shared(options.csv, what="the per-device table"))
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.transfer_check", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--stack",
-        nargs="+",
-        choices=ENGINES,
-        default=list(ENGINES),
-        metavar="ENGINE",
-        help=f"the engines whose grids are checked: {', '.join(ENGINES)} (default: all); each device's stack of it "
-        "(engine and version) is named in the table",
-    )
-    p.add_argument(
-        "--ablation", action="store_true", help="also compare the shipped method with the variants it was chosen over"
-    )
-    options.csv(p, "the per-device table")
+    add_options(p, TransferCheckOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(TransferCheckOptions, build_parser().parse_args(argv))
     table = check_table(args.stack)
     print(
         f"Leave one device out: each device's GEMM grid predicted from the other devices' only "

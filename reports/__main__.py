@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import gc
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.base.dtypes import check_dtype
-from perfmodel.cli import Parser, options, run, workload_options
+from perfmodel.cli import Parser, options, run
+from perfmodel.cli.fields import add_options, nested, option, read_options, shared
+from perfmodel.cli.workload_options import WorkloadOptions
 from perfmodel.models.config import load_model
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS
 from reports.build import BuildConfig, build
@@ -16,70 +19,122 @@ from reports.compare import CompareConfig, compare
 DEFAULT_OUT = Path("perf-reports")
 
 
+STEP_USE = (
+    "the whole step the page's recommendations, capacity plan and tree are priced by (traced is drawn beside "
+    "the paper and full steps and adds about a minute)"
+)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """`build`'s options, each declared once (the parser is generated from them,
+    perfmodel.cli.fields); config() is what reports.build.build takes."""
+
+    gpu: str | None = field(default=None, metadata=shared(options.gpu, exclusive=("device", True)))
+    spec: Path | None = field(default=None, metadata=shared(options.spec, exclusive=("device", True)))
+    model: str = field(default="llama-7b", metadata=shared(options.model))
+    dtype: str | None = field(default=None, metadata=shared(options.dtype))
+    measurements: tuple[Path, ...] = field(
+        default=(),
+        metadata=option(
+            "--measurements",
+            "measured operator rows (profilers.sweep CSV/Parquet; default: the device's stored sweeps)",
+            type=Path,
+            nargs="+",
+            metavar="FILE",
+        ),
+    )
+    measure: bool = field(
+        default=False,
+        metadata=option(
+            "--measure",
+            "first sweep this machine's device (--gpu cpu, or the GPU named) for the model on the quick grid, with its "
+            "ceilings; kept with this machine's stored measurements for later commands (a few minutes; rerun to "
+            "resume)",
+            action="store_true",
+        ),
+    )
+    acceptance_rates: str | None = field(default=None, metadata=shared(options.acceptance_rates, own_record=True))
+    validation: tuple[Path, ...] = field(
+        default=(),
+        metadata=option(
+            "--validation",
+            "python -m perfmodel.validate --csv files (default: the device's shipped closed-loop runs)",
+            type=Path,
+            nargs="+",
+            metavar="FILE",
+        ),
+    )
+    ablation: tuple[Path, ...] = field(
+        default=(),
+        metadata=option(
+            "--ablation",
+            "python -m decoder.ablation --csv files, the paper's Fig. 4 (default: the shipped ones for the model)",
+            type=Path,
+            nargs="+",
+            metavar="FILE",
+        ),
+    )
+    tp: int | None = field(default=1, metadata=shared(options.tp))
+    step: str = field(
+        default="full", metadata=shared(options.step, choices=WHOLE_STEP_FLAVORS, default="full", use=STEP_USE)
+    )
+    out: Path | None = field(
+        default=None,
+        metadata=shared(
+            options.out, default=f"{DEFAULT_OUT}/report/<device>-<model>[-<dtype>], the device that was shown"
+        ),
+    )
+    jobs: int | None = field(default=None, metadata=shared(options.jobs))
+    workload: WorkloadOptions = field(default_factory=WorkloadOptions, metadata=nested(WorkloadOptions))
+    latency: object = field(default="auto", metadata=shared(options.latency))
+
+    def config(self) -> BuildConfig:
+        if self.dtype:
+            check_dtype(self.dtype)
+        return BuildConfig(
+            out=self.out,  # None: reports.build names the folder after the device it resolves
+            gpu=self.gpu,
+            spec=self.spec,
+            measurements=self.measurements,
+            validation=self.validation,
+            ablation=self.ablation,
+            measure=self.measure,
+            step=self.step,
+            **shared_settings(self),
+        )
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """`compare`'s options (as BuildOptions); config() is what reports.compare.compare takes."""
+
+    gpu: tuple[str, ...] = field(default=(), metadata=shared(options.gpu, many=True, required=True))
+    model: str = field(default="llama-7b", metadata=shared(options.model))
+    dtype: str | None = field(default=None, metadata=shared(options.dtype))
+    acceptance_rates: str | None = field(default=None, metadata=shared(options.acceptance_rates))
+    out: Path | None = field(default=None, metadata=shared(options.out, default=f"{DEFAULT_OUT}/compare/<model>"))
+    jobs: int | None = field(default=None, metadata=shared(options.jobs))
+    tp: int | None = field(default=1, metadata=shared(options.tp))
+    workload: WorkloadOptions = field(default_factory=WorkloadOptions, metadata=nested(WorkloadOptions))
+    latency: object = field(default="auto", metadata=shared(options.latency))
+
+    def config(self) -> CompareConfig:
+        out = self.out or DEFAULT_OUT / "compare" / model_name(self.model)
+        return CompareConfig(gpus=tuple(self.gpu), out=out, **shared_settings(self))
+
+
+COMMANDS = {
+    "build": (BuildOptions, "one device and model: every figure and table the toolkit has, on one page"),
+    "compare": (CompareOptions, "one model on several devices, side by side"),
+}
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m reports", description=__doc__)
     commands = p.add_subparsers(dest="command", required=True, metavar="build|compare", parser_class=Parser)
-
-    b = commands.add_parser("build", help="one device and model: every figure and table the toolkit has, on one page")
-    device = b.add_mutually_exclusive_group(required=True)
-    options.gpu(device)
-    options.spec(device)
-    options.model(b)
-    options.dtype(b)
-    b.add_argument(
-        "--measurements",
-        type=Path,
-        nargs="+",
-        default=(),
-        metavar="FILE",
-        help="measured operator rows (profilers.sweep CSV/Parquet; default: the device's stored sweeps)",
-    )
-    b.add_argument(
-        "--measure",
-        action="store_true",
-        help="first sweep this machine's device (--gpu cpu, or the GPU named) "
-        "for the model on the quick grid, with its ceilings; "
-        "kept with this machine's stored measurements for later commands (a few minutes; rerun to resume)",
-    )
-    options.acceptance_rates(b, own_record=True)
-    b.add_argument(
-        "--validation",
-        type=Path,
-        nargs="+",
-        default=(),
-        metavar="FILE",
-        help="python -m perfmodel.validate --csv files (default: the device's shipped closed-loop runs)",
-    )
-    b.add_argument(
-        "--ablation",
-        type=Path,
-        nargs="+",
-        default=(),
-        metavar="FILE",
-        help="python -m decoder.ablation --csv files, the paper's Fig. 4 (default: the shipped ones for the model)",
-    )
-    options.tp(b)
-    options.step(
-        b,
-        choices=WHOLE_STEP_FLAVORS,
-        default="full",
-        use="the whole step the page's recommendations, capacity plan and tree are priced by (traced is drawn beside "
-        "the paper and full steps and adds about a minute)",
-    )
-    options.out(b, f"{DEFAULT_OUT}/report/<device>-<model>[-<dtype>], the device that was shown")
-    options.jobs(b)
-
-    c = commands.add_parser("compare", help="one model on several devices, side by side")
-    options.gpu(c, many=True, required=True)
-    options.model(c)
-    options.dtype(c)
-    options.acceptance_rates(c)
-    options.out(c, f"{DEFAULT_OUT}/compare/<model>")
-    options.jobs(c)
-    options.tp(c)
-    for sub in (b, c):
-        workload_options.workload(sub)
-        options.latency(sub)
+    for name, (declared, said) in COMMANDS.items():
+        add_options(commands.add_parser(name, help=said), declared)
     return p
 
 
@@ -88,42 +143,26 @@ def model_name(model: str) -> str:
     return load_model(model).name
 
 
-def shared(args) -> dict:
+def shared_settings(given: BuildOptions | CompareOptions) -> dict:
     """The options build and compare share, as their configs name them."""
     names = ("model", "dtype", "jobs", "latency", "tp")
     return {
-        "acceptance": args.acceptance_rates,
-        "workload": workload_options.workload_settings(args),
-        **{name: getattr(args, name) for name in names},
+        "acceptance": given.acceptance_rates,
+        "workload": given.workload.settings(),
+        **{name: getattr(given, name) for name in names},
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "build":
-        if args.dtype:
-            check_dtype(args.dtype)
-        config = BuildConfig(
-            out=args.out,  # None: reports.build names the folder after the device it resolves
-            gpu=args.gpu,
-            spec=args.spec,
-            measurements=tuple(args.measurements),
-            validation=tuple(args.validation),
-            ablation=tuple(args.ablation),
-            measure=args.measure,
-            step=args.step,
-            **shared(args),
-        )
-        report = build(config)
+    given = read_options(COMMANDS[args.command][0], args)
+    if isinstance(given, BuildOptions):
+        report = build(given.config())
         print(f"html: {report.html}")
         for fact in report.facts:
             print(f"  {fact}")
         return 0
-
-    config = CompareConfig(
-        gpus=tuple(args.gpu), out=args.out or DEFAULT_OUT / "compare" / model_name(args.model), **shared(args)
-    )
-    result = compare(config)
+    result = compare(given.config())
     print(f"html: {result.html}")
     for line in result.lines:
         print(f"  {line}")

@@ -10,7 +10,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser
 from perfmodel.cli.fields import add_options, option, read_options
 from perfmodel.cli.parser import positive_int
-from perfmodel.cli.workload_options import WorkloadOptions, workload_settings
+from perfmodel.cli.workload_options import WorkloadOptions
 from perfmodel.plan_command import PlanOptions
 from perfmodel.plan_command import build_parser as plan_parser
 
@@ -38,6 +38,10 @@ def test_a_bad_value_is_a_one_line_usage_error(capsys):
         p.parse_args(["--size", "0"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err == "toy: error: argument --size: must be a positive integer, got '0' (see --help)\n"
+
+
+def workload_settings(args, throughput=None):
+    return read_options(WorkloadOptions, args).settings(throughput)
 
 
 def test_every_workload_field_is_an_option_of_the_plan_command():

@@ -65,7 +65,7 @@ def test_a_figures_key_is_what_it_shows(tmp_path):
 def test_the_environment_names_the_cache_or_turns_it_off(tmp_path, monkeypatch):
     monkeypatch.setenv(FOLDER_VARIABLE, str(tmp_path / "kept"))
     assert figure_cache().folder == tmp_path / "kept"
-    monkeypatch.setenv(FOLDER_VARIABLE, "off")
+    monkeypatch.setenv(FOLDER_VARIABLE, OFF)
     assert figure_cache() is None
     monkeypatch.delenv(FOLDER_VARIABLE)
     monkeypatch.setenv("MEDUSA_PERFKIT_HOME", str(tmp_path / "home"))

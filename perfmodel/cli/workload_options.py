@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.cli.fields import add_options, option, read_options
+from perfmodel.cli.fields import add_options, option
 from perfmodel.cli.parser import positive_int, positive_number
 from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths
 from perfmodel.planning.medusa_setting import MEDUSA_MODES
@@ -167,16 +167,6 @@ def lengths_arg(values, flag: str) -> Lengths:
     if len(values) > 2:
         raise PerfkitError(f"{flag} takes a mean and optionally a p95, got {len(values)} values")
     return Lengths.of(values[0] if len(values) == 1 else tuple(values), flag)
-
-
-def workload(target: Target) -> None:
-    """Add the workload options (WorkloadOptions' fields) to a parser or group."""
-    add_options(target, WorkloadOptions)
-
-
-def workload_settings(args: argparse.Namespace, throughput: float | None = None) -> WorkloadSettings:
-    """The workload options of a parse, as settings (see WorkloadOptions.settings)."""
-    return read_options(WorkloadOptions, args).settings(throughput)
 
 
 def medusa(target: Target) -> None:
