@@ -203,6 +203,7 @@ def test_a_refused_calibration_names_no_cache_file_and_the_calibration_is_short(
     monkeypatch.setattr(auto_tree_module, "decode_interleaved", spy)
     # three tree sizes are enough for a refused calibration (the 2-token tree's burst makes its steps fall)
     monkeypatch.setattr(auto_tree_module, "CALIBRATION_SIZES", (1, 2, 4))
+    monkeypatch.setattr(auto_tree_module, "CALIBRATION_ROUNDS", 2)  # a spread needs two; the burst is in each
     said = []
     choice, _ = auto_tree_module.auto_tree(decoder, ckpt, 1, 16, 200, log=said.append)
     assert set(decoded) == {auto_tree_module.CALIBRATION_TOKENS}  # not the run's 200 tokens

@@ -25,6 +25,8 @@ def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsy
             "12",
             "--budget",
             "0.02",
+            "--rounds",  # two timed passes, not the default 16 batches a setting (tested below): not read here
+            "2",
             "--csv",
             str(out),
             "--ops-csv",
@@ -177,3 +179,10 @@ def test_the_operator_points_a_closed_loop_times_need_no_latency_source():
     assert plain == {item.op for item in step_inventory(model, "reference", medusa=False)}
     assert ("sdpa", "tree", 2, 54, 4) in points  # fused attention spans the context and the tree
     assert ("medusa_heads", "decode", 2, 50, 1) in points  # the heads read one token per sequence
+
+
+def test_by_default_every_setting_decodes_sixteen_batches_in_two_rounds_at_least():
+    assert ValidateConfig(prompts=2, batch=1).decode_rounds == 8
+    assert ValidateConfig(prompts=16, batch=8).decode_rounds == 8
+    assert ValidateConfig(prompts=64, batch=2).decode_rounds == 2
+    assert ValidateConfig(prompts=2, rounds=3).decode_rounds == 3
