@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -37,6 +38,7 @@ from perfmodel.acceptance.trees import dense_tree, greedy_tree, random_dense_set
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, positive_int, run
+from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.hardware.cpu_identity import this_cpu_key
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import HEAD_TOP_K
@@ -172,39 +174,62 @@ def ablation(config: AblationConfig, log=print) -> pd.DataFrame:
     return table[list(COLUMNS)].sort_values(["kind", "nodes"]).reset_index(drop=True)
 
 
+@dataclass(frozen=True)
+class AblationOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    model: str = field(default="bundled", metadata=shared(options.model, needs_weights=True))
+    dense: int = field(
+        default=12,
+        metadata=option("--dense", "random dense trees (default %(default)s)", type=positive_int, metavar="N"),
+    )
+    sparse_nodes: tuple[int, ...] = field(
+        default=tuple(SPARSE_NODES),
+        metadata=option(
+            "--sparse-nodes",
+            "node counts of the greedy sparse trees (default 4 8 16 24 32 48 64 96 128)",
+            type=positive_int,
+            nargs="+",
+            metavar="N",
+        ),
+    )
+    max_nodes: int = field(
+        default=128,
+        metadata=option(
+            "--max-nodes", "largest dense tree, in nodes (default %(default)s)", type=positive_int, metavar="N"
+        ),
+    )
+    batch: int = field(
+        default=1,
+        metadata=option("--batch", "prompts decoded together (default 1)", type=batch_size, metavar="B"),
+    )
+    prompts: int = field(
+        default=16, metadata=option("--prompts", "held-out prompts (default %(default)s)", type=positive_int)
+    )
+    prompt_len: int = field(
+        default=64, metadata=option("--prompt-len", "tokens per prompt (default %(default)s)", type=positive_int)
+    )
+    new_tokens: int = field(
+        default=96, metadata=option("--new-tokens", "tokens per prompt (default %(default)s)", type=positive_int)
+    )
+    rounds: int = field(
+        default=1, metadata=option("--rounds", "passes over the prompts (default %(default)s)", type=positive_int)
+    )
+    seed: int = field(
+        default=0,
+        metadata=option("--seed", "dense trees and prompts (default %(default)s)", type=int, metavar="N"),
+    )
+    csv: Path = field(default=None, metadata=shared(options.csv, what="the table", required=True))
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.ablation", description=__doc__.split("\n\n")[0])
-    options.model(p, needs_weights=True)
-    p.add_argument(
-        "--dense", type=positive_int, default=12, metavar="N", help="random dense trees (default %(default)s)"
-    )
-    p.add_argument(
-        "--sparse-nodes",
-        type=positive_int,
-        nargs="+",
-        default=list(SPARSE_NODES),
-        metavar="N",
-        help="node counts of the greedy sparse trees (default 4 8 16 24 32 48 64 96 128)",
-    )
-    p.add_argument(
-        "--max-nodes",
-        type=positive_int,
-        default=128,
-        metavar="N",
-        help="largest dense tree, in nodes (default %(default)s)",
-    )
-    p.add_argument("--batch", type=batch_size, default=1, metavar="B", help="prompts decoded together (default 1)")
-    p.add_argument("--prompts", type=positive_int, default=16, help="held-out prompts (default %(default)s)")
-    p.add_argument("--prompt-len", type=positive_int, default=64, help="tokens per prompt (default %(default)s)")
-    p.add_argument("--new-tokens", type=positive_int, default=96, help="tokens per prompt (default %(default)s)")
-    p.add_argument("--rounds", type=positive_int, default=1, help="passes over the prompts (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="dense trees and prompts (default %(default)s)")
-    options.csv(p, "the table", required=True)
+    add_options(p, AblationOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(AblationOptions, build_parser().parse_args(argv))
     started = time.perf_counter()
     config = AblationConfig(
         model=args.model,

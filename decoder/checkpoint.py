@@ -21,7 +21,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,6 +35,7 @@ from perfmodel.acceptance.trees import Tree, load_tree
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.cli import Parser, run
+from perfmodel.cli.fields import POSITIONAL, add_options, option, read_options
 from perfmodel.models.config import (
     BUNDLED_MODEL,
     load_model,
@@ -304,23 +305,35 @@ def _swap_in(staging: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class CheckpointOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    folder: str = field(
+        default="", metadata=option(POSITIONAL, "the checkpoint folder to check", metavar="DIR|bundled|medusa2")
+    )
+    rehash: bool = field(
+        default=False,
+        metadata=option(
+            "--rehash",
+            f"first write {MANIFEST} anew from the weight files now in the folder (after changing them on purpose)",
+            action="store_true",
+        ),
+    )
+
+
 def build_parser() -> Parser:
     p = Parser(
         prog="python -m decoder.checkpoint",
         description="Check a checkpoint folder: its weights against checksums.sha256, and its config against its "
         "weights.",
     )
-    p.add_argument("folder", metavar="DIR|bundled|medusa2", help="the checkpoint folder to check")
-    p.add_argument(
-        "--rehash",
-        action="store_true",
-        help=f"first write {MANIFEST} anew from the weight files now in the folder (after changing them on purpose)",
-    )
+    add_options(p, CheckpointOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(CheckpointOptions, build_parser().parse_args(argv))
     folder = resolve_folder(args.folder)
     if args.rehash:
         write_manifest(folder)

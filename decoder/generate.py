@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 
 from decoder.acceptance import SCHEMES, AcceptanceConfig
 from decoder.auto_tree import auto_tree, default_tree_name
@@ -14,6 +15,7 @@ from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.cli import Parser, options, positive_int, positive_number, run
+from perfmodel.cli.fields import add_options, option, read_options, shared
 
 
 class Streamer:
@@ -38,41 +40,65 @@ def say(text: str) -> None:
     print(text, file=sys.stderr)
 
 
+@dataclass(frozen=True)
+class GenerateOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    prompt: str = field(default="", metadata=option("--prompt", "text to continue", required=True))
+    model: str = field(default="bundled", metadata=shared(options.model, needs_weights=True))
+    heads: str | None = field(
+        default=None, metadata=option("--heads", "Medusa heads folder, when apart from the model", metavar="DIR")
+    )
+    max_new_tokens: int = field(
+        default=200,
+        metadata=option(
+            "--max-new-tokens",
+            "tokens to generate after the prompt (default %(default)s)",
+            type=positive_int,
+            metavar="N",
+        ),
+    )
+    tree: str | None = field(
+        default=None,
+        metadata=option(
+            "--tree",
+            "auto (the performance model's best tree for this machine, or plain decoding where no tree beats it; "
+            f"the default where the checkpoint records head accuracies), {TREE_NAMES}",
+            metavar="auto|NAME|FILE",
+        ),
+    )
+    acceptance: str | None = field(default=None, metadata=shared(options.acceptance, choices=SCHEMES))
+    temperature: float = field(
+        default=0.7,
+        metadata=option(
+            "--temperature",
+            "sampling temperature for typical and rejection acceptance (default %(default)s)",
+            type=positive_number,
+            metavar="T",
+        ),
+    )
+    seed: int = field(
+        default=0,
+        metadata=option("--seed", "random seed for sampling (default %(default)s)", type=int, metavar="N"),
+    )
+    no_medusa: bool = field(
+        default=False, metadata=option("--no-medusa", "plain decoding, for comparison", action="store_true")
+    )
+    drafter: str = field(default=DrafterKind.MEDUSA, metadata=shared(options.drafter, choices=DRAFTERS))
+    recalibrate: bool = field(
+        default=False,
+        metadata=option(
+            "--recalibrate",
+            "--tree auto: measure this machine's step times again instead of using the cached calibration",
+            action="store_true",
+        ),
+    )
+    launch: str = field(default="eager", metadata=shared(options.launch))
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.generate", description=__doc__)
-    p.add_argument("--prompt", required=True, help="text to continue")
-    options.model(p, needs_weights=True)
-    p.add_argument("--heads", metavar="DIR", help="Medusa heads folder, when apart from the model")
-    p.add_argument(
-        "--max-new-tokens",
-        type=positive_int,
-        default=200,
-        metavar="N",
-        help="tokens to generate after the prompt (default %(default)s)",
-    )
-    p.add_argument(
-        "--tree",
-        metavar="auto|NAME|FILE",
-        help=f"auto (the performance model's best tree for this machine, or plain decoding where no tree beats it; "
-        f"the default where the checkpoint records head accuracies), {TREE_NAMES}",
-    )
-    options.acceptance(p, choices=SCHEMES)
-    p.add_argument(
-        "--temperature",
-        type=positive_number,
-        default=0.7,
-        metavar="T",
-        help="sampling temperature for typical and rejection acceptance (default %(default)s)",
-    )
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed for sampling (default %(default)s)")
-    p.add_argument("--no-medusa", action="store_true", help="plain decoding, for comparison")
-    options.drafter(p, choices=DRAFTERS)
-    p.add_argument(
-        "--recalibrate",
-        action="store_true",
-        help="--tree auto: measure this machine's step times again instead of using the cached calibration",
-    )
-    options.launch(p)
+    add_options(p, GenerateOptions)
     return p
 
 
@@ -87,7 +113,7 @@ def check_text(text: str, what: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(GenerateOptions, build_parser().parse_args(argv))
     check_text(args.prompt, "--prompt")
     ckpt = load_checkpoint(args.model, args.heads)
     if ckpt.tokenizer is None:

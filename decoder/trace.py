@@ -28,7 +28,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from dataclasses import dataclass, field
 from itertools import groupby
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -42,6 +44,7 @@ from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import writable_file, write_csv
 from perfmodel.cli import Parser, options, run
+from perfmodel.cli.fields import add_options, along, read_options, shared
 from perfmodel.latency.kinds import KINDS, kernel_rows
 from perfmodel.latency.traced import TRACE_COLUMNS
 from perfmodel.models.config import ModelConfig, load_model
@@ -171,18 +174,34 @@ def kernel_summary(trace: pd.DataFrame) -> pd.DataFrame:
 # -- command line ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class TraceOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    model: str = field(default="llama-7b", metadata=shared(options.model))
+    tree_size: int = field(
+        default=64, metadata=shared(options.step_point, tree_default=64, tree_use="; the plain step is traced too")
+    )
+    batch: int = field(default=1, metadata=along("tree_size"))
+    context: int = field(default=512, metadata=along("tree_size"))
+    dtype: str | None = field(
+        default=None,
+        metadata=shared(
+            options.dtype, allowed=tuple(TORCH_DTYPES), default_said="fp16: the inventory is of a GPU's step"
+        ),
+    )
+    acceptance: str | None = field(default=None, metadata=shared(options.acceptance, choices=SCHEMES))
+    csv: Path | None = field(default=None, metadata=shared(options.csv, what="every kernel of both steps"))
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.trace", description=__doc__.split("\n\n")[0])
-    options.model(p)
-    options.step_point(p, tree_default=64, tree_use="; the plain step is traced too")
-    options.dtype(p, allowed=tuple(TORCH_DTYPES), default_said="fp16: the inventory is of a GPU's step")
-    options.acceptance(p, choices=SCHEMES)
-    options.csv(p, "every kernel of both steps")
+    add_options(p, TraceOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(TraceOptions, build_parser().parse_args(argv))
     model = load_model(args.model)
     dtype = args.dtype or default_dtype("cuda")  # the inventory is of a GPU's step
     sizes = list(dict.fromkeys((1, args.tree_size)))  # the plain step, then the Medusa step

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import pandas as pd
 
@@ -14,6 +16,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, positive_int, run
+from perfmodel.cli.fields import add_options, along, option, read_options, shared
 from profilers.closed_loop.compare import verdict, write_outputs
 from profilers.closed_loop.config import (
     DEFAULT_SIZES,
@@ -28,85 +31,117 @@ from profilers.closed_loop.twin import TWIN_DTYPES, TwinConfig, native_dtype, tw
 from profilers.closed_loop.twin_print import classes_path, print_twin_batch, twin_verdict
 
 
+@dataclass(frozen=True)
+class ValidateOptions:
+    """The command's options, each declared once (perfmodel.cli.fields). Every one not for the
+    twin (TWIN_ONLY) nor the batches and outputs is the ValidateConfig field of its name."""
+
+    device: str = field(default="cpu", metadata=shared(options.device, default="cpu", default_said="cpu"))
+    model: str = field(default="bundled", metadata=shared(options.model, needs_weights=True))
+    sizes: tuple[int, ...] = field(
+        default=tuple(DEFAULT_SIZES),
+        metadata=option(
+            "--sizes", "tree sizes, root included (default 2 4 8 16 32 64)", type=positive_int, nargs="+", metavar="N"
+        ),
+    )
+    batch: list[int] = field(
+        default_factory=lambda: [1],  # a list: --help says its default as [1]
+        metadata=option(
+            "--batch",
+            "prompts decoded together; several batch sizes run one closed loop each (default %(default)s)",
+            type=batch_size,
+            nargs="+",
+            metavar="B",
+        ),
+    )
+    prompts: int = field(
+        default=16, metadata=option("--prompts", "held-out prompts (default %(default)s)", type=positive_int)
+    )
+    prompt_len: int = field(
+        default=64,
+        metadata=option(
+            "--prompt-len", "prompt tokens per held-out prompt (default %(default)s)", type=positive_int, metavar="L"
+        ),
+    )
+    new_tokens: int = field(
+        default=96,
+        metadata=option(
+            "--new-tokens", "tokens generated per prompt (default %(default)s)", type=positive_int, metavar="T"
+        ),
+    )
+    threads: int = field(
+        default=1,
+        metadata=option(
+            "--threads",
+            "CPU threads for decoding and operator timing (default %(default)s: see docs/closed-loop.md)",
+            type=positive_int,
+        ),
+    )
+    rounds: int | None = field(
+        default=None,
+        metadata=option(
+            "--rounds",
+            "interleaved timing passes over the prompts (default: enough for every setting to decode "
+            f"{MIN_TIMED_BATCHES} batches of prompts, and 2 at least)",
+            type=positive_int,
+        ),
+    )
+    budget: float = field(
+        default=0.3,
+        metadata=option(
+            "--budget", "timer budget per operator point (default %(default)s)", type=float, metavar="SECONDS"
+        ),
+    )
+    flush: str = field(
+        default="none",
+        metadata=option(
+            "--flush",
+            "cache state of the operator timings: none = warm (default), model = flush the model's size, all = "
+            "evict the last-level cache",
+            choices=FLUSH_MODES,
+        ),
+    )
+    acceptance: str | None = field(default=None, metadata=shared(options.acceptance, choices=VALIDATED_SCHEMES))
+    drafter: str = field(default=DrafterKind.MEDUSA, metadata=shared(options.drafter, choices=VALIDATED_DRAFTERS))
+    dynamic: bool = field(
+        default=False,
+        metadata=option(
+            "--dynamic",
+            "also run the dynamic tree (built each step from the heads' probabilities) of every size",
+            action="store_true",
+        ),
+    )
+    weights: str = field(default="real", metadata=shared(options.twin))
+    replay: Path | None = field(default=None, metadata=along("weights"))
+    launch: str = field(default=Launch.EAGER, metadata=shared(options.launch))
+    host_dispatch: Path | None = field(default=None, metadata=shared(options.host_dispatch))
+    dtype: str | None = field(
+        default=None,
+        metadata=shared(
+            options.dtype,
+            allowed=TWIN_DTYPES,
+            default_said="with --weights dummy, fp16 on a GPU, on a CPU bf16 where it has it, else fp32",
+        ),
+    )
+    csv: Path | None = field(
+        default=None,
+        metadata=shared(
+            options.csv,
+            what="the per-tree comparison (with --weights dummy, the per-class one beside it: FILE-classes.csv)",
+        ),
+    )
+    ops_csv: Path | None = field(
+        default=None,
+        metadata=option("--ops-csv", "write the measured operator rows here", type=options.output_file, metavar="FILE"),
+    )
+
+
+TWIN_ONLY = ("weights", "replay", "dtype", "launch", "host_dispatch")
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m perfmodel.validate", description=__doc__.split("\n\n")[0])
-    options.device(p, default="cpu", default_said="cpu")
-    options.model(p, needs_weights=True)
-    p.add_argument(
-        "--sizes",
-        type=positive_int,
-        nargs="+",
-        default=list(DEFAULT_SIZES),
-        metavar="N",
-        help="tree sizes, root included (default 2 4 8 16 32 64)",
-    )
-    p.add_argument(
-        "--batch",
-        type=batch_size,
-        nargs="+",
-        default=[1],
-        metavar="B",
-        help="prompts decoded together; several batch sizes run one closed loop each (default %(default)s)",
-    )
-    p.add_argument("--prompts", type=positive_int, default=16, help="held-out prompts (default %(default)s)")
-    p.add_argument(
-        "--prompt-len",
-        type=positive_int,
-        default=64,
-        metavar="L",
-        help="prompt tokens per held-out prompt (default %(default)s)",
-    )
-    p.add_argument(
-        "--new-tokens",
-        type=positive_int,
-        default=96,
-        metavar="T",
-        help="tokens generated per prompt (default %(default)s)",
-    )
-    p.add_argument(
-        "--threads",
-        type=positive_int,
-        default=1,
-        help="CPU threads for decoding and operator timing (default %(default)s: see docs/closed-loop.md)",
-    )
-    p.add_argument(
-        "--rounds",
-        type=positive_int,
-        default=None,
-        help="interleaved timing passes over the prompts (default: enough for every setting to decode "
-        f"{MIN_TIMED_BATCHES} batches of prompts, and 2 at least)",
-    )
-    p.add_argument(
-        "--budget",
-        type=float,
-        default=0.3,
-        metavar="SECONDS",
-        help="timer budget per operator point (default %(default)s)",
-    )
-    p.add_argument(
-        "--flush",
-        choices=FLUSH_MODES,
-        default="none",
-        help="cache state of the operator timings: none = warm (default), model = flush the model's size, all = "
-        "evict the last-level cache",
-    )
-    options.acceptance(p, choices=VALIDATED_SCHEMES)
-    options.drafter(p, choices=VALIDATED_DRAFTERS)
-    p.add_argument(
-        "--dynamic",
-        action="store_true",
-        help="also run the dynamic tree (built each step from the heads' probabilities) of every size",
-    )
-    options.twin(p)
-    options.launch(p)
-    options.host_dispatch(p)
-    options.dtype(
-        p,
-        allowed=TWIN_DTYPES,
-        default_said="with --weights dummy, fp16 on a GPU, on a CPU bf16 where it has it, else fp32",
-    )
-    options.csv(p, "the per-tree comparison (with --weights dummy, the per-class one beside it: FILE-classes.csv)")
-    p.add_argument("--ops-csv", type=options.output_file, metavar="FILE", help="write the measured operator rows here")
+    add_options(p, ValidateOptions)
     return p
 
 
@@ -120,9 +155,9 @@ def twin_main(args, started: float) -> int:
         (args.ops_csv, "--ops-csv"),
         (args.drafter != DrafterKind.MEDUSA, "--drafter eagle"),
     )
-    for given, option in real_only:
+    for given, flag in real_only:
         if given:
-            raise PerfkitError(f"{option} is for the real closed loop; the twin (--weights dummy) does not take it")
+            raise PerfkitError(f"{flag} is for the real closed loop; the twin (--weights dummy) does not take it")
     if args.acceptance not in (None, "greedy"):
         raise PerfkitError("the twin verifies greedily and keeps what --replay recorded: --acceptance must be greedy")
     dtype = args.dtype or ("fp16" if args.device == "cuda" else native_dtype())
@@ -132,7 +167,7 @@ def twin_main(args, started: float) -> int:
             model=args.model,
             replay=args.replay,
             batch=batch,
-            sizes=tuple(args.sizes) if args.sizes != list(DEFAULT_SIZES) else (),
+            sizes=args.sizes if args.sizes != tuple(DEFAULT_SIZES) else (),
             dtype=dtype,
             device=args.device,
             prompts=args.prompts,
@@ -163,7 +198,7 @@ def twin_main(args, started: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(ValidateOptions, build_parser().parse_args(argv))
     started = time.perf_counter()
     if args.weights == "dummy":
         return twin_main(args, started)
@@ -174,9 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             "--launch and --host-dispatch are for the twin (--weights dummy); the real closed loop prices the eager "
             "decoder's operators"
         )
-    # every other option is the ValidateConfig field of its name
-    twin_only = ("weights", "replay", "dtype", "launch", "host_dispatch")
-    settings = {k: v for k, v in vars(args).items() if k not in ("batch", "budget", "csv", "ops_csv", *twin_only)}
+    own = ("batch", "budget", "csv", "ops_csv", *TWIN_ONLY)
+    settings = {f.name: getattr(args, f.name) for f in fields(args) if f.name not in own}
     configs = batch_configs(args.batch, budget_s=args.budget, **settings)
     table, rows = run_batches(configs, log=lambda text: print(text, file=sys.stderr, flush=True))
     write_outputs(table, rows, args.csv, args.ops_csv)

@@ -17,12 +17,13 @@ import os
 import re
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, positive_int, run
+from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.measured.collectives import FOLDER, file_name
 from perfmodel.measured.store import user_measurements_dir
 from profilers.benchmarks import BENCH_DTYPES
@@ -54,45 +55,67 @@ def message_size(text: str) -> int:
     return int(match.group(1)) * unit
 
 
+@dataclass(frozen=True)
+class AllreduceOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    device: str | None = field(default=None, metadata=shared(options.visible_device))
+    ranks: int = field(
+        default=2,
+        metadata=option(
+            "--ranks",
+            "processes taking part, the tensor-parallel degree these rows time (at least 2; on cuda one GPU each) "
+            "(default %(default)s)",
+            type=positive_int,
+            metavar="N",
+        ),
+    )
+    dtype: str | None = field(default=None, metadata=shared(options.dtype, allowed=BENCH_DTYPES))
+    sizes: tuple[int, ...] | None = field(
+        default=None,
+        metadata=option(
+            "--sizes",
+            f"message sizes per rank, e.g. 8KiB 1MiB (default: {size_text(DEFAULT_SIZES[0])} to "
+            f"{size_text(DEFAULT_SIZES[-1])} in powers of two; --quick: {' '.join(map(size_text, QUICK_SIZES))})",
+            nargs="+",
+            type=message_size,
+            metavar="BYTES",
+        ),
+    )
+    budget: float | None = field(
+        default=None,
+        metadata=option(
+            "--budget",
+            f"time of the sampled calls per size before giving up on IQR/median <= {DEFAULT_TIMER.target_noise} "
+            f"(default {DEFAULT_TIMER.budget_s:g}; at least {DEFAULT_TIMER.min_reps} samples are taken)",
+            type=float,
+            metavar="SECONDS",
+        ),
+    )
+    quick: bool = field(
+        default=False,
+        metadata=option(
+            "--quick",
+            f"a few sizes and samples, into {QUICK_OUT}/ unless --out: proves the command runs, its numbers are not "
+            "for planning",
+            action="store_true",
+        ),
+    )
+    out: Path | None = field(
+        default=None,
+        metadata=shared(
+            options.out,
+            default=f"<measurements home>/<device key>/{FOLDER}/<backend>-<dtype>-<ranks>ranks.csv, where the planner "
+            "finds it",
+            what="the rows, a .csv file",
+            metavar="FILE",
+        ),
+    )
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m profilers.allreduce", description=__doc__.split("\n\n")[0])
-    options.device(p, default=None, default_said="cuda if visible, else cpu")
-    p.add_argument(
-        "--ranks",
-        type=positive_int,
-        default=2,
-        metavar="N",
-        help="processes taking part, the tensor-parallel degree these rows time (at least 2; on cuda one GPU each) "
-        "(default %(default)s)",
-    )
-    options.dtype(p, allowed=BENCH_DTYPES)
-    p.add_argument(
-        "--sizes",
-        nargs="+",
-        type=message_size,
-        metavar="BYTES",
-        help=f"message sizes per rank, e.g. 8KiB 1MiB (default: {size_text(DEFAULT_SIZES[0])} to "
-        f"{size_text(DEFAULT_SIZES[-1])} in powers of two; --quick: {' '.join(map(size_text, QUICK_SIZES))})",
-    )
-    p.add_argument(
-        "--budget",
-        type=float,
-        metavar="SECONDS",
-        help=f"time of the sampled calls per size before giving up on IQR/median <= {DEFAULT_TIMER.target_noise} "
-        f"(default {DEFAULT_TIMER.budget_s:g}; at least {DEFAULT_TIMER.min_reps} samples are taken)",
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"a few sizes and samples, into {QUICK_OUT}/ unless --out: proves the command runs, its numbers are not "
-        "for planning",
-    )
-    options.out(
-        p,
-        f"<measurements home>/<device key>/{FOLDER}/<backend>-<dtype>-<ranks>ranks.csv, where the planner finds it",
-        what="the rows, a .csv file",
-        metavar="FILE",
-    )
+    add_options(p, AllreduceOptions)
     return p
 
 
@@ -137,7 +160,7 @@ def config_from_args(args) -> tuple[CollectiveConfig, DeviceInfo, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(AllreduceOptions, build_parser().parse_args(argv))
     started = time.perf_counter()
     config, info, out = config_from_args(args)
     result = measure_into(config, info, out)

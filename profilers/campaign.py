@@ -16,10 +16,12 @@ CPU): a proof that the campaign runs, which CI runs with --device cpu.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, run
+from perfmodel.cli.fields import add_options, option, read_options, shared
 from profilers.benchmarks import BENCH_DTYPES
 from profilers.campaign_estimate import DEFAULT_GPU, dry_run_lines
 from profilers.campaign_plan import plan_for
@@ -29,30 +31,57 @@ from profilers.device import check_device
 DEFAULT_OUT = Path("perf-reports") / "campaign"
 
 
+@dataclass(frozen=True)
+class CampaignOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    device: str | None = field(default=None, metadata=shared(options.visible_device))
+    out: Path = field(
+        default=DEFAULT_OUT,
+        metadata=shared(
+            options.out,
+            default=f"{DEFAULT_OUT}",
+            what="the campaign's folder, its files under DIR/<device key>/",
+            value=DEFAULT_OUT,
+        ),
+    )
+    dtype: str | None = field(default=None, metadata=shared(options.dtype, allowed=BENCH_DTYPES))
+    quick: bool = field(
+        default=False,
+        metadata=option(
+            "--quick",
+            "every stage on the bundled model and a few points, with a timer of a few samples: proves the campaign "
+            "runs (CI), its numbers are not for committing",
+            action="store_true",
+        ),
+    )
+    stage: str | None = field(
+        default=None,
+        metadata=option(
+            "--stage",
+            "gpu-check: the short check for a lease of minutes (the host's dispatch cost per op, GEMMs of 1-64 "
+            "token rows and tree attention re-timed in CUDA graphs under 50 us, the Llama-2-7B twin at batches 1/4/16 "
+            "with trees of 16 and 64 tokens in eager and CUDA-graph steps, each printed beside its prediction); on a "
+            "CPU the same in small",
+            choices=("gpu-check",),
+        ),
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata=option(
+            "--dry-run", "print the stages, their sizes and estimated times; measure nothing", action="store_true"
+        ),
+    )
+    gpu: str | None = field(
+        default=None,
+        metadata=shared(options.gpu, default=f"--dry-run only, the GPU it plans for: the GPU here, else {DEFAULT_GPU}"),
+    )
+    no_progress: bool = field(default=False, metadata=option("--no-progress", "no progress bars", action="store_true"))
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m profilers.campaign", description=__doc__.split("\n\n")[0])
-    options.device(p, default=None, default_said="cuda if visible, else cpu")
-    options.out(p, f"{DEFAULT_OUT}", what="the campaign's folder, its files under DIR/<device key>/", value=DEFAULT_OUT)
-    options.dtype(p, allowed=BENCH_DTYPES)
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="every stage on the bundled model and a few points, with a timer of a few samples: proves the campaign "
-        "runs (CI), its numbers are not for committing",
-    )
-    p.add_argument(
-        "--stage",
-        choices=("gpu-check",),
-        help="gpu-check: the short check for a lease of minutes (the host's dispatch cost per op, GEMMs of 1-64 "
-        "token rows and tree attention re-timed in CUDA graphs under 50 us, the Llama-2-7B twin at batches 1/4/16 "
-        "with trees of 16 and 64 tokens in eager and CUDA-graph steps, each printed beside its prediction); on a "
-        "CPU the same in small",
-    )
-    p.add_argument(
-        "--dry-run", action="store_true", help="print the stages, their sizes and estimated times; measure nothing"
-    )
-    options.gpu(p, default=f"--dry-run only, the GPU it plans for: the GPU here, else {DEFAULT_GPU}")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_options(p, CampaignOptions)
     return p
 
 
@@ -63,7 +92,7 @@ def default_device() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(CampaignOptions, build_parser().parse_args(argv))
     device = args.device or default_device()
     if args.quick and args.stage:
         raise PerfkitError("--quick and --stage are two plans: give one")

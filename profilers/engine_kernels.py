@@ -20,11 +20,14 @@ the prediction of the h100-sxm/a100-sxm engine stacks where the device is one of
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
 from perfmodel.base.outputs import writable_file, write_csv
 from perfmodel.cli import Parser, options, run
+from perfmodel.cli.fields import add_options, read_options, shared
 from perfmodel.latency.source import latency_source
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import Matmul
@@ -90,14 +93,24 @@ def predictions(rows: pd.DataFrame, device: str) -> pd.DataFrame:
     return out
 
 
+@dataclass(frozen=True)
+class EngineKernelsOptions:
+    """The command's one option (perfmodel.cli.fields)."""
+
+    csv: Path = field(
+        default=None,
+        metadata=shared(options.csv, what="the rows measured, with the device, driver, torch and CUDA", required=True),
+    )
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m profilers.engine_kernels", description=__doc__.split("\n\n")[0])
-    options.csv(p, "the rows measured, with the device, driver, torch and CUDA", required=True)
+    add_options(p, EngineKernelsOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(EngineKernelsOptions, build_parser().parse_args(argv))
     writable_file(args.csv, "--csv file")
     check_device("cuda")  # one line where there is no CUDA device
     import torch

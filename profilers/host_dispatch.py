@@ -53,6 +53,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.base.outputs import replaced_atomically, writable_file, write_csv
 from perfmodel.cli import Parser, options, run
+from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.hardware.cpu_identity import cpu_model_name
 from perfmodel.latency.pipeline import (
     HOST_JSON_FORMAT,
@@ -290,16 +291,29 @@ def measure_host_dispatch(device: str, quick: bool = False) -> HostDispatch:
 # -- the command ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class HostDispatchOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    device: str | None = field(default=None, metadata=shared(options.visible_device))
+    quick: bool = field(
+        default=False,
+        metadata=option(
+            "--quick",
+            f"{QUICK_CALLS} calls x {QUICK_ROUNDS} rounds per class instead of {CALLS} x {ROUNDS} (a second or so)",
+            action="store_true",
+        ),
+    )
+    out: Path | None = field(
+        default=None,
+        metadata=shared(options.out, default=DEFAULT_OUT, what="the JSON of host seconds per op", metavar="FILE.json"),
+    )
+    csv: Path | None = field(default=None, metadata=shared(options.csv, what="the table of host seconds per op"))
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m profilers.host_dispatch", description=__doc__.split("\n\n")[0])
-    options.device(p, default=None, default_said="cuda if visible, else cpu")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"{QUICK_CALLS} calls x {QUICK_ROUNDS} rounds per class instead of {CALLS} x {ROUNDS} (a second or so)",
-    )
-    options.out(p, DEFAULT_OUT, what="the JSON of host seconds per op", metavar="FILE.json")
-    options.csv(p, "the table of host seconds per op")
+    add_options(p, HostDispatchOptions)
     return p
 
 
@@ -319,7 +333,7 @@ def render(result: HostDispatch) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(HostDispatchOptions, build_parser().parse_args(argv))
     device = args.device
     if device is None:
         import torch

@@ -29,7 +29,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -45,6 +46,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, options, run
+from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import HEAD_TOP_K
 from profilers.device import check_device
@@ -137,27 +139,49 @@ def measure(points: list[Point], rounds: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@dataclass(frozen=True)
+class StepBenchOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    batch: list[int] = field(
+        default_factory=lambda: [1, 2, 4, 8, 16],
+        metadata=option("--batch", "batches", type=int, nargs="+", metavar="B"),
+    )
+    tree_size: int = field(
+        default=16, metadata=option("--tree-size", "tokens of the Medusa tree (default 16)", type=int, metavar="T")
+    )
+    launch: list[str] = field(
+        default_factory=lambda: [Launch.EAGER.value, Launch.STATIC.value],
+        metadata=shared(options.launch, many=True, default=(Launch.EAGER.value, Launch.STATIC.value)),
+    )
+    model: str = field(default="bundled", metadata=shared(options.model, needs_weights=True))
+    as_configured: bool = field(
+        default=False,
+        metadata=option(
+            "--as-configured",
+            "run the model at its own widths, kernels and all (default: its depth, heads and tree at widths of "
+            f"{NARROW}, so that kernels stay small)",
+            action="store_true",
+        ),
+    )
+    rounds: int = field(
+        default=3, metadata=option("--rounds", "timed runs per point (default 3)", type=int, metavar="N")
+    )
+    threads: int = field(
+        default=1, metadata=option("--threads", "torch threads on a CPU (default 1)", type=int, metavar="N")
+    )
+    device: str = field(default="cpu", metadata=shared(options.device, default="cpu", default_said="cpu"))
+    csv: Path | None = field(default=None, metadata=shared(options.csv, what="the table"))
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m profilers.step_bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16], metavar="B", help="batches")
-    p.add_argument("--tree-size", type=int, default=16, metavar="T", help="tokens of the Medusa tree (default 16)")
-    options.launch(p, many=True, default=(Launch.EAGER.value, Launch.STATIC.value))
-    options.model(p, needs_weights=True)
-    p.add_argument(
-        "--as-configured",
-        action="store_true",
-        help="run the model at its own widths, kernels and all (default: its depth, heads and tree at widths of "
-        f"{NARROW}, so that kernels stay small)",
-    )
-    p.add_argument("--rounds", type=int, default=3, metavar="N", help="timed runs per point (default 3)")
-    p.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads on a CPU (default 1)")
-    options.device(p, default="cpu", default_said="cpu")
-    options.csv(p, "the table")
+    add_options(p, StepBenchOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(StepBenchOptions, build_parser().parse_args(argv))
     for name in ("tree_size", "rounds", "threads"):
         if getattr(args, name) < 1:
             raise PerfkitError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -35,7 +35,7 @@ DEFAULT_OUT = Path("perf-reports") / "sweeps"
 
 def build_parser() -> Parser:
     p = Parser(prog="python -m profilers.sweep", description=__doc__.split("\n\n")[0])
-    options.device(p, default=None, default_said="cuda if visible, else cpu")
+    options.visible_device(p)
     options.model(p)
     options.dtype(p, allowed=BENCH_DTYPES)
     p.add_argument(

@@ -21,11 +21,13 @@ SHARED = "cli_shared"  # ... of a shared option's: (adder, its keyword arguments
 NESTED = "cli_nested"  # ... of a group's: its options dataclass
 EXCLUSIVE = "cli_exclusive"  # ... of the mutually exclusive group an option joins
 ALONG = "cli_along"  # ... of an option another field's adder adds
+POSITIONAL = ""  # option()'s flag for a positional argument: named as its field
 
 
 def option(flag: str, help: str, *, exclusive: tuple[str, bool] | None = None, **parse: Any) -> dict:
     """A field's metadata declaring it as `flag`: its help and how argparse parses it
-    (type=, nargs=, choices=, metavar=, action=); exclusive as for shared()."""
+    (type=, nargs=, choices=, metavar=, action=); exclusive as for shared(). A flag without a
+    leading dash declares a positional argument (POSITIONAL)."""
     return {CLI: {"flag": flag, "help": help, **parse}, EXCLUSIVE: exclusive}
 
 
@@ -81,7 +83,10 @@ def add_options(target: argparse._ActionsContainer, cls) -> None:
             continue
         spec = dict(f.metadata[CLI])
         flag = spec.pop("flag")
-        where.add_argument(flag, dest=f.name, default=default_of(f), **spec)
+        if flag.startswith("-"):
+            where.add_argument(flag, dest=f.name, default=default_of(f), **spec)
+        else:  # a positional argument: argparse names it by its flag, the field's name
+            where.add_argument(f.name, **spec)
 
 
 def read_options(cls: type[Options], args: argparse.Namespace) -> Options:

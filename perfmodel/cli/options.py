@@ -111,6 +111,12 @@ def device(target: Target, *, default: str | None, default_said: str) -> None:
     )
 
 
+def visible_device(target: Target) -> None:
+    """--device for a command that measures where torch finds a GPU: cuda if one is visible,
+    else cpu, when not given (None: the command looks)."""
+    device(target, default=None, default_said="cuda if visible, else cpu")
+
+
 def dtype(
     target: Target, *, allowed: Sequence[str] = DTYPES, default_said: str = "fp16 on a GPU, fp32 on a CPU"
 ) -> None:

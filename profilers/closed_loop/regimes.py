@@ -20,6 +20,7 @@ RUN.csv files, every twin run shipped for the device (profilers/measurements/<de
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from decoder.trace import StepTracer
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.cli import Parser, options, run
+from perfmodel.cli.fields import POSITIONAL, add_options, option, read_options, shared
 from perfmodel.latency.pipeline import HostCosts
 from perfmodel.latency.source import decoder_latency
 from perfmodel.latency.traced import TracedStep
@@ -113,17 +115,27 @@ def shipped_runs(device: str) -> list[Path]:
     return runs
 
 
+@dataclass(frozen=True)
+class RegimesOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    runs: tuple[Path, ...] = field(
+        default=(),
+        metadata=option(
+            POSITIONAL,
+            "twin runs (perfmodel.validate --csv; default: every one shipped for the --gpu)",
+            nargs="*",
+            type=Path,
+            metavar="RUN.csv",
+        ),
+    )
+    gpu: str = field(default="", metadata=shared(options.gpu, required=True))
+    host_dispatch: Path | None = field(default=None, metadata=shared(options.host_dispatch))
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m profilers.closed_loop.regimes", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "runs",
-        nargs="*",
-        type=Path,
-        metavar="RUN.csv",
-        help="twin runs (perfmodel.validate --csv; default: every one shipped for the --gpu)",
-    )
-    options.gpu(p, required=True)
-    options.host_dispatch(p)
+    add_options(p, RegimesOptions)
     return p
 
 
@@ -138,7 +150,7 @@ def run_host(run: Path, given: Path | None) -> HostCosts | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(RegimesOptions, build_parser().parse_args(argv))
     paths = args.runs or shipped_runs(args.gpu)
     runs = read_runs(paths)
     priced = pd.concat(

@@ -11,12 +11,14 @@ and tree sizes; a twin's run too, whose per-kernel-class tables
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, run
+from perfmodel.cli.fields import POSITIONAL, add_options, option, read_options
 from profilers.closed_loop.config import TARGET_ERROR
 
 KEYS = ["batch", "tree_size"]
@@ -90,14 +92,24 @@ def tables(paths: list[Path]) -> str:
     return f"Each cell is run by run: {' / '.join(names)}.\n\n{speedup_table(runs)}\n\n{worst(runs, names)}\n"
 
 
+@dataclass(frozen=True)
+class ResultsOptions:
+    """The command's one argument (perfmodel.cli.fields)."""
+
+    runs: tuple[Path, ...] = field(
+        default=(),
+        metadata=option(POSITIONAL, "closed-loop runs, in order", nargs="+", type=Path, metavar="RUN.csv"),
+    )
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m profilers.closed_loop.results", description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", type=Path, metavar="RUN.csv", help="closed-loop runs, in order")
+    add_options(p, ResultsOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    print(tables(build_parser().parse_args(argv).runs))
+    print(tables(read_options(ResultsOptions, build_parser().parse_args(argv)).runs))
     return 0
 
 

@@ -10,11 +10,13 @@ per-class table is read from beside it (classes_path).
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from perfmodel.cli import Parser, run
+from perfmodel.cli.fields import POSITIONAL, add_options, option, read_options
 from profilers.closed_loop.results import tables
 from profilers.closed_loop.twin_print import classes_path
 
@@ -42,14 +44,24 @@ def class_table(classes: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class TwinResultsOptions:
+    """The command's one argument (perfmodel.cli.fields)."""
+
+    runs: tuple[Path, ...] = field(
+        default=(),
+        metadata=option(POSITIONAL, "twin runs, in order", nargs="+", type=Path, metavar="RUN.csv"),
+    )
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m profilers.closed_loop.twin_results", description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", type=Path, metavar="RUN.csv", help="twin runs, in order")
+    add_options(p, TwinResultsOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(TwinResultsOptions, build_parser().parse_args(argv))
     text = tables(args.runs)  # says first which run file is missing
     print(text)
     for path in args.runs:
