@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.cli import Parser, batch_size, options, positive_int, run, token_count
+from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.models.config import load_model
 from perfmodel.models.grid import FINE_TOKEN_STEP, FINE_TOKENS_UP_TO
 from perfmodel.models.operators import DEFAULT_OPS, LINEAR_OPS, PHASES, STEP_OPS
@@ -33,68 +35,113 @@ from profilers.sweeper import GRIDS, TIMER_MODES, TOKEN_GRIDS, SweepConfig, defa
 DEFAULT_OUT = Path("perf-reports") / "sweeps"
 
 
+@dataclass(frozen=True)
+class SweepOptions:
+    """The command's options, each declared once (perfmodel.cli.fields); config_from_args
+    reads them."""
+
+    device: str | None = field(default=None, metadata=shared(options.visible_device))
+    model: str = field(default="llama-7b", metadata=shared(options.model))
+    dtype: str | None = field(default=None, metadata=shared(options.dtype, allowed=BENCH_DTYPES))
+    grid: str | None = field(
+        default=None,
+        metadata=option(
+            "--grid",
+            "paper: 49 (b, s) settings per op, q in {1,16,...,112}; quick: a few minutes on a CPU (default: paper "
+            "on cuda, quick on cpu)",
+            choices=tuple(GRIDS),
+        ),
+    )
+    token_grid: str | None = field(
+        default=None,
+        metadata=option(
+            "--token-grid",
+            f"fine: linear ops ({' '.join(LINEAR_OPS)}) also at 1, 2, 4 and every {FINE_TOKEN_STEP} tokens up to "
+            f"{FINE_TOKENS_UP_TO}, then powers of two up to the longest sequence, as prefill rows of batch 1 "
+            "(seq_len = tokens), to catch the steps of GEMM latency; coarse: the grid only (default: fine on cuda, "
+            "coarse on cpu)",
+            choices=TOKEN_GRIDS,
+        ),
+    )
+    batch: tuple[int, ...] | None = field(
+        default=None,
+        metadata=option("--batch", "custom batch sizes (replace the grid's)", nargs="+", type=batch_size, metavar="B"),
+    )
+    seq: tuple[int, ...] | None = field(
+        default=None,
+        metadata=option("--seq", "custom sequence lengths", nargs="+", type=token_count, metavar="S"),
+    )
+    candidates: tuple[int, ...] | None = field(
+        default=None,
+        metadata=option(
+            "--candidates", "custom candidate counts for the tree phase", nargs="+", type=token_count, metavar="Q"
+        ),
+    )
+    ops: tuple[str, ...] = field(
+        default=tuple(DEFAULT_OPS),
+        metadata=option(
+            "--ops",
+            f"ops to time (default: {' '.join(DEFAULT_OPS)}; also: {' '.join(STEP_OPS)})",
+            nargs="+",
+            metavar="OP",
+        ),
+    )
+    phases: tuple[str, ...] = field(
+        default=tuple(PHASES),
+        metadata=option("--phases", f"phases (default all: {' '.join(PHASES)})", nargs="+", metavar="PHASE"),
+    )
+    out: Path | None = field(
+        default=None,
+        metadata=shared(
+            options.out,
+            default=f"{DEFAULT_OUT}/<device>-<model>-<dtype>-<grid>.csv",
+            what="the rows, a .csv or .parquet file",
+            metavar="FILE",
+        ),
+    )
+    timer: str = field(
+        default="auto",
+        metadata=option(
+            "--timer",
+            "cuda timing: events per call, a CUDA graph, or graphs below 50 us (default)",
+            choices=TIMER_MODES,
+        ),
+    )
+    budget: float | None = field(
+        default=None,
+        metadata=option(
+            "--budget",
+            "time per configuration before giving up on the noise target (default 2 on cuda, 0.4 on cpu)",
+            type=float,
+            metavar="SECONDS",
+        ),
+    )
+    target_noise: float = field(
+        default=0.01,
+        metadata=option(
+            "--target-noise",
+            "stop repeating once IQR/median <= F (default %(default)s)",
+            type=float,
+            metavar="F",
+        ),
+    )
+    max_memory_gb: float | None = field(
+        default=None,
+        metadata=option("--max-memory-gb", "skip configurations needing more than this", type=float, metavar="GB"),
+    )
+    threads: int | None = field(
+        default=None, metadata=option("--threads", "CPU threads (default: all)", type=positive_int, metavar="N")
+    )
+    no_ceilings: bool = field(
+        default=False,
+        metadata=option("--no-ceilings", "do not measure bandwidth and peak FLOP/s first", action="store_true"),
+    )
+    no_progress: bool = field(default=False, metadata=option("--no-progress", "no progress bar", action="store_true"))
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m profilers.sweep", description=__doc__.split("\n\n")[0])
-    options.visible_device(p)
-    options.model(p)
-    options.dtype(p, allowed=BENCH_DTYPES)
-    p.add_argument(
-        "--grid",
-        choices=tuple(GRIDS),
-        help="paper: 49 (b, s) settings per op, q in {1,16,...,112}; quick: a few minutes on a CPU (default: paper "
-        "on cuda, quick on cpu)",
-    )
-    p.add_argument(
-        "--token-grid",
-        choices=TOKEN_GRIDS,
-        help=f"fine: linear ops ({' '.join(LINEAR_OPS)}) also at 1, 2, 4 and every {FINE_TOKEN_STEP} tokens up to "
-        f"{FINE_TOKENS_UP_TO}, then powers of two up to the longest sequence, as prefill rows of batch 1 (seq_len = "
-        "tokens), to catch the steps of GEMM latency; coarse: the grid only (default: fine on cuda, coarse on cpu)",
-    )
-    p.add_argument("--batch", nargs="+", type=batch_size, metavar="B", help="custom batch sizes (replace the grid's)")
-    p.add_argument("--seq", nargs="+", type=token_count, metavar="S", help="custom sequence lengths")
-    p.add_argument(
-        "--candidates", nargs="+", type=token_count, metavar="Q", help="custom candidate counts for the tree phase"
-    )
-    p.add_argument(
-        "--ops",
-        nargs="+",
-        default=list(DEFAULT_OPS),
-        metavar="OP",
-        help=f"ops to time (default: {' '.join(DEFAULT_OPS)}; also: {' '.join(STEP_OPS)})",
-    )
-    p.add_argument(
-        "--phases", nargs="+", default=list(PHASES), metavar="PHASE", help=f"phases (default all: {' '.join(PHASES)})"
-    )
-    options.out(
-        p,
-        f"{DEFAULT_OUT}/<device>-<model>-<dtype>-<grid>.csv",
-        what="the rows, a .csv or .parquet file",
-        metavar="FILE",
-    )
-    p.add_argument(
-        "--timer",
-        choices=TIMER_MODES,
-        default="auto",
-        help="cuda timing: events per call, a CUDA graph, or graphs below 50 us (default)",
-    )
-    p.add_argument(
-        "--budget",
-        type=float,
-        metavar="SECONDS",
-        help="time per configuration before giving up on the noise target (default 2 on cuda, 0.4 on cpu)",
-    )
-    p.add_argument(
-        "--target-noise",
-        type=float,
-        default=0.01,
-        metavar="F",
-        help="stop repeating once IQR/median <= F (default %(default)s)",
-    )
-    p.add_argument("--max-memory-gb", type=float, metavar="GB", help="skip configurations needing more than this")
-    p.add_argument("--threads", type=positive_int, metavar="N", help="CPU threads (default: all)")
-    p.add_argument("--no-ceilings", action="store_true", help="do not measure bandwidth and peak FLOP/s first")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_options(p, SweepOptions)
     return p
 
 
@@ -129,7 +176,7 @@ def config_from_args(args) -> SweepConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(SweepOptions, build_parser().parse_args(argv))
     config = config_from_args(args)
     started = time.perf_counter()
     result = run_sweep(config)
