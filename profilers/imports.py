@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +61,7 @@ import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, options, run
+from perfmodel.cli.fields import POSITIONAL, add_options, option, read_options, shared
 from perfmodel.hardware.specs import find_spec
 from perfmodel.measured.aiconfigurator import SYSTEMS as AIC_SYSTEMS
 from perfmodel.measured.contract import ContractPoint, contract_fields, significant, write_table
@@ -251,65 +252,114 @@ def import_vidur(path: str | Path, device: str, run_id: str | None = None, commi
     return Imported(path, rows, len(df), int((df["repeat"] > 0).sum()), origin.vidur_device is not None)
 
 
+@dataclass(frozen=True)
+class VidurImport:
+    """`vidur`'s options, each declared once (perfmodel.cli.fields)."""
+
+    files: tuple[Path, ...] = field(
+        default=(), metadata=option(POSITIONAL, "Vidur mlp.csv profile(s)", nargs="+", type=Path, metavar="FILE")
+    )
+    gpu: str = field(default="", metadata=shared(options.gpu, required=True))
+    out: Path = field(
+        default=None,
+        metadata=shared(
+            options.out, default=None, what="the imported rows, a .csv or .parquet file", metavar="FILE", required=True
+        ),
+    )
+    run_id: str | None = field(
+        default=None,
+        metadata=option("--run-id", "run id of every row (default: vidur@<commit>:compute/<device>/<model>/mlp.csv)"),
+    )
+    commit: str = field(
+        default=VIDUR_COMMIT,
+        metadata=option("--commit", "the Vidur commit the files come from, cited in the default run id"),
+    )
+
+
+@dataclass(frozen=True)
+class AiconfiguratorImport:
+    """`aiconfigurator`'s options (as VidurImport)."""
+
+    systems: tuple[str, ...] = field(
+        default=tuple(AIC_SYSTEMS),
+        metadata=option(
+            "--systems",
+            f"aiconfigurator systems (default: {' '.join(AIC_SYSTEMS)})",
+            nargs="+",
+            metavar="SYSTEM",
+        ),
+    )
+    data: Path | None = field(
+        default=None,
+        metadata=option(
+            "--data",
+            "a copy of the package's systems/data folder (default: the installed package's)",
+            type=Path,
+            metavar="DIR",
+        ),
+    )
+    package_version: str | None = field(
+        default=None, metadata=option("--package-version", "the package version the --data folder comes from")
+    )
+    out: Path = field(
+        default=MEASUREMENTS_DIR,
+        metadata=shared(
+            options.out,
+            default="profilers/measurements",
+            what="the measurements folder (<device>/aiconfigurator/...)",
+            value=MEASUREMENTS_DIR,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class CampaignImport:
+    """`campaign`'s options (as VidurImport)."""
+
+    folder: Path = field(
+        default=None, metadata=option(POSITIONAL, "the campaign's --out folder", type=Path, metavar="FOLDER")
+    )
+    out: Path = field(
+        default=MEASUREMENTS_DIR,
+        metadata=shared(
+            options.out,
+            default="profilers/measurements",
+            what="the measurements folder (<device>/torch/torch-<version>/)",
+            value=MEASUREMENTS_DIR,
+        ),
+    )
+
+
+# Each source: its options, its one-line help and its description.
+SOURCES = {
+    "vidur": (
+        VidurImport,
+        "Vidur's compute profiles (<device>/<model>.mlp.csv or <device>/<model>/mlp.csv)",
+        "Import Vidur mlp.csv profiles as measured data-contract rows.",
+    ),
+    "aiconfigurator": (
+        AiconfiguratorImport,
+        "aiconfigurator-core's GEMM, attention and NCCL tables (profilers/import_aiconfigurator.py)",
+        "Import aiconfigurator-core's measured tables as data-contract rows, per device and stack.",
+    ),
+    "campaign": (
+        CampaignImport,
+        "a GPU campaign's folder as the torch stack of its device (profilers/campaign_stack.py)",
+        "Keep a campaign's GEMM and attention rows as the stack torch-<version> of its device: the reference "
+        "decoder's own kernels, for its own predictions.",
+    ),
+}
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m profilers.imports", description=__doc__.split("\n\n")[0])
     sources = p.add_subparsers(dest="source", required=True, metavar="SOURCE")
-    vidur = sources.add_parser(
-        "vidur",
-        help="Vidur's compute profiles (<device>/<model>.mlp.csv or <device>/<model>/mlp.csv)",
-        description="Import Vidur mlp.csv profiles as measured data-contract rows.",
-    )
-    vidur.add_argument("files", nargs="+", type=Path, metavar="FILE", help="Vidur mlp.csv profile(s)")
-    options.gpu(vidur, required=True)
-    options.out(vidur, None, what="the imported rows, a .csv or .parquet file", metavar="FILE", required=True)
-    vidur.add_argument(
-        "--run-id", help="run id of every row (default: vidur@<commit>:compute/<device>/<model>/mlp.csv)"
-    )
-    vidur.add_argument(
-        "--commit", default=VIDUR_COMMIT, help="the Vidur commit the files come from, cited in the default run id"
-    )
-    aic = sources.add_parser(
-        "aiconfigurator",
-        help="aiconfigurator-core's GEMM, attention and NCCL tables (profilers/import_aiconfigurator.py)",
-        description="Import aiconfigurator-core's measured tables as data-contract rows, per device and stack.",
-    )
-    aic.add_argument(
-        "--systems",
-        nargs="+",
-        default=list(AIC_SYSTEMS),
-        metavar="SYSTEM",
-        help=f"aiconfigurator systems (default: {' '.join(AIC_SYSTEMS)})",
-    )
-    aic.add_argument(
-        "--data",
-        type=Path,
-        metavar="DIR",
-        help="a copy of the package's systems/data folder (default: the installed package's)",
-    )
-    aic.add_argument("--package-version", help="the package version the --data folder comes from")
-    options.out(
-        aic,
-        "profilers/measurements",
-        what="the measurements folder (<device>/aiconfigurator/...)",
-        value=MEASUREMENTS_DIR,
-    )
-    campaign = sources.add_parser(
-        "campaign",
-        help="a GPU campaign's folder as the torch stack of its device (profilers/campaign_stack.py)",
-        description="Keep a campaign's GEMM and attention rows as the stack torch-<version> of its device: the "
-        "reference decoder's own kernels, for its own predictions.",
-    )
-    campaign.add_argument("folder", type=Path, metavar="FOLDER", help="the campaign's --out folder")
-    options.out(
-        campaign,
-        "profilers/measurements",
-        what="the measurements folder (<device>/torch/torch-<version>/)",
-        value=MEASUREMENTS_DIR,
-    )
+    for name, (declared, said, described) in SOURCES.items():
+        add_options(sources.add_parser(name, help=said, description=described), declared)
     return p
 
 
-def import_campaign(args) -> int:
+def import_campaign(args: CampaignImport) -> int:
     stack = campaign_stack(args.folder)
     folder = stack.write(args.out)
     rows, left_out = stack.provenance["rows"], stack.provenance["left_out"]
@@ -318,7 +368,7 @@ def import_campaign(args) -> int:
     return 0
 
 
-def import_aiconfigurator_tables(args) -> int:
+def import_aiconfigurator_tables(args: AiconfiguratorImport) -> int:
     if args.data is None:
         data, version = installed_data()
     elif not args.package_version:
@@ -331,10 +381,11 @@ def import_aiconfigurator_tables(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.source == "aiconfigurator":
+    parsed = build_parser().parse_args(argv)
+    args = read_options(SOURCES[parsed.source][0], parsed)
+    if isinstance(args, AiconfiguratorImport):
         return import_aiconfigurator_tables(args)
-    if args.source == "campaign":
+    if isinstance(args, CampaignImport):
         return import_campaign(args)
     if args.out.suffix not in (".csv", ".parquet"):
         raise PerfkitError(f"--out {args.out}: use a .csv or .parquet file name")
