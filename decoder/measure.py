@@ -13,6 +13,8 @@ import json
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,6 +36,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import writable_file
 from perfmodel.cli import Parser, batch_size, options, positive_int, run
+from perfmodel.cli.fields import add_options, along, option, read_options, shared
 from perfmodel.models.operators import HEAD_TOP_K
 
 DEFAULT_SIZES = (1, 4, 16, 64)  # plus the measured tree's own size
@@ -52,7 +55,7 @@ def head_accuracy(decoder: Decoder, prompts, outputs) -> np.ndarray:
     return topk_accuracy(logits, tokens, HEAD_TOP_K, mask)
 
 
-def check_drafter(args, ckpt) -> None:
+def check_drafter(args: MeasureOptions, ckpt) -> None:
     """EAGLE drafts the static trees the heads' accuracies shape (the same trees Medusa runs,
     so the two compare at equal tree sizes) or, with --dynamic, EAGLE-2's own dynamic trees:
     it needs the drafter, and not --tree auto (priced for the heads)."""
@@ -82,15 +85,15 @@ def batch_run(batch: int, prompts: int, log=print) -> int:
     return prompts
 
 
-def measure_twin(args) -> dict:
+def measure_twin(args: MeasureOptions) -> dict:
     """--weights dummy --replay RECORD: plain decoding and every recorded tree of a twin
     (decoder.twin) timed interleaved; the tokens per step are the record's, replayed, and the
     tokens/s and speedups are this machine's at the model's real size."""
     if args.replay is None:
         raise PerfkitError("--weights dummy needs --replay RECORD (a python -m decoder.measure record to replay)")
-    for given, option in ((args.heads, "--heads"), (args.tree, "--tree"), (args.dynamic, "--dynamic")):
+    for given, flag in ((args.heads, "--heads"), (args.tree, "--tree"), (args.dynamic, "--dynamic")):
         if given:
-            raise PerfkitError(f"{option} is for real weights; a twin runs the trees --replay recorded")
+            raise PerfkitError(f"{flag} is for real weights; a twin runs the trees --replay recorded")
     record = ReplayRecord.load(args.replay)
     wanted = sorted({n for n in args.sizes if n > 1} & set(record.sizes)) or record.sizes
     dtype = native_dtype()
@@ -137,7 +140,7 @@ def measure_twin(args) -> dict:
     }
 
 
-def measure(args) -> dict:
+def measure(args: MeasureOptions) -> dict:
     if args.weights == "dummy":
         return measure_twin(args)
     if args.replay is not None:
@@ -256,74 +259,108 @@ def measure(args) -> dict:
     return report
 
 
+@dataclass(frozen=True)
+class MeasureOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    model: str = field(default="bundled", metadata=shared(options.model, needs_weights=True))
+    heads: str | None = field(
+        default=None, metadata=option("--heads", "Medusa heads folder, when apart from the model", metavar="DIR")
+    )
+    tree: str | None = field(
+        default=None,
+        metadata=option(
+            "--tree",
+            "auto (the performance model's best tree for this machine, batch and context, or plain decoding where "
+            f"no tree beats it; the default where the checkpoint records head accuracies), {TREE_NAMES}",
+            metavar="auto|NAME|FILE",
+        ),
+    )
+    acceptance: str | None = field(default=None, metadata=shared(options.acceptance, choices=SCHEMES))
+    drafter: str = field(default=DrafterKind.MEDUSA, metadata=shared(options.drafter, choices=DRAFTERS))
+    temperature: float = field(
+        default=0.7,
+        metadata=option("--temperature", "for typical and rejection (default %(default)s)", type=float),
+    )
+    dynamic: int | None = field(
+        default=None,
+        metadata=option(
+            "--dynamic",
+            "dynamic tree of N nodes per step (default N 48)",
+            type=positive_int,
+            nargs="?",
+            const=48,
+            metavar="N",
+        ),
+    )
+    batch: int = field(
+        default=1,
+        metadata=option(
+            "--batch",
+            "prompts decoded together, each accepting its own tokens per step; at most --prompts (default %(default)s)",
+            type=batch_size,
+            metavar="B",
+        ),
+    )
+    prompts: int = field(
+        default=16, metadata=option("--prompts", "held-out prompts (default %(default)s)", type=positive_int)
+    )
+    prompt_len: int = field(
+        default=64, metadata=option("--prompt-len", "tokens per prompt (default %(default)s)", type=positive_int)
+    )
+    new_tokens: int = field(
+        default=96,
+        metadata=option("--new-tokens", "tokens to generate per prompt (default %(default)s)", type=positive_int),
+    )
+    sizes: tuple[int, ...] = field(
+        default=tuple(DEFAULT_SIZES),
+        metadata=option(
+            "--sizes",
+            "tree sizes (root + nodes) for the acceptance curve (default 1 4 16 64)",
+            type=positive_int,
+            nargs="+",
+            metavar="Q",
+        ),
+    )
+    rounds: int = field(
+        default=1,
+        metadata=option(
+            "--rounds", "times every run goes over the prompts, interleaved (default %(default)s)", type=positive_int
+        ),
+    )
+    seed: int = field(
+        default=0,
+        metadata=option(
+            "--seed", "random seed for prompt choice and sampling (default %(default)s)", type=int, metavar="N"
+        ),
+    )
+    recalibrate: bool = field(
+        default=False,
+        metadata=option(
+            "--recalibrate",
+            "--tree auto: measure this machine's step times again instead of using the cached calibration",
+            action="store_true",
+        ),
+    )
+    weights: str = field(default="real", metadata=shared(options.twin))
+    replay: Path | None = field(default=None, metadata=along("weights"))
+    out: Path = field(
+        default=None,
+        metadata=shared(
+            options.out, default=None, what="the acceptance record (JSON)", metavar="FILE.json", required=True
+        ),
+    )
+    launch: str = field(default="eager", metadata=shared(options.launch))
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.measure", description=__doc__.split("\n\n")[0])
-    options.model(p, needs_weights=True)
-    p.add_argument("--heads", metavar="DIR", help="Medusa heads folder, when apart from the model")
-    p.add_argument(
-        "--tree",
-        metavar="auto|NAME|FILE",
-        help=f"auto (the performance model's best tree for this machine, batch and context, or plain decoding where "
-        f"no tree beats it; the default where the checkpoint records head accuracies), {TREE_NAMES}",
-    )
-    options.acceptance(p, choices=SCHEMES)
-    options.drafter(p, choices=DRAFTERS)
-    p.add_argument("--temperature", type=float, default=0.7, help="for typical and rejection (default %(default)s)")
-    p.add_argument(
-        "--dynamic",
-        type=positive_int,
-        nargs="?",
-        const=48,
-        metavar="N",
-        help="dynamic tree of N nodes per step (default N 48)",
-    )
-    p.add_argument(
-        "--batch",
-        type=batch_size,
-        default=1,
-        metavar="B",
-        help="prompts decoded together, each accepting its own tokens per step; at most --prompts (default "
-        "%(default)s)",
-    )
-    p.add_argument("--prompts", type=positive_int, default=16, help="held-out prompts (default %(default)s)")
-    p.add_argument("--prompt-len", type=positive_int, default=64, help="tokens per prompt (default %(default)s)")
-    p.add_argument(
-        "--new-tokens", type=positive_int, default=96, help="tokens to generate per prompt (default %(default)s)"
-    )
-    p.add_argument(
-        "--sizes",
-        type=positive_int,
-        nargs="+",
-        default=list(DEFAULT_SIZES),
-        metavar="Q",
-        help="tree sizes (root + nodes) for the acceptance curve (default 1 4 16 64)",
-    )
-    p.add_argument(
-        "--rounds",
-        type=positive_int,
-        default=1,
-        help="times every run goes over the prompts, interleaved (default %(default)s)",
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        metavar="N",
-        help="random seed for prompt choice and sampling (default %(default)s)",
-    )
-    p.add_argument(
-        "--recalibrate",
-        action="store_true",
-        help="--tree auto: measure this machine's step times again instead of using the cached calibration",
-    )
-    options.twin(p)
-    options.out(p, None, what="the acceptance record (JSON)", metavar="FILE.json", required=True)
-    options.launch(p)
+    add_options(p, MeasureOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(MeasureOptions, build_parser().parse_args(argv))
     writable_file(args.out, "acceptance record (--out)")  # before minutes of decoding, not after
     started = time.perf_counter()
     report = measure(args)
