@@ -27,6 +27,7 @@ import dataclasses
 import shlex
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from decoder import medusa2
@@ -40,64 +41,105 @@ from decoder.training import build
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import writable_dir
 from perfmodel.cli import Parser, options, positive_int, run
+from perfmodel.cli.fields import add_options, option, read_options, shared
 
 DEFAULT_OUT = Path("perf-reports") / "trained"
 DEFAULT_WORK = Path("perf-reports") / "train-work"
 MEDUSA2_OUT = Path("perf-reports") / "trained-medusa2"
 MEDUSA2_WORK = Path("perf-reports") / "medusa2-work"
+EAGLE_OUT = Path("perf-reports") / "trained-eagle"
+
+
+TARGET = ("target", False)  # --out or --install
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    out: Path = field(
+        default=DEFAULT_OUT,
+        metadata=shared(
+            options.out,
+            default=f"{DEFAULT_OUT}; {MEDUSA2_OUT} with --medusa2",
+            what="the checkpoint folder",
+            value=DEFAULT_OUT,
+            exclusive=TARGET,
+        ),
+    )
+    install: bool = field(
+        default=False,
+        metadata=option(
+            "--install",
+            f"replace the bundled model ({BUNDLED}) with the one trained",
+            action="store_true",
+            exclusive=TARGET,
+        ),
+    )
+    force: bool = field(
+        default=False,
+        metadata=option(
+            "--force",
+            "replace the checkpoint already in the output folder (or the bundled one, with --install) without "
+            "asking; without it, a terminal is asked and anything else refused",
+            action="store_true",
+        ),
+    )
+    work: Path = field(
+        default=DEFAULT_WORK,
+        metadata=option(
+            "--work",
+            f"intermediate results, for resuming (default %(default)s; {MEDUSA2_WORK} with --medusa2)",
+            type=Path,
+            metavar="DIR",
+        ),
+    )
+    seed: int = field(
+        default=0,
+        metadata=option(
+            "--seed", "random seed of data order and initial weights (default %(default)s)", type=int, metavar="N"
+        ),
+    )
+    steps: int | None = field(
+        default=None,
+        metadata=option("--steps", "backbone training steps (default 2000; 16 x 256 tokens each)", type=positive_int),
+    )
+    quick: bool = field(
+        default=False,
+        metadata=option(
+            "--quick", "a tiny model on 30 files in about a minute, to try the pipeline", action="store_true"
+        ),
+    )
+    medusa2: bool = field(
+        default=False,
+        metadata=option(
+            "--medusa2",
+            "Medusa-2 instead: LoRA on the backbone trained jointly with the heads of a Medusa-1 checkpoint (--model)"
+            ", on the original model's continuations; with --quick, a few sequences for one epoch",
+            action="store_true",
+        ),
+    )
+    eagle: bool = field(
+        default=False,
+        metadata=option(
+            "--eagle",
+            "train an EAGLE drafter (decoder.eagle) for a checkpoint (--model) on its own continuations and write the "
+            f"checkpoint with it (default {EAGLE_OUT}; --install: into the bundled model); with --quick, a few "
+            "sequences",
+            action="store_true",
+        ),
+    )
+    # None unless --model is given (main seeds the parse with it): without --medusa2 or --eagle it is refused
+    model: str | None = field(default=None, metadata=shared(options.model, needs_weights=True))
 
 
 def build_parser() -> Parser:
     p = Parser(prog="python -m decoder.train", description=__doc__.split("\n\n")[0])
-    target = p.add_mutually_exclusive_group()
-    options.out(target, f"{DEFAULT_OUT}; {MEDUSA2_OUT} with --medusa2", what="the checkpoint folder", value=DEFAULT_OUT)
-    target.add_argument(
-        "--install", action="store_true", help=f"replace the bundled model ({BUNDLED}) with the one trained"
-    )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="replace the checkpoint already in the output folder (or the bundled one, with --install) without "
-        "asking; without it, a terminal is asked and anything else refused",
-    )
-    p.add_argument(
-        "--work",
-        type=Path,
-        default=DEFAULT_WORK,
-        metavar="DIR",
-        help=f"intermediate results, for resuming (default %(default)s; {MEDUSA2_WORK} with --medusa2)",
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        metavar="N",
-        help="random seed of data order and initial weights (default %(default)s)",
-    )
-    p.add_argument("--steps", type=positive_int, help="backbone training steps (default 2000; 16 x 256 tokens each)")
-    p.add_argument(
-        "--quick", action="store_true", help="a tiny model on 30 files in about a minute, to try the pipeline"
-    )
-    p.add_argument(
-        "--medusa2",
-        action="store_true",
-        help="Medusa-2 instead: LoRA on the backbone trained jointly with the heads of a Medusa-1 checkpoint (--model)"
-        ", on the original model's continuations; with --quick, a few sequences for one epoch",
-    )
-    p.add_argument(
-        "--eagle",
-        action="store_true",
-        help="train an EAGLE drafter (decoder.eagle) for a checkpoint (--model) on its own continuations and write the "
-        f"checkpoint with it (default {EAGLE_OUT}; --install: into the bundled model); with --quick, a few sequences",
-    )
-    options.model(p, needs_weights=True)
+    add_options(p, TrainOptions)
     return p
 
 
-EAGLE_OUT = Path("perf-reports") / "trained-eagle"
-
-
-def eagle_main(parser: Parser, args) -> int:
+def eagle_main(parser: Parser, args: TrainOptions) -> int:
     if args.steps or args.medusa2:
         parser.error("--eagle trains the drafter alone: --steps and --medusa2 do not apply")
     config = dataclasses.replace(QUICK_EAGLE if args.quick else EagleConfig(), seed=args.seed)
@@ -141,7 +183,7 @@ def check_output(out: Path, work: Path, force: bool) -> None:
     raise PerfkitError(f"{reason}; add --force to replace it (nothing was trained)")
 
 
-def medusa2_main(parser: Parser, args, argv: list[str] | None) -> int:
+def medusa2_main(parser: Parser, args: TrainOptions, argv: list[str] | None) -> int:
     if args.install:
         parser.error("--install replaces the bundled Medusa-1 model; write Medusa-2 with --out DIR")
     if args.steps:
@@ -171,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # model=None in the namespace survives parsing unless --model is given (argparse fills in
     # only missing defaults): an explicit --model bundled without --medusa2 is refused too.
-    args = parser.parse_args(argv, namespace=argparse.Namespace(model=None))
+    args = read_options(TrainOptions, parser.parse_args(argv, namespace=argparse.Namespace(model=None)))
     if args.eagle:
         return eagle_main(parser, args)
     if args.medusa2:
