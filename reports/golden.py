@@ -24,11 +24,12 @@ import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, run
+from perfmodel.cli.fields import add_options, option, read_options
 from perfmodel.measured.store import HOME_VARIABLE
 from reports.figure_cache import FOLDER_VARIABLE as FIGURES_VARIABLE
 from reports.figure_cache import OFF
@@ -180,27 +181,55 @@ def check(commands: list[str], before_tree: Path, after_tree: Path, work: Path, 
         return [d for found in pool.map(both, enumerate(commands)) for d in found]
 
 
+WHERE = ("where", False)  # --against or --tree
+
+
+@dataclass(frozen=True)
+class GoldenOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    against: str | None = field(
+        default=None,
+        metadata=option(
+            "--against", "a commit (or branch, tag) of this checkout to compare with", metavar="REF", exclusive=WHERE
+        ),
+    )
+    tree: Path | None = field(
+        default=None,
+        metadata=option(
+            "--tree", "another checkout's folder to compare with", type=Path, metavar="FOLDER", exclusive=WHERE
+        ),
+    )
+    command: list[str] | None = field(
+        default=None,
+        metadata=option(
+            "--command",
+            "compare this command line only (may repeat; default: every documented sample and GOLDEN_COMMANDS)",
+            action="append",
+            metavar="CMD",
+        ),
+    )
+    list: bool = field(
+        default=False, metadata=option("--list", "print the commands compared and stop", action="store_true")
+    )
+    jobs: int = field(
+        default_factory=lambda: os.cpu_count() or 1,
+        metadata=option("--jobs", "commands run at once (default: one a core)", type=int, metavar="N"),
+    )
+    keep: Path | None = field(
+        default=None,
+        metadata=option("--keep", "keep both runs' folders here (default: removed)", type=Path, metavar="DIR"),
+    )
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m reports.golden", description=__doc__.split("\n\n")[0])
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--against", metavar="REF", help="a commit (or branch, tag) of this checkout to compare with")
-    where.add_argument("--tree", type=Path, metavar="FOLDER", help="another checkout's folder to compare with")
-    p.add_argument(
-        "--command",
-        action="append",
-        metavar="CMD",
-        help="compare this command line only (may repeat; default: every documented sample and GOLDEN_COMMANDS)",
-    )
-    p.add_argument("--list", action="store_true", help="print the commands compared and stop")
-    p.add_argument(
-        "--jobs", type=int, default=os.cpu_count() or 1, metavar="N", help="commands run at once (default: one a core)"
-    )
-    p.add_argument("--keep", type=Path, metavar="DIR", help="keep both runs' folders here (default: removed)")
+    add_options(p, GoldenOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(GoldenOptions, build_parser().parse_args(argv))
     commands = args.command or golden_commands()
     if args.list:
         print("\n".join(commands))

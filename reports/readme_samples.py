@@ -31,12 +31,13 @@ import shlex
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, run
 from perfmodel.cli.console import command_code
+from perfmodel.cli.fields import POSITIONAL, add_options, option, read_options
 from perfmodel.measured.store import HOME_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,23 +188,38 @@ def refresh(text: str, name: str = "README", outputs: dict[str, list[str]] | Non
     return "\n".join(lines), changed[::-1]
 
 
-def build_parser() -> Parser:
-    p = Parser(prog="python -m reports.readme_samples", description=__doc__.split("\n\n")[0])
-    p.add_argument("--check", action="store_true", help="only compare; exit 1 when a sample is out of date")
-    p.add_argument(
-        "files",
-        nargs="*",
-        type=Path,
-        metavar="FILE",
-        help="the files to check or rewrite (default: README.md and every docs/**/*.md)",
+@dataclass(frozen=True)
+class SampleOptions:
+    """The command's options, each declared once (perfmodel.cli.fields)."""
+
+    check: bool = field(
+        default=False,
+        metadata=option("--check", "only compare; exit 1 when a sample is out of date", action="store_true"),
+    )
+    files: tuple[Path, ...] = field(
+        default=(),
+        metadata=option(
+            POSITIONAL,
+            "the files to check or rewrite (default: README.md and every docs/**/*.md)",
+            nargs="*",
+            type=Path,
+            metavar="FILE",
+        ),
     )
     # the older spelling of FILE, kept for scripts that use it
-    p.add_argument("--readme", type=Path, action="append", default=[], help=argparse.SUPPRESS)
+    readme: list[Path] = field(
+        default_factory=list, metadata=option("--readme", argparse.SUPPRESS, type=Path, action="append")
+    )
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m reports.readme_samples", description=__doc__.split("\n\n")[0])
+    add_options(p, SampleOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(SampleOptions, build_parser().parse_args(argv))
     files = [*args.files, *args.readme] or doc_files()
     stale = 0
     with_markers = 0

@@ -16,10 +16,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, positive_int, run
+from perfmodel.cli.fields import add_options, option, read_options
 from reports.figure_cache import FOLDER_VARIABLE as FIGURES_VARIABLE
 from reports.figure_cache import OFF
 
@@ -67,16 +68,24 @@ def machine_line() -> str:
     return f"{os.cpu_count()} cores, load average {load} (1, 5, 15 min)"
 
 
+@dataclass(frozen=True)
+class BenchmarkOptions:
+    """The command's one option (perfmodel.cli.fields)."""
+
+    repeat: int = field(
+        default=5,
+        metadata=option("--repeat", "runs of each command (default %(default)s)", type=positive_int, metavar="N"),
+    )
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m reports.startup_benchmark", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--repeat", type=positive_int, default=5, metavar="N", help="runs of each command (default %(default)s)"
-    )
+    add_options(p, BenchmarkOptions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = read_options(BenchmarkOptions, build_parser().parse_args(argv))
     print(machine_line())
     for command in COMMANDS:
         print(summary_line(command, timings(command, args.repeat)), flush=True)

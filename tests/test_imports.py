@@ -18,7 +18,9 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
 from perfmodel.measured.contract import COLUMNS, KEY_COLUMNS, check_table, read_table
 from perfmodel.measured.store import MEASUREMENTS_DIR, stored_devices, stored_sweeps
-from profilers.imports import SHARD_COLUMNS, VIDUR_COMMIT, build_parser, import_vidur, main
+from perfmodel.measured.vidur import VIDUR_COMMIT
+from profilers.import_vidur import SHARD_COLUMNS, import_vidur
+from profilers.imports import build_parser, main
 
 DATA = Path(__file__).resolve().parent / "data" / "vidur"
 EXCERPT = DATA / "compute" / "a100" / "Llama-2-7b-hf.mlp.csv"

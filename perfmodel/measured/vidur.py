@@ -2,7 +2,7 @@
 and as shipped here converted.
 
 - compute profiles, `data/profiling/compute/<device>/<model>/mlp.csv`: per-layer operator
-  times (read_profile; profilers.imports turns them into data-contract rows);
+  times (read_profile; profilers.import_vidur turns them into data-contract rows);
 - network profiles, `data/profiling/network/<topology>/all_reduce.csv`: all-reduce times
   (import_vidur_all_reduce), shipped converted as
   `profilers/measurements/<device>/imported/all_reduce-*.csv` (provenance and the
