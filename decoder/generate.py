@@ -46,9 +46,7 @@ class GenerateOptions:
 
     prompt: str = field(default="", metadata=option("--prompt", "text to continue", required=True))
     model: str = field(default="bundled", metadata=shared(options.model, needs_weights=True))
-    heads: str | None = field(
-        default=None, metadata=option("--heads", "Medusa heads folder, when apart from the model", metavar="DIR")
-    )
+    heads: str | None = field(default=None, metadata=shared(options.heads))
     max_new_tokens: int = field(
         default=200,
         metadata=option(
@@ -85,14 +83,7 @@ class GenerateOptions:
         default=False, metadata=option("--no-medusa", "plain decoding, for comparison", action="store_true")
     )
     drafter: str = field(default=DrafterKind.MEDUSA, metadata=shared(options.drafter, choices=DRAFTERS))
-    recalibrate: bool = field(
-        default=False,
-        metadata=option(
-            "--recalibrate",
-            "--tree auto: measure this machine's step times again instead of using the cached calibration",
-            action="store_true",
-        ),
-    )
+    recalibrate: bool = field(default=False, metadata=shared(options.recalibrate))
     launch: str = field(default="eager", metadata=shared(options.launch))
 
 

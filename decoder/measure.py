@@ -264,9 +264,7 @@ class MeasureOptions:
     """The command's options, each declared once (perfmodel.cli.fields)."""
 
     model: str = field(default="bundled", metadata=shared(options.model, needs_weights=True))
-    heads: str | None = field(
-        default=None, metadata=option("--heads", "Medusa heads folder, when apart from the model", metavar="DIR")
-    )
+    heads: str | None = field(default=None, metadata=shared(options.heads))
     tree: str | None = field(
         default=None,
         metadata=option(
@@ -334,14 +332,7 @@ class MeasureOptions:
             "--seed", "random seed for prompt choice and sampling (default %(default)s)", type=int, metavar="N"
         ),
     )
-    recalibrate: bool = field(
-        default=False,
-        metadata=option(
-            "--recalibrate",
-            "--tree auto: measure this machine's step times again instead of using the cached calibration",
-            action="store_true",
-        ),
-    )
+    recalibrate: bool = field(default=False, metadata=shared(options.recalibrate))
     weights: str = field(default="real", metadata=shared(options.twin))
     replay: Path | None = field(default=None, metadata=along("weights"))
     out: Path = field(

@@ -111,6 +111,20 @@ def device(target: Target, *, default: str | None, default_said: str) -> None:
     )
 
 
+def heads(target: Target) -> None:
+    """--heads: a Medusa heads folder kept apart from the model's."""
+    target.add_argument("--heads", metavar="DIR", help="Medusa heads folder, when apart from the model")
+
+
+def recalibrate(target: Target) -> None:
+    """--recalibrate: time the decoder's steps again for --tree auto (decoder.auto_tree)."""
+    target.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="--tree auto: measure this machine's step times again instead of using the cached calibration",
+    )
+
+
 def visible_device(target: Target) -> None:
     """--device for a command that measures where torch finds a GPU: cuda if one is visible,
     else cpu, when not given (None: the command looks)."""
