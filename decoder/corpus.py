@@ -8,6 +8,7 @@ their path, so the held-out set is stable across runs and machines with the same
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import sysconfig
 from pathlib import Path
@@ -21,7 +22,13 @@ EOS = "<|endoftext|>"
 
 def stdlib_files(root: Path | None = None) -> list[Path]:
     root = root or Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py") if not EXCLUDED_PARTS & set(p.relative_to(root).parts))
+    files = []
+    # Excluded folders are never entered: the tests and site-packages are most of what a
+    # recursive glob would walk (0.9 s of a 1 s corpus read) only to drop it.
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [name for name in subfolders if name not in EXCLUDED_PARTS]
+        files += [Path(folder, name) for name in names if name.endswith(".py")]
+    files.sort()
     if not files:
         raise PerfkitError(f"no Python source found under {root}")
     return files

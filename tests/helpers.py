@@ -14,6 +14,9 @@ import yaml
 
 from hw_specs import SPEC_DIR
 from perfmodel.base.errors import PerfkitError
+from perfmodel.cli import run
+from profilers import sweep_runs
+from profilers.timer import TimerConfig
 
 
 def assert_png_shows_a_plot(path: Path) -> None:
@@ -209,3 +212,38 @@ def one_line_error(call, *fragments) -> str:
     for fragment in fragments:
         assert fragment in message, message
     return message
+
+
+@dataclass(frozen=True)
+class Ran:
+    status: int
+    out: str
+    err: str
+
+
+def run_here(main, argv: list[str], capsys) -> Ran:
+    """A command's main run as `python -m` runs it (perfmodel.cli.run: a PerfkitError is one
+    `error:` line and status 1; argparse's usage errors exit 2), in this process: a command
+    line in a subprocess first imports torch, pandas and matplotlib again (2-3 s on two busy
+    cores). The module's own `python -m` has a test of its own where it matters."""
+    capsys.readouterr()
+    try:
+        status = run(main, argv)
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    captured = capsys.readouterr()
+    return Ran(status, captured.out, captured.err)
+
+
+# What a measuring test times with: the flow it checks (sweep, store, read back, draw) needs
+# real timings, not settled ones. Three samples each (the noise needs an IQR), no budget past
+# them, and no cache flush between them: the flush writes twice the last-level cache, most of
+# a tiny shape's sample, and the flush itself has tests of its own (test_timer, test_sweep).
+QUICK_TIMER = TimerConfig(warmup=1, min_reps=3, max_reps=3, budget_s=0.0, flush_cache=False)
+QUICK_CEILING_TIMER = TimerConfig(warmup=1, min_reps=3, max_reps=5, budget_s=0.05)
+
+
+def time_quickly(patch: pytest.MonkeyPatch) -> None:
+    """A --measure in `patch`'s context sweeps and measures its ceilings with the quick timers."""
+    patch.setattr(sweep_runs, "default_timer", lambda device: QUICK_TIMER)
+    patch.setattr(sweep_runs, "ceiling_timer", lambda device: QUICK_CEILING_TIMER)

@@ -6,8 +6,6 @@ traceback."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,7 @@ from perfmodel.roofline import main as roofline_main
 from profilers.store import Journal
 from profilers.sweep import main as sweep_main
 from profilers.sweep_runs import run_sweep
+from tests.helpers import run_here
 from tests.test_sweep import config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,17 +169,12 @@ def test_a_second_sweep_into_a_locked_file_is_refused_at_once(tmp_path):
     assert run_sweep(config(tmp_path, ops=("up",)), log=lambda *_: None).measured == 8  # free again
 
 
-def test_the_second_sweep_command_ends_in_one_line(tmp_path):
+def test_the_second_sweep_command_ends_in_one_line(tmp_path, capsys):
     out = tmp_path / "sweep.csv"
     with FileLock(str(out) + ".lock", timeout=0):
-        result = subprocess.run(
-            [sys.executable, "-m", "profilers.sweep", "--device", "cpu", "--out", str(out), "--no-ceilings"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-    assert result.returncode == 1 and result.stderr.startswith("error: another sweep is writing")
-    assert len(result.stderr.strip().splitlines()) == 1
+        result = run_here(sweep_main, ["--device", "cpu", "--out", str(out), "--no-ceilings"], capsys)
+    assert result.status == 1 and result.err.startswith("error: another sweep is writing")
+    assert len(result.err.strip().splitlines()) == 1
 
 
 def test_repeated_points_are_collapsed_and_said(tmp_path):
@@ -261,16 +255,13 @@ def test_the_largest_sequence_said_to_fit_does_fit():
 
 
 @pytest.mark.parametrize("command", ["perfmodel.roofline", "profilers.sweep"])
-def test_a_batch_past_the_bound_is_a_usage_error(command):
-    device = ["--gpu", "a100"] if command == "perfmodel.roofline" else ["--device", "cpu"]
-    result = subprocess.run(
-        [sys.executable, "-m", command, *device, "--batch", "99999999999999999999999"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+def test_a_batch_past_the_bound_is_a_usage_error(command, capsys):
+    main, device = (
+        (roofline_main, ["--gpu", "a100"]) if command == "perfmodel.roofline" else (sweep_main, ["--device", "cpu"])
     )
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "--batch: must be at most 1,048,576 (2^20 sequences), got '99999999999999999999999'" in result.stderr
+    result = run_here(main, [*device, "--batch", "99999999999999999999999"], capsys)
+    assert result.status == 2 and "Traceback" not in result.err
+    assert "--batch: must be at most 1,048,576 (2^20 sequences), got '99999999999999999999999'" in result.err
 
 
 def test_a_sequence_past_the_bound_is_a_usage_error(capsys):

@@ -14,11 +14,9 @@ from perfmodel.measured.store import HOME_VARIABLE, meta_path, user_measurements
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import DEFAULT_OPS
 from perfmodel.roofline import main
-from profilers import sweep_runs
 from profilers.device import cpu_info
 from profilers.store import write_meta
-from profilers.timer import TimerConfig
-from tests.helpers import assert_png_shows_a_plot
+from tests.helpers import assert_png_shows_a_plot, time_quickly
 
 GRID = ["--batch", "1", "2", "--seq", "32", "--candidates", "1", "8", "--jobs", "1"]
 
@@ -43,13 +41,9 @@ def tiny_model(tmp_path_factory):
 def measured_cpu(tmp_path_factory, tiny_model):
     """`--gpu cpu --measure` once: a real sweep of this CPU (tiny shapes) and its ceilings."""
     out = tmp_path_factory.mktemp("cpu-roofline")
-    with pytest.MonkeyPatch.context() as patch:  # tiny shapes need only a short budget per configuration
+    with pytest.MonkeyPatch.context() as patch:  # what the test reads is that they are measured and drawn
         patch.setenv(HOME_VARIABLE, str(out / "home"))
-        patch.setattr(
-            sweep_runs, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=20, budget_s=0.05)
-        )
-        # the ceilings too: a short budget measures them, noisier (what the test reads is that they are drawn)
-        patch.setattr(sweep_runs, "ceiling_timer", lambda device: TimerConfig(warmup=1, min_reps=3, budget_s=0.2))
+        time_quickly(patch)
         assert run(main, ["--gpu", "cpu", "--measure", "--model", str(tiny_model), "--out", str(out), *GRID]) == 0
     return out
 

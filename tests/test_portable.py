@@ -18,6 +18,7 @@ from perfmodel.measured.store import HOME_VARIABLE, stored_devices
 from perfmodel.models.config import load_model
 from profilers.device import cpu_info
 from reports.__main__ import main as reports_main
+from tests.helpers import time_quickly
 
 SHIPPED_CPU = "cpu-intel-xeon-processor-2c"
 
@@ -109,9 +110,6 @@ def test_report_measure_sweeps_this_cpu_and_stores_it(other_cpu, tmp_path, monke
     budget), stored, so the next command uses this machine's own data without --measure."""
     import json
 
-    from profilers import sweep_runs
-    from profilers.timer import TimerConfig
-
     folder = tmp_path / "tiny"
     folder.mkdir()
     config = dict(
@@ -124,10 +122,7 @@ def test_report_measure_sweeps_this_cpu_and_stores_it(other_cpu, tmp_path, monke
     )
     (folder / "config.json").write_text(json.dumps(config))
     monkeypatch.setenv(HOME_VARIABLE, str(tmp_path / "home"))
-    monkeypatch.setattr(
-        sweep_runs, "default_timer", lambda device: TimerConfig(warmup=1, min_reps=3, max_reps=10, budget_s=0.02)
-    )
-    monkeypatch.setattr(sweep_runs, "ceiling_timer", lambda device: TimerConfig(warmup=1, min_reps=3, budget_s=0.2))
+    time_quickly(monkeypatch)
     args = ["build", "--gpu", "cpu", "--model", str(folder), "--acceptance", "paper", "--jobs", "1"]
     assert reports_main([*args, "--measure", "--out", str(tmp_path / "first")]) == 0
     assert "no stored measurements" not in capsys.readouterr().out

@@ -12,7 +12,7 @@ from perfmodel.cli import run
 from perfmodel.measured.contract import read_table, write_table
 from perfmodel.models.operators import DEFAULT_OPS
 from perfmodel.roofline import main
-from tests.helpers import assert_png_shows_a_plot, number, parse_page
+from tests.helpers import assert_png_shows_a_plot, number, parse_page, run_here
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "llama-7b", "--batch", "1", "16", "--seq", "1024", "--candidates", "1", "64", "--jobs", "1"]
@@ -130,19 +130,25 @@ def test_narrowed_grid_csv_path(tmp_path):
         ([], 2, "one of the arguments --gpu --spec is required"),
     ],
 )
-def test_bad_input_is_one_clear_line(args, status, message):
-    result = cli(*args)
-    assert result.returncode == status
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+def test_bad_input_is_one_clear_line(args, status, message, capsys):
+    result = run_here(main, args, capsys)
+    assert result.status == status
+    assert message in result.err
+    assert "Traceback" not in result.err
+    assert len(result.err.strip().splitlines()) == 1
 
 
-def test_measurement_file_must_follow_the_contract(tmp_path):
+def test_bad_input_from_the_command_line_is_one_clear_line():
+    result = cli("--gpu", "a10O")
+    assert result.returncode == 1 and result.stderr.startswith("error: unknown device 'a10O'")
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_measurement_file_must_follow_the_contract(tmp_path, capsys):
     bad = tmp_path / "bad.csv"
     bad.write_text("op,time\nqk,1\n")
-    result = cli("--gpu", "a100", "--measurements", str(bad))
-    assert result.returncode == 1 and "missing column(s) device" in result.stderr
+    result = run_here(main, ["--gpu", "a100", "--measurements", str(bad)], capsys)
+    assert result.status == 1 and "missing column(s) device" in result.err
 
 
 @pytest.mark.parametrize("device", sorted(p.stem for p in SPEC_DIR.glob("*.yaml")))
