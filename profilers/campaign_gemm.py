@@ -22,7 +22,7 @@ from profilers.benchmarks import OpBenchmark
 from profilers.campaign_plan import GemmStage
 from profilers.device import DeviceInfo
 from profilers.store import Journal, output_lock, record_run
-from profilers.sweep_runs import new_run_id, progress_bar, set_up_torch
+from profilers.sweep_runs import new_run_id, progress_bar, torch_set_up
 from profilers.sweeper import SweepConfig, Sweeper, worst_state
 from profilers.timer import TimerConfig
 
@@ -99,8 +99,7 @@ def run_gemm_grid(
     """Time what `out` lacks of the stage's GEMMs, shape by shape (a shape's weight is made
     once), each row appended as soon as it is measured; the file's lock held throughout."""
     writable_file(out, "GEMM grid output")
-    with output_lock(out):
-        set_up_torch(info.kind)
+    with output_lock(out), torch_set_up(info.kind):
         journal = open_journal(out)
         todo = [(k, n, m) for k, n, m in stage.points if not journal.has(row_key(info.key, dtype, k, n, m))]
         if not todo:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,3 +244,18 @@ def available_bytes(info: DeviceInfo) -> int:
 
         return torch.cuda.mem_get_info()[0]
     return cpu_available_bytes()
+
+
+@contextmanager
+def torch_threads(count: int | None):
+    """torch's intra-op thread count set for a block (None: left as it is), and restored
+    after it: whoever called (a notebook, a test, a command's --measure) goes on with its own."""
+    import torch
+
+    before = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

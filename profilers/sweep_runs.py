@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from perfmodel.models.config import ModelConfig
 from perfmodel.models.grid import Grid, iter_points
 from profilers.benchmarks import check_bench_dtype
 from profilers.ceilings import CEILING_TIMER, measure_ceilings
-from profilers.device import DeviceInfo, check_device, cpu_info, cuda_info
+from profilers.device import DeviceInfo, check_device, cpu_info, cuda_info, torch_threads
 from profilers.store import Journal, journal_path, output_lock, record_run
 from profilers.sweeper import SweepConfig, Sweeper, default_timer, with_token_grid
 from profilers.timer import TimerConfig
@@ -55,17 +56,23 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
-def set_up_torch(device: str, threads: int | None = None) -> None:
-    """What every sweep sets before timing: fp32 is fp32 on a GPU, and a CPU uses the
-    threads asked for, else all of them."""
+@contextmanager
+def torch_set_up(device: str, threads: int | None = None):
+    """What every sweep sets while it times, and puts back after: fp32 is fp32 on a GPU, and
+    a CPU uses the threads asked for, else all of them. Left set, a process that swept once
+    (a test worker, a notebook, a report's --measure) would go on with every thread, each
+    waiting on the others' cores wherever other work shares them."""
     import torch
 
+    tf32 = torch.backends.cuda.matmul.allow_tf32
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 rows must be fp32, not TF32
-    if threads:
-        torch.set_num_threads(threads)
-    elif device == "cpu":
-        torch.set_num_threads(cpu_info().details["logical_cpus"])  # all threads in use
+    count = threads or (cpu_info().details["logical_cpus"] if device == "cpu" else None)  # all threads in use
+    try:
+        with torch_threads(count):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def missing_points(config: SweepConfig, device_key: str, journal: Journal | None = None) -> list[tuple]:
@@ -83,7 +90,11 @@ def missing_points(config: SweepConfig, device_key: str, journal: Journal | None
 def _run_sweep(config: SweepConfig, log, known_ceilings: dict | None) -> SweepResult:
     check_bench_dtype(check_dtype(config.dtype))
     check_device(config.device)
-    set_up_torch(config.device, config.threads)
+    with torch_set_up(config.device, config.threads):
+        return _sweep(config, log, known_ceilings)
+
+
+def _sweep(config: SweepConfig, log, known_ceilings: dict | None) -> SweepResult:
     points = list(iter_points(config.model, config.grid, config.ops, config.phases))  # validates ops and phases
     info, nvml = cuda_info() if config.device == "cuda" else (cpu_info(), None)
     journal = Journal(config.out)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+import torch
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
@@ -20,6 +21,7 @@ from perfmodel.models.operators import DEFAULT_OPS, op_cost
 from profilers import sweep as sweep_command
 from profilers import sweep_runs, sweeper
 from profilers.benchmarks import OpBenchmark
+from profilers.device import torch_threads
 from profilers.store import ROW_COLUMNS, Journal
 from profilers.sweep import main
 from profilers.sweep_runs import run_sweep
@@ -350,3 +352,13 @@ def test_event_timings_far_above_their_floor_are_retimed_in_a_graph():
     prefill = OpBenchmark(gemv.model, "q", "prefill", 8, 2048, 1, "fp16", "cuda")
     big = op_cost("q", "prefill", gemv.model, "fp16", 8, 2048, 1)
     assert sweeper.floor_seconds(prefill, ceilings) == pytest.approx(max(big.bytes / 3000e9, big.flops / 770e12))
+
+
+def test_a_sweep_puts_back_the_callers_thread_count(tmp_path):
+    # A sweep times a CPU with all its threads; the caller (a notebook, a report's --measure,
+    # a test worker sharing two cores) goes on with the count it had.
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        run_sweep(config(tmp_path, ops=("up",)), log=lambda *_: None)
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before

@@ -87,7 +87,7 @@ def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsy
 def test_validate_sets_its_thread_count_only_while_it_runs():
     import torch
 
-    from profilers.closed_loop.runs import torch_threads
+    from profilers.device import torch_threads
 
     before = torch.get_num_threads()
     with torch_threads(1):

@@ -23,10 +23,10 @@ from profilers.closed_loop.runs import (
     operator_rows,
     operator_timing,
     timed_runs,
-    torch_threads,
 )
 from profilers.closed_loop.tree_kind import TreeKind
 from profilers.closed_loop.untimed import untimed_passes
+from profilers.device import torch_threads
 
 
 def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame, dict]:

@@ -7,7 +7,6 @@ import dataclasses
 import functools
 import statistics
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -156,15 +155,3 @@ def dynamic_build_s(decoder, step_probs: list[np.ndarray], nodes: int, repeats: 
         tree_buffers(dynamic_tree(padded, nodes, HEAD_TOP_K), heads, HEAD_TOP_K, decoder.device)
         times.append(time.perf_counter() - started)
     return statistics.median(times)
-
-
-@contextmanager
-def torch_threads(count: int):
-    """torch's intra-op thread count set for a block, and restored after it."""
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

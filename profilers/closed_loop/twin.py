@@ -52,10 +52,9 @@ from perfmodel.latency.pipeline import HostCosts, price_pipeline, run_pipeline
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import HEAD_TOP_K
 from profilers.closed_loop.config import TARGET_ERROR
-from profilers.closed_loop.runs import torch_threads
 from profilers.closed_loop.tree_kind import TreeKind
 from profilers.closed_loop.twin_pricing import priced_step, this_machine
-from profilers.device import DeviceInfo, check_device, cpu_info, cuda_info
+from profilers.device import DeviceInfo, check_device, cpu_info, cuda_info, torch_threads
 from profilers.kernel_replay import KernelTimes
 
 TWIN_DTYPES = tuple(TORCH_DTYPES)  # fp16 for a GPU; a CPU runs bf16 where it has it, else fp32
