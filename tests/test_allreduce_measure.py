@@ -4,11 +4,11 @@ parallelism with them where they are stored."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -48,10 +48,10 @@ BUNDLED = ROOT / "decoder" / "assets" / "bundled"
 def quick_run(tmp_path_factory) -> tuple[Path, str]:
     """One real run: 2 gloo processes, the quick sizes (a few seconds); its file and output."""
     out = tmp_path_factory.mktemp("allreduce") / "gloo.csv"
-    command = [sys.executable, "-m", "profilers.allreduce", "--device", "cpu", "--ranks", "2", "--quick"]
-    result = subprocess.run([*command, "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    return out, result.stdout
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert run(main, ["--device", "cpu", "--ranks", "2", "--quick", "--out", str(out)]) == 0
+    return out, printed.getvalue()
 
 
 def test_a_quick_run_writes_one_contract_row_per_size(quick_run):
