@@ -36,12 +36,17 @@ TINY = ModelConfig(
 def pytest_cmdline_main(config):
     """The suite in parallel, one worker per core, where pytest-xdist is installed (the test
     extras install it) and no -n was given: `python -m pytest -q` takes half the time on two
-    cores. Without it (a GPU machine's bare image), or with -n 0, the tests run in turn."""
+    cores, the tests shared out by work stealing. Without it (a GPU machine's bare image), or
+    with -n 0, the tests run in turn."""
     if not config.pluginmanager.hasplugin("xdist") or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     if config.getoption("numprocesses", None) is not None or config.getoption("collectonly"):
         return
     config.option.numprocesses = "auto"  # xdist's own rule: one worker per physical core
+    if config.getoption("dist", "no") == "no":
+        # A worker that runs out of tests takes some of the other's not yet started: a few
+        # tests take half a minute, and one left near the end would run with a core idle.
+        config.option.dist = "worksteal"
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

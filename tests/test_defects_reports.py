@@ -272,7 +272,8 @@ def test_an_interrupted_build_leaves_the_folder_as_it_was(tmp_path, monkeypatch,
         raise KeyboardInterrupt
 
     monkeypatch.setattr("reports.build.inputs_section", interrupted)  # the last section, after every figure
-    assert build("--gpu", "a100", "--model", "llama-13b", "--out", str(out)) == 130
+    # another workload: a page and capacity figures of its own, the other figures as the folder's
+    assert build("--gpu", "a100", "--model", "llama-7b", "--response-len", "128", "--out", str(out)) == 130
     after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     assert after == before
     assert [p.name for p in out.iterdir() if p.is_dir()] == []  # no staging folder left behind
