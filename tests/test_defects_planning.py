@@ -247,14 +247,14 @@ def test_reports_build_refuses_a_model_that_needs_tensor_parallel_before_any_wor
 
 def test_reports_build_with_tp_prices_every_section_at_that_degree(tmp_path, capsys):
     out = tmp_path / "r"
-    args = ["build", "--gpu", "h100", "--model", "llama-2-70b", "--tp", "2", "--latency", "datasheet"]
+    args = ["build", "--gpu", "a100", "--model", "llama-7b", "--tp", "2", "--latency", "datasheet"]
     assert run(reports_main, [*args, "--out", str(out), "--jobs", "1"]) == 0
     html = (out / "report.html").read_text()
     assert "x2 (tensor parallel)" in html and "Capacity on 2 devices in tensor parallel: max batch" in html
     assert "tp=2: 2 all-reduces per layer" in html
     assert "--tp 2" not in html  # the capacity section no longer advises an option the command lacks
     # the plain-step sentence prices the same sharded step, all-reduces included, as the speedups do
-    view = resolve_view("h100", None, [])
-    step = tensor_parallel_steps(view, load_model("llama-2-70b"), "fp16", 2, "datasheet")["full"]
+    view = resolve_view("a100", None, [])
+    step = tensor_parallel_steps(view, load_model("llama-7b"), "fp16", 2, "datasheet")["full"]
     sentence = f"context 1024: {float(step.step_time(1, 1024, 1)) * 1e3:.2f} ms (latency: {step.label})"
     assert html_escape(sentence) in html

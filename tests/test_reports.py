@@ -25,7 +25,7 @@ from perfmodel.planning.drafters import DRAFTER_NAMES, drafters_for
 from reports.__main__ import main
 from reports.sources import ReportAcceptance, report_acceptance, report_drafters
 from tests.conftest import deploy
-from tests.helpers import ParsedPage, Table, assert_in_order, number, numbers, parse_page
+from tests.helpers import ParsedPage, Table, assert_in_order, custom_spec, number, numbers, parse_page
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "decoder" / "assets" / "bundled"
@@ -337,16 +337,16 @@ def test_operator_errors_where_a_sweep_meets_predictions(tmp_path):
     assert measured and measured <= set(keys)
 
 
-def test_every_string_is_escaped(tmp_path):
-    spec = yaml.safe_load((ROOT / "hw_specs" / "a40.yaml").read_text())
-    spec["name"] = "<script>alert('x')</script> & co"
-    spec.pop("aliases", None)
-    path = tmp_path / "evil.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    assert main(["build", "--spec", str(path), "--model", "llama-7b", "--out", str(tmp_path / "r"), "--jobs", "1"]) == 0
+def test_every_string_is_escaped_and_the_spec_file_is_named_as_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    path = custom_spec(tmp_path / "specs", name="<script>alert('x')</script> & co", aliases=None)
+    assert main(["build", "--spec", "specs/my_gpu.yaml", "--model", "llama-7b", "--out", "r", "--jobs", "1"]) == 0
     html = (tmp_path / "r" / "report.html").read_text(encoding="utf-8")
     assert "<script>" not in html
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; co" in html
+    device = next(b for b in parse_page(html).section("Inputs").bullets if b.startswith("Device:"))
+    assert f"spec {path.relative_to(tmp_path)}" in device and "hw_specs" not in device
 
 
 def test_bad_input_names_the_value(tmp_path, capsys):
