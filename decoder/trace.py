@@ -136,22 +136,21 @@ class StepTracer:
         point = (config, batch, context, candidates, dtype)
         if point not in self._runs:
             check_step(*point, self.acceptance)
-            if self.launch.static:  # its KV move spans every layer at once: traced whole
-                decoder = self._decoder(config, dtype, candidates > 1, layers=config.num_layers)
-                recorder = record_step(decoder, batch, context, candidates, self.acceptance, None, self.launch)
-                runs = [([ROW_VALUES(row) for row in recorder.rows], 1)]
+            decoder = self._decoder(config, dtype, candidates > 1)
+            if self.launch.static:  # the batch at once; its KV move spans the whole model's cache
+                recorder = record_step(
+                    decoder, batch, context, candidates, self.acceptance, None, self.launch, None, config.num_layers
+                )
             else:
-                decoder = self._decoder(config, dtype, candidates > 1)
                 recorder = record_step(decoder, batch, context, candidates, self.acceptance, 1, self.launch)
-                runs = repeated_runs(recorder, config.num_layers, batch)
+            runs = repeated_runs(recorder, config.num_layers, batch)
             self._runs[point] = runs, recorder.unclassified
         return trace_table(*self._runs[point])
 
-    def _decoder(self, config: ModelConfig, dtype: str, medusa: bool, layers: int = 1) -> Decoder:
-        built = (config, dtype, medusa, layers)
+    def _decoder(self, config: ModelConfig, dtype: str, medusa: bool) -> Decoder:
+        built = (config, dtype, medusa)
         if built not in self._decoders:
-            shape = dataclasses.replace(config, num_layers=layers)
-            self._decoders[built] = weightless_decoder(shape, TORCH_DTYPES[dtype], medusa)
+            self._decoders[built] = weightless_decoder(one_layer(config), TORCH_DTYPES[dtype], medusa)
         return self._decoders[built]
 
 

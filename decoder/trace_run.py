@@ -5,6 +5,8 @@ part by part under a recorder (decoder.trace_recorder).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -122,13 +124,26 @@ def run_step(
 
 
 def run_static_step(
-    decoder: Decoder, recorder: StepRecorder, static: TreeBuffers, batch: int, context: int, acceptance: str
+    decoder: Decoder,
+    recorder: StepRecorder,
+    static: TreeBuffers,
+    batch: int,
+    context: int,
+    acceptance: str,
+    cache_layers: int | None = None,
 ) -> None:
     """One static step (decoder.static_step) part by part, every sequence at `context` cached
-    tokens, the cache allocated as generate allocates it (the step attends over all of it)."""
+    tokens, the cache allocated as generate allocates it (the step attends over all of it).
+    cache_layers: the layers the KV cache holds (default: the decoder's). A decoder of fewer
+    layers then runs its own over their slices of it, and the step's KV move, one gather and
+    one scatter across every layer at once, moves what the whole model's would."""
     topk = HEAD_TOP_K if decoder.heads is not None else 1
     settings = AcceptanceConfig(scheme=acceptance)
-    step = StaticStep(decoder, static, batch, context + 2 * static.size + 1, settings, topk, Launch.STATIC, None)
+    max_len = context + 2 * static.size + 1
+    step = StaticStep(decoder, static, batch, max_len, settings, topk, Launch.STATIC, None)
+    if cache_layers is not None:
+        config = dataclasses.replace(decoder.model.config, num_hidden_layers=cache_layers)
+        step.buffers.cache = KVCache(config, batch, max_len, META, step.buffers.cache.k.dtype)
     step.buffers.lengths.fill_(context)
     recorder.cold |= {t.untyped_storage()._cdata for t in (step.buffers.cache.k, step.buffers.cache.v)}
     with torch.inference_mode(), HostLists(), recorder, module_calls(decoder, recorder):
@@ -151,16 +166,18 @@ def record_step(
     sequences: int | None,
     launch: Launch = Launch.EAGER,
     recorder: StepRecorder | None = None,
+    cache_layers: int | None = None,
 ) -> StepRecorder:
     """The recorder of one step of `decoder` (built for the step: with heads for a tree), as
-    the eager loop runs it or, for a static launch regime, as the static step does."""
+    the eager loop runs it or, for a static launch regime, as the static step does (over a KV
+    cache of `cache_layers` layers where given: run_static_step)."""
     medusa = candidates > 1
     heads, topk = (len(decoder.heads), HEAD_TOP_K) if medusa else (0, 1)
     static = tree_buffers(step_tree(candidates, heads, topk), heads, topk, str(META))
     if recorder is None:
         recorder = StepRecorder("medusa" if medusa else "plain", weight_storages((decoder.model, decoder.heads)))
     if launch.static:
-        run_static_step(decoder, recorder, static, batch, context, acceptance)
+        run_static_step(decoder, recorder, static, batch, context, acceptance, cache_layers)
     else:
         run_step(decoder, recorder, static, batch, context, acceptance, sequences)
     return recorder

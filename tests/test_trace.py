@@ -15,6 +15,7 @@ from decoder.medusa import STEP_PARTS
 from decoder.trace import StepTracer, kernel_summary, main, trace_step, trace_unrolled
 from decoder.trace_ops import NO_KERNEL
 from decoder.trace_recorder import TraceRow
+from perfmodel.base.launch import Launch
 from perfmodel.cli import run
 from perfmodel.latency.kinds import HOST_ONLY_KINDS, KINDS, TRACE_KINDS, kernel_rows
 from perfmodel.latency.traced import TRACE_COLUMNS
@@ -244,6 +245,20 @@ def test_the_repeated_trace_is_the_unrolled_one_row_for_row(model, batch, contex
     assert fast.attrs == unrolled.attrs
     attention = fast[fast["kind"] == "attention"]
     assert len(attention) == model.num_layers  # every layer is there, not the one traced
+
+
+@pytest.mark.parametrize(
+    "model, batch, context, size",
+    [(BUNDLED, 1, 128, 1), (BUNDLED, 3, 77, 10), (LLAMA_7B, 2, 300, 64)],
+    ids=["bundled-plain", "bundled-tree10-b3", "llama-7b-tree64-b2"],
+)
+def test_the_static_steps_one_layer_trace_is_the_unrolled_one_row_for_row(model, batch, context, size):
+    # one layer over the whole model's KV cache: the layer's rows repeated, the KV move of every layer
+    fast = trace_step(model, batch, context, size, launch=Launch.STATIC)
+    unrolled = trace_unrolled(model, batch, context, size, launch=Launch.STATIC)
+    pd.testing.assert_frame_equal(fast, unrolled)
+    assert fast.attrs == unrolled.attrs
+    assert len(fast[fast["kind"] == "attention"]) == model.num_layers
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
