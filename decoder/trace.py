@@ -14,7 +14,9 @@ which makes every sequence accept its root only (see StepRecorder._host_value).
 Every decoder layer launches the same kernels at the same shapes, and every sequence's
 verification and commit the same ones too (each accepts its root only, at the same context):
 trace_step traces a one-layer model verifying and committing one sequence, and repeats that
-layer's rows num_layers times and that sequence's rows batch times, in place. The table is
+layer's rows num_layers times and that sequence's rows batch times, in place (a static
+step, the batch at once, runs its one layer over the whole model's KV cache, which its KV
+move spans). The table is
 the one an unrolled trace (trace_unrolled: every layer, every sequence) records, row for
 row (tests/test_trace.py checks it), some 10 times faster (a llama-7b step in about 0.04 s
 instead of 0.4 s on two cores), which lets a sweep trace hundreds of points; StepTracer

@@ -4,6 +4,7 @@ before, or on the order tests run in."""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -12,6 +13,7 @@ import pytest
 from filelock import FileLock
 from helpers import assert_png_shows_a_plot
 
+from perfmodel.cli.parser import COMMAND_GC_THRESHOLD
 from perfmodel.measured.store import HOME_VARIABLE
 from perfmodel.models.config import ModelConfig
 from reports.figure_cache import FOLDER_VARIABLE as FIGURES_VARIABLE
@@ -50,6 +52,15 @@ def pytest_cmdline_main(config):
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def pytest_collection_finish(session):
+    """What every test module imported (torch, pandas, matplotlib: most of a worker's objects)
+    is left out of garbage collections from here on, and the first generation is collected
+    every COMMAND_GC_THRESHOLD new objects as in a command (perfmodel.cli.run): each full
+    collection would scan them all again for cycles they do not have."""
+    gc.freeze()
+    gc.set_threshold(COMMAND_GC_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def pytest_configure(config):
