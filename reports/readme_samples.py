@@ -150,6 +150,11 @@ def fresh_folder() -> Iterator[Path]:
                 os.environ[HOME_VARIABLE] = before_home
 
 
+def exit_status(exc: SystemExit) -> int:
+    """The status a process exiting so would give its shell (sys.exit's rules)."""
+    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+
+
 def run_command(command: str) -> Done:
     """Run a documented command line in a fresh folder (above), in this process."""
     argv = shlex.split(command)
@@ -159,7 +164,7 @@ def run_command(command: str) -> Done:
         try:
             status = run(main, args)
         except SystemExit as exc:  # argparse's exits: --help (0) and usage errors (2)
-            status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            status = exit_status(exc)
     return Done(status, out.getvalue(), err.getvalue())
 
 

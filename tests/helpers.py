@@ -17,6 +17,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
 from profilers import sweep_runs
 from profilers.timer import TimerConfig
+from reports.readme_samples import exit_status
 
 
 def assert_png_shows_a_plot(path: Path) -> None:
@@ -230,7 +231,7 @@ def run_here(main, argv: list[str], capsys) -> Ran:
     try:
         status = run(main, argv)
     except SystemExit as exc:
-        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        status = exit_status(exc)
     captured = capsys.readouterr()
     return Ran(status, captured.out, captured.err)
 
