@@ -34,6 +34,9 @@ ATTENTIONS = frozenset(
         "_scaled_dot_product_cudnn_attention"
     ).split()
 )
+# On a GPU those run their kernels inside these, which torch.profiler shows as their own
+# operators (a trace never sees them: they sit under the dispatcher).
+ATTENTION_BACKENDS = frozenset("_efficient_attention_forward _flash_attention_forward _cudnn_attention_forward".split())
 REDUCTIONS = frozenset(
     (
         "mean sum prod amax amin max min aminmax argmax argmin topk sort softmax _softmax log_softmax _log_softmax "

@@ -15,9 +15,11 @@ reader serves both, plus the tree step an engine table has no table for:
 - `tree_attention.parquet`: the tree step's masked sdpa, q_len candidates over kv_len tokens.
 
 Every row keeps the timer's mode (CUDA events or a CUDA graph) and the clock-event (throttle)
-reasons seen around it. `python -m profilers.imports campaign FOLDER` writes the folder under
-profilers/measurements/<device>/torch/torch-<version>/ with a provenance.json naming the
-campaign, machine and software.
+reasons seen around it. `python -m profilers.imports campaign FOLDER [CHECK...]` writes the
+folder under profilers/measurements/<device>/torch/torch-<version>/ with a provenance.json
+naming the campaign, machine and software. A later GPU check of the same device and torch
+(`--stage gpu-check`, its own folder) is folded in after the campaign: a point both timed
+keeps the check's CUDA-graph timing, which holds no launch gaps.
 """
 
 from __future__ import annotations
@@ -115,15 +117,16 @@ def _linear_gemms(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True) if out else rows.iloc[:0].assign(m=[], n=[], k=[])
 
 
-def _gemm_table(folder: Path, device: str, dropped: list[int]) -> pd.DataFrame:
+def _gemm_table(folders: list[Path], device: str, dropped: list[int]) -> pd.DataFrame:
     frames = []
-    for path in _sweeps(folder, "linear"):
-        frames.append(_linear_gemms(_trusted(measured_rows(path, device), path, dropped)))
-    for path in sorted((folder / "gemm").glob("gemm-*.csv")):
-        rows = _trusted(measured_rows(path, device), path, dropped)
-        frames.append(rows.assign(m=rows["batch"] * rows["seq_len"]))
+    for folder in folders:
+        for path in _sweeps(folder, "linear"):
+            frames.append(_linear_gemms(_trusted(measured_rows(path, device), path, dropped)))
+        for path in sorted((folder / "gemm").glob("gemm-*.csv")):
+            rows = _trusted(measured_rows(path, device), path, dropped)
+            frames.append(rows.assign(m=rows["batch"] * rows["seq_len"]))
     if not frames:
-        raise PerfkitError(f"{folder}: no linear sweeps (*-linear.csv) or GEMM grid (gemm/gemm-*.csv) to import")
+        raise PerfkitError(f"{folders[0]}: no linear sweeps (*-linear.csv) or GEMM grid (gemm/gemm-*.csv) to import")
     rows = pd.concat(frames, ignore_index=True)
     return _table(rows, ["m", "n", "k"], "gemm")
 
@@ -142,9 +145,9 @@ def _table(rows: pd.DataFrame, shape: list[str], kind: str) -> pd.DataFrame:
     return frame.drop(columns="_graph").sort_index().reset_index(drop=True)
 
 
-def _attention_tables(folder: Path, device: str, dropped: list[int]) -> dict[str, pd.DataFrame]:
+def _attention_tables(folders: list[Path], device: str, dropped: list[int]) -> dict[str, pd.DataFrame]:
     frames = []
-    for path in _sweeps(folder, "attention"):
+    for path in (p for folder in folders for p in _sweeps(folder, "attention")):
         rows = measured_rows(path, device)
         rows = _trusted(rows[rows["op"] == "sdpa"], path, dropped)
         if not len(rows):
@@ -160,7 +163,7 @@ def _attention_tables(folder: Path, device: str, dropped: list[int]) -> dict[str
             )
         )
     if not frames:
-        raise PerfkitError(f"{folder}: no attention sweeps (*-attention.csv) with sdpa rows to import")
+        raise PerfkitError(f"{folders[0]}: no attention sweeps (*-attention.csv) with sdpa rows to import")
     rows = pd.concat(frames, ignore_index=True)
     shape = ["batch", "kv_len", "num_heads", "num_kv_heads", "head_dim"]
     tree = rows[(rows["phase"] == Phase.TREE) & (rows["q_len"] > 1)]
@@ -171,9 +174,8 @@ def _attention_tables(folder: Path, device: str, dropped: list[int]) -> dict[str
     }
 
 
-def campaign_stack(folder: str | Path) -> CampaignStack:
-    """The torch stack of one campaign folder (its model sweeps, GEMM grid and run metadata)."""
-    folder = Path(folder)
+def _campaign_run(folder: Path) -> dict:
+    """A campaign folder's run metadata (of its first sweep), refused where it is no GPU campaign."""
     if not (folder / "campaign.json").is_file():
         raise PerfkitError(
             f"{folder}: not a campaign folder (no campaign.json); give python -m profilers.campaign's --out"
@@ -182,25 +184,48 @@ def campaign_stack(folder: str | Path) -> CampaignStack:
     if not sweeps:
         raise PerfkitError(f"{folder}: no model sweeps (*-linear.csv, *-attention.csv) in it")
     run = _run(sweeps[0])
-    info = run["device"]
-    if info.get("kind") != "cuda":
-        raise PerfkitError(f"{folder}: measured on {info.get('kind')!r}; a torch stack is of a GPU's kernels")
+    if run["device"].get("kind") != "cuda":
+        raise PerfkitError(f"{folder}: measured on {run['device'].get('kind')!r}; a torch stack is of a GPU's kernels")
+    return run
+
+
+MACHINE_KEYS = ("name", "driver", "cuda", "python", "torch", "power_limit_w", "uuid")
+
+
+def campaign_stack(folder: str | Path, *checks: str | Path) -> CampaignStack:
+    """The torch stack of one campaign folder (its model sweeps, GEMM grid and run metadata),
+    with the sweeps of later GPU checks of the same device and torch (`checks`) folded in."""
+    folders = [Path(folder), *map(Path, checks)]
+    runs = [_campaign_run(f) for f in folders]
+    run, infos = runs[0], [r["device"] for r in runs]
+    info = infos[0]
     device = info["key"]
+    for other, seen in zip(folders[1:], infos[1:]):
+        if (seen["key"], seen["torch"]) != (device, info["torch"]):
+            raise PerfkitError(
+                f"{other}: measured on {seen['key']} with torch {seen['torch']}, the campaign {folders[0]} on {device} "
+                f"with torch {info['torch']}; a stack is one device's kernels under one torch"
+            )
     gemm_dropped, attention_dropped = [], []
-    tables = {"gemm": _gemm_table(folder, device, gemm_dropped), **_attention_tables(folder, device, attention_dropped)}
+    tables = {
+        "gemm": _gemm_table(folders, device, gemm_dropped),
+        **_attention_tables(folders, device, attention_dropped),
+    }
+
+    def named(f: Path, paths) -> list[str]:
+        return [str(p.relative_to(f)) if f is folders[0] else f"{f.name}/{p.relative_to(f)}" for p in paths]
+
     provenance = {
         "engine": TORCH_ENGINE,
         "version": info["torch"],
-        "package": f"medusa-perfkit {folder.name}",
+        "package": "medusa-perfkit " + ", ".join(f.name for f in folders),
         "system": device,
         "licence": "this project's own measurements (the repository's licence)",
-        "machine": {k: info.get(k) for k in ("name", "driver", "cuda", "python", "torch", "power_limit_w", "uuid")},
+        "machine": {k: info.get(k) for k in MACHINE_KEYS},
         "timer_mode": run.get("timer_mode", ""),
         "tables": {
-            "gemm": [
-                str(p.relative_to(folder)) for p in [*_sweeps(folder, "linear"), *(folder / "gemm").glob("*.csv")]
-            ],
-            "attention": [str(p.relative_to(folder)) for p in _sweeps(folder, "attention")],
+            "gemm": [p for f in folders for p in named(f, [*_sweeps(f, "linear"), *(f / "gemm").glob("*.csv")])],
+            "attention": [p for f in folders for p in named(f, _sweeps(f, "attention"))],
         },
         "rows": {name: len(frame) for name, frame in tables.items()},
         "left_out": {
@@ -210,4 +235,6 @@ def campaign_stack(folder: str | Path) -> CampaignStack:
             "floor at the run's measured ceilings: launch gaps, not work; the GPU check re-times them in CUDA graphs",
         },
     }
+    if checks:
+        provenance["checks"] = {f.name: {k: i.get(k) for k in MACHINE_KEYS} for f, i in zip(folders[1:], infos[1:])}
     return CampaignStack(device, info["torch"], tables, provenance)

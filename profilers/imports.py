@@ -94,8 +94,16 @@ class AiconfiguratorImport:
 class CampaignImport:
     """`campaign`'s options (as VidurImport)."""
 
-    folder: Path = field(
-        default=None, metadata=option(POSITIONAL, "the campaign's --out folder", type=Path, metavar="FOLDER")
+    folders: tuple[Path, ...] = field(
+        default=(),
+        metadata=option(
+            POSITIONAL,
+            "the campaign's --out folder, then any later GPU checks (--stage gpu-check) of the same device and torch: "
+            "a point timed in both keeps the check's CUDA-graph timing",
+            nargs="+",
+            type=Path,
+            metavar="FOLDER",
+        ),
     )
     out: Path = field(
         default=MEASUREMENTS_DIR,
@@ -138,7 +146,7 @@ def build_parser() -> Parser:
 
 
 def import_campaign(args: CampaignImport) -> int:
-    stack = campaign_stack(args.folder)
+    stack = campaign_stack(*args.folders)
     folder = stack.write(args.out)
     rows, left_out = stack.provenance["rows"], stack.provenance["left_out"]
     print(f"{folder}: {', '.join(f'{name} {count} rows' for name, count in rows.items())}")

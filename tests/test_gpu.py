@@ -201,6 +201,9 @@ def test_the_twin_closed_loop_runs_on_cuda_with_every_kernel_replayed():
     assert summary["calls_not_replayed"] == 0 and summary["in_step_factor"] > 0
     gpu_kernels = classes[(classes["kernel_class"] == "gemm") & (classes["tree_size"] == 16)]
     assert gpu_kernels["measured_s"].iloc[0] > 0  # the profiler saw the GEMMs' CUDA kernels
+    # and the tree's attention kernels, which run inside SDPA's backend operator
+    attention = classes[(classes["kernel_class"] == "attention") & (classes["tree_size"] == 16)]
+    assert attention["measured_s"].iloc[0] > 0
 
 
 def test_kernel_replay_times_a_gemm_call_by_cuda_events():

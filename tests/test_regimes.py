@@ -41,7 +41,12 @@ def test_the_command_prices_every_shipped_run_and_sums_up_each_regime(capsys):
     assert run(regimes.main, ["--gpu", "h100"]) == 0
     out = capsys.readouterr().out
     assert "campaign-2026-11-24" in out and "gpu-check-2026-11-27" in out
-    assert "eager: 28 steps, median |error|" in out and "within 15%:" in out
+    for summed in ("eager: 37 steps", "static: 6 steps", "graph: 9 steps"):
+        assert summed in out
+    assert "within 15%:" in out and "within 10%:" in out
+    # the runs with a host-dispatch file beside them are priced at it, the older ones at the spec's
+    assert "host of campaign-2026-11-24, gpu-check-2026-11-27: host costs in us per op (h100-sxm spec" in out
+    assert "host of gpu-check-2026-11-28: host costs in us per op (NVIDIA H100 80GB HBM3 (cuda)" in out
 
 
 def test_a_run_of_two_regimes_or_a_device_without_runs_is_one_line():

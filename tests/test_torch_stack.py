@@ -24,6 +24,7 @@ from profilers.campaign_stack import campaign_stack
 from profilers.imports import main as imports_main
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "profilers/measurements/h100-sxm/campaign-2026-11-24"
+CHECK = Path(__file__).resolve().parents[1] / "profilers/measurements/h100-sxm/gpu-check-2026-11-28"
 SHIPPED = Path(__file__).resolve().parents[1] / "profilers/measurements/h100-sxm/torch/torch-2.11.0"
 HEADS = {"llama-7b": 32, "llama-13b": 40, "llama-33b": 52}
 
@@ -40,7 +41,7 @@ def campaign_tree_rows(graph_only: bool = False) -> pd.DataFrame:
 
 
 def test_the_shipped_stack_is_the_campaign_converted(tmp_path, capsys):
-    assert run(imports_main, ["campaign", str(CAMPAIGN), "--out", str(tmp_path)]) == 0
+    assert run(imports_main, ["campaign", str(CAMPAIGN), str(CHECK), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     folder = tmp_path / "h100-sxm" / "torch" / "torch-2.11.0"
     assert str(folder) in out and "left out:" in out
@@ -50,6 +51,28 @@ def test_the_shipped_stack_is_the_campaign_converted(tmp_path, capsys):
     provenance = json.loads((folder / "provenance.json").read_text())
     assert provenance["engine"] == "torch" and provenance["version"] == "2.11.0+cu130"
     assert provenance["machine"]["name"] == "NVIDIA H100 80GB HBM3"
+    assert provenance["checks"]["gpu-check-2026-11-28"]["name"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_a_later_gpu_check_wins_where_it_timed_a_point_in_a_cuda_graph():
+    alone, folded = campaign_stack(CAMPAIGN), campaign_stack(CAMPAIGN, CHECK)
+    key = ["m", "n", "k", "dtype"]
+    check = folded.tables["gemm"].merge(alone.tables["gemm"], on=key, suffixes=("", "_campaign"))
+    assert len(check) == len(alone.tables["gemm"])  # nothing of the campaign's is lost
+    rows = pd.read_csv(CHECK / "check/llama-7b-fp16-linear.csv")
+    # llama-7b's 4096 x 4096 GEMM at 32 rows (q, k, v and o) is one of the check's timings, not the campaign's
+    square = rows[rows["op"].isin(["q", "k", "v", "o"]) & (rows["seq_len"] == 32)]
+    row = folded.tables["gemm"].query("m == 32 and n == 4096 and k == 4096").iloc[0]
+    assert set(square["mode"]) == {row["mode"]} == {"cuda-graph"}
+    assert any(row["time_s"] == pytest.approx(t, rel=1e-3) for t in square["time_s"])
+    assert row["time_s"] != pytest.approx(check.query("m == 32 and n == 4096 and k == 4096")["time_s_campaign"].iloc[0])
+    assert len(folded.tables["tree_attention"]) > len(alone.tables["tree_attention"])  # sizes the campaign left out
+
+
+def test_a_check_of_another_device_is_refused():
+    h200 = CAMPAIGN.parents[1] / "h200/gpu-check-2026-11-27"
+    with pytest.raises(PerfkitError, match="measured on h200 .* one device's kernels"):
+        campaign_stack(CAMPAIGN, h200)
 
 
 def test_event_timings_that_hold_launch_gaps_are_left_out_and_counted():

@@ -20,6 +20,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
 from perfmodel.models.config import load_model
 from perfmodel.validate import main as validate_main
+from profilers.closed_loop.twin import HOST, kernel_class
 from profilers.closed_loop.twin_results import main as twin_results_main
 
 TINYLLAMA = "decoder/assets/configs/tinyllama-1.1b"
@@ -206,3 +207,19 @@ def test_twin_results_reads_a_gpu_check_run_that_profiled_no_kernel_classes(caps
     # the re-run has batch 1 only: the graph run's batch-16 rows show '-' for it, never nan
     batch16 = next(line for line in out.splitlines() if line.startswith("| 16 | 64 |"))
     assert "39.1 / -" in batch16 and "nan" not in out
+
+
+def test_profiled_attention_is_attention_on_every_backend_sdpa_picks():
+    # On a GPU the kernels run inside the backend's forward, which the profiler lists as its own
+    # operator; counted as host, they went missing from the H100 check's attention class
+    # (profilers/measurements/h100-sxm/gpu-check-2026-11-28).
+    for name in (
+        "aten::scaled_dot_product_attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_efficient_attention_forward",
+        "aten::_flash_attention_forward",
+        "aten::_cudnn_attention_forward",
+    ):
+        assert kernel_class(name) == "attention", name
+    assert kernel_class("aten::mm") == "gemm" and kernel_class("aten::detach") == HOST

@@ -42,7 +42,7 @@ from decoder.medusa import Decoder
 from decoder.runs import decode_interleaved
 from decoder.static_step import check_launch
 from decoder.trace import trace_step
-from decoder.trace_ops import ATTENTIONS, KIND_OF, TORCH_DTYPES
+from decoder.trace_ops import ATTENTION_BACKENDS, ATTENTIONS, KIND_OF, TORCH_DTYPES
 from decoder.twin import Replay, ReplayRecord, dummy_checkpoint, native_dtype, random_prompts
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
@@ -121,7 +121,7 @@ class TwinConfig:
 def kernel_class(name: str) -> str:
     """The trace's kernel class of a profiled aten operator; HOST for what launches none."""
     packet = name.removeprefix("aten::")
-    if packet in ATTENTIONS:
+    if packet in ATTENTIONS or packet in ATTENTION_BACKENDS:
         return "attention"
     if packet == "_local_scalar_dense":
         return "host_sync"
