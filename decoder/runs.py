@@ -3,6 +3,10 @@ time, and several settings decoded in turn so their timings see the same machine
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+from tokenizers import Tokenizer
+
 from decoder.checkpoint import Checkpoint
 from decoder.corpus import sample_prompts, split_corpus
 from decoder.medusa import Decoder, DecodeResult
@@ -12,9 +16,17 @@ from perfmodel.base.errors import PerfkitError
 def heldout_prompts(ckpt: Checkpoint, count: int, length: int, seed: int) -> list[list[int]]:
     if ckpt.tokenizer is None:
         raise PerfkitError(f"{ckpt.folder} has no tokenizer.json, needed to encode the held-out prompts")
+    documents = _heldout_documents(ckpt.tokenizer.to_str())
+    return [list(prompt) for prompt in sample_prompts(documents, count, length, seed)]
+
+
+@lru_cache(maxsize=4)
+def _heldout_documents(tokenizer_json: str) -> tuple[tuple[int, ...], ...]:
+    """The held-out documents as the tokenizer (serialised: the cache's key) encodes them.
+    Every measurement of a process draws its prompts from the same documents, and encoding
+    them takes a quarter second, so a process encodes them once per tokenizer."""
     _, heldout, _ = split_corpus()
-    documents = [e.ids for e in ckpt.tokenizer.encode_batch(heldout)]
-    return sample_prompts(documents, count, length, seed)
+    return tuple(tuple(e.ids) for e in Tokenizer.from_str(tokenizer_json).encode_batch(heldout))
 
 
 def decode_batches(decoder: Decoder, prompts, batch: int, max_new: int, **kwargs) -> DecodeResult:

@@ -3,6 +3,7 @@
 import pytest
 
 from decoder.checkpoint import load_checkpoint
+from decoder.corpus import sample_prompts, split_corpus
 from decoder.medusa import Decoder
 from decoder.runs import heldout_prompts
 
@@ -35,3 +36,12 @@ def test_the_bundled_assets_stay_small():
     total = sum(f.stat().st_size for f in ckpt.folder.iterdir())
     assert total < 16_000_000
     assert ckpt.info["backbone"]["heldout_loss"] < 3.0 and len(ckpt.heads) == 4
+
+
+def test_heldout_prompts_are_the_encoded_documents_and_each_call_owns_its_lists(bundled):
+    ckpt, _, prompts = bundled
+    _, heldout, _ = split_corpus()
+    documents = [e.ids for e in ckpt.tokenizer.encode_batch(heldout)]
+    assert prompts == sample_prompts(documents, 8, 48, seed=3)  # encoded once per process, the same prompts
+    prompts[0].append(-1)
+    assert heldout_prompts(ckpt, 8, 48, seed=3)[0][-1] != -1

@@ -19,6 +19,7 @@ RUN.csv files, every twin run shipped for the device (profilers/measurements/<de
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,16 +53,24 @@ def run_launch(run: pd.DataFrame) -> Launch:
     return Launch.parse(values.pop() if values else "eager")
 
 
-def priced_run(run: pd.DataFrame, device: str, host: HostCosts | None) -> pd.DataFrame:
-    """The run's steps with the model's price of each in the run's regime."""
+def priced_run(run: pd.DataFrame, device: str, host: HostCosts | None, traced: dict | None = None) -> pd.DataFrame:
+    """The run's steps with the model's price of each in the run's regime. traced: the steps
+    already traced and priced, by (model, dtype, regime), kept across runs (a host's costs
+    apply after a trace is priced, so runs at other hosts share them)."""
     launch = run_launch(run)
     view = gpu_view(device, None, [])
+    traced = {} if traced is None else traced
     out = []
     for (name, dtype), steps in run.groupby(["model", "dtype"], sort=False):
-        model = load_model(name)
-        latency = decoder_latency(view, model, dtype)
-        tracer = StepTracer(beyond_context=True, launch=launch)
-        step = TracedStep(model, latency, dtype, tracer, regime=launch, host=host)
+        if (name, dtype, launch) not in traced:
+            model = load_model(name)
+            tracer = StepTracer(beyond_context=True, launch=launch)
+            traced[name, dtype, launch] = TracedStep(
+                model, decoder_latency(view, model, dtype), dtype, tracer, regime=launch
+            )
+        # replace() hands the new step the same cache of priced traces
+        step = dataclasses.replace(traced[name, dtype, launch], host=host)
+        latency = step.latency
         predicted = step.step_time(steps["batch"], steps["context"], steps["tree_size"])
         out.append(
             steps.assign(
@@ -153,9 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     args = read_options(RegimesOptions, build_parser().parse_args(argv))
     paths = args.runs or shipped_runs(args.gpu)
     runs = read_runs(paths)
+    traced = {}
     priced = pd.concat(
         [
-            priced_run(run.assign(run=path.parent.parent.name), args.gpu, run_host(path, args.host_dispatch))
+            priced_run(run.assign(run=path.parent.parent.name), args.gpu, run_host(path, args.host_dispatch), traced)
             for path, run in zip(paths, runs)
         ],
         ignore_index=True,
