@@ -1,4 +1,5 @@
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -70,7 +71,8 @@ def test_ceilings_are_recorded_with_the_run(measured_cpu):
     assert set(ceilings["bandwidth_gb_s"]) == {"copy", "triad", "read"}
     assert all(0.5 < gb_s < 10_000 for gb_s in ceilings["bandwidth_gb_s"].values())
     assert set(ceilings["peak_tflops"]) == {"fp32", "bf16", "fp16"} and ceilings["peak_tflops"]["fp32"] > 0.001
-    assert all(0 <= n < 5 for n in ceilings["noise"].values())
+    # a relative spread: never negative or undefined; its size is the machine's (on a loaded two-core box it passed 5)
+    assert all(math.isfinite(n) and n >= 0 for n in ceilings["noise"].values())
     assert 0.05 < ceilings["kernel_overhead_us"] < 10_000  # one tiny op call: microseconds, never zero
     assert run["device"]["key"] == cpu_info().key and run["device"]["caches"]
 
