@@ -37,15 +37,23 @@ def test_each_step_is_priced_in_its_runs_regime_from_its_shape_alone():
     assert "torch 2.11.0+cu130 harness" in row["latency"] and "kernel_launch_us" in row["host"]
 
 
-def test_the_command_prices_every_shipped_run_and_sums_up_each_regime(capsys):
-    assert run(regimes.main, ["--gpu", "h100"]) == 0
+def test_every_shipped_run_is_priced_each_at_its_own_hosts_costs(capsys):
+    shipped = regimes.shipped_runs("h100")  # what a bare --gpu h100 prices (its docs sample: every step)
+    assert [f"{p.parent.parent.name}/{p.name}" for p in shipped] == [
+        "campaign-2026-11-24/llama-2-7b-fp16.csv",
+        "gpu-check-2026-11-27/llama-2-7b-fp16.csv",
+        "gpu-check-2026-11-28/llama-2-7b-fp16-graph.csv",
+        "gpu-check-2026-11-28/llama-2-7b-fp16-static.csv",
+        "gpu-check-2026-11-28/llama-2-7b-fp16.csv",
+    ]
+    runs = [str(p) for p in shipped if p.stem.endswith(("-graph", "-static"))] + [str(shipped[1])]
+    assert run(regimes.main, ["--gpu", "h100", *runs]) == 0
     out = capsys.readouterr().out
-    assert "campaign-2026-11-24" in out and "gpu-check-2026-11-27" in out
-    for summed in ("eager: 37 steps", "static: 6 steps", "graph: 9 steps"):
+    for summed in ("graph: 9 steps", "static: 6 steps", "eager: 8 steps"):
         assert summed in out
     assert "within 15%:" in out and "within 10%:" in out
-    # the runs with a host-dispatch file beside them are priced at it, the older ones at the spec's
-    assert "host of campaign-2026-11-24, gpu-check-2026-11-27: host costs in us per op (h100-sxm spec" in out
+    # a run with a host-dispatch file beside it is priced at it, an older one at the spec's
+    assert "host of gpu-check-2026-11-27: host costs in us per op (h100-sxm spec" in out
     assert "host of gpu-check-2026-11-28: host costs in us per op (NVIDIA H100 80GB HBM3 (cuda)" in out
 
 
