@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.cli import Parser, batch_size, options, positive_int, run, token_count
 from perfmodel.cli.fields import add_options, option, read_options, shared
+from perfmodel.cli.parser import number_in
 from perfmodel.models.config import load_model
 from perfmodel.models.grid import FINE_TOKEN_STEP, FINE_TOKENS_UP_TO
 from perfmodel.models.operators import DEFAULT_OPS, LINEAR_OPS, PHASES, STEP_OPS
@@ -125,6 +126,17 @@ class SweepOptions:
             metavar="F",
         ),
     )
+    flush_mb: float | None = field(
+        default=None,
+        metadata=option(
+            "--flush-mb",
+            "MiB the cache flush writes before each sample (default: twice the last-level cache, which evicts "
+            "everything; 0: no flush). A CPU whose cores report a whole socket's L3 (a virtual machine's) pays "
+            "for twice that at every sample",
+            type=number_in(0, 1 << 20, "of MiB from 0 to 1048576"),
+            metavar="MIB",
+        ),
+    )
     max_memory_gb: float | None = field(
         default=None,
         metadata=option("--max-memory-gb", "skip configurations needing more than this", type=float, metavar="GB"),
@@ -157,6 +169,8 @@ def config_from_args(args) -> SweepConfig:
     custom = "custom" if (args.batch or args.seq or args.candidates) else grid_name
     out = args.out or DEFAULT_OUT / f"{device}-{model.name}-{dtype}-{custom}.csv"
     timer = default_timer(device, args.budget, args.target_noise)
+    if args.flush_mb is not None:
+        timer = replace(timer, flush_cache=args.flush_mb > 0, flush_bytes=int(args.flush_mb * 2**20) or None)
     cap = int(args.max_memory_gb * 1e9) if args.max_memory_gb else None
     return SweepConfig(
         device,

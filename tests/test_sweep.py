@@ -31,7 +31,9 @@ from tests.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = Grid(batches=(1, 2), seq_lens=(8,), candidates=(1, 4))
-FAST = TimerConfig(warmup=1, min_reps=3, max_reps=10, budget_s=0.02)
+# The flush still runs before every sample, over 1 MiB: evicting twice a CPU's last-level cache costs a
+# sample 66 ms on a machine whose virtual CPUs report the host's 480 MiB L3, and these tests check rows.
+FAST = TimerConfig(warmup=1, min_reps=3, max_reps=10, budget_s=0.02, flush_bytes=1 << 20)
 KEYS = ["device", "model", "dtype", "op", "phase", "batch", "seq_len", "candidates"]
 
 
@@ -143,6 +145,8 @@ def test_sigkill_midway_then_rerun_gives_every_row_exactly_once(tmp_path):
         "4",
         "--budget",
         "0.02",
+        "--flush-mb",
+        "1",
         "--no-ceilings",
         "--no-progress",
         "--out",
@@ -164,6 +168,8 @@ def test_sigkill_midway_then_rerun_gives_every_row_exactly_once(tmp_path):
     assert not rows.duplicated(KEYS).any()
     assert rows["run_id"].nunique() == 2  # rows of both runs, linked to their metadata
     assert set(rows["run_id"]) <= set(read_meta(out)["runs"])
+    # each run records the flush it sampled after: the 1 MiB asked for
+    assert {run["timer"]["flush_bytes"] for run in read_meta(out)["runs"].values()} == {1 << 20}
 
 
 def test_a_torn_last_line_is_cut_off(tmp_path):
@@ -247,6 +253,16 @@ def test_cuda_sweeps_default_to_the_fine_token_grid_and_cpu_sweeps_do_not():
     assert cpu.grid == QUICK_GRID and cpu.out.name == "cpu-llama-7b-fp32-quick.csv"
     fine = sweep_command.config_from_args(parser.parse_args(["--device", "cpu", "--token-grid", "fine"]))
     assert fine.grid == QUICK_GRID.with_fine_tokens() and fine.out == cpu.out  # one file: a fine rerun resumes it
+
+
+def test_the_flush_before_each_sample_is_sized_or_turned_off_on_the_command_line():
+    parser = sweep_command.build_parser()
+    default = sweep_command.config_from_args(parser.parse_args(["--device", "cpu"])).timer
+    assert default.flush_cache and default.flush_bytes is None  # twice the last-level cache
+    sized = sweep_command.config_from_args(parser.parse_args(["--device", "cpu", "--flush-mb", "64"])).timer
+    assert sized.flush_cache and sized.flush_bytes == 64 << 20
+    off = sweep_command.config_from_args(parser.parse_args(["--device", "cpu", "--flush-mb", "0"])).timer
+    assert not off.flush_cache
 
 
 def test_measure_on_a_gpu_takes_the_fine_token_grid(monkeypatch):
