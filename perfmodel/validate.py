@@ -17,6 +17,8 @@ from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, positive_int, run
 from perfmodel.cli.fields import add_options, along, option, read_options, shared
+from perfmodel.measured.engine_runs import ENGINES, default_engine_folder, read_engine_measurement
+from perfmodel.serving.engine_check import compare_runs, comparison_lines
 from profilers.closed_loop.compare import verdict, write_outputs
 from profilers.closed_loop.config import (
     DEFAULT_SIZES,
@@ -123,6 +125,24 @@ class ValidateOptions:
             default_said="with --weights dummy, fp16 on a GPU, on a CPU bf16 where it has it, else fp32",
         ),
     )
+    engine: str | None = field(
+        default=None,
+        metadata=option(
+            "--engine",
+            "instead of the decoder: the serving simulation against a real engine's measured load runs "
+            "(python -m profilers.engine measures them)",
+            choices=ENGINES,
+        ),
+    )
+    engine_data: Path | None = field(
+        default=None,
+        metadata=option(
+            "--engine-data",
+            "the engine measurement folder (default: the one shipped for this CPU, else the first shipped)",
+            type=Path,
+            metavar="DIR",
+        ),
+    )
     csv: Path | None = field(
         default=None,
         metadata=shared(
@@ -197,9 +217,24 @@ def twin_main(args, started: float) -> int:
     return 0
 
 
+def engine_main(args) -> int:
+    """The serving simulation against the engine's measurement (perfmodel.serving.engine_check)."""
+    measurement = read_engine_measurement(args.engine_data or default_engine_folder())
+    table = compare_runs(measurement)
+    print("\n".join(comparison_lines(table, measurement)))
+    if args.csv:
+        write_csv(table, args.csv)
+        print(f"wrote {args.csv}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = read_options(ValidateOptions, build_parser().parse_args(argv))
     started = time.perf_counter()
+    if args.engine is not None:
+        return engine_main(args)
+    if args.engine_data is not None:
+        raise PerfkitError("--engine-data is for --engine vllm")
     if args.weights == "dummy":
         return twin_main(args, started)
     if args.replay is not None or args.dtype is not None:
@@ -209,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             "--launch and --host-dispatch are for the twin (--weights dummy); the real closed loop prices the eager "
             "decoder's operators"
         )
-    own = ("batch", "budget", "csv", "ops_csv", *TWIN_ONLY)
+    own = ("batch", "budget", "csv", "ops_csv", "engine", "engine_data", *TWIN_ONLY)
     settings = {f.name: getattr(args, f.name) for f in fields(args) if f.name not in own}
     configs = batch_configs(args.batch, budget_s=args.budget, **settings)
     table, rows = run_batches(configs, log=lambda text: print(text, file=sys.stderr, flush=True))

@@ -61,7 +61,8 @@ COMMANDS = discovered_commands()
 def command_module(name: str):
     """The module holding a command's main and build_parser (perfmodel.plan: perfmodel.plan_command)."""
     name = console.command_code(name)
-    return importlib.import_module(f"{name}.__main__" if (ROOT / name / "__main__.py").exists() else name)
+    package = ROOT.joinpath(*name.split("."))
+    return importlib.import_module(f"{name}.__main__" if (package / "__main__.py").exists() else name)
 
 
 def subcommands(parser: argparse.ArgumentParser) -> list[str]:
@@ -169,6 +170,7 @@ def test_model_default_follows_whether_weights_run():
         "decoder.train",
         "perfmodel.validate",
         "profilers.step_bench",
+        "profilers.engine",
     }
     for prog, flag, action in shared_actions():
         if flag == "--model":

@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "allreduce-compare": ("perfmodel.allreduce_compare", "the ring all-reduce model against measured tables"),
     "allreduce": ("profilers.allreduce", "time all-reduce over processes (gloo on CPU, NCCL on GPUs) for tp plans"),
     "sweep": ("profilers.sweep", "time every operator of a decoding step over a grid"),
+    "engine": ("profilers.engine", "a real serving engine (vLLM's CPU build): set up, measure, check the simulation"),
     "import": ("profilers.imports", "import public measured GPU operator profiles (Vidur)"),
     "measure": ("decoder.measure", "real acceptance rates of Medusa heads, and real speedups"),
     "generate": ("decoder.generate", "try the model, streaming text as it is accepted"),

@@ -1,0 +1,203 @@
+"""The serving simulation against a real engine: each measured load run's own requests served
+by the simulator at costs measured through the engine alone (its step sweep, never the load
+runs), under the engine's scheduling rules (chunked prefill within its token budget per
+iteration, its cap on running sequences, its KV cache), set beside what the engine did.
+
+How the engine's step sweep becomes the simulation's costs:
+- a decoding step of b sequences at context c: the sweep's steps at each measured batch,
+  linear in context through its two contexts, and linear in batch between measured batches;
+- prefilling L tokens adds mixed(L) to the iteration that does it: measured as the lengthened
+  step of requests decoding beside a one-token request (linear between measured lengths,
+  and beyond the longest);
+- the rest of a request's time to first token is spent outside the engine's iteration loop
+  (HTTP, the engine's queues, streaming the first token back): the simulation lets each
+  request in that long after its arrival. It is what the sweep's requests that arrived
+  beside b decoding ones took to their first token beyond what the loop gave them: half a
+  step's wait for the iteration under way, then the step that decoded the b and prefilled
+  them (the median over lengths). A lone request's time to first token is not used: load
+  runs have others decoding, and a lone one's includes loop work a busy engine overlaps.
+Every point is the median of its repeats over the sweep's two passes (before and after the
+load runs: the machine's speed drifts).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.measured.engine_runs import EngineMeasurement
+from perfmodel.planning.workload import Requests
+from perfmodel.serving.costs import ServingCosts, context_grid
+from perfmodel.serving.simulator import EngineConfig, simulate, steady
+
+QUANTILES = (50, 90)
+LATENCY_TOLERANCE = 0.15  # the issue's bar for TTFT and TPOT percentiles
+THROUGHPUT_TOLERANCE = 0.10
+# About the context of the sweep's requests that decode beside a mixed probe: 64-token prompts
+# and 40-250 tokens decoded by the time the probes arrive.
+PROBE_CONTEXT = 200
+
+
+@dataclass(frozen=True)
+class EngineCosts:
+    costs: ServingCosts
+    entry_s: float  # the fixed part of a request's time to first token (see the module doc)
+    engine: EngineConfig
+
+
+def decode_table(decode: pd.DataFrame, contexts: np.ndarray, max_seqs: int) -> np.ndarray:
+    """Step seconds [batch - 1, context point] from the sweep's decode rows."""
+    batches = np.array(sorted(decode["batch"].unique()))
+    by_batch = []
+    for b in batches:
+        rows = decode[decode["batch"] == b]
+        if len(rows) > 1:
+            slope, intercept = np.polyfit(rows["context"], rows["step_s"], 1)
+            by_batch.append(np.maximum(intercept + slope * contexts, rows["step_s"].min()))
+        else:
+            by_batch.append(np.full(len(contexts), float(rows["step_s"].median())))
+    measured = np.array(by_batch)
+    wanted = np.arange(1, max_seqs + 1)
+    if len(batches) == 1:
+        return np.repeat(measured, max_seqs, axis=0)
+    table = np.empty((max_seqs, len(contexts)))
+    for j in range(len(contexts)):
+        table[:, j] = np.interp(wanted, batches, measured[:, j])
+        beyond = wanted > batches[-1]  # linear past the largest batch measured
+        slope = (measured[-1, j] - measured[-2, j]) / (batches[-1] - batches[-2])
+        table[beyond, j] = measured[-1, j] + slope * (wanted[beyond] - batches[-1])
+    return table
+
+
+def by_length(rows: pd.DataFrame) -> pd.Series:
+    """Median seconds per prompt length over a kind's rows."""
+    return rows.groupby("tokens")["step_s"].median()
+
+
+def engine_costs(measurement: EngineMeasurement) -> EngineCosts:
+    meta, steps = measurement.meta, measurement.steps
+    server = meta["server"]
+    max_seqs, max_context = int(server["max_num_seqs"]), int(server["max_model_len"])
+    kinds = {kind: steps[steps["kind"] == kind] for kind in ("decode", "mixed", "mixed-ttft")}
+    if any(rows.empty for rows in kinds.values()):
+        raise PerfkitError(f"{measurement.folder}/steps.csv needs decode, mixed and mixed-ttft rows")
+    contexts = context_grid(max_context)
+    step_s = decode_table(kinds["decode"], contexts, max_seqs)
+    mixed, beside = by_length(kinds["mixed"]), by_length(kinds["mixed-ttft"])
+    lengths = np.arange(1, max_context + 1)
+    known = np.concatenate([[0], mixed.index.to_numpy()]), np.concatenate([[0.0], mixed.to_numpy()])
+    added = np.interp(lengths, *known)
+    if len(mixed) > 1:  # linear past the longest prompt measured
+        slope = (mixed.iloc[-1] - mixed.iloc[-2]) / (mixed.index[-1] - mixed.index[-2])
+        beyond = lengths > mixed.index[-1]
+        added[beyond] = mixed.iloc[-1] + slope * (lengths[beyond] - mixed.index[-1])
+    batch = int(kinds["mixed"]["batch"].iloc[0])
+    step = float(np.interp(min(PROBE_CONTEXT, max_context), contexts, step_s[batch - 1]))
+    entry = float(np.median(beside - mixed - 1.5 * step))
+    ones = np.ones_like(step_s)
+    label = f"{meta['engine']['name']} {meta['engine']['version']} step sweep ({len(steps)} points)"
+    kv_tokens = int(meta["engine"]["kv_cache_tokens"])
+    costs = ServingCosts(contexts, step_s, ones, ones.astype(np.int64), lengths, added, kv_tokens, 0, label)
+    engine = EngineConfig("chunked", int(server["max_num_batched_tokens"]), max_seqs)
+    return EngineCosts(costs, entry, engine)
+
+
+def percentiles(served: pd.DataFrame) -> dict:
+    """TTFT and TPOT percentiles over the steady-state window of requests in arrival order."""
+    window = steady(served)
+    return {
+        f"{what}_p{q}_s": float(np.percentile(window[f"{what}_s"].dropna(), q))
+        for what in ("ttft", "tpot")
+        for q in QUANTILES
+    }
+
+
+def measured_summary(frame: pd.DataFrame) -> dict:
+    return percentiles(frame.sort_values("request"))
+
+
+def predicted_summary(frame: pd.DataFrame, costs: EngineCosts) -> dict:
+    ordered = frame.sort_values("request")
+    arrival = ordered["arrival_s"].to_numpy(float)
+    requests = Requests(
+        arrival + costs.entry_s, ordered["prompt"].to_numpy(), ordered["output"].to_numpy(), "the measured run"
+    )
+    run = simulate(requests, costs.costs, costs.engine)
+    served = run.requests.assign(ttft_s=run.requests["first_token_s"] - arrival)
+    return {**percentiles(served), "tokens_s": run.tokens_s}
+
+
+def compare_runs(measurement: EngineMeasurement) -> pd.DataFrame:
+    """Per load run: measured and predicted p50/p90 TTFT and TPOT and output tokens/s, and the
+    prediction's relative error in each."""
+    costs = engine_costs(measurement)
+    rows = []
+    runs = measurement.runs.set_index(["rate", "repeat"])
+    for (rate, repeat), frame in measurement.requests.groupby(["rate", "repeat"], sort=True):
+        if not frame["complete"].all():
+            raise PerfkitError(f"the run at {rate:g}/s (repeat {repeat}) has failed requests; measure it again")
+        measured = {**measured_summary(frame), "tokens_s": float(runs.loc[(rate, repeat), "tokens_s"])}
+        predicted = predicted_summary(frame, costs)
+        row = {"rate": rate, "repeat": repeat}
+        for key in measured:
+            row[f"measured_{key}"] = measured[key]
+            row[f"predicted_{key}"] = predicted[key]
+            row[f"error_{key}"] = predicted[key] / measured[key] - 1 if measured[key] else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def within(table: pd.DataFrame) -> dict[str, bool]:
+    """Whether every run meets the issue's bars: latencies within 15%, tokens/s within 10%."""
+    latency = [c for c in table.columns if c.startswith("error_t") and not c.endswith("tokens_s")]
+    return {
+        "latency": bool((table[latency].abs() <= LATENCY_TOLERANCE).all().all()),
+        "throughput": bool((table["error_tokens_s"].abs() <= THROUGHPUT_TOLERANCE).all()),
+    }
+
+
+def cell(row: dict, key: str, scale: float, digits: int) -> str:
+    """'measured / predicted (error)' of one quantity of a compared run."""
+    measured, predicted = row[f"measured_{key}"], row[f"predicted_{key}"]
+    error = predicted / measured - 1 if measured else math.nan
+    return f"{measured * scale:.{digits}f} / {predicted * scale:.{digits}f} ({error:+.0%})"
+
+
+def comparison_lines(table: pd.DataFrame, measurement: EngineMeasurement) -> list[str]:
+    """The comparison in words: what was measured and how it was predicted, then per run the
+    measured value, the prediction and its error, then whether the bars are met."""
+    meta = measurement.meta
+    engine, server, plan = meta["engine"], meta["server"], meta["plan"]
+    machine = meta["machine"]
+    lines = [
+        f"{engine['name']} {engine['version']} serving {plan['model']} on {machine['name']} "
+        f"({machine['logical_cpus']} CPUs), measured {meta['measured']}: max_num_seqs {server['max_num_seqs']}, "
+        f"{server['max_num_batched_tokens']} tokens per iteration (chunked prefill), "
+        f"KV cache {engine['kv_cache_tokens']:,} tokens, {server['dtype']}",
+        f"measured: {len(table)} load runs of {plan['requests']} Poisson requests, prompts {plan['prompt_len']} "
+        f"and outputs {plan['response_len']} tokens, greedy; percentiles over the middle 80% by arrival",
+        f"predicted: the serving simulation at the engine's step sweep ({len(measurement.steps)} points, "
+        "never the load runs), each run's own arrivals",
+        "",
+        f"{'rate/s':>6} {'run':>3}  {'TTFT p50 ms':>22}  {'TTFT p90 ms':>22}  {'TPOT p50 ms':>20}  "
+        f"{'TPOT p90 ms':>20}  {'tokens/s':>22}",
+        f"{'':>6} {'':>3}  {'measured / predicted':>22}  {'':>22}  {'':>20}  {'':>20}  {'':>22}",
+    ]
+    for row in table.itertuples(index=False):
+        r = row._asdict()
+        lines.append(
+            f"{row.rate:>6g} {row.repeat:>3}  {cell(r, 'ttft_p50_s', 1e3, 1):>22}  "
+            f"{cell(r, 'ttft_p90_s', 1e3, 1):>22}  {cell(r, 'tpot_p50_s', 1e3, 2):>20}  "
+            f"{cell(r, 'tpot_p90_s', 1e3, 2):>20}  {cell(r, 'tokens_s', 1, 0):>22}"
+        )
+    met = within(table)
+    lines += [
+        "",
+        f"TTFT and TPOT within {LATENCY_TOLERANCE:.0%} in every run: {'yes' if met['latency'] else 'no'}; "
+        f"tokens/s within {THROUGHPUT_TOLERANCE:.0%}: {'yes' if met['throughput'] else 'no'}",
+    ]
+    return [line.rstrip() for line in lines]

@@ -1,0 +1,33 @@
+"""A project checkpoint in the layout the engine loads: a Hugging Face Llama folder in fp32
+(bf16 is emulated on a CPU without AVX-512 BF16 and prefills about 4x slower), with a
+tokenizer_config.json beside tokenizer.json so that transformers' fast tokenizer reads it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from decoder.checkpoint import load_checkpoint, replacing, save_checkpoint
+from perfmodel.base.errors import PerfkitError
+
+ENGINE_DTYPE = "float32"
+
+
+def export_for_engine(model: str | Path, out: Path) -> Path:
+    """Write `model` (bundled, medusa2 or a folder) to `out` for the engine; returns `out`.
+    The base model only: speculation's drafters are exported apart."""
+    checkpoint = load_checkpoint(model, dtype=torch.float32)
+    if checkpoint.tokenizer is None:
+        raise PerfkitError(f"{checkpoint.folder} has no tokenizer.json: the engine needs one to serve text")
+    with replacing(Path(out)) as staging:
+        save_checkpoint(staging, checkpoint.model, None, checkpoint.tokenizer, dtype=torch.float32)
+        config = json.loads((staging / "config.json").read_text())
+        config["torch_dtype"] = ENGINE_DTYPE
+        (staging / "config.json").write_text(json.dumps(config, indent=1))
+        eos = config.get("eos_token_id")
+        eos_text = checkpoint.tokenizer.id_to_token(eos) if isinstance(eos, int) else None
+        tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos_text}
+        (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
+    return Path(out)

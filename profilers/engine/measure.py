@@ -1,0 +1,163 @@
+"""One measurement of the engine, into a folder (perfmodel.measured.engine_runs says what each
+file holds): the checkpoint exported, the server started, the step sweep (the simulation's
+costs), then the load runs (what it predicts), the server stopped. Interrupted, it resumes:
+the step sweep and each finished run are kept, and a rerun measures only what is missing."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.measured.engine_runs import REQUEST_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
+from perfmodel.models.config import read_config_json
+from perfmodel.planning.lengths import Lengths
+from perfmodel.planning.workload import Workload
+from perfmodel.serving.simulator import steady_throughput
+from profilers.device import cpu_info
+from profilers.engine.export import export_for_engine
+from profilers.engine.install import ENGINE, engine_version
+from profilers.engine.runs import load_run
+from profilers.engine.server import ENGINE_NICENESS, EngineServer, ServerConfig
+from profilers.engine.steps import StepSweep, sweep_steps
+
+KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to measure: the model, how the engine serves it, the step sweep, and the load."""
+
+    model: str = "bundled"
+    server: ServerConfig = ServerConfig()
+    sweep: StepSweep = StepSweep()
+    prompt_len: int = 128
+    response_len: int = 64
+    requests: int = 300
+    rates: tuple[float, ...] = (10.0, 20.0, 25.0, 30.0)
+    repeats: int = 2
+    seed: int = 0
+
+    def workload(self, rate: float, repeat: int) -> Workload:
+        lengths = Lengths(self.prompt_len, self.prompt_len), Lengths(self.response_len, self.response_len)
+        return Workload(*lengths, rate, None, self.requests, self.seed + repeat)
+
+    def identity(self) -> dict:
+        """What a resumed measurement must share with the folder's."""
+        return {k: v for k, v in asdict(self).items() if k not in ("rates", "repeats")}
+
+
+def kv_cache_tokens(log: Path) -> int:
+    found = KV_TOKENS.findall(log.read_text(errors="replace"))
+    if not found:
+        raise PerfkitError(f"the engine did not log its KV cache size (log: {log})")
+    return int(found[-1].replace(",", ""))
+
+
+def append_csv(frame: pd.DataFrame, path: Path, columns: tuple[str, ...]) -> None:
+    frame = frame[list(columns)]
+    frame.to_csv(path, mode="a", header=not path.exists(), index=False)
+
+
+def measured_tokens_s(requests: pd.DataFrame, token_times: np.ndarray) -> float:
+    """Steady-state output tokens per second, as the simulation defines it."""
+    times = np.concatenate([[0.0], np.sort(token_times)])
+    return steady_throughput(requests, times, np.arange(len(times), dtype=float))
+
+
+def measure(plan: Plan, out: Path, python: Path, log: Callable[[str], None] = print, port: int | None = None) -> Path:
+    """Measure `plan` into `out` (see the module doc); returns `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    meta_file = out / "meta.json"
+    version = engine_version(python)
+    if meta_file.exists():
+        meta = json.loads(meta_file.read_text())
+        same_plan = meta["plan"] == json.loads(json.dumps(plan.identity(), default=str))
+        if meta["engine"]["version"] != version or not same_plan:
+            raise PerfkitError(f"{out} holds a measurement of another engine or plan; choose another --out")
+    runs_file = out / "runs.csv"
+    done = set()
+    if runs_file.exists():
+        done = {(float(r), int(p)) for r, p in pd.read_csv(runs_file)[["rate", "repeat"]].itertuples(index=False)}
+    wanted = [(rate, repeat) for repeat in range(plan.repeats) for rate in plan.rates]
+    steps_file = out / "steps.csv"
+    if steps_file.exists() and set(pd.read_csv(steps_file)["pass"]) == {0, 1} and all(w in done for w in wanted):
+        log(f"{out}: every run is measured already; nothing to do")
+        return out
+    # The exported weights are a copy of the checkpoint's: made for the run, not kept.
+    with tempfile.TemporaryDirectory(prefix="engine-model-") as scratch:
+        model_folder = export_for_engine(plan.model, Path(scratch) / "model")
+        serve_and_measure(plan, out, python, model_folder, version, done, log, port)
+    return out
+
+
+def serve_and_measure(plan, out, python, model_folder, version, done, log, port) -> None:
+    meta_file, runs_file = out / "meta.json", out / "runs.csv"
+    wanted = [(rate, repeat) for repeat in range(plan.repeats) for rate in plan.rates]
+    vocab = int(read_config_json(model_folder)["vocab_size"])
+    server_log = out / "server.log"
+    with EngineServer(python, model_folder, plan.server, server_log, name=plan.model, port=port) as server:
+        log(f"{ENGINE} {version} serving {plan.model} on {server.url} after {server.start_s:.0f} s")
+        if not meta_file.exists():
+            meta = {
+                "engine": {
+                    "name": ENGINE,
+                    "version": version,
+                    "kv_cache_tokens": kv_cache_tokens(server_log),
+                    "niceness": ENGINE_NICENESS,
+                    "arguments": plan.server.arguments(Path("<model>"), plan.model, 0),
+                    "start_s": round(server.start_s, 1),
+                },
+                "server": plan.server.as_dict(),
+                "plan": plan.identity(),
+                "model": read_config_json(model_folder),
+                "machine": cpu_info().as_dict(),
+                "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+            meta_file.write_text(json.dumps(meta, indent=1, default=str))
+        sweep_pass(0, plan, out, server.url, vocab, log)
+        for rate, repeat in wanted:
+            if (rate, repeat) in done:
+                continue
+            server.check_alive()
+            run = load_run(server.url, plan.model, vocab, plan.workload(rate, repeat), rate, seed=repeat)
+            requests = run["requests"].assign(rate=rate, repeat=repeat)
+            tokens_s = measured_tokens_s(requests, run["token_times"])
+            append_csv(requests, out / "requests.csv", REQUEST_COLUMNS)
+            summary = {
+                "rate": rate,
+                "repeat": repeat,
+                "requests": len(requests),
+                "failed": int((~requests["complete"]).sum()),
+                "wall_s": round(run["wall_s"], 3),
+                "preemptions": run["preemptions"],
+                "tokens_s": tokens_s,
+                "client_lag_max_s": float((requests["sent_s"] - requests["arrival_s"]).max()),
+                "iteration_tokens": json.dumps(run["iteration_tokens"]),
+            }
+            append_csv(pd.DataFrame([summary]), runs_file, RUN_COLUMNS)
+            ttft, tpot = requests["ttft_s"].median() * 1e3, requests["tpot_s"].median() * 1e3
+            log(
+                f"rate {rate:g}/s, repeat {repeat}: {len(requests)} requests in {run['wall_s']:.1f} s, "
+                f"TTFT p50 {ttft:.1f} ms, TPOT p50 {tpot:.2f} ms, {tokens_s:,.0f} tokens/s"
+            )
+        sweep_pass(1, plan, out, server.url, vocab, log)
+
+
+def sweep_pass(number: int, plan: Plan, out: Path, url: str, vocab: int, log) -> None:
+    """The step sweep, once before the load runs and once after (pass 0 and 1): the machine's
+    speed drifts by 10-20% over minutes here, and the costs are the two passes' mean."""
+    steps_file = out / "steps.csv"
+    if steps_file.exists() and number in set(pd.read_csv(steps_file)["pass"]):
+        return
+    log(f"step sweep, pass {number} ({'before' if number == 0 else 'after'} the load runs)")
+    steps = sweep_steps(url, plan.model, vocab, plan.sweep, plan.server.max_num_seqs, log).assign(**{"pass": number})
+    append_csv(steps, steps_file, STEP_COLUMNS)
