@@ -53,7 +53,7 @@ def prompt_ids(index: int, length: int, vocab: int, seed: int) -> list[int]:
     return rng.integers(FIRST_ORDINARY_TOKEN, vocab, length).tolist()
 
 
-def body(model: str, ids: list[int], output: int, extra: dict | None = None) -> dict:
+def body(model: str, ids: list[int], output: int) -> dict:
     return {
         "model": model,
         "prompt": ids,
@@ -64,7 +64,6 @@ def body(model: str, ids: list[int], output: int, extra: dict | None = None) -> 
         "stream": True,
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
-        **(extra or {}),
     }
 
 
@@ -103,13 +102,13 @@ async def play_one(client, url, request: dict, index: int, arrival: float, start
     return Played(index, arrival, sent, tuple(times), len(request["prompt"]), request["max_tokens"], error)
 
 
-async def play_all(url, model, requests: Requests, vocab, seed, timeout, drain, extra) -> list[Played]:
+async def play_all(url, model, requests: Requests, vocab, seed, timeout, drain) -> list[Played]:
     # No cap on open requests (the engine queues them), and a connection per request: a kept-alive
     # one that the server closed after its idle timeout failed the next request sent on it.
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as client:
         bodies = [
-            body(model, prompt_ids(i, int(p), vocab, seed), int(o), extra)
+            body(model, prompt_ids(i, int(p), vocab, seed), int(o))
             for i, (p, o) in enumerate(zip(requests.prompt, requests.output))
         ]
         start = time.perf_counter()
@@ -145,7 +144,6 @@ def play(
     seed: int = 0,
     request_timeout_s: float = REQUEST_TIMEOUT_S,
     drain_timeout_s: float = DRAIN_TIMEOUT_S,
-    extra: dict | None = None,
 ) -> list[Played]:
     """Play `requests` against the server at `url`; one Played per request, in order. The
     garbage collector is off while they play: a full collection in a process holding torch
@@ -154,7 +152,7 @@ def play(
     gc.freeze()
     gc.disable()
     try:
-        return asyncio.run(play_all(url, model, requests, vocab, seed, request_timeout_s, drain_timeout_s, extra))
+        return asyncio.run(play_all(url, model, requests, vocab, seed, request_timeout_s, drain_timeout_s))
     finally:
         gc.enable()
         gc.unfreeze()

@@ -50,6 +50,10 @@ class Plan:
         lengths = Lengths(self.prompt_len, self.prompt_len), Lengths(self.response_len, self.response_len)
         return Workload(*lengths, rate, None, self.requests, self.seed + repeat)
 
+    def runs(self) -> list[tuple[float, int]]:
+        """(rate, repeat) of every load run, repeats in turn over the rates."""
+        return [(rate, repeat) for repeat in range(self.repeats) for rate in self.rates]
+
     def identity(self) -> dict:
         """What a resumed measurement must share with the folder's."""
         return {k: v for k, v in asdict(self).items() if k not in ("rates", "repeats")}
@@ -87,7 +91,7 @@ def measure(plan: Plan, out: Path, python: Path, log: Callable[[str], None] = pr
     done = set()
     if runs_file.exists():
         done = {(float(r), int(p)) for r, p in pd.read_csv(runs_file)[["rate", "repeat"]].itertuples(index=False)}
-    wanted = [(rate, repeat) for repeat in range(plan.repeats) for rate in plan.rates]
+    wanted = plan.runs()
     steps_file = out / "steps.csv"
     if steps_file.exists() and set(pd.read_csv(steps_file)["pass"]) == {0, 1} and all(w in done for w in wanted):
         log(f"{out}: every run is measured already; nothing to do")
@@ -99,9 +103,20 @@ def measure(plan: Plan, out: Path, python: Path, log: Callable[[str], None] = pr
     return out
 
 
-def serve_and_measure(plan, out, python, model_folder, version, done, log, port) -> None:
+def serve_and_measure(
+    plan: Plan,
+    out: Path,
+    python: Path,
+    model_folder: Path,
+    version: str,
+    done: set[tuple[float, int]],
+    log: Callable[[str], None],
+    port: int | None,
+) -> None:
+    """measure()'s work once the model is exported: the server up, the sweep's two passes
+    around the load runs still missing, each written as it finishes."""
     meta_file, runs_file = out / "meta.json", out / "runs.csv"
-    wanted = [(rate, repeat) for repeat in range(plan.repeats) for rate in plan.rates]
+    wanted = plan.runs()
     vocab = int(read_config_json(model_folder)["vocab_size"])
     server_log = out / "server.log"
     with EngineServer(python, model_folder, plan.server, server_log, name=plan.model, port=port) as server:

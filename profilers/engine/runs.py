@@ -29,5 +29,4 @@ def load_run(url: str, model: str, vocab: int, workload: Workload, rate: float, 
         "iteration_tokens": histogram_counts(after, before, "iteration_tokens_total"),
         "preemptions": int(value(after, "num_preemptions_total") - value(before, "num_preemptions_total")),
         "wall_s": wall,
-        "origin": requests.origin,
     }

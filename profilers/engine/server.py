@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.error import URLError
 from urllib.request import urlopen
@@ -47,7 +47,6 @@ class ServerConfig:
     max_model_len: int = 1024
     kv_cache_gib: float = 1.0
     dtype: str = "float32"
-    extra: tuple[str, ...] = field(default=())  # further engine arguments (speculation, say)
 
     def arguments(self, model: Path, name: str, port: int) -> list[str]:
         """The server's command-line arguments, built from their names."""
@@ -65,7 +64,7 @@ class ServerConfig:
         flags = [part for key, value in named.items() for part in (flag(key), str(value))]
         # Every prompt computed, as the simulation assumes; no line per request in the log
         # (CPU taken from the engine, and a long log).
-        return [*flags, flag("no_enable_prefix_caching"), flag("disable_uvicorn_access_log"), *self.extra]
+        return [*flags, flag("no_enable_prefix_caching"), flag("disable_uvicorn_access_log")]
 
     def as_dict(self) -> dict:
         return asdict(self)

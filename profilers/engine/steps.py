@@ -110,15 +110,15 @@ def mixed_point(url: str, model: str, vocab: int, batch: int, length: int, probe
     probe_times = [p.token_s[0] for p in played[batch:]]
     if any(t >= min(s[-1] for s in streams) for t in probe_times):
         raise RuntimeError(f"mixed sweep at {length} tokens: the decoding requests finished before the probes")
-    extra = []
+    lengthened = []
     for t in probe_times:
         gaps = []
         for stream in streams:
             k = int(np.argmin(np.abs(stream - t)))  # the same iteration's token
             gaps.append(stream[k] - stream[k - 1])
-        extra.append(float(np.median(gaps)))
+        lengthened.append(float(np.median(gaps)))
     usual = np.median(np.diff(streams[0])[np.diff(streams[0]) > 0])
-    added = np.asarray(extra) - usual
+    added = np.asarray(lengthened) - usual
     ttft = np.asarray([p.token_s[0] - p.sent_s for p in played[batch:]])
     common = {"batch": batch, "tokens": length, "context": float(length), "samples": probes}
     return [
