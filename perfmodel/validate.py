@@ -18,7 +18,7 @@ from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, positive_int, run
 from perfmodel.cli.fields import add_options, along, option, read_options, shared
 from perfmodel.measured.engine_runs import ENGINES, default_engine_folder, read_engine_measurement
-from perfmodel.serving.engine_check import compare_runs, comparison_lines
+from perfmodel.serving.engine_check import compare_runs, measurement_lines
 from profilers.closed_loop.compare import verdict, write_outputs
 from profilers.closed_loop.config import (
     DEFAULT_SIZES,
@@ -220,9 +220,9 @@ def twin_main(args, started: float) -> int:
 def engine_main(args) -> int:
     """The serving simulation against the engine's measurement (perfmodel.serving.engine_check)."""
     measurement = read_engine_measurement(args.engine_data or default_engine_folder())
-    table = compare_runs(measurement)
-    print("\n".join(comparison_lines(table, measurement)))
+    print("\n".join(measurement_lines(measurement)))
     if args.csv:
+        table = compare_runs(measurement)
         write_csv(table, args.csv)
         print(f"wrote {args.csv}")
     return 0

@@ -3,6 +3,7 @@
 check on the shipped measurement), and one short measurement end to end where the engine is
 installed (.ci/run sets it up; CI fails without it)."""
 
+import json
 import os
 import socket
 import sys
@@ -12,12 +13,15 @@ import pandas as pd
 import pytest
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.measured.engine_runs import default_engine_folder, read_engine_measurement
-from perfmodel.serving.engine_check import compare_runs, comparison_lines, engine_costs
+from perfmodel.measured.engine_runs import ENGINE_FOLDER, default_engine_folder, read_engine_measurement
+from perfmodel.measured.store import MEASUREMENTS_DIR
+from perfmodel.serving.engine_check import compare_runs, comparison_lines, engine_costs, measurement_lines
 from perfmodel.validate import main as validate_main
 from profilers.engine.__main__ import main as engine_main
+from profilers.engine.export import export_medusa_heads
 from profilers.engine.install import engine_python, installed
 from profilers.engine.load import Played, request_rows, tokens_in
+from profilers.engine.measure import Plan, speculative_config
 from profilers.engine.scrape import accepted_per_position, histogram_counts, parse, value
 from profilers.engine.server import EngineServer, ServerConfig
 
@@ -141,3 +145,29 @@ def test_the_engine_serves_a_short_load_end_to_end_and_leaves_nothing_running(tm
     assert "nothing to do" in capsys.readouterr().out
     with pytest.raises(PerfkitError, match="another engine or plan"):
         engine_main(["measure", "--quick", "--max-num-seqs", "4", "--out", str(out)])
+
+
+def test_speculation_is_exported_as_the_engine_loads_it_and_named_on_its_command_line(tmp_path):
+    heads = export_medusa_heads("bundled", tmp_path / "heads")
+    config = json.loads((heads / "config.json").read_text())
+    assert config["model_type"] == "medusa" and config["num_heads"] == 4 and config["medusa_fc_bias"]
+    medusa = speculative_config(Plan(speculation="medusa"), heads)
+    assert medusa == {"method": "medusa", "model": str(heads), "num_speculative_tokens": 4}
+    assert speculative_config(Plan(speculation="ngram"), None)["method"] == "ngram"
+    assert speculative_config(Plan(), None) is None
+    arguments = ServerConfig(speculative_config=json.dumps(medusa)).arguments(tmp_path, "m", 1)
+    assert arguments[arguments.index("--speculative-config") + 1] == json.dumps(medusa)
+    assert "--speculative-config" not in ServerConfig().arguments(tmp_path, "m", 1)
+
+
+def test_a_speculating_measurement_is_shown_measured_and_never_predicted_as_plain_decoding():
+    folder = MEASUREMENTS_DIR / "cpu-intel-xeon-processor-2c" / ENGINE_FOLDER / "bundled-seqs8-medusa"
+    measurement = read_engine_measurement(folder)
+    assert measurement.speculating == "medusa" and len(measurement.speculation) == len(measurement.runs)
+    with pytest.raises(PerfkitError, match="does not predict yet"):
+        compare_runs(measurement)
+    lines = measurement_lines(measurement)
+    assert "not predicted" in lines[0] and "accepted at draft position" in lines[3]
+    accepted = json.loads(measurement.speculation["accepted_per_position"].iloc[0])
+    assert len(accepted) == 4 and accepted == sorted(accepted, reverse=True)  # a later head is accepted less
+    assert read_engine_measurement(default_engine_folder()).speculating == "off"

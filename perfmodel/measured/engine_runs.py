@@ -12,6 +12,8 @@ it): what each file holds, and reading them back.
                   tokens_s (steady-state output tokens per second), client_lag_max_s (the
                   latest the client sent a request after its arrival), iteration_tokens (JSON: the
                   engine's iterations by tokens scheduled, [bucket's upper bound, iterations])
+    speculation.csv  where the engine speculated: per load run its drafts, draft tokens and
+                  the tokens accepted at each draft position (JSON list), from /metrics
     server.log    the engine's own log of the measurement
 """
 
@@ -22,13 +24,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfmodel.base.engine_speculation import EngineSpeculation
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
+from perfmodel.base.paths import TOOLKIT_ROOT
 from perfmodel.hardware.cpu_identity import this_cpu_key
 from perfmodel.measured.store import MEASUREMENTS_DIR
 
 ENGINE_FOLDER = "engine-vllm"
 ENGINES = ("vllm",)
+SPECULATION_COLUMNS = ("rate", "repeat", "drafts", "draft_tokens", "accepted_per_position")
 STEP_COLUMNS = ("pass", "kind", "batch", "tokens", "context", "step_s", "iqr_s", "samples")
 REQUEST_COLUMNS = (
     "request",
@@ -69,6 +74,11 @@ class EngineMeasurement:
     steps: pd.DataFrame
     requests: pd.DataFrame
     runs: pd.DataFrame
+    speculation: pd.DataFrame | None  # where the engine speculated
+
+    @property
+    def speculating(self) -> EngineSpeculation:
+        return EngineSpeculation(self.meta["plan"].get("speculation", EngineSpeculation.OFF))
 
 
 def read_columns(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -81,28 +91,46 @@ def read_columns(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     return frame
 
 
-def read_engine_measurement(folder: Path) -> EngineMeasurement:
-    folder = Path(folder)
+def engine_folder(text: str | Path) -> Path:
+    """The measurement folder `text` names: a path from the working folder, else one inside
+    the toolkit (profilers/measurements/... works from anywhere), else a shipped one by its
+    name under profilers/measurements."""
+    path = Path(text).expanduser()
+    for candidate in (path, TOOLKIT_ROOT / path, MEASUREMENTS_DIR / path):
+        if candidate.is_dir():
+            return candidate
+    return path
+
+
+def read_engine_measurement(folder: str | Path) -> EngineMeasurement:
+    folder = engine_folder(folder)
     if not folder.is_dir():
         raise PerfkitError(f"no engine measurement folder {folder}; shipped ones: {', '.join(shipped()) or 'none'}")
     meta = read_json(folder / "meta.json", "engine measurement metadata")
+    speculated = folder / "speculation.csv"
     return EngineMeasurement(
         folder,
         meta,
         read_columns(folder / "steps.csv", STEP_COLUMNS),
         read_columns(folder / "requests.csv", REQUEST_COLUMNS),
         read_columns(folder / "runs.csv", RUN_COLUMNS),
+        read_columns(speculated, SPECULATION_COLUMNS) if speculated.exists() else None,
     )
 
 
 def default_engine_folder() -> Path:
-    """The shipped measurement of this machine's CPU (by its measurement key), else the first
-    shipped one."""
+    """The shipped measurement of plain decoding on this machine's CPU (by its measurement
+    key), else on any; one with the engine's speculation where none is plain."""
     folders = shipped()
     if not folders:
         raise PerfkitError(f"no engine measurement is shipped under {MEASUREMENTS_DIR}")
-    here = [f for f in folders if f.startswith(this_cpu_key() + "/")]
-    return MEASUREMENTS_DIR / (here or folders)[0]
+
+    def preference(folder: str) -> tuple[bool, bool, str]:
+        plan = read_json(MEASUREMENTS_DIR / folder / "meta.json", "engine measurement metadata")["plan"]
+        speculating = EngineSpeculation(plan.get("speculation", EngineSpeculation.OFF)) is not EngineSpeculation.OFF
+        return not folder.startswith(this_cpu_key() + "/"), speculating, folder
+
+    return MEASUREMENTS_DIR / min(folders, key=preference)
 
 
 def shipped() -> list[str]:

@@ -22,12 +22,14 @@ load runs: the machine's speed drifts).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from perfmodel.base.engine_speculation import EngineSpeculation
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.engine_runs import EngineMeasurement
 from perfmodel.planning.workload import Requests
@@ -134,6 +136,11 @@ def predicted_summary(frame: pd.DataFrame, costs: EngineCosts) -> dict:
 def compare_runs(measurement: EngineMeasurement) -> pd.DataFrame:
     """Per load run: measured and predicted p50/p90 TTFT and TPOT and output tokens/s, and the
     prediction's relative error in each."""
+    if measurement.speculating is not EngineSpeculation.OFF:
+        raise PerfkitError(
+            f"{measurement.folder} measured the engine's {measurement.speculating} speculation, which the simulation "
+            "does not predict yet; its measurement alone: measurement_lines"
+        )
     costs = engine_costs(measurement)
     rows = []
     runs = measurement.runs.set_index(["rate", "repeat"])
@@ -201,3 +208,40 @@ def comparison_lines(table: pd.DataFrame, measurement: EngineMeasurement) -> lis
         f"tokens/s within {THROUGHPUT_TOLERANCE:.0%}: {'yes' if met['throughput'] else 'no'}",
     ]
     return [line.rstrip() for line in lines]
+
+
+def speculation_lines(measurement: EngineMeasurement) -> list[str]:
+    """A speculating engine's runs, measured only (no prediction yet): latencies, tokens/s,
+    and per draft position the share of drafts whose token there was accepted."""
+    meta, plan = measurement.meta, measurement.meta["plan"]
+    lines = [
+        f"{meta['engine']['name']} {meta['engine']['version']} serving {plan['model']} with its own "
+        f"{measurement.speculating} speculation, measured {meta['measured']} (not predicted: the simulation does "
+        "not model the engine's speculation yet)",
+        f"{len(measurement.runs)} load runs of {plan['requests']} Poisson requests, prompts {plan['prompt_len']} "
+        f"(random token ids) and outputs {plan['response_len']} tokens, greedy",
+        "",
+        f"{'rate/s':>6} {'run':>3}  {'TTFT p50/p90 ms':>16}  {'TPOT p50/p90 ms':>16}  {'tokens/s':>9}  "
+        "accepted at draft position 1, 2, ... (share of drafts)",
+    ]
+    speculation = measurement.speculation.set_index(["rate", "repeat"])
+    runs = measurement.runs.set_index(["rate", "repeat"])
+    for (rate, repeat), frame in measurement.requests.groupby(["rate", "repeat"], sort=True):
+        got = measured_summary(frame)
+        drafts = speculation.loc[(rate, repeat), "drafts"]
+        accepted = json.loads(speculation.loc[(rate, repeat), "accepted_per_position"])
+        shares = ", ".join(f"{a / drafts:.0%}" for a in accepted) if drafts else "no drafts"
+        tokens_s = runs.loc[(rate, repeat), "tokens_s"]
+        lines.append(
+            f"{rate:>6g} {repeat:>3}  {got['ttft_p50_s'] * 1e3:>7.1f}/{got['ttft_p90_s'] * 1e3:<8.1f}  "
+            f"{got['tpot_p50_s'] * 1e3:>7.2f}/{got['tpot_p90_s'] * 1e3:<8.2f}  {tokens_s:>9,.0f}  "
+            f"{shares} of {drafts:,} drafts"
+        )
+    return [line.rstrip() for line in lines]
+
+
+def measurement_lines(measurement: EngineMeasurement) -> list[str]:
+    """What validate --engine and profilers.engine check print for a measurement folder."""
+    if measurement.speculating is not EngineSpeculation.OFF:
+        return speculation_lines(measurement)
+    return comparison_lines(compare_runs(measurement), measurement)

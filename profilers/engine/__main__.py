@@ -14,11 +14,12 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from perfmodel.base.engine_speculation import EngineSpeculation
 from perfmodel.cli import Parser, options, positive_int, positive_number, run
 from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.measured.engine_runs import ENGINE_FOLDER, read_engine_measurement
 from perfmodel.measured.store import user_measurements_dir
-from perfmodel.serving.engine_check import compare_runs, comparison_lines
+from perfmodel.serving.engine_check import measurement_lines
 from profilers.device import cpu_info
 from profilers.engine.install import default_home, engine_python, setup
 from profilers.engine.measure import Plan, measure
@@ -87,6 +88,15 @@ class MeasureOptions:
         default=ServerConfig.kv_cache_gib,
         metadata=option("--kv-cache-gib", "the engine's KV cache (default %(default)s)", type=positive_number),
     )
+    speculation: EngineSpeculation = field(
+        default=EngineSpeculation.OFF,
+        metadata=option(
+            "--speculation",
+            "the engine's own speculative decoding: medusa (the model's heads) or ngram; measured, not yet "
+            "predicted (default %(default)s)",
+            choices=[member.value for member in EngineSpeculation],
+        ),
+    )
     quick: bool = field(
         default=False,
         metadata=option(
@@ -110,13 +120,17 @@ class MeasureOptions:
         plan = Plan(
             self.model, server, StepSweep(), self.prompt_len, self.response_len, self.requests, self.rates, self.repeats
         )
+        plan = replace(plan, speculation=EngineSpeculation(self.speculation))
         return replace(plan, sweep=QUICK_SWEEP, rates=(20.0,), repeats=1, requests=40) if self.quick else plan
 
     def folder(self) -> Path:
         if self.out is not None:
             return self.out
         quick = "-quick" if self.quick else ""
-        return user_measurements_dir() / cpu_info().key / ENGINE_FOLDER / f"{self.model}-seqs{self.max_num_seqs}{quick}"
+        speculation = EngineSpeculation(self.speculation)
+        spec = "" if speculation is EngineSpeculation.OFF else f"-{speculation}"
+        name = f"{self.model}-seqs{self.max_num_seqs}{spec}{quick}"
+        return user_measurements_dir() / cpu_info().key / ENGINE_FOLDER / name
 
 
 COMMANDS = {
@@ -144,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = measure(args.plan(), args.folder(), python, port=args.port)
     print(f"{folder}: measured")
     if parsed.command == "check":
-        measurement = read_engine_measurement(folder)
-        print("\n".join(comparison_lines(compare_runs(measurement), measurement)))
+        print("\n".join(measurement_lines(read_engine_measurement(folder))))
     return 0
 
 

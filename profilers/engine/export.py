@@ -8,11 +8,39 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from decoder.checkpoint import load_checkpoint, replacing, save_checkpoint
 from perfmodel.base.errors import PerfkitError
 
 ENGINE_DTYPE = "float32"
+
+
+def export_medusa_heads(model: str | Path, out: Path) -> Path:
+    """Write `model`'s Medusa heads to `out` as vLLM's Medusa drafter loads them: the heads'
+    weights as they are (vLLM maps the reference layout's keys itself) in fp32, and a config
+    of model_type medusa with the heads' count and their residual layer's bias."""
+    checkpoint = load_checkpoint(model, dtype=torch.float32)
+    heads = checkpoint.heads
+    if heads is None:
+        raise PerfkitError(f"{checkpoint.folder} has no Medusa heads: --speculation medusa needs a model with heads")
+    if heads.num_layers != 1:
+        raise PerfkitError(f"vLLM's Medusa drafter takes heads of one residual layer, not {heads.num_layers}")
+    config = {
+        "model_type": "medusa",
+        "architectures": ["MedusaModel"],
+        "hidden_size": checkpoint.config.hidden_size,
+        "vocab_size": checkpoint.config.vocab_size,
+        "num_heads": len(heads),
+        "num_hidden_layers": heads.num_layers,
+        "medusa_fc_bias": True,
+        "torch_dtype": ENGINE_DTYPE,
+    }
+    with replacing(Path(out)) as staging:
+        state = {k: v.detach().float().contiguous() for k, v in heads.state_dict().items()}
+        save_file(state, str(staging / "model.safetensors"))
+        (staging / "config.json").write_text(json.dumps(config, indent=1))
+    return Path(out)
 
 
 def export_for_engine(model: str | Path, out: Path) -> Path:

@@ -10,26 +10,29 @@ import re
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from perfmodel.base.engine_speculation import EngineSpeculation
 from perfmodel.base.errors import PerfkitError
-from perfmodel.measured.engine_runs import REQUEST_COLUMNS, RUN_COLUMNS, STEP_COLUMNS
+from perfmodel.measured.engine_runs import REQUEST_COLUMNS, RUN_COLUMNS, SPECULATION_COLUMNS, STEP_COLUMNS
 from perfmodel.models.config import read_config_json
 from perfmodel.planning.lengths import Lengths
 from perfmodel.planning.workload import Workload
 from perfmodel.serving.simulator import steady_throughput
 from profilers.device import cpu_info
-from profilers.engine.export import export_for_engine
+from profilers.engine.export import export_for_engine, export_medusa_heads
 from profilers.engine.install import ENGINE, engine_version
 from profilers.engine.runs import load_run
 from profilers.engine.server import ENGINE_NICENESS, EngineServer, ServerConfig
 from profilers.engine.steps import StepSweep, sweep_steps
 
 KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
+NGRAM_TOKENS = 4  # as many as the bundled model's Medusa heads propose
+NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,10 @@ class Plan:
     rates: tuple[float, ...] = (10.0, 20.0, 25.0, 30.0)
     repeats: int = 2
     seed: int = 0
+    speculation: EngineSpeculation = EngineSpeculation.OFF
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "speculation", EngineSpeculation(self.speculation))  # the member, given its name
 
     def workload(self, rate: float, repeat: int) -> Workload:
         lengths = Lengths(self.prompt_len, self.prompt_len), Lengths(self.response_len, self.response_len)
@@ -99,8 +106,27 @@ def measure(plan: Plan, out: Path, python: Path, log: Callable[[str], None] = pr
     # The exported weights are a copy of the checkpoint's: made for the run, not kept.
     with tempfile.TemporaryDirectory(prefix="engine-model-") as scratch:
         model_folder = export_for_engine(plan.model, Path(scratch) / "model")
-        serve_and_measure(plan, out, python, model_folder, version, done, log, port)
+        heads = (
+            export_medusa_heads(plan.model, Path(scratch) / "heads")
+            if plan.speculation is EngineSpeculation.MEDUSA
+            else None
+        )
+        serve_and_measure(plan, out, python, model_folder, version, done, log, port, heads)
     return out
+
+
+def speculative_config(plan: Plan, heads: Path | None) -> dict | None:
+    """The engine's --speculative-config for the plan's speculation (None: plain decoding)."""
+    if plan.speculation is EngineSpeculation.OFF:
+        return None
+    if plan.speculation is EngineSpeculation.MEDUSA:
+        count = int(read_config_json(heads)["num_heads"])
+        return {"method": "medusa", "model": str(heads), "num_speculative_tokens": count}
+    return {
+        "method": "ngram",
+        "num_speculative_tokens": NGRAM_TOKENS,
+        **NGRAM_LOOKUP,
+    }
 
 
 def serve_and_measure(
@@ -112,6 +138,7 @@ def serve_and_measure(
     done: set[tuple[float, int]],
     log: Callable[[str], None],
     port: int | None,
+    heads: Path | None = None,
 ) -> None:
     """measure()'s work once the model is exported: the server up, the sweep's two passes
     around the load runs still missing, each written as it finishes."""
@@ -119,7 +146,10 @@ def serve_and_measure(
     wanted = plan.runs()
     vocab = int(read_config_json(model_folder)["vocab_size"])
     server_log = out / "server.log"
-    with EngineServer(python, model_folder, plan.server, server_log, name=plan.model, port=port) as server:
+    spec = speculative_config(plan, heads)
+    server_config = replace(plan.server, speculative_config=json.dumps(spec) if spec else "")
+    said = replace(plan.server, speculative_config=json.dumps(spec).replace(str(heads), "<heads>") if spec else "")
+    with EngineServer(python, model_folder, server_config, server_log, name=plan.model, port=port) as server:
         log(f"{ENGINE} {version} serving {plan.model} on {server.url} after {server.start_s:.0f} s")
         if not meta_file.exists():
             meta = {
@@ -128,7 +158,7 @@ def serve_and_measure(
                     "version": version,
                     "kv_cache_tokens": kv_cache_tokens(server_log),
                     "niceness": ENGINE_NICENESS,
-                    "arguments": plan.server.arguments(Path("<model>"), plan.model, 0),
+                    "arguments": said.arguments(Path("<model>"), plan.model, 0),
                     "start_s": round(server.start_s, 1),
                 },
                 "server": plan.server.as_dict(),
@@ -159,6 +189,9 @@ def serve_and_measure(
                 "iteration_tokens": json.dumps(run["iteration_tokens"]),
             }
             append_csv(pd.DataFrame([summary]), runs_file, RUN_COLUMNS)
+            if spec:
+                drafted = {"rate": rate, "repeat": repeat, **run["speculation"]}
+                append_csv(pd.DataFrame([drafted]), out / "speculation.csv", SPECULATION_COLUMNS)
             ttft, tpot = requests["ttft_s"].median() * 1e3, requests["tpot_s"].median() * 1e3
             log(
                 f"rate {rate:g}/s, repeat {repeat}: {len(requests)} requests in {run['wall_s']:.1f} s, "

@@ -1,18 +1,20 @@
 """A load run against a running engine: a rate's requests (drawn by the workload the
 simulation draws them with) played, and from /metrics before and after it the engine's
-iterations by tokens scheduled (its histogram: the batch each iteration ran) and its
-preemptions. /metrics is not sampled during the run: rendering the page holds the engine's
-API server, and sampling it every 50-250 ms made the server stream its tokens in bursts."""
+iterations by tokens scheduled (its histogram: the batch each iteration ran), its
+preemptions and, speculating, its drafts and the tokens accepted at each draft position.
+/metrics is not sampled during the run: rendering the page holds the engine's API server,
+and sampling it every 50-250 ms made the server stream its tokens in bursts."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
 
 from perfmodel.planning.workload import Workload
 from profilers.engine.load import play, request_rows
-from profilers.engine.scrape import histogram_counts, scrape, value
+from profilers.engine.scrape import accepted_per_position, histogram_counts, scrape, value
 
 
 def load_run(url: str, model: str, vocab: int, workload: Workload, rate: float, seed: int) -> dict:
@@ -28,5 +30,12 @@ def load_run(url: str, model: str, vocab: int, workload: Workload, rate: float, 
         "token_times": np.concatenate([np.asarray(p.token_s, dtype=float) for p in played]),
         "iteration_tokens": histogram_counts(after, before, "iteration_tokens_total"),
         "preemptions": int(value(after, "num_preemptions_total") - value(before, "num_preemptions_total")),
+        "speculation": {
+            "drafts": int(value(after, "spec_decode_num_drafts_total") - value(before, "spec_decode_num_drafts_total")),
+            "draft_tokens": int(
+                value(after, "spec_decode_num_draft_tokens_total") - value(before, "spec_decode_num_draft_tokens_total")
+            ),
+            "accepted_per_position": json.dumps(accepted_per_position(after, before)),
+        },
         "wall_s": wall,
     }

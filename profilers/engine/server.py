@@ -47,6 +47,7 @@ class ServerConfig:
     max_model_len: int = 1024
     kv_cache_gib: float = 1.0
     dtype: str = "float32"
+    speculative_config: str = ""  # the engine's --speculative-config (JSON); empty: plain decoding
 
     def arguments(self, model: Path, name: str, port: int) -> list[str]:
         """The server's command-line arguments, built from their names."""
@@ -64,7 +65,8 @@ class ServerConfig:
         flags = [part for key, value in named.items() for part in (flag(key), str(value))]
         # Every prompt computed, as the simulation assumes; no line per request in the log
         # (CPU taken from the engine, and a long log).
-        return [*flags, flag("no_enable_prefix_caching"), flag("disable_uvicorn_access_log")]
+        spec = [flag("speculative_config"), self.speculative_config] if self.speculative_config else []
+        return [*flags, flag("no_enable_prefix_caching"), flag("disable_uvicorn_access_log"), *spec]
 
     def as_dict(self) -> dict:
         return asdict(self)
