@@ -171,3 +171,8 @@ def test_a_speculating_measurement_is_shown_measured_and_never_predicted_as_plai
     accepted = json.loads(measurement.speculation["accepted_per_position"].iloc[0])
     assert len(accepted) == 4 and accepted == sorted(accepted, reverse=True)  # a later head is accepted less
     assert read_engine_measurement(default_engine_folder()).speculating == "off"
+
+
+def test_a_missing_engine_folder_is_one_line_naming_the_shipped_ones(tmp_path, capsys):
+    with pytest.raises(PerfkitError, match=r"no engine measurement folder .*nope; shipped ones: .*bundled-seqs8"):
+        validate_main(["--engine", "vllm", "--engine-data", str(tmp_path / "nope")])

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from perfmodel.base.errors import PerfkitError
 from perfmodel.planning.workload import Requests
 from profilers.engine.load import play
 
@@ -55,7 +56,7 @@ def decode_point(url: str, model: str, vocab: int, batch: int, prompt: int, outp
     played = play(url, model, together(batch, prompt, output), vocab, seed=seed)
     failed = [p.error for p in played if p.error]
     if failed:
-        raise RuntimeError(f"decode sweep at batch {batch}: {failed[0]}")
+        raise PerfkitError(f"decode sweep at batch {batch}: {failed[0]}")
     start = max(p.token_s[0] for p in played)
     end = min(p.token_s[-1] for p in played)
     steps, contexts = [], []
@@ -83,7 +84,7 @@ def prefill_point(url: str, model: str, vocab: int, length: int, repeats: int, s
     for r in range(repeats):
         (p,) = play(url, model, together(1, length, 1), vocab, seed=seed + r)
         if p.error:
-            raise RuntimeError(f"prefill sweep at {length} tokens: {p.error}")
+            raise PerfkitError(f"prefill sweep at {length} tokens: {p.error}")
         ttfts.append(p.token_s[0] - p.sent_s)
     return {
         "kind": "prefill",
@@ -105,11 +106,11 @@ def mixed_point(url: str, model: str, vocab: int, batch: int, length: int, probe
     played = play(url, model, Requests(arrivals, prompts, outputs, "mixed"), vocab, seed=seed)
     failed = [p.error for p in played if p.error]
     if failed:
-        raise RuntimeError(f"mixed sweep at {length} tokens: {failed[0]}")
+        raise PerfkitError(f"mixed sweep at {length} tokens: {failed[0]}")
     streams = [np.asarray(p.token_s) for p in played[:batch]]
     probe_times = [p.token_s[0] for p in played[batch:]]
     if any(t >= min(s[-1] for s in streams) for t in probe_times):
-        raise RuntimeError(f"mixed sweep at {length} tokens: the decoding requests finished before the probes")
+        raise PerfkitError(f"mixed sweep at {length} tokens: the decoding requests finished before the probes")
     lengthened = []
     for t in probe_times:
         gaps = []
