@@ -22,7 +22,7 @@ import pandas as pd
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options
 from perfmodel.cli.fields import add_options, nested, option, read_options, shared
-from perfmodel.cli.workload_options import WorkloadOptions
+from perfmodel.cli.workload_options import WorkloadOptions, WorkloadSettings
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.latency.step import StepFlavor
 from perfmodel.planning.capacity import DEFAULT_BATCHES, PlanRequest, plan, plan_deployments
@@ -150,13 +150,32 @@ def plan_tracer(launch: str | None = None):
     return StepTracer(beyond_context=True, launch=launch or "eager")
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass(frozen=True)
+class PlanQuestion:
+    """A parsed command line as what it asks: the deployments resolved once (the plan and the
+    serving search price the same step models), the unloaded plan's request, and the serving
+    search's (None without a latency-percentile target)."""
+
+    deployments: tuple
+    plan: PlanRequest
+    serving: ServeRequest | None
+    settings: WorkloadSettings  # the workload and its targets
+
+    def unloaded_plan(self):
+        return plan_deployments(self.deployments, self.plan)
+
+    def serving_search(self):
+        if self.serving is None:
+            return None
+        return serve_deployments(self.deployments, self.settings.workload, self.settings.targets, self.serving)
+
+
+def read_question(argv: list[str] | None = None) -> tuple[argparse.Namespace, PlanQuestion | None]:
+    """The options, and what they ask (None for --benchmark)."""
     p = build_parser()
     args = read_options(PlanOptions, p.parse_args(argv))
     if args.benchmark:
-        count, seconds = benchmark(args.model)
-        print(f"{count:,} configurations (device x batch x tree size) in {seconds:.3f} s ({count / seconds:,.0f}/s)")
-        return 0
+        return args, None
     if not (args.gpu or args.spec):
         p.error("at least one --gpu or --spec is required")
     settings = args.workload.settings(args.throughput)
@@ -164,9 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.launch and args.step != StepFlavor.TRACED:
         p.error(f"--launch {args.launch} prices the traced step's launches: use --step traced (not {args.step})")
     tracer = plan_tracer(args.launch) if args.step == StepFlavor.TRACED else None
-    # the deployments resolved once: the plan and the serving search price the same step models
     choices = DeploymentChoices(args.dtype, args.tp, args.latency, args.step, tracer, args.launch)
-    deployments = resolve(args.model, devices, choices)
     workload, targets = settings.workload, settings.targets
     request = PlanRequest(
         workload.prompt,
@@ -178,11 +195,19 @@ def main(argv: list[str] | None = None) -> int:
         memory_reserve=args.reserve,
         medusa=settings.medusa,
     )
-    result = plan_deployments(deployments, request)
-    answer = None
-    if settings.simulated:
-        asked = ServeRequest(args.acceptance_rates, settings.medusa, settings.engine, args.reserve)
-        answer = serve_deployments(deployments, workload, targets, asked)
+    asked = ServeRequest(args.acceptance_rates, settings.medusa, settings.engine, args.reserve)
+    serving = asked if settings.simulated else None
+    return args, PlanQuestion(tuple(resolve(args.model, devices, choices)), request, serving, settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, question = read_question(argv)
+    if question is None:
+        count, seconds = benchmark(args.model)
+        print(f"{count:,} configurations (device x batch x tree size) in {seconds:.3f} s ({count / seconds:,.0f}/s)")
+        return 0
+    result = question.unloaded_plan()
+    answer = question.serving_search()
     if args.json:
         print(
             json.dumps(

@@ -12,15 +12,13 @@ from __future__ import annotations
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 
-from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.cli.fields import add_options, option, read_options
+from perfmodel.cli.wall_time import interpreter_seconds, machine_line
 from reports.figure_cache import FOLDER_VARIABLE as FIGURES_VARIABLE
 from reports.figure_cache import OFF
 
@@ -41,15 +39,9 @@ COMMANDS = (
 
 def wall_time(command: Command, out: str) -> float:
     """Seconds from starting the interpreter to its exit; a failed run is an error naming it."""
-    started = time.perf_counter()
     # A newcomer's first run: no figure kept from an earlier one (reports.figure_cache).
     env = {**os.environ, FIGURES_VARIABLE: OFF}
-    done = subprocess.run(command.argv(out), capture_output=True, text=True, env=env)
-    elapsed = time.perf_counter() - started
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise PerfkitError(f"{command.line} failed (exit {done.returncode}): {last}")
-    return elapsed
+    return interpreter_seconds(command.argv(out)[1:], env, command.line)
 
 
 def timings(command: Command, repeat: int) -> list[float]:
@@ -61,11 +53,6 @@ def summary_line(command: Command, times: list[float]) -> str:
     spread = f" ({min(times):.2f}-{max(times):.2f} s)" if len(times) > 1 else ""
     runs = f"{len(times)} run{'s' if len(times) > 1 else ''}"
     return f"{command.line}: {statistics.median(times):.2f} s wall, median of {runs}{spread}"
-
-
-def machine_line() -> str:
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown"
-    return f"{os.cpu_count()} cores, load average {load} (1, 5, 15 min)"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from perfmodel.planning.lengths import Lengths
 from perfmodel.planning.step_models import flavor_steps
 from perfmodel.planning.workload import Targets, Workload, read_trace
 from perfmodel.serving.costs import CostBounds, tabulate_costs
-from perfmodel.serving.simulator import EngineConfig, simulate
+from perfmodel.serving.simulator import EngineConfig, certain_miss, simulate
 
 PROMPT, OUTPUT = 256, 256
 
@@ -175,3 +175,34 @@ def test_the_loops_step_lookup_is_numpys_arithmetic(step):
         assert total == pytest.approx(expected_total, rel=1e-12)
     lengths = [0, 1, 7, 300, 2048, 5000]
     assert [costs.lookup.prefill(n) for n in lengths] == costs.prefill(lengths).tolist()
+
+
+@pytest.mark.parametrize("q", [50, 90, 95, 99])
+def test_a_certain_miss_is_a_percentile_over_the_target(q):
+    rng = np.random.default_rng(q)
+    for n in range(1, 80):
+        over = certain_miss(n, q)
+        assert 1 <= over <= n
+        # the most favourable case for the percentile: the rest far under the target
+        values = np.concatenate([rng.uniform(1.0001, 2, over), rng.uniform(0, 1e-3, n - over)])
+        rng.shuffle(values)
+        assert np.percentile(values, q) > 1.0
+
+
+def test_giving_up_changes_no_decision_of_the_search(step):
+    costs = costs_at(step, 1)
+    requests = fixed(1).sample()
+    targets = Targets(ttft_s=0.05, tpot_s=0.012)
+    stopped = 0
+    for rate in (1, 5, 10, 20, 40, 80):
+        full = simulate(requests.at_rate(rate), costs)
+        early = simulate(requests.at_rate(rate), costs, give_up=targets)
+        met = targets.met(full.percentile("ttft_s", 90), full.percentile("tpot_s", 90))
+        if early.missed:
+            stopped += 1
+            assert not met
+            assert early.duration_s < full.duration_s  # it stopped early
+        else:
+            assert (early.tokens_s, early.duration_s) == (full.tokens_s, full.duration_s)
+            assert early.percentile("ttft_s", 90) == full.percentile("ttft_s", 90)
+    assert 0 < stopped < 6  # both kinds of run were seen

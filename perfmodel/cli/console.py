@@ -50,6 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "readme-samples": ("reports.readme_samples", "regenerate (or --check) the sample outputs of the README and docs/"),
     "golden": ("reports.golden", "every documented command's output and files, byte for byte against another commit"),
     "startup-benchmark": ("reports.startup_benchmark", "time the roofline command and a report build, as run"),
+    "search-benchmark": ("perfmodel.search_benchmark", "time the README's serving search beside the import floor"),
 }
 
 # A command whose module only runs another module's main: the name perfmodel.plan is the

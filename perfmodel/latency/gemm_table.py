@@ -104,6 +104,9 @@ class GemmTable:
     origin: str  # where the rows came from, for labels
     rows: pd.DataFrame = field(repr=False, default=None)  # the measured rows behind it
     curves: dict = field(default_factory=dict, repr=False)  # (k, n) -> (tokens, seconds)
+    # (k, n, id(grid)) -> (grid, log of measured / grid time at the shape's measured tokens):
+    # grid_predict's neighbours recur for every shape priced, at the same tokens
+    grid_ratios: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, rows: pd.DataFrame, spec: HardwareSpec, dtype: str, origin: str) -> GemmTable:
@@ -123,7 +126,7 @@ class GemmTable:
         if not self.measured(k, n) or len(self.curves) == 1:
             return self
         curves = {shape: curve for shape, curve in self.curves.items() if shape != (k, n)}
-        return GemmTable(self.spec, self.gemms, self.params, self.origin, self.rows, curves)
+        return GemmTable(self.spec, self.gemms, self.params, self.origin, self.rows, curves, self.grid_ratios)
 
     def ratio(self, k: int, n: int, m, spec: HardwareSpec, dtype: str) -> np.ndarray:
         """Measured / fitted-roofline time of one measured shape at m tokens: linear between
@@ -162,9 +165,18 @@ class GemmTable:
         shapes, weights = self.nearest(k, n)
         log_ratio = 0.0
         for weight, (sk, sn) in zip(weights, shapes):
-            tokens, seconds = self.curves[(int(sk), int(sn))]
-            log_ratio = log_ratio + weight * np.interp(m, tokens, np.log(seconds / grid.time(sk, sn, tokens)))
+            tokens, ratio = self.grid_log_ratio(int(sk), int(sn), grid)
+            log_ratio = log_ratio + weight * np.interp(m, tokens, ratio)
         return grid.time(k, n, m) * np.exp(log_ratio / weights.sum())
+
+    def grid_log_ratio(self, k: int, n: int, grid) -> tuple[np.ndarray, np.ndarray]:
+        """A measured shape's token counts and the log of its measured / grid time there."""
+        key = (k, n, id(grid))
+        cached = self.grid_ratios.get(key)
+        if cached is None or cached[0] is not grid:
+            tokens, seconds = self.curves[(k, n)]
+            cached = self.grid_ratios[key] = (grid, tokens, np.log(seconds / grid.time(k, n, tokens)))
+        return cached[1], cached[2]
 
     def offset(self, grid) -> float:
         """The median of these rows' time over the grid's at the same shapes and token counts:

@@ -32,6 +32,7 @@ from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.memory import memory_fit
 from perfmodel.planning.schedule import ScheduleRequest, build_schedule, view_evidence
 from perfmodel.planning.schedule_format import SpeculationSchedule
+from perfmodel.planning.simulations import CANDIDATE_SIZES
 from perfmodel.planning.workload import Requests, Targets, Workload
 from perfmodel.serving.costs import CostBounds, ServingCosts, tabulate_costs
 from perfmodel.serving.simulator import EngineConfig, ServingRun, simulate
@@ -199,7 +200,9 @@ def replica(
     steps = deployment.steps([step, StepFlavor.FULL])
     seqs = int(min(max_seqs, capacity // max(1, round(workload.prompt.mean + workload.response.mean))))
     max_context = int(workload.kv_tokens) * 2
-    request = ScheduleRequest(acceptance, half_octaves(max(seqs, 1)), medusa=medusa)
+    # Off, plain decoding wins every cell: no tree sizes to price
+    sizes = (1,) if medusa == MedusaSetting.OFF else CANDIDATE_SIZES
+    request = ScheduleRequest(acceptance, half_octaves(max(seqs, 1)), medusa=medusa, sizes=sizes)
     schedule = build_schedule(steps[step], request, deployment, view_evidence(view, steps[step]))
     bounds = CostBounds(max(seqs, 1), max_context, capacity, max(band.tree_size for band in schedule.bands))
     composed = ComposedStep(steps[step], steps[StepFlavor.FULL])
@@ -249,12 +252,12 @@ def max_feasible_rate(requests: Requests, costs: ServingCosts, targets: Targets,
     mean_output = float(np.mean(requests.output))
     high = flood.tokens_s / mean_output
     low = high * 0.01
-    best = simulate(requests.at_rate(low), costs, engine)
+    best = simulate(requests.at_rate(low), costs, engine, give_up=targets)
     if not meets(best, targets, low * mean_output):
         return 0.0, None
     while (high - low) / high > RATE_PRECISION:
         mid = math.sqrt(low * high)
-        run = simulate(requests.at_rate(mid), costs, engine)
+        run = simulate(requests.at_rate(mid), costs, engine, give_up=targets)
         if meets(run, targets, mid * mean_output):
             low, best = mid, run
         else:
@@ -268,6 +271,8 @@ KEEPS_UP = 0.9
 
 
 def meets(run: ServingRun, targets: Targets, offered_tokens_s: float) -> bool:
+    if run.missed:
+        return False
     q = targets.percentile
     stable = run.tokens_s >= KEEPS_UP * offered_tokens_s
     return stable and targets.met(run.percentile("ttft_s", q), run.percentile("tpot_s", q))

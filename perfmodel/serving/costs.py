@@ -94,39 +94,89 @@ class StepLookup:
         """How many steps of `batch` sequences from a mean context of `context` run before the
         first sequence, `left` tokens from its end, completes, or before the step that starts
         after `until` seconds, while the tree stays `tree`; and their seconds in all. At least
-        one step."""
+        one step.
+
+        Each step's time is linear in its context between two grid points, and the context
+        grows by `tokens` a step, so a run of steps within one grid segment (and one nearest
+        grid point, whose tree it runs) is an arithmetic series: summed and cut at `until` in
+        closed form, a few operations per segment rather than per step (a sequence decoding
+        alone runs hundreds of steps between events)."""
         count = max(1, math.ceil(left / tokens - 1e-9))
         c, seconds, trees = self.contexts, self.step_s[batch - 1], self.tree[batch - 1]
         last = len(c) - 1
-        # The grid segment c[j] <= context < c[j + 1] (-1 below the grid, last above it) only
-        # moves forward as the context grows: no search per step. Inline, as this loop runs
-        # millions of times in a search.
-        j = bisect_right(c, context) - 1
-        total, k = 0.0, 0
+        k, total = 0, 0.0
         while k < count:
+            if k and total >= until:
+                break
             ahead = context + tokens * k
-            while j < last and c[j + 1] <= ahead:
-                j += 1
-            if k:
-                if total >= until:
-                    break
-                nearest = 0 if j < 0 else last if j == last else j if ahead - c[j] <= c[j + 1] - ahead else j + 1
-                if trees[nearest] != tree:
-                    break
+            j = bisect_right(c, ahead) - 1
+            # This run's nearest grid point, the context it ends at (`inclusive`: a step at
+            # exactly that context still belongs to it) and its step time a + b * step index.
             if j < 0:
-                total += seconds[0]
+                nearest, bound, inclusive, a, b = 0, c[0], False, seconds[0], 0.0
             elif j == last:
-                total += seconds[last]
-            elif c[j] == ahead:
-                total += seconds[j]
-            else:  # np.interp's arithmetic
-                total += (seconds[j + 1] - seconds[j]) / (c[j + 1] - c[j]) * (ahead - c[j]) + seconds[j]
-            k += 1
+                nearest, bound, inclusive, a, b = last, math.inf, False, seconds[last], 0.0
+            else:
+                slope = (seconds[j + 1] - seconds[j]) / (c[j + 1] - c[j])
+                a, b = seconds[j] + slope * (context - c[j]), slope * tokens
+                middle = (c[j] + c[j + 1]) / 2
+                nearest, bound, inclusive = (j, middle, True) if ahead <= middle else (j + 1, c[j + 1], False)
+            if k and trees[nearest] != tree:
+                break
+            end = min(count, first_step_past(context, tokens, bound, inclusive, k + 1))
+            # (0 only at the first step, when `until` is already past: it runs all the same)
+            n = max(1, steps_to_reach(until - total, a + b * k, b, end - k))
+            total += n * (a + b * k) + b * n * (n - 1) / 2
+            k += n
+            if k < end:  # `until` reached inside the run
+                break
         return k, total
 
     def prefill(self, tokens: int) -> float:
         """See ServingCosts.prefill, for one prefix."""
         return 0.0 if tokens <= 0 else interpolate(tokens, self.prefill_lengths, self.prefill_s)
+
+
+def first_step_past(context: float, tokens: float, bound: float, inclusive: bool, least: int) -> int:
+    """The first step index (at least `least`) whose context (context + tokens * index) lies
+    past `bound` (beyond it if `inclusive`, at or beyond it if not)."""
+    if bound == math.inf:
+        return math.inf
+    index = max(least, math.floor((bound - context) / tokens))
+    # the estimate is off by a step at most, where the division rounds
+    if inclusive:
+        while index > least and context + tokens * (index - 1) > bound:
+            index -= 1
+        while not context + tokens * index > bound:
+            index += 1
+    else:
+        while index > least and context + tokens * (index - 1) >= bound:
+            index -= 1
+        while not context + tokens * index >= bound:
+            index += 1
+    return index
+
+
+def steps_to_reach(budget: float, first: float, growth: float, most: int) -> int:
+    """How many steps of an arithmetic series of times (first, first + growth, ...) run, at
+    most `most`, while the time so far is under `budget`: the smallest n whose first n steps
+    take `budget` or more, else `most`. Step times are positive, so the sum only grows."""
+    if budget <= 0:
+        return 0
+    if most * first + growth * most * (most - 1) / 2 < budget:
+        return most
+    if growth == 0:
+        n = max(1, math.ceil(budget / first))
+    else:  # the root of growth / 2 n^2 + half n = budget, in the form without cancellation
+        half = first - growth / 2
+        root = math.sqrt(max(half * half + 2 * growth * budget, 0.0))
+        n = max(1, math.ceil(2 * budget / (half + root) if half > 0 else (root - half) / growth))
+    n = min(most, n)
+    while n > 1 and (n - 1) * first + growth * (n - 1) * (n - 2) / 2 >= budget:
+        n -= 1
+    while n * first + growth * n * (n - 1) / 2 < budget:
+        n += 1
+    return n
 
 
 def interpolate(x: float, xs: list, values: list) -> float:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from heapq import heappop, heappush
 
 import numpy as np
@@ -31,7 +32,7 @@ import pandas as pd
 
 from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
-from perfmodel.planning.workload import Requests
+from perfmodel.planning.workload import Requests, Targets
 from perfmodel.serving.costs import ServingCosts
 
 PREFILL_MODES = ("separate", "chunked")
@@ -65,27 +66,113 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class ServingRun:
-    """One simulation's outcome: per request its times, and the steady-state statistics."""
+    """One simulation's outcome: per request its times (arrays in arrival order), and the
+    steady-state statistics."""
 
-    requests: pd.DataFrame = field(repr=False)  # arrival_s, first_token_s, finish_s, prompt, output, ttft_s, tpot_s
+    arrival_s: np.ndarray = field(repr=False)
+    first_token_s: np.ndarray = field(repr=False)
+    finish_s: np.ndarray = field(repr=False)
+    prompt: np.ndarray = field(repr=False)
+    output: np.ndarray = field(repr=False)
     tokens_s: float  # output tokens per second in the steady state
     mean_batch: float  # sequences per decoding step, averaged over decoding time
     tree_share: float  # share of decoding steps that ran a tree
     duration_s: float
+    # Stopped once a target was certain to be missed (simulate's `give_up`): the statistics
+    # cover the requests served by then only.
+    missed: bool = False
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """NaN for a one-token output."""
+        spans = np.maximum(self.output - 1, 1)
+        return np.where(self.output > 1, (self.finish_s - self.first_token_s) / spans, np.nan)
+
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        """arrival_s, first_token_s, finish_s, prompt, output, ttft_s, tpot_s per request."""
+        columns = ("arrival_s", "first_token_s", "finish_s", "prompt", "output", "ttft_s", "tpot_s")
+        return pd.DataFrame({name: getattr(self, name) for name in columns})
 
     def percentile(self, what: str, q: float) -> float:
         """The q-th percentile of ttft_s or tpot_s over the steady-state requests."""
-        values = steady(self.requests)[what].dropna()
+        if what not in ("ttft_s", "tpot_s"):
+            raise PerfkitError(f"no percentile of {what!r}; choose ttft_s or tpot_s")
+        values = getattr(self, what)[slice(*steady_range(len(self.arrival_s)))]
+        values = values[~np.isnan(values)]
         return float(np.percentile(values, q)) if len(values) else math.nan
 
 
 def steady(frame: pd.DataFrame) -> pd.DataFrame:
-    n = len(frame)
-    return frame.iloc[int(STEADY[0] * n) : max(int(STEADY[1] * n), int(STEADY[0] * n) + 1)]
+    return frame.iloc[slice(*steady_range(len(frame)))]
 
 
-def simulate(requests: Requests, costs: ServingCosts, engine: EngineConfig = EngineConfig()) -> ServingRun:
-    """Serve `requests` on one replica priced by `costs` (see the module docstring)."""
+def steady_range(n: int) -> tuple[int, int]:
+    """The steady-state window of n requests in arrival order: [first, end)."""
+    first = int(STEADY[0] * n)
+    return first, max(int(STEADY[1] * n), first + 1)
+
+
+@dataclass
+class MissWatch:
+    """Counts the steady-state requests over a target as their times become known, and says
+    when the target's percentile is certain to be missed: once the value at its lower rank
+    (numpy's linear percentile interpolates upward from there) is over the target, however
+    the rest turn out. A search that only asks whether a rate meets the targets stops there."""
+
+    ttft_s: float
+    tpot_s: float
+    first: int  # the steady window's requests: first <= i < end
+    end: int
+    ttft_needed: int  # requests over the target that make the miss certain
+    tpot_needed: int
+    ttft_over: int = 0
+    tpot_over: int = 0
+
+    @classmethod
+    def of(cls, targets: Targets, output: np.ndarray) -> MissWatch:
+        first, end = steady_range(len(output))
+        q = targets.percentile
+        return cls(
+            math.inf if targets.ttft_s is None else targets.ttft_s,
+            math.inf if targets.tpot_s is None else targets.tpot_s,
+            first,
+            end,
+            certain_miss(end - first, q),
+            certain_miss(int(np.count_nonzero(output[first:end] > 1)), q),
+        )
+
+    def ttft(self, i: int, seconds: float) -> bool:
+        if seconds > self.ttft_s and self.first <= i < self.end:
+            self.ttft_over += 1
+        return self.ttft_over >= self.ttft_needed
+
+    def tpot(self, i: int, seconds: float) -> bool:
+        if seconds > self.tpot_s and self.first <= i < self.end:
+            self.tpot_over += 1
+        return self.tpot_over >= self.tpot_needed
+
+
+def certain_miss(n: int, q: int) -> int:
+    """How many of n values over a target put their q-th percentile over it for certain: all
+    those from the percentile's lower rank up, one more where the rank is a whole number past
+    0 (the float index numpy computes may then fall just below it)."""
+    if n == 0:
+        return 1  # never: no values, a NaN percentile, missed by the check after the run
+    rank, rest = divmod(q * (n - 1), 100)
+    return n - rank + (rest == 0 and rank > 0)
+
+
+def simulate(
+    requests: Requests, costs: ServingCosts, engine: EngineConfig = EngineConfig(), give_up: Targets | None = None
+) -> ServingRun:
+    """Serve `requests` on one replica priced by `costs` (see the module docstring). With
+    `give_up`, stop as soon as one of its TTFT / TPOT percentile targets is certain to be
+    missed (the run's `missed`): a search needs no more of that run."""
     n = len(requests)
     arrival, prompt, output = requests.arrival_s, requests.prompt, requests.output
     need = prompt + output + costs.spare_tokens
@@ -97,7 +184,8 @@ def simulate(requests: Requests, costs: ServingCosts, engine: EngineConfig = Eng
             f"({costs.kv_capacity:,} tokens); use more devices, a smaller dtype or shorter requests"
         )
     lookup = costs.lookup
-    prefill_of = costs.prefill(prompt)  # each prompt's whole prefill, seconds
+    prefill_of = costs.prefill(prompt).tolist()  # each prompt's whole prefill, seconds
+    max_seqs, kv_capacity = costs.max_seqs, costs.kv_capacity
     arrival_at, prompt_of, output_of, need_of = arrival.tolist(), prompt.tolist(), output.tolist(), need.tolist()
     first, finish = [math.nan] * n, [math.nan] * n
     prefilled = [0] * n  # prompt tokens prefilled so far
@@ -114,16 +202,14 @@ def simulate(requests: Requests, costs: ServingCosts, engine: EngineConfig = Eng
     times, produced = [0.0], [0.0]  # iteration end times and output tokens made by then
     decode_time = batch_time = tree_steps = steps = 0.0
     chunked = engine.prefill == "chunked"
+    watch = MissWatch.of(give_up, output) if give_up is not None and give_up.simulated else None
+    missed = False
 
     while done < n:
         while upcoming < n and arrival_at[upcoming] <= t:
             waiting.append(upcoming)
             upcoming += 1
-        while (
-            waiting
-            and len(running) + len(prefilling) < costs.max_seqs
-            and kv_used + need_of[waiting[0]] <= costs.kv_capacity
-        ):
+        while waiting and len(running) + len(prefilling) < max_seqs and kv_used + need_of[waiting[0]] <= kv_capacity:
             i = waiting.popleft()
             kv_used += need_of[i]
             prefilling.append(i)
@@ -133,7 +219,7 @@ def simulate(requests: Requests, costs: ServingCosts, engine: EngineConfig = Eng
 
         made = 0.0
         if not chunked and prefilling:
-            t += float(prefill_of[prefilling].sum())
+            t += sum([prefill_of[i] for i in prefilling])
             ready, prefilling = prefilling, []
         else:
             dt, budget = 0.0, engine.chunk_tokens
@@ -171,6 +257,8 @@ def simulate(requests: Requests, costs: ServingCosts, engine: EngineConfig = Eng
             while running and progress - joined[running[0][1]] >= output_of[running[0][1]] - 1 - GAIN_ROUNDING:
                 i = heappop(running)[1]
                 finish[i] = t
+                if watch is not None and watch.tpot(i, (t - first[i]) / (output_of[i] - 1)):
+                    missed = True
                 kv_used -= need_of[i]
                 done += 1
                 made -= progress - joined[i] - (output_of[i] - 1)  # tokens past the end are dropped
@@ -181,6 +269,8 @@ def simulate(requests: Requests, costs: ServingCosts, engine: EngineConfig = Eng
         for i in ready:
             first[i] = t
             made += 1
+            if watch is not None and watch.ttft(i, t - arrival_at[i]):
+                missed = True
             if output_of[i] <= 1:
                 finish[i] = t
                 kv_used -= need_of[i]
@@ -192,27 +282,31 @@ def simulate(requests: Requests, costs: ServingCosts, engine: EngineConfig = Eng
                 joined_sum += progress
         times.append(t)
         produced.append(produced[-1] + made)
+        if missed:
+            break
 
     first, finish = np.array(first), np.array(finish)
-    frame = pd.DataFrame(
-        {"arrival_s": arrival, "first_token_s": first, "finish_s": finish, "prompt": prompt, "output": output}
-    )
-    frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
-    frame["tpot_s"] = np.where(output > 1, (finish - first) / np.maximum(output - 1, 1), np.nan)
     return ServingRun(
-        frame,
-        steady_throughput(frame, np.array(times), np.array(produced)),
+        arrival,
+        first,
+        finish,
+        prompt,
+        output,
+        math.nan if missed else steady_throughput(finish, np.array(times), np.array(produced)),
         batch_time / decode_time if decode_time else 0.0,
         tree_steps / steps if steps else 0.0,
         t,
+        missed,
     )
 
 
-def steady_throughput(frame: pd.DataFrame, times: np.ndarray, produced: np.ndarray) -> float:
+def steady_throughput(finish_s: np.ndarray, times: np.ndarray, produced: np.ndarray) -> float:
     """Output tokens per second between the times the steady-state window's first and last
-    requests finish (the span where the engine is neither filling nor draining)."""
-    window = steady(frame.sort_values("finish_s"))
-    start, end = float(window["finish_s"].min()), float(window["finish_s"].max())
+    requests finish (the span where the engine is neither filling nor draining), `produced`
+    tokens having been made by each of `times`."""
+    window = np.sort(finish_s)[slice(*steady_range(len(finish_s)))]
+    window = window[~np.isnan(window)]
+    start, end = (float(window[0]), float(window[-1])) if len(window) else (math.nan, math.nan)
     if not end > start:
         return float(produced[-1] / times[-1]) if times[-1] > 0 else math.nan
     made = np.interp([start, end], times, produced)

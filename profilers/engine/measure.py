@@ -81,7 +81,7 @@ def append_csv(frame: pd.DataFrame, path: Path, columns: tuple[str, ...]) -> Non
 def measured_tokens_s(requests: pd.DataFrame, token_times: np.ndarray) -> float:
     """Steady-state output tokens per second, as the simulation defines it."""
     times = np.concatenate([[0.0], np.sort(token_times)])
-    return steady_throughput(requests, times, np.arange(len(times), dtype=float))
+    return steady_throughput(requests["finish_s"].to_numpy(dtype=float), times, np.arange(len(times), dtype=float))
 
 
 def measure(plan: Plan, out: Path, python: Path, log: Callable[[str], None] = print, port: int | None = None) -> Path:
