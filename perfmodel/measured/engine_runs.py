@@ -14,6 +14,10 @@ it): what each file holds, and reading them back.
                   engine's iterations by tokens scheduled, [bucket's upper bound, iterations])
     speculation.csv  where the engine speculated: per load run its drafts, draft tokens and
                   the tokens accepted at each draft position (JSON list), from /metrics
+    decoder-speculation.csv  where the engine drafted with the model's Medusa heads: per load
+                  run's prompts (repeat), the project's decoder drafting as the engine does (a
+                  chain of each head's top-1, greedy) on the same prompts: drafts, draft tokens
+                  and the tokens accepted at each draft position (profilers.engine acceptance)
     server.log    the engine's own log of the measurement
 """
 
@@ -34,6 +38,8 @@ from perfmodel.measured.store import MEASUREMENTS_DIR
 ENGINE_FOLDER = "engine-vllm"
 ENGINES = ("vllm",)
 SPECULATION_COLUMNS = ("rate", "repeat", "drafts", "draft_tokens", "accepted_per_position")
+DECODER_SPECULATION_FILE = "decoder-speculation.csv"
+DECODER_SPECULATION_COLUMNS = ("repeat", "drafts", "draft_tokens", "accepted_per_position")
 STEP_COLUMNS = ("pass", "kind", "batch", "tokens", "context", "step_s", "iqr_s", "samples")
 REQUEST_COLUMNS = (
     "request",
@@ -75,6 +81,7 @@ class EngineMeasurement:
     requests: pd.DataFrame
     runs: pd.DataFrame
     speculation: pd.DataFrame | None  # where the engine speculated
+    decoder_speculation: pd.DataFrame | None = None  # the project's decoder on the same prompts
 
     @property
     def speculating(self) -> EngineSpeculation:
@@ -94,12 +101,13 @@ def read_columns(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
 def engine_folder(text: str | Path) -> Path:
     """The measurement folder `text` names: a path from the working folder, else one inside
     the toolkit (profilers/measurements/... works from anywhere), else a shipped one by its
-    name under profilers/measurements."""
+    path under profilers/measurements or its own name (bundled-seqs8) where one has it."""
     path = Path(text).expanduser()
     for candidate in (path, TOOLKIT_ROOT / path, MEASUREMENTS_DIR / path):
         if candidate.is_dir():
             return candidate
-    return path
+    named = [MEASUREMENTS_DIR / name for name in shipped() if Path(name).name == path.name]
+    return named[0] if len(named) == 1 else path
 
 
 def read_engine_measurement(folder: str | Path) -> EngineMeasurement:
@@ -107,7 +115,7 @@ def read_engine_measurement(folder: str | Path) -> EngineMeasurement:
     if not folder.is_dir():
         raise PerfkitError(f"no engine measurement folder {folder}; shipped ones: {', '.join(shipped()) or 'none'}")
     meta = read_json(folder / "meta.json", "engine measurement metadata")
-    speculated = folder / "speculation.csv"
+    speculated, decoded = folder / "speculation.csv", folder / DECODER_SPECULATION_FILE
     return EngineMeasurement(
         folder,
         meta,
@@ -115,6 +123,7 @@ def read_engine_measurement(folder: str | Path) -> EngineMeasurement:
         read_columns(folder / "requests.csv", REQUEST_COLUMNS),
         read_columns(folder / "runs.csv", RUN_COLUMNS),
         read_columns(speculated, SPECULATION_COLUMNS) if speculated.exists() else None,
+        read_columns(decoded, DECODER_SPECULATION_COLUMNS) if decoded.exists() else None,
     )
 
 

@@ -210,9 +210,17 @@ def comparison_lines(table: pd.DataFrame, measurement: EngineMeasurement) -> lis
     return [line.rstrip() for line in lines]
 
 
+def shares(drafts: int, accepted_per_position: str) -> str:
+    """Per draft position, the share of drafts whose token there was accepted."""
+    if not drafts:
+        return "no drafts"
+    return ", ".join(f"{a / drafts:.1%}" for a in json.loads(accepted_per_position))
+
+
 def speculation_lines(measurement: EngineMeasurement) -> list[str]:
     """A speculating engine's runs, measured only (no prediction yet): latencies, tokens/s,
-    and per draft position the share of drafts whose token there was accepted."""
+    and per draft position the share of drafts whose token there was accepted, with the
+    project's decoder drafting as the engine did on the same prompts where it ran."""
     meta, plan = measurement.meta, measurement.meta["plan"]
     lines = [
         f"{meta['engine']['name']} {meta['engine']['version']} serving {plan['model']} with its own "
@@ -228,15 +236,26 @@ def speculation_lines(measurement: EngineMeasurement) -> list[str]:
     runs = measurement.runs.set_index(["rate", "repeat"])
     for (rate, repeat), frame in measurement.requests.groupby(["rate", "repeat"], sort=True):
         got = measured_summary(frame)
-        drafts = speculation.loc[(rate, repeat), "drafts"]
-        accepted = json.loads(speculation.loc[(rate, repeat), "accepted_per_position"])
-        shares = ", ".join(f"{a / drafts:.0%}" for a in accepted) if drafts else "no drafts"
+        drafts = int(speculation.loc[(rate, repeat), "drafts"])
         tokens_s = runs.loc[(rate, repeat), "tokens_s"]
         lines.append(
             f"{rate:>6g} {repeat:>3}  {got['ttft_p50_s'] * 1e3:>7.1f}/{got['ttft_p90_s'] * 1e3:<8.1f}  "
             f"{got['tpot_p50_s'] * 1e3:>7.2f}/{got['tpot_p90_s'] * 1e3:<8.2f}  {tokens_s:>9,.0f}  "
-            f"{shares} of {drafts:,} drafts"
+            f"{shares(drafts, speculation.loc[(rate, repeat), 'accepted_per_position'])} of {drafts:,} drafts"
         )
+    twin = measurement.decoder_speculation
+    if twin is not None:
+        lines += [
+            "",
+            "the project's decoder drafting as the engine does (each head's top-1, a chain), greedy, on each run's "
+            "prompts (profilers.engine acceptance):",
+        ]
+        for row in twin.sort_values("repeat").itertuples(index=False):
+            engine = speculation.xs(row.repeat, level="repeat").iloc[0]
+            lines.append(
+                f"{'':>6} {row.repeat:>3}  decoder {shares(row.drafts, row.accepted_per_position)} of "
+                f"{row.drafts:,} drafts; engine {shares(int(engine['drafts']), engine['accepted_per_position'])}"
+            )
     return [line.rstrip() for line in lines]
 
 

@@ -3,6 +3,7 @@
     python -m profilers.engine setup               the engine's own venv (once; 1-4 minutes, 3.5 GB)
     python -m profilers.engine measure [--quick]   step sweep and load runs into a folder
     python -m profilers.engine check [--quick]     measure, then the simulation's prediction beside it
+    python -m profilers.engine acceptance --out F  the decoder drafting as the engine did (Medusa), on its prompts
 
 The engine runs from its own Python on 127.0.0.1 and is stopped before the command ends;
 the project reaches it over HTTP only. perfmodel.measured.engine_runs says what the folder
@@ -17,10 +18,11 @@ from pathlib import Path
 from perfmodel.base.engine_speculation import EngineSpeculation
 from perfmodel.cli import Parser, options, positive_int, positive_number, run
 from perfmodel.cli.fields import add_options, option, read_options, shared
-from perfmodel.measured.engine_runs import ENGINE_FOLDER, read_engine_measurement
+from perfmodel.measured.engine_runs import ENGINE_FOLDER, engine_folder, read_engine_measurement
 from perfmodel.measured.store import user_measurements_dir
 from perfmodel.serving.engine_check import measurement_lines
 from profilers.device import cpu_info
+from profilers.engine.acceptance import write_decoder_speculation
 from profilers.engine.install import default_home, engine_python, setup
 from profilers.engine.measure import Plan, measure
 from profilers.engine.server import ServerConfig
@@ -133,10 +135,24 @@ class MeasureOptions:
         return user_measurements_dir() / cpu_info().key / ENGINE_FOLDER / name
 
 
+@dataclass(frozen=True)
+class AcceptanceOptions:
+    out: Path | None = field(
+        default=None,
+        metadata=shared(
+            options.out,
+            default=None,
+            required=True,
+            what="a measurement folder of the engine's Medusa speculation (a shipped one by its name)",
+        ),
+    )
+
+
 COMMANDS = {
     "setup": (SetupOptions, "create the engine's venv and install the pinned engine"),
     "measure": (MeasureOptions, "measure the engine: its step sweep, then load runs over rates"),
     "check": (MeasureOptions, "measure, then print the simulation's prediction beside the measurement"),
+    "acceptance": (AcceptanceOptions, "the project's decoder drafting as the engine did, on its prompts"),
 }
 
 
@@ -153,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     args = read_options(COMMANDS[parsed.command][0], parsed)
     if parsed.command == "setup":
         setup(args.home)
+        return 0
+    if parsed.command == "acceptance":
+        print(f"{write_decoder_speculation(engine_folder(args.out))}: written")
+        print("\n".join(measurement_lines(read_engine_measurement(engine_folder(args.out)))))
         return 0
     python = engine_python(args.engine_python)
     folder = measure(args.plan(), args.folder(), python, port=args.port)

@@ -53,6 +53,12 @@ def prompt_ids(index: int, length: int, vocab: int, seed: int) -> list[int]:
     return rng.integers(FIRST_ORDINARY_TOKEN, vocab, length).tolist()
 
 
+def request_prompts(lengths, vocab: int, seed: int) -> list[list[int]]:
+    """The prompts of a run's requests, in order: what the engine is sent, and what the
+    project's decoder drafts on to set its acceptance beside the engine's."""
+    return [prompt_ids(i, int(n), vocab, seed) for i, n in enumerate(lengths)]
+
+
 def body(model: str, ids: list[int], output: int) -> dict:
     return {
         "model": model,
@@ -107,10 +113,8 @@ async def play_all(url, model, requests: Requests, vocab, seed, timeout, drain) 
     # one that the server closed after its idle timeout failed the next request sent on it.
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as client:
-        bodies = [
-            body(model, prompt_ids(i, int(p), vocab, seed), int(o))
-            for i, (p, o) in enumerate(zip(requests.prompt, requests.output))
-        ]
+        prompts = request_prompts(requests.prompt, vocab, seed)
+        bodies = [body(model, ids, int(o)) for ids, o in zip(prompts, requests.output)]
         start = time.perf_counter()
         tasks = [
             asyncio.create_task(play_one(client, url, bodies[i], i, float(a), start, timeout))

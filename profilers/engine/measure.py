@@ -18,12 +18,19 @@ import pandas as pd
 
 from perfmodel.base.engine_speculation import EngineSpeculation
 from perfmodel.base.errors import PerfkitError
-from perfmodel.measured.engine_runs import REQUEST_COLUMNS, RUN_COLUMNS, SPECULATION_COLUMNS, STEP_COLUMNS
+from perfmodel.measured.engine_runs import (
+    DECODER_SPECULATION_FILE,
+    REQUEST_COLUMNS,
+    RUN_COLUMNS,
+    SPECULATION_COLUMNS,
+    STEP_COLUMNS,
+)
 from perfmodel.models.config import read_config_json
 from perfmodel.planning.lengths import Lengths
 from perfmodel.planning.workload import Workload
 from perfmodel.serving.simulator import steady_throughput
 from profilers.device import cpu_info
+from profilers.engine.acceptance import write_decoder_speculation
 from profilers.engine.export import export_for_engine, export_medusa_heads
 from profilers.engine.install import ENGINE, engine_version
 from profilers.engine.runs import load_run
@@ -101,8 +108,8 @@ def measure(plan: Plan, out: Path, python: Path, log: Callable[[str], None] = pr
     wanted = plan.runs()
     steps_file = out / "steps.csv"
     if steps_file.exists() and set(pd.read_csv(steps_file)["pass"]) == {0, 1} and all(w in done for w in wanted):
-        log(f"{out}: every run is measured already; nothing to do")
-        return out
+        log(f"{out}: every run is measured already")
+        return with_decoder_acceptance(plan, out, log)
     # The exported weights are a copy of the checkpoint's: made for the run, not kept.
     with tempfile.TemporaryDirectory(prefix="engine-model-") as scratch:
         model_folder = export_for_engine(plan.model, Path(scratch) / "model")
@@ -112,6 +119,15 @@ def measure(plan: Plan, out: Path, python: Path, log: Callable[[str], None] = pr
             else None
         )
         serve_and_measure(plan, out, python, model_folder, version, done, log, port, heads)
+    return with_decoder_acceptance(plan, out, log)
+
+
+def with_decoder_acceptance(plan: Plan, out: Path, log: Callable[[str], None]) -> Path:
+    """Where the engine drafted with the model's Medusa heads, the project's decoder drafting
+    the same way on the same prompts (profilers.engine.acceptance), once; returns `out`."""
+    if plan.speculation is EngineSpeculation.MEDUSA and not (out / DECODER_SPECULATION_FILE).exists():
+        log("the project's decoder drafting as the engine did, on the same prompts")
+        write_decoder_speculation(out, log)
     return out
 
 

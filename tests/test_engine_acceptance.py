@@ -1,0 +1,60 @@
+"""The project's decoder drafting as vLLM drafted, on the engine's own prompts: the shipped
+Medusa measurement's acceptance per draft position, reproduced by the decoder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from perfmodel.base.errors import PerfkitError
+from perfmodel.measured.engine_runs import (
+    DECODER_SPECULATION_FILE,
+    ENGINE_FOLDER,
+    MEASUREMENTS_DIR,
+    read_engine_measurement,
+)
+from profilers.engine.__main__ import main as engine_main
+from profilers.engine.acceptance import chain_counts, write_decoder_speculation
+
+SHIPPED = MEASUREMENTS_DIR / "cpu-intel-xeon-processor-2c" / ENGINE_FOLDER / "bundled-seqs8-medusa"
+
+
+def test_a_chain_counts_each_position_accepted_only_past_the_ones_before():
+    # paths of 1 (nothing accepted), 3 (two) and 5 (all four) tokens, root included
+    assert chain_counts([[1, 3], [5]], 4) == (3, [2, 2, 1, 1])
+
+
+def test_the_decoder_accepts_what_the_engine_accepted_on_the_same_prompts():
+    measurement = read_engine_measurement(SHIPPED)
+    engine = measurement.speculation.drop_duplicates("repeat").set_index("repeat")
+    for row in measurement.decoder_speculation.itertuples(index=False):
+        ours = json.loads(row.accepted_per_position)
+        theirs, drafts = json.loads(engine.loc[row.repeat, "accepted_per_position"]), engine.loc[row.repeat, "drafts"]
+        assert abs(row.drafts / drafts - 1) < 0.02
+        for a, b in zip(ours, theirs):
+            assert a / row.drafts == pytest.approx(b / drafts, abs=0.005)  # within half a point per position
+
+
+def test_the_shipped_decoder_counts_are_reproduced(tmp_path):
+    folder = tmp_path / "medusa"
+    shutil.copytree(SHIPPED, folder)
+    speculation = folder / "speculation.csv"
+    lines = speculation.read_text().splitlines()
+    speculation.write_text("\n".join([lines[0], *(line for line in lines[1:] if line.split(",")[1] == "0")]) + "\n")
+    written = write_decoder_speculation(folder, log=lambda _: None)
+    shipped = (SHIPPED / DECODER_SPECULATION_FILE).read_text().splitlines()
+    assert written.read_text().splitlines() == shipped[:2]  # the header and repeat 0, exactly
+
+
+def test_only_medusa_is_drafted_by_the_decoder(capsys):
+    with pytest.raises(PerfkitError, match="only with Medusa heads .* not off"):
+        write_decoder_speculation(SHIPPED.parent / "bundled-seqs8")
+    with pytest.raises(SystemExit):
+        engine_main(["acceptance"])
+    assert "--out" in capsys.readouterr().err
+
+
+def test_a_shipped_folder_is_found_by_its_own_name():
+    assert read_engine_measurement("bundled-seqs8-medusa").folder == SHIPPED
