@@ -5,6 +5,7 @@ installed (.ci/run sets it up; CI fails without it)."""
 
 import json
 import os
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -15,7 +16,13 @@ import pytest
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.engine_runs import ENGINE_FOLDER, default_engine_folder, read_engine_measurement
 from perfmodel.measured.store import MEASUREMENTS_DIR
-from perfmodel.serving.engine_check import compare_runs, comparison_lines, engine_costs, measurement_lines
+from perfmodel.serving.engine_check import (
+    compare_runs,
+    comparison_lines,
+    decoder_drafting,
+    engine_costs,
+    measurement_lines,
+)
 from perfmodel.validate import main as validate_main
 from profilers.engine.__main__ import main as engine_main
 from profilers.engine.export import export_medusa_heads
@@ -160,17 +167,40 @@ def test_speculation_is_exported_as_the_engine_loads_it_and_named_on_its_command
     assert "--speculative-config" not in ServerConfig().arguments(tmp_path, "m", 1)
 
 
-def test_a_speculating_measurement_is_shown_measured_and_never_predicted_as_plain_decoding():
+def test_medusa_speculation_is_predicted_at_the_decoders_acceptance_below_saturation(tmp_path):
     folder = MEASUREMENTS_DIR / "cpu-intel-xeon-processor-2c" / ENGINE_FOLDER / "bundled-seqs8-medusa"
     measurement = read_engine_measurement(folder)
     assert measurement.speculating == "medusa" and len(measurement.speculation) == len(measurement.runs)
-    with pytest.raises(PerfkitError, match="does not predict yet"):
-        compare_runs(measurement)
+    table = compare_runs(measurement)
+    light = table[table["rate"] <= 10]  # below its knee (8 sequences at most, about 15/s)
+    assert (light["error_tpot_p50_s"].abs() <= 0.15).all() and (table["error_tokens_s"].abs() <= 0.10).all()
+    # a step verifies the four drafts beside its own token, and gains what the decoder accepted
+    costs = engine_costs(measurement, decoder_drafting(measurement)[0])
+    assert costs.costs.spare_tokens == 4 and 1.6 < costs.costs.tokens[0, 0] < 1.7
     lines = measurement_lines(measurement)
-    assert "not predicted" in lines[0] and "accepted at draft position" in lines[3]
+    assert "its own medusa speculation" in lines[0] and "the project's decoder" in lines[2]
+    assert any(line.startswith("  run 0: engine") for line in lines)
     accepted = json.loads(measurement.speculation["accepted_per_position"].iloc[0])
     assert len(accepted) == 4 and accepted == sorted(accepted, reverse=True)  # a later head is accepted less
     assert read_engine_measurement(default_engine_folder()).speculating == "off"
+
+
+def test_speculation_without_what_its_prediction_needs_is_shown_measured_with_the_reason(tmp_path):
+    shipped = MEASUREMENTS_DIR / "cpu-intel-xeon-processor-2c" / ENGINE_FOLDER / "bundled-seqs8-medusa"
+    copy = tmp_path / "m"
+    shutil.copytree(shipped, copy)
+    (copy / "decoder-speculation.csv").unlink()
+    lines = measurement_lines(read_engine_measurement(copy))
+    assert "not predicted: no decoder acceptance on its prompts yet: python -m profilers.engine acceptance" in lines[0]
+    with pytest.raises(PerfkitError, match="predicted only with Medusa heads and the decoder's acceptance"):
+        compare_runs(read_engine_measurement(copy))
+    shutil.copy(shipped / "decoder-speculation.csv", copy)
+    steps = pd.read_csv(copy / "steps.csv").drop(columns=["drafts", "accepted"])
+    steps.to_csv(copy / "steps.csv", index=False)  # a sweep from before it counted drafts
+    lines = measurement_lines(read_engine_measurement(copy))
+    assert "not predicted: its step sweep counted no drafts" in lines[0]
+    with pytest.raises(PerfkitError, match="counted no drafts at its decoding points"):
+        compare_runs(read_engine_measurement(copy))
 
 
 def test_a_missing_engine_folder_is_one_line_naming_the_shipped_ones(tmp_path, capsys):

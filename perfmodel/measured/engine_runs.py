@@ -4,7 +4,8 @@ it): what each file holds, and reading them back.
     meta.json     the engine (name, version, arguments), the machine, the model, the workload
     steps.csv     step costs measured through the engine (profilers.engine.steps), in two passes,
                   before the load runs and after: pass, kind (prefill, mixed or decode), batch,
-                  tokens (the prompt), context (mean tokens in the KV cache), step_s, iqr_s, samples
+                  tokens (the prompt), context (mean tokens in the KV cache), step_s, iqr_s, samples,
+                  and at decoding points drafts and accepted (a speculating engine's, /metrics)
     requests.csv  one row per request of every load run (rate, repeat): arrival_s, sent_s,
                   first_token_s, finish_s, prompt, output, received, ttft_s, tpot_s, e2e_s,
                   itl_mean_s, itl_max_s, complete, error
@@ -41,6 +42,8 @@ SPECULATION_COLUMNS = ("rate", "repeat", "drafts", "draft_tokens", "accepted_per
 DECODER_SPECULATION_FILE = "decoder-speculation.csv"
 DECODER_SPECULATION_COLUMNS = ("repeat", "drafts", "draft_tokens", "accepted_per_position")
 STEP_COLUMNS = ("pass", "kind", "batch", "tokens", "context", "step_s", "iqr_s", "samples")
+# a decoding point's drafts and accepted tokens (a speculating engine; none in older folders)
+STEP_SPECULATION_COLUMNS = ("drafts", "accepted")
 REQUEST_COLUMNS = (
     "request",
     "arrival_s",
@@ -119,7 +122,7 @@ def read_engine_measurement(folder: str | Path) -> EngineMeasurement:
     return EngineMeasurement(
         folder,
         meta,
-        read_columns(folder / "steps.csv", STEP_COLUMNS),
+        read_columns(folder / "steps.csv", STEP_COLUMNS).reindex(columns=[*STEP_COLUMNS, *STEP_SPECULATION_COLUMNS]),
         read_columns(folder / "requests.csv", REQUEST_COLUMNS),
         read_columns(folder / "runs.csv", RUN_COLUMNS),
         read_columns(speculated, SPECULATION_COLUMNS) if speculated.exists() else None,

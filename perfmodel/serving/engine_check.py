@@ -39,6 +39,7 @@ from perfmodel.serving.simulator import EngineConfig, simulate, steady
 QUANTILES = (50, 90)
 LATENCY_TOLERANCE = 0.15  # the issue's bar for TTFT and TPOT percentiles
 THROUGHPUT_TOLERANCE = 0.10
+DECODE, MIXED, MIXED_TTFT = "decode", "mixed", "mixed-ttft"  # the step sweep's kinds of row
 # About the context of the sweep's requests that decode beside a mixed probe: 64-token prompts
 # and 40-250 tokens decoded by the time the probes arrive.
 PROBE_CONTEXT = 200
@@ -80,16 +81,61 @@ def by_length(rows: pd.DataFrame) -> pd.Series:
     return rows.groupby("tokens")["step_s"].median()
 
 
-def engine_costs(measurement: EngineMeasurement) -> EngineCosts:
+@dataclass(frozen=True)
+class Drafting:
+    """How a speculating engine's steps advance: the tokens each sequence gains per step (one
+    plus its accepted drafts, on average) and the draft tokens each step verifies beside it."""
+
+    tokens_per_step: float = 1.0
+    draft_tokens: int = 0
+
+
+def iteration_steps(decode: pd.DataFrame, folder) -> pd.DataFrame:
+    """A speculating engine's decoding points as iteration times: the per-token gap the sweep
+    measured times the point's own tokens per step (1 + its accepted / drafts, /metrics)."""
+    drafts = decode["drafts"]
+    if drafts.isna().any() or (drafts <= 0).any():
+        raise PerfkitError(
+            f"{folder}: its step sweep counted no drafts at its decoding points (measured before the sweep "
+            "did): measure it again to predict its speculation"
+        )
+    return decode.assign(step_s=decode["step_s"] * (1 + decode["accepted"] / drafts))
+
+
+def decode_rows(steps: pd.DataFrame) -> pd.DataFrame:
+    return steps[steps["kind"] == DECODE]
+
+
+def decoder_drafting(measurement: EngineMeasurement) -> dict[int, Drafting]:
+    """Per load run's prompts (repeat), the drafting the project's decoder measured on them
+    (profilers.engine acceptance): what the prediction takes as the engine's acceptance."""
+    twin = measurement.decoder_speculation
+    if measurement.speculating is not EngineSpeculation.MEDUSA or twin is None:
+        raise PerfkitError(
+            f"{measurement.folder}: the engine's {measurement.speculating} speculation is predicted only with "
+            "Medusa heads and the decoder's acceptance on the same prompts (python -m profilers.engine "
+            f"acceptance --out {measurement.folder})"
+        )
+    return {
+        int(row.repeat): Drafting(
+            1 + sum(json.loads(row.accepted_per_position)) / row.drafts, round(row.draft_tokens / row.drafts)
+        )
+        for row in twin.itertuples(index=False)
+    }
+
+
+def engine_costs(measurement: EngineMeasurement, drafting: Drafting = Drafting()) -> EngineCosts:
     meta, steps = measurement.meta, measurement.steps
     server = meta["server"]
     max_seqs, max_context = int(server["max_num_seqs"]), int(server["max_model_len"])
-    kinds = {kind: steps[steps["kind"] == kind] for kind in ("decode", "mixed", "mixed-ttft")}
+    kinds = {kind: steps[steps["kind"] == kind] for kind in (DECODE, MIXED, MIXED_TTFT)}
     if any(rows.empty for rows in kinds.values()):
         raise PerfkitError(f"{measurement.folder}/steps.csv needs decode, mixed and mixed-ttft rows")
+    if measurement.speculating is not EngineSpeculation.OFF:
+        kinds[DECODE] = iteration_steps(kinds[DECODE], measurement.folder)
     contexts = context_grid(max_context)
-    step_s = decode_table(kinds["decode"], contexts, max_seqs)
-    mixed, beside = by_length(kinds["mixed"]), by_length(kinds["mixed-ttft"])
+    step_s = decode_table(kinds[DECODE], contexts, max_seqs)
+    mixed, beside = by_length(kinds[MIXED]), by_length(kinds[MIXED_TTFT])
     lengths = np.arange(1, max_context + 1)
     known = np.concatenate([[0], mixed.index.to_numpy()]), np.concatenate([[0.0], mixed.to_numpy()])
     added = np.interp(lengths, *known)
@@ -97,13 +143,14 @@ def engine_costs(measurement: EngineMeasurement) -> EngineCosts:
         slope = (mixed.iloc[-1] - mixed.iloc[-2]) / (mixed.index[-1] - mixed.index[-2])
         beyond = lengths > mixed.index[-1]
         added[beyond] = mixed.iloc[-1] + slope * (lengths[beyond] - mixed.index[-1])
-    batch = int(kinds["mixed"]["batch"].iloc[0])
+    batch = int(kinds[MIXED]["batch"].iloc[0])
     step = float(np.interp(min(PROBE_CONTEXT, max_context), contexts, step_s[batch - 1]))
     entry = float(np.median(beside - mixed - 1.5 * step))
-    ones = np.ones_like(step_s)
+    tokens = np.full_like(step_s, drafting.tokens_per_step)
+    verified = np.full(step_s.shape, 1 + drafting.draft_tokens, dtype=np.int64)  # tokens a step runs per sequence
     label = f"{meta['engine']['name']} {meta['engine']['version']} step sweep ({len(steps)} points)"
     kv_tokens = int(meta["engine"]["kv_cache_tokens"])
-    costs = ServingCosts(contexts, step_s, ones, ones.astype(np.int64), lengths, added, kv_tokens, 0, label)
+    costs = ServingCosts(contexts, step_s, tokens, verified, lengths, added, kv_tokens, drafting.draft_tokens, label)
     engine = EngineConfig("chunked", int(server["max_num_batched_tokens"]), max_seqs)
     return EngineCosts(costs, entry, engine)
 
@@ -136,19 +183,17 @@ def predicted_summary(frame: pd.DataFrame, costs: EngineCosts) -> dict:
 def compare_runs(measurement: EngineMeasurement) -> pd.DataFrame:
     """Per load run: measured and predicted p50/p90 TTFT and TPOT and output tokens/s, and the
     prediction's relative error in each."""
-    if measurement.speculating is not EngineSpeculation.OFF:
-        raise PerfkitError(
-            f"{measurement.folder} measured the engine's {measurement.speculating} speculation, which the simulation "
-            "does not predict yet; its measurement alone: measurement_lines"
-        )
-    costs = engine_costs(measurement)
+    if measurement.speculating is EngineSpeculation.OFF:
+        costs = dict.fromkeys(measurement.runs["repeat"].unique(), engine_costs(measurement))
+    else:
+        costs = {repeat: engine_costs(measurement, d) for repeat, d in decoder_drafting(measurement).items()}
     rows = []
     runs = measurement.runs.set_index(["rate", "repeat"])
     for (rate, repeat), frame in measurement.requests.groupby(["rate", "repeat"], sort=True):
         if not frame["complete"].all():
             raise PerfkitError(f"the run at {rate:g}/s (repeat {repeat}) has failed requests; measure it again")
         measured = {**measured_summary(frame), "tokens_s": float(runs.loc[(rate, repeat), "tokens_s"])}
-        predicted = predicted_summary(frame, costs)
+        predicted = predicted_summary(frame, costs[repeat])
         row = {"rate": rate, "repeat": repeat}
         for key in measured:
             row[f"measured_{key}"] = measured[key]
@@ -184,11 +229,10 @@ def comparison_lines(table: pd.DataFrame, measurement: EngineMeasurement) -> lis
         f"{engine['name']} {engine['version']} serving {plan['model']} on {machine['name']} "
         f"({machine['logical_cpus']} CPUs), measured {meta['measured']}: max_num_seqs {server['max_num_seqs']}, "
         f"{server['max_num_batched_tokens']} tokens per iteration (chunked prefill), "
-        f"KV cache {engine['kv_cache_tokens']:,} tokens, {server['dtype']}",
+        f"KV cache {engine['kv_cache_tokens']:,} tokens, {server['dtype']}{speculating_words(measurement)}",
         f"measured: {len(table)} load runs of {plan['requests']} Poisson requests, prompts {plan['prompt_len']} "
         f"and outputs {plan['response_len']} tokens, greedy; percentiles over the middle 80% by arrival",
-        f"predicted: the serving simulation at the engine's step sweep ({len(measurement.steps)} points, "
-        "never the load runs), each run's own arrivals",
+        *predicted_how(measurement),
         "",
         f"{'rate/s':>6} {'run':>3}  {'TTFT p50 ms':>22}  {'TTFT p90 ms':>22}  {'TPOT p50 ms':>20}  "
         f"{'TPOT p90 ms':>20}  {'tokens/s':>22}",
@@ -210,6 +254,37 @@ def comparison_lines(table: pd.DataFrame, measurement: EngineMeasurement) -> lis
     return [line.rstrip() for line in lines]
 
 
+def speculating_words(measurement: EngineMeasurement) -> str:
+    speculating = measurement.speculating
+    return "" if speculating is EngineSpeculation.OFF else f"; its own {speculating} speculation"
+
+
+def predicted_how(measurement: EngineMeasurement) -> list[str]:
+    sweep = f"the engine's step sweep ({len(measurement.steps)} points, never the load runs)"
+    if measurement.speculating is EngineSpeculation.OFF:
+        return [f"predicted: the serving simulation at {sweep}, each run's own arrivals"]
+    per_step = ", ".join(
+        f"{d.tokens_per_step:.3f} (run {repeat})" for repeat, d in sorted(decoder_drafting(measurement).items())
+    )
+    return [
+        f"predicted: the serving simulation at {sweep}, each run's own arrivals; a decoding step's time is the "
+        "sweep's per-token gap times that point's tokens per step (/metrics), and each sequence gains the tokens "
+        f"per step the project's decoder drafted on the run's prompts: {per_step}",
+    ]
+
+
+def not_predicted(measurement: EngineMeasurement) -> str:
+    """Why a speculating measurement cannot be predicted ("" where it can): its prediction
+    needs Medusa heads, the decoder's acceptance on its prompts and the sweep's drafts."""
+    if measurement.speculating is not EngineSpeculation.MEDUSA:
+        return "the project has no model of its acceptance"
+    if measurement.decoder_speculation is None:
+        command = f"python -m profilers.engine acceptance --out {measurement.folder}"
+        return f"no decoder acceptance on its prompts yet: {command}"
+    drafts = decode_rows(measurement.steps)["drafts"]
+    return "" if bool((drafts > 0).all()) else "its step sweep counted no drafts (measured before the sweep did)"
+
+
 def shares(drafts: int, accepted_per_position: str) -> str:
     """Per draft position, the share of drafts whose token there was accepted."""
     if not drafts:
@@ -218,14 +293,14 @@ def shares(drafts: int, accepted_per_position: str) -> str:
 
 
 def speculation_lines(measurement: EngineMeasurement) -> list[str]:
-    """A speculating engine's runs, measured only (no prediction yet): latencies, tokens/s,
-    and per draft position the share of drafts whose token there was accepted, with the
-    project's decoder drafting as the engine did on the same prompts where it ran."""
+    """A speculating engine's runs where they cannot be predicted (n-gram drafting, or a folder
+    without the decoder's acceptance or the sweep's drafts), measured only: latencies,
+    tokens/s, and per draft position the share of drafts whose token there was accepted."""
     meta, plan = measurement.meta, measurement.meta["plan"]
     lines = [
         f"{meta['engine']['name']} {meta['engine']['version']} serving {plan['model']} with its own "
-        f"{measurement.speculating} speculation, measured {meta['measured']} (not predicted: the simulation does "
-        "not model the engine's speculation yet)",
+        f"{measurement.speculating} speculation, measured {meta['measured']} (not predicted: "
+        f"{not_predicted(measurement)})",
         f"{len(measurement.runs)} load runs of {plan['requests']} Poisson requests, prompts {plan['prompt_len']} "
         f"(random token ids) and outputs {plan['response_len']} tokens, greedy",
         "",
@@ -243,24 +318,35 @@ def speculation_lines(measurement: EngineMeasurement) -> list[str]:
             f"{got['tpot_p50_s'] * 1e3:>7.2f}/{got['tpot_p90_s'] * 1e3:<8.2f}  {tokens_s:>9,.0f}  "
             f"{shares(drafts, speculation.loc[(rate, repeat), 'accepted_per_position'])} of {drafts:,} drafts"
         )
+    return [line.rstrip() for line in lines + acceptance_lines(measurement)]
+
+
+def acceptance_lines(measurement: EngineMeasurement) -> list[str]:
+    """Per run's prompts, the share of drafts accepted at each position: the engine's, and the
+    project's decoder drafting the same way on the same prompts (where it ran)."""
     twin = measurement.decoder_speculation
-    if twin is not None:
-        lines += [
-            "",
-            "the project's decoder drafting as the engine does (each head's top-1, a chain), greedy, on each run's "
-            "prompts (profilers.engine acceptance):",
-        ]
-        for row in twin.sort_values("repeat").itertuples(index=False):
-            engine = speculation.xs(row.repeat, level="repeat").iloc[0]
-            lines.append(
-                f"{'':>6} {row.repeat:>3}  decoder {shares(row.drafts, row.accepted_per_position)} of "
-                f"{row.drafts:,} drafts; engine {shares(int(engine['drafts']), engine['accepted_per_position'])}"
-            )
-    return [line.rstrip() for line in lines]
+    if twin is None:
+        return []
+    engine = measurement.speculation.drop_duplicates("repeat").set_index("repeat")
+    lines = [
+        "",
+        "accepted at draft position 1, 2, ...: the engine's (/metrics), and the project's decoder drafting as the "
+        "engine does (each head's top-1, a chain), greedy, on the run's prompts (profilers.engine acceptance)",
+    ]
+    for row in twin.sort_values("repeat").itertuples(index=False):
+        theirs = engine.loc[row.repeat]
+        lines.append(
+            f"  run {row.repeat}: engine {shares(int(theirs['drafts']), theirs['accepted_per_position'])} of "
+            f"{int(theirs['drafts']):,} drafts; decoder {shares(row.drafts, row.accepted_per_position)} of "
+            f"{row.drafts:,}"
+        )
+    return lines
 
 
 def measurement_lines(measurement: EngineMeasurement) -> list[str]:
     """What validate --engine and profilers.engine check print for a measurement folder."""
-    if measurement.speculating is not EngineSpeculation.OFF:
-        return speculation_lines(measurement)
-    return comparison_lines(compare_runs(measurement), measurement)
+    if measurement.speculating is EngineSpeculation.OFF:
+        return comparison_lines(compare_runs(measurement), measurement)
+    if not not_predicted(measurement):
+        return comparison_lines(compare_runs(measurement), measurement) + acceptance_lines(measurement)
+    return speculation_lines(measurement)

@@ -24,6 +24,7 @@ from perfmodel.measured.engine_runs import (
     RUN_COLUMNS,
     SPECULATION_COLUMNS,
     STEP_COLUMNS,
+    STEP_SPECULATION_COLUMNS,
 )
 from perfmodel.models.config import read_config_json
 from perfmodel.planning.lengths import Lengths
@@ -108,7 +109,7 @@ def measure(plan: Plan, out: Path, python: Path, log: Callable[[str], None] = pr
     wanted = plan.runs()
     steps_file = out / "steps.csv"
     if steps_file.exists() and set(pd.read_csv(steps_file)["pass"]) == {0, 1} and all(w in done for w in wanted):
-        log(f"{out}: every run is measured already")
+        log(f"{out}: every run is measured already; nothing to do")
         return with_decoder_acceptance(plan, out, log)
     # The exported weights are a copy of the checkpoint's: made for the run, not kept.
     with tempfile.TemporaryDirectory(prefix="engine-model-") as scratch:
@@ -224,4 +225,4 @@ def sweep_pass(number: int, plan: Plan, out: Path, url: str, vocab: int, log) ->
         return
     log(f"step sweep, pass {number} ({'before' if number == 0 else 'after'} the load runs)")
     steps = sweep_steps(url, plan.model, vocab, plan.sweep, plan.server.max_num_seqs, log).assign(**{"pass": number})
-    append_csv(steps, steps_file, STEP_COLUMNS)
+    append_csv(steps, steps_file, (*STEP_COLUMNS, *STEP_SPECULATION_COLUMNS))

@@ -14,7 +14,7 @@ import numpy as np
 
 from perfmodel.planning.workload import Workload
 from profilers.engine.load import play, request_rows
-from profilers.engine.scrape import accepted_per_position, histogram_counts, scrape, value
+from profilers.engine.scrape import histogram_counts, scrape, speculation_counts, value
 
 
 def load_run(url: str, model: str, vocab: int, workload: Workload, rate: float, seed: int) -> dict:
@@ -25,17 +25,12 @@ def load_run(url: str, model: str, vocab: int, workload: Workload, rate: float, 
     played = play(url, model, requests, vocab, seed=seed)
     wall = time.perf_counter() - started
     after = scrape(url)
+    counted = speculation_counts(after, before)
     return {
         "requests": request_rows(played),
         "token_times": np.concatenate([np.asarray(p.token_s, dtype=float) for p in played]),
         "iteration_tokens": histogram_counts(after, before, "iteration_tokens_total"),
         "preemptions": int(value(after, "num_preemptions_total") - value(before, "num_preemptions_total")),
-        "speculation": {
-            "drafts": int(value(after, "spec_decode_num_drafts_total") - value(before, "spec_decode_num_drafts_total")),
-            "draft_tokens": int(
-                value(after, "spec_decode_num_draft_tokens_total") - value(before, "spec_decode_num_draft_tokens_total")
-            ),
-            "accepted_per_position": json.dumps(accepted_per_position(after, before)),
-        },
+        "speculation": {**counted, "accepted_per_position": json.dumps(counted["accepted_per_position"])},
         "wall_s": wall,
     }

@@ -57,3 +57,13 @@ def accepted_per_position(after: dict, before: dict) -> list[int]:
     grown = difference(after, before, "spec_decode_num_accepted_tokens_per_pos_total")
     by_position = {int(dict(labels)["position"]): int(round(v)) for labels, v in grown.items()}
     return [by_position[p] for p in sorted(by_position)]
+
+
+def speculation_counts(after: dict, before: dict) -> dict:
+    """The engine's drafts, draft tokens and tokens accepted at each draft position between two
+    scrapes (all zero where it does not speculate)."""
+    grown = {
+        name: int(value(after, f"spec_decode_num_{name}_total") - value(before, f"spec_decode_num_{name}_total"))
+        for name in ("drafts", "draft_tokens")
+    }
+    return {**grown, "accepted_per_position": accepted_per_position(after, before)}

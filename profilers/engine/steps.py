@@ -4,7 +4,9 @@
   tokens; once every one has its first token and before the first finishes, each iteration
   decodes exactly `batch` sequences, and the median gap between their streamed tokens is the
   engine's step at that batch and context (scheduler, model, sampling, detokenizing and
-  streaming included: all the server does per iteration);
+  streaming included: all the server does per iteration); a speculating engine streams each
+  iteration's accepted tokens together, so the gap is per token, and its drafts and accepted
+  tokens over the point's requests (/metrics before and after) give its tokens per step;
 - prefill: one request of `length` prompt tokens and one output token, alone on the server;
   its time to first token is the prefill of that length as a client sees it;
 - mixed: the same one-token requests sent while `batch` others decode; the iteration that
@@ -23,6 +25,7 @@ import pandas as pd
 from perfmodel.base.errors import PerfkitError
 from perfmodel.planning.workload import Requests
 from profilers.engine.load import play
+from profilers.engine.scrape import scrape, speculation_counts
 
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DECODE_PROMPTS = (64, 512)  # two contexts: the step's slope in context between them
@@ -53,7 +56,9 @@ def together(count: int, prompt: int, output: int) -> Requests:
 
 
 def decode_point(url: str, model: str, vocab: int, batch: int, prompt: int, output: int, seed: int) -> dict:
+    before = scrape(url)
     played = play(url, model, together(batch, prompt, output), vocab, seed=seed)
+    counted = speculation_counts(scrape(url), before)
     failed = [p.error for p in played if p.error]
     if failed:
         raise PerfkitError(f"decode sweep at batch {batch}: {failed[0]}")
@@ -76,6 +81,9 @@ def decode_point(url: str, model: str, vocab: int, batch: int, prompt: int, outp
         "step_s": float(np.median(steps)) if steps.size else float("nan"),
         "iqr_s": float(np.subtract(*np.percentile(steps, [75, 25]))) if steps.size else float("nan"),
         "samples": int(steps.size),
+        # a speculating engine's drafts over the point's requests and the tokens accepted
+        "drafts": counted["drafts"],
+        "accepted": sum(counted["accepted_per_position"]),
     }
 
 
