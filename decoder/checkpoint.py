@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from decoder.eagle import EAGLE_FILE, EagleDrafter
+from decoder.eagle import EAGLE_FILES, EagleDrafter, EagleLayout
 from decoder.heads import MedusaHeads
 from decoder.manifest import HEADS_FILES, MANIFEST, normal_mode, verify_manifest, weight_files, write_manifest
 from decoder.model import LlamaConfig, Transformer
@@ -157,7 +157,7 @@ def load_checkpoint(model: str | Path = "bundled", heads: str | Path | None = No
     config_file = _config_file(folder)
     parsed = parse_hf_config(read_config_json(config_file), config_file)
     config = LlamaConfig.from_hf(parsed)
-    weights = sorted(p for p in folder.glob("*.safetensors") if p.name not in (*HEADS_FILES, EAGLE_FILE))
+    weights = sorted(p for p in folder.glob("*.safetensors") if p.name not in (*HEADS_FILES, *EAGLE_FILES.values()))
     if not weights:
         raise PerfkitError(f"missing checkpoint file: no *.safetensors weights in {folder}")
     verify_manifest(folder)
@@ -208,17 +208,22 @@ def load_checkpoint(model: str | Path = "bundled", heads: str | Path | None = No
     info = read_json(folder / "training.json", "training card") if (folder / "training.json").exists() else {}
     if not isinstance(info, dict):
         raise PerfkitError(f"{folder / 'training.json'}: expected a JSON object (the training card)")
-    eagle = None
-    if (folder / EAGLE_FILE).exists():
-        eagle = EagleDrafter(config)
-        try:
-            eagle.load_state_dict(_load_tensors([folder / EAGLE_FILE])[0])
-        except RuntimeError as exc:
-            raise PerfkitError(
-                f"{folder / EAGLE_FILE}: not this model's EAGLE drafter ({str(exc).splitlines()[0]})"
-            ) from None
-        eagle = eagle.to(dtype).eval()
+    eagle = load_eagle(folder, config, EagleLayout.PROJECT, dtype)
     return Checkpoint(folder, config, net, medusa, tokenizer, tree, info, eagle)
+
+
+def load_eagle(folder: Path, config: LlamaConfig, layout: EagleLayout, dtype) -> EagleDrafter | None:
+    """The checkpoint folder's EAGLE drafter of `layout` (decoder.eagle.EAGLE_FILES), None
+    where it has none."""
+    path = Path(folder) / EAGLE_FILES[layout]
+    if not path.exists():
+        return None
+    eagle = EagleDrafter(config, layout)
+    try:
+        eagle.load_state_dict(_load_tensors([path])[0])
+    except RuntimeError as exc:
+        raise PerfkitError(f"{path}: not this model's {layout} EAGLE drafter ({str(exc).splitlines()[0]})") from None
+    return eagle.to(dtype).eval()
 
 
 def save_checkpoint(

@@ -24,9 +24,9 @@ confident nodes (EAGLE-2's rule) up to a token budget and depth.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from decoder.model import DecoderLayer, LlamaConfig, RMSNorm, rope_cos_sin
@@ -37,17 +37,39 @@ EAGLE_DEPTH = 5  # the dynamic tree's draft passes: the deepest the drafter is t
 EAGLE_FILE = "eagle_drafter.safetensors"
 
 
+class EagleLayout(StrEnum):
+    """The drafter's layer as this project builds it, or as vLLM's EAGLE-1 drafter
+    (vllm/model_executor/models/llama_eagle.py) runs one: fc without a bias, no input norm
+    before the layer's attention, no norm after the layer, and attention over every earlier
+    position (vLLM keeps the drafter's KV cache over the whole prefix), not a window."""
+
+    PROJECT = "project"
+    VLLM = "vllm"
+
+
+EAGLE_FILES = {EagleLayout.PROJECT: EAGLE_FILE, EagleLayout.VLLM: "eagle_drafter_vllm.safetensors"}
+EAGLE_CARDS = {EagleLayout.PROJECT: "eagle", EagleLayout.VLLM: "eagle_vllm"}  # its training.json entry
+
+
 class EagleDrafter(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, layout: EagleLayout = EagleLayout.PROJECT):
         super().__init__()
         h = config.hidden_size
-        self.config = config
-        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.config, self.layout = config, EagleLayout(layout)
+        vllm = self.layout is EagleLayout.VLLM
+        self.fc = nn.Linear(2 * h, h, bias=not vllm)
         self.layer = DecoderLayer(config)
         self.norm = RMSNorm(h, config.rms_norm_eps)
+        if vllm:
+            self.layer.input_layernorm, self.norm = nn.Identity(), nn.Identity()
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=0.02)
+
+    @property
+    def window(self) -> int | None:
+        """The positions it attends to (None: all earlier ones)."""
+        return None if self.layout is EagleLayout.VLLM else CONTEXT
 
     def forward(self, features, embeddings, positions, mask=None) -> torch.Tensor:
         """Predicted next features (B, T, h) from features and next-token embeddings (B, T, h)
@@ -66,33 +88,6 @@ def window_mask(length: int, window: int, device=None) -> torch.Tensor:
     i = torch.arange(length, device=device)
     rel = i[:, None] - i[None, :]
     return ((rel >= 0) & (rel < window))[None, None]
-
-
-def eagle_loss(
-    drafter: EagleDrafter, features, tokens, embed, lm_head, window: int, cls_weight: float = 0.1, keep=None
-):
-    """L_reg + w_cls L_cls over sequences: position p reads (f_p, e(x_(p+1))) and is scored
-    against f_(p+1) (smooth L1) and x_(p+2) (cross entropy of the LM head on its prediction).
-    features: (B, T, h) the target's; tokens: (B, T); keep: (B, T) bool, the targets counted.
-    Returns the loss and the top-1 token accuracy."""
-    inputs = features[:, :-2]
-    predicted = drafter(
-        inputs,
-        embed(tokens[:, 1:-1]),
-        _positions(tokens[:, :-2]),
-        window_mask(inputs.shape[1], window, features.device),
-    )
-    target_feature, target_token = features[:, 1:-1], tokens[:, 2:]
-    mask = torch.ones_like(target_token, dtype=torch.bool) if keep is None else keep[:, 2:]
-    regression = F.smooth_l1_loss(predicted[mask].float(), target_feature[mask].float())
-    logits = lm_head(predicted[mask]).float()
-    classification = F.cross_entropy(logits, target_token[mask])
-    accuracy = (logits.argmax(-1) == target_token[mask]).float().mean()
-    return regression + cls_weight * classification, accuracy
-
-
-def _positions(tokens: torch.Tensor) -> torch.Tensor:
-    return torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
 
 
 @dataclass

@@ -5,7 +5,9 @@ to predict its next feature (smooth L1) and, through the backbone's LM head, its
 the deepest tree it drafts.
 
 `python -m decoder.train --eagle` runs it (decoder.train); the drafter is written beside the
-heads as eagle_drafter.safetensors, with an `eagle` entry in training.json.
+heads as eagle_drafter.safetensors, with an `eagle` entry in training.json. With
+`--eagle-layout vllm` it is vLLM's EAGLE-1 layer instead (decoder.eagle.EagleLayout), trained
+attending to every earlier position: eagle_drafter_vllm.safetensors, entry `eagle_vllm`.
 """
 
 from __future__ import annotations
@@ -17,15 +19,49 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from decoder.checkpoint import Checkpoint, replacing
 from decoder.corpus import sample_prompts
-from decoder.eagle import CONTEXT, EAGLE_DEPTH, EAGLE_FILE, EagleDrafter, eagle_loss, parameters_of
+from decoder.eagle import (
+    CONTEXT,
+    EAGLE_CARDS,
+    EAGLE_DEPTH,
+    EAGLE_FILES,
+    EagleDrafter,
+    EagleLayout,
+    parameters_of,
+    window_mask,
+)
 from decoder.manifest import MANIFEST, write_manifest
 from decoder.model import Transformer
 from decoder.stages import QUICK, TrainConfig, as_shipped, cosine_batches, distill, encode, training_texts
 from perfmodel.base.errors import PerfkitError
+
+
+def eagle_loss(
+    drafter: EagleDrafter, features, tokens, embed, lm_head, window: int | None, cls_weight: float = 0.1, keep=None
+):
+    """L_reg + w_cls L_cls over sequences: position p reads (f_p, e(x_(p+1))) and is scored
+    against f_(p+1) (smooth L1) and x_(p+2) (cross entropy of the LM head on its prediction).
+    features: (B, T, h) the target's; tokens: (B, T); keep: (B, T) bool, the targets counted;
+    window: the positions each attends to (None: every earlier one).
+    Returns the loss and the top-1 token accuracy."""
+    inputs = features[:, :-2]
+    attend = None if window is None else window_mask(inputs.shape[1], window, features.device)  # None: causal
+    predicted = drafter(inputs, embed(tokens[:, 1:-1]), _positions(tokens[:, :-2]), attend)
+    target_feature, target_token = features[:, 1:-1], tokens[:, 2:]
+    mask = torch.ones_like(target_token, dtype=torch.bool) if keep is None else keep[:, 2:]
+    regression = F.smooth_l1_loss(predicted[mask].float(), target_feature[mask].float())
+    logits = lm_head(predicted[mask]).float()
+    classification = F.cross_entropy(logits, target_token[mask])
+    accuracy = (logits.argmax(-1) == target_token[mask]).float().mean()
+    return regression + cls_weight * classification, accuracy
+
+
+def _positions(tokens: torch.Tensor) -> torch.Tensor:
+    return torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
 
 
 @dataclass(frozen=True)
@@ -40,10 +76,13 @@ class EagleConfig:
     lr: float = 2e-3
     depth: int = EAGLE_DEPTH  # the deepest draft the window is trained for
     cls_weight: float = 0.1
+    layout: EagleLayout = EagleLayout.PROJECT
 
     @property
-    def window(self) -> int:
-        return CONTEXT + self.depth
+    def window(self) -> int | None:
+        """The positions each attends to in training: its context and the deepest draft; all
+        earlier ones in vLLM's layout (None), as vLLM runs it."""
+        return None if self.layout is EagleLayout.VLLM else CONTEXT + self.depth
 
 
 QUICK_EAGLE = EagleConfig(distill_prompts=32, distill_new=24, eval_prompts=8, epochs=1, batch=16)
@@ -65,7 +104,7 @@ def train_eagle(model: Transformer, sequences: torch.Tensor, config: EagleConfig
     torch.manual_seed(config.seed)
     features = features_of(model, sequences)
     keep = continuation_mask(sequences, config.distill_prompt_len)
-    drafter = EagleDrafter(model.config)
+    drafter = EagleDrafter(model.config, config.layout)
     embed, lm_head = model.model.embed_tokens, model.lm_head
     for p in model.parameters():
         p.requires_grad_(False)
@@ -132,14 +171,16 @@ def build_eagle(checkpoint: Checkpoint, out: Path, config: EagleConfig, quick_co
     card["heldout_top1"] = heldout_accuracy(drafter, model, heldout_sequences, config.distill_prompt_len, config.window)
     if checkpoint.heads is not None:
         card["medusa_heads_parameters"] = parameters_of(checkpoint.heads)
+    card["layout"] = str(config.layout)
     log(f"eagle: {card['parameters']:,} parameters, held-out top-1 {card['heldout_top1']}")
+    written = EAGLE_FILES[config.layout]
     with replacing(out) as staging:
         for path in checkpoint.folder.iterdir():
-            if path.is_file() and path.name not in (EAGLE_FILE, MANIFEST):
+            if path.is_file() and path.name not in (written, MANIFEST):
                 shutil.copy2(path, staging / path.name)
         state = {k: v.detach().half().contiguous() for k, v in drafter.state_dict().items()}
-        save_file(state, str(staging / EAGLE_FILE))
-        info = dict(checkpoint.info, eagle=card)
+        save_file(state, str(staging / written))
+        info = dict(checkpoint.info, **{EAGLE_CARDS[config.layout]: card})
         (staging / "training.json").write_text(json.dumps(info, indent=1))
         write_manifest(staging)
     return card

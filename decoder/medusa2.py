@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from decoder.checkpoint import Checkpoint, load_checkpoint, replacing, resolve_folder, save_checkpoint
 from decoder.corpus import sample_prompts
-from decoder.eagle import EAGLE_FILE
+from decoder.eagle import EAGLE_FILES
 from decoder.heads import MedusaHeads, medusa_loss
 from decoder.lora import adapters_off, add_lora, lora_parameters, merged
 from decoder.model import Transformer
@@ -98,7 +98,7 @@ def fingerprint(folder: Path) -> str:
     """Of the weights and config: a resume or cached distillation never mixes two base models.
     An EAGLE drafter beside them is not the base model's."""
     digest = hashlib.sha1()
-    weights = sorted(p for p in folder.glob("*.safetensors") if p.name != EAGLE_FILE)
+    weights = sorted(p for p in folder.glob("*.safetensors") if p.name not in EAGLE_FILES.values())
     for path in weights + [folder / "config.json"]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from decoder import medusa2
 from decoder.checkpoint import BUNDLED, folder_in_the_way, load_checkpoint
+from decoder.eagle import EagleLayout
 from decoder.eagle_train import QUICK_EAGLE, EagleConfig, build_eagle
 from decoder.stages import (
     QUICK,
@@ -129,6 +130,16 @@ class TrainOptions:
             action="store_true",
         ),
     )
+    eagle_layout: EagleLayout = field(
+        default=EagleLayout.PROJECT,
+        metadata=option(
+            "--eagle-layout",
+            "with --eagle: the drafter's layer as this project builds it, or vllm: vLLM's EAGLE-1 layer (no fc bias, "
+            "no norms around the layer, attention over the whole prefix) for python -m profilers.engine "
+            "--speculation eagle (default %(default)s)",
+            choices=[member.value for member in EagleLayout],
+        ),
+    )
     # None unless --model is given (main seeds the parse with it): without --medusa2 or --eagle it is refused
     model: str | None = field(default=None, metadata=shared(options.model, needs_weights=True))
 
@@ -142,7 +153,8 @@ def build_parser() -> Parser:
 def eagle_main(parser: Parser, args: TrainOptions) -> int:
     if args.steps or args.medusa2:
         parser.error("--eagle trains the drafter alone: --steps and --medusa2 do not apply")
-    config = dataclasses.replace(QUICK_EAGLE if args.quick else EagleConfig(), seed=args.seed)
+    layout = EagleLayout(args.eagle_layout)
+    config = dataclasses.replace(QUICK_EAGLE if args.quick else EagleConfig(), seed=args.seed, layout=layout)
     out = BUNDLED if args.install else (EAGLE_OUT if args.out == DEFAULT_OUT else args.out)
     checkpoint = load_checkpoint(args.model or "bundled")
     if out.resolve() != checkpoint.folder.resolve():
@@ -152,7 +164,8 @@ def eagle_main(parser: Parser, args: TrainOptions) -> int:
     heads = card.get("medusa_heads_parameters")
     beside = f" (the Medusa heads: {heads:,})" if heads else ""
     print(
-        f"wrote {out} in {time.perf_counter() - started:.0f} s: EAGLE drafter of {card['parameters']:,} parameters"
+        f"wrote {out} in {time.perf_counter() - started:.0f} s: EAGLE drafter ({layout} layout) of "
+        f"{card['parameters']:,} parameters"
         f"{beside}, held-out top-1 {card['heldout_top1']}"
     )
     return 0

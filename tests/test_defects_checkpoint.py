@@ -121,7 +121,7 @@ def test_a_weight_file_added_beside_the_listed_ones_is_refused(bundled_copy):
 
 @pytest.mark.parametrize(
     "folder, drafters",
-    [(BUNDLED_MODEL, {"eagle_drafter.safetensors"}), (MEDUSA2_MODEL, set())],
+    [(BUNDLED_MODEL, {"eagle_drafter.safetensors", "eagle_drafter_vllm.safetensors"}), (MEDUSA2_MODEL, set())],
     ids=["bundled", "medusa2"],
 )
 def test_the_shipped_checkpoints_carry_verified_checksums(folder, drafters):

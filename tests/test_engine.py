@@ -167,18 +167,19 @@ def test_speculation_is_exported_as_the_engine_loads_it_and_named_on_its_command
     assert "--speculative-config" not in ServerConfig().arguments(tmp_path, "m", 1)
 
 
-def test_medusa_speculation_is_predicted_at_the_decoders_acceptance_below_saturation(tmp_path):
-    folder = MEASUREMENTS_DIR / "cpu-intel-xeon-processor-2c" / ENGINE_FOLDER / "bundled-seqs8-medusa"
+@pytest.mark.parametrize("speculation, tokens", [("medusa", (1.6, 1.7)), ("eagle", (1.8, 1.9))])
+def test_speculation_is_predicted_at_the_decoders_acceptance_below_saturation(speculation, tokens):
+    folder = MEASUREMENTS_DIR / "cpu-intel-xeon-processor-2c" / ENGINE_FOLDER / f"bundled-seqs8-{speculation}"
     measurement = read_engine_measurement(folder)
-    assert measurement.speculating == "medusa" and len(measurement.speculation) == len(measurement.runs)
+    assert measurement.speculating == speculation and len(measurement.speculation) == len(measurement.runs)
     table = compare_runs(measurement)
     light = table[table["rate"] <= 10]  # below its knee (8 sequences at most, about 15/s)
     assert (light["error_tpot_p50_s"].abs() <= 0.15).all() and (table["error_tokens_s"].abs() <= 0.10).all()
     # a step verifies the four drafts beside its own token, and gains what the decoder accepted
     costs = engine_costs(measurement, decoder_drafting(measurement)[0])
-    assert costs.costs.spare_tokens == 4 and 1.6 < costs.costs.tokens[0, 0] < 1.7
+    assert costs.costs.spare_tokens == 4 and tokens[0] < costs.costs.tokens[0, 0] < tokens[1]
     lines = measurement_lines(measurement)
-    assert "its own medusa speculation" in lines[0] and "the project's decoder" in lines[2]
+    assert f"its own {speculation} speculation" in lines[0] and "the project's decoder" in lines[2]
     assert any(line.startswith("  run 0: engine") for line in lines)
     accepted = json.loads(measurement.speculation["accepted_per_position"].iloc[0])
     assert len(accepted) == 4 and accepted == sorted(accepted, reverse=True)  # a later head is accepted less
@@ -192,7 +193,9 @@ def test_speculation_without_what_its_prediction_needs_is_shown_measured_with_th
     (copy / "decoder-speculation.csv").unlink()
     lines = measurement_lines(read_engine_measurement(copy))
     assert "not predicted: no decoder acceptance on its prompts yet: python -m profilers.engine acceptance" in lines[0]
-    with pytest.raises(PerfkitError, match="predicted only with Medusa heads and the decoder's acceptance"):
+    with pytest.raises(
+        PerfkitError, match="predicted only with Medusa heads or an EAGLE drafter and the decoder's acceptance"
+    ):
         compare_runs(read_engine_measurement(copy))
     shutil.copy(shipped / "decoder-speculation.csv", copy)
     steps = pd.read_csv(copy / "steps.csv").drop(columns=["drafts", "accepted"])

@@ -40,6 +40,12 @@ QUANTILES = (50, 90)
 LATENCY_TOLERANCE = 0.15  # the issue's bar for TTFT and TPOT percentiles
 THROUGHPUT_TOLERANCE = 0.10
 DECODE, MIXED, MIXED_TTFT = "decode", "mixed", "mixed-ttft"  # the step sweep's kinds of row
+# The engine's drafting the project's decoder also runs (profilers.engine acceptance), in words
+DRAFTING = {
+    EngineSpeculation.MEDUSA: "a chain of each Medusa head's top-1",
+    EngineSpeculation.EAGLE: "a chain from the EAGLE drafter in vLLM's layout",
+}
+DRAFTER_TWINS = tuple(DRAFTING)
 # About the context of the sweep's requests that decode beside a mixed probe: 64-token prompts
 # and 40-250 tokens decoded by the time the probes arrive.
 PROBE_CONTEXT = 200
@@ -110,11 +116,11 @@ def decoder_drafting(measurement: EngineMeasurement) -> dict[int, Drafting]:
     """Per load run's prompts (repeat), the drafting the project's decoder measured on them
     (profilers.engine acceptance): what the prediction takes as the engine's acceptance."""
     twin = measurement.decoder_speculation
-    if measurement.speculating is not EngineSpeculation.MEDUSA or twin is None:
+    if measurement.speculating not in DRAFTER_TWINS or twin is None:
         raise PerfkitError(
             f"{measurement.folder}: the engine's {measurement.speculating} speculation is predicted only with "
-            "Medusa heads and the decoder's acceptance on the same prompts (python -m profilers.engine "
-            f"acceptance --out {measurement.folder})"
+            "Medusa heads or an EAGLE drafter and the decoder's acceptance on the same prompts "
+            f"(python -m profilers.engine acceptance --out {measurement.folder})"
         )
     return {
         int(row.repeat): Drafting(
@@ -276,7 +282,7 @@ def predicted_how(measurement: EngineMeasurement) -> list[str]:
 def not_predicted(measurement: EngineMeasurement) -> str:
     """Why a speculating measurement cannot be predicted ("" where it can): its prediction
     needs Medusa heads, the decoder's acceptance on its prompts and the sweep's drafts."""
-    if measurement.speculating is not EngineSpeculation.MEDUSA:
+    if measurement.speculating not in DRAFTER_TWINS:
         return "the project has no model of its acceptance"
     if measurement.decoder_speculation is None:
         command = f"python -m profilers.engine acceptance --out {measurement.folder}"
@@ -331,7 +337,8 @@ def acceptance_lines(measurement: EngineMeasurement) -> list[str]:
     lines = [
         "",
         "accepted at draft position 1, 2, ...: the engine's (/metrics), and the project's decoder drafting as the "
-        "engine does (each head's top-1, a chain), greedy, on the run's prompts (profilers.engine acceptance)",
+        f"engine does ({DRAFTING[measurement.speculating]}), greedy, on the run's prompts "
+        "(profilers.engine acceptance)",
     ]
     for row in twin.sort_values("repeat").itertuples(index=False):
         theirs = engine.loc[row.repeat]

@@ -94,8 +94,9 @@ class MeasureOptions:
         default=EngineSpeculation.OFF,
         metadata=option(
             "--speculation",
-            "the engine's own speculative decoding: medusa (the model's heads; predicted with the decoder's "
-            "acceptance on the same prompts) or ngram (measured only) (default %(default)s)",
+            "the engine's own speculative decoding: medusa (the model's heads) or eagle (its drafter in vLLM's "
+            "layout), predicted with the decoder's acceptance on the same prompts, or ngram (measured only) "
+            "(default %(default)s)",
             choices=[member.value for member in EngineSpeculation],
         ),
     )

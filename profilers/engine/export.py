@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from decoder.checkpoint import load_checkpoint, replacing, save_checkpoint
+from decoder.checkpoint import load_checkpoint, load_eagle, replacing, save_checkpoint
+from decoder.eagle import EAGLE_FILES, EagleLayout
 from perfmodel.base.errors import PerfkitError
 
 ENGINE_DTYPE = "float32"
@@ -40,6 +41,31 @@ def export_medusa_heads(model: str | Path, out: Path) -> Path:
         state = {k: v.detach().float().contiguous() for k, v in heads.state_dict().items()}
         save_file(state, str(staging / "model.safetensors"))
         (staging / "config.json").write_text(json.dumps(config, indent=1))
+    return Path(out)
+
+
+def export_eagle_drafter(model: str | Path, out: Path) -> Path:
+    """Write `model`'s EAGLE drafter in vLLM's layout (decoder.eagle.EagleLayout.VLLM) to `out`
+    as vLLM's EAGLE-1 loads it: a one-layer Llama config of the model's own shapes (vLLM
+    makes it EagleLlamaForCausalLM), fc and the layer as layers.0 in fp32; the embedding and
+    the LM head are the target's, which vLLM shares with a drafter that has none."""
+    checkpoint = load_checkpoint(model, dtype=torch.float32)
+    drafter = load_eagle(checkpoint.folder, checkpoint.config, EagleLayout.VLLM, torch.float32)
+    if drafter is None:
+        raise PerfkitError(
+            f"{checkpoint.folder} has no EAGLE drafter in vLLM's layout ({EAGLE_FILES[EagleLayout.VLLM]}): "
+            f"python -m decoder.train --eagle --eagle-layout vllm --model {model} trains one"
+        )
+    state = {
+        (f"layers.0.{name[len('layer.') :]}" if name.startswith("layer.") else name): tensor.detach()
+        .float()
+        .contiguous()
+        for name, tensor in drafter.state_dict().items()
+    }
+    config = {**checkpoint.config.to_hf(), "num_hidden_layers": 1, "torch_dtype": ENGINE_DTYPE}
+    with replacing(Path(out)) as staging:
+        (staging / "config.json").write_text(json.dumps(config, indent=1))
+        save_file(state, str(staging / "model.safetensors"))
     return Path(out)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfmodel.base.engine_speculation import EngineSpeculation
+from perfmodel.base.engine_speculation import DRAFT_TOKENS, EngineSpeculation
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.engine_runs import (
     DECODER_SPECULATION_FILE,
@@ -29,17 +29,17 @@ from perfmodel.measured.engine_runs import (
 from perfmodel.models.config import read_config_json
 from perfmodel.planning.lengths import Lengths
 from perfmodel.planning.workload import Workload
+from perfmodel.serving.engine_check import DRAFTER_TWINS
 from perfmodel.serving.simulator import steady_throughput
 from profilers.device import cpu_info
 from profilers.engine.acceptance import write_decoder_speculation
-from profilers.engine.export import export_for_engine, export_medusa_heads
+from profilers.engine.export import export_eagle_drafter, export_for_engine, export_medusa_heads
 from profilers.engine.install import ENGINE, engine_version
 from profilers.engine.runs import load_run
 from profilers.engine.server import ENGINE_NICENESS, EngineServer, ServerConfig
 from profilers.engine.steps import StepSweep, sweep_steps
 
 KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
-NGRAM_TOKENS = 4  # as many as the bundled model's Medusa heads propose
 NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 
@@ -114,34 +114,42 @@ def measure(plan: Plan, out: Path, python: Path, log: Callable[[str], None] = pr
     # The exported weights are a copy of the checkpoint's: made for the run, not kept.
     with tempfile.TemporaryDirectory(prefix="engine-model-") as scratch:
         model_folder = export_for_engine(plan.model, Path(scratch) / "model")
-        heads = (
-            export_medusa_heads(plan.model, Path(scratch) / "heads")
-            if plan.speculation is EngineSpeculation.MEDUSA
-            else None
-        )
-        serve_and_measure(plan, out, python, model_folder, version, done, log, port, heads)
+        drafter = export_drafter(plan, Path(scratch) / "drafter")
+        serve_and_measure(plan, out, python, model_folder, version, done, log, port, drafter)
     return with_decoder_acceptance(plan, out, log)
 
 
 def with_decoder_acceptance(plan: Plan, out: Path, log: Callable[[str], None]) -> Path:
-    """Where the engine drafted with the model's Medusa heads, the project's decoder drafting
-    the same way on the same prompts (profilers.engine.acceptance), once; returns `out`."""
-    if plan.speculation is EngineSpeculation.MEDUSA and not (out / DECODER_SPECULATION_FILE).exists():
+    """Where the engine drafted with the model's Medusa heads or EAGLE drafter, the project's
+    decoder drafting the same way on the same prompts (profilers.engine.acceptance), once;
+    returns `out`."""
+    if plan.speculation in DRAFTER_TWINS and not (out / DECODER_SPECULATION_FILE).exists():
         log("the project's decoder drafting as the engine did, on the same prompts")
         write_decoder_speculation(out, log)
     return out
 
 
-def speculative_config(plan: Plan, heads: Path | None) -> dict | None:
+def export_drafter(plan: Plan, out: Path) -> Path | None:
+    """The plan's drafting model as the engine loads it (None: none to load)."""
+    if plan.speculation is EngineSpeculation.MEDUSA:
+        return export_medusa_heads(plan.model, out)
+    if plan.speculation is EngineSpeculation.EAGLE:
+        return export_eagle_drafter(plan.model, out)
+    return None
+
+
+def speculative_config(plan: Plan, drafter: Path | None) -> dict | None:
     """The engine's --speculative-config for the plan's speculation (None: plain decoding)."""
     if plan.speculation is EngineSpeculation.OFF:
         return None
     if plan.speculation is EngineSpeculation.MEDUSA:
-        count = int(read_config_json(heads)["num_heads"])
-        return {"method": "medusa", "model": str(heads), "num_speculative_tokens": count}
+        count = int(read_config_json(drafter)["num_heads"])
+        return {"method": "medusa", "model": str(drafter), "num_speculative_tokens": count}
+    if plan.speculation is EngineSpeculation.EAGLE:
+        return {"method": "eagle", "model": str(drafter), "num_speculative_tokens": DRAFT_TOKENS}
     return {
         "method": "ngram",
-        "num_speculative_tokens": NGRAM_TOKENS,
+        "num_speculative_tokens": DRAFT_TOKENS,
         **NGRAM_LOOKUP,
     }
 
@@ -155,7 +163,7 @@ def serve_and_measure(
     done: set[tuple[float, int]],
     log: Callable[[str], None],
     port: int | None,
-    heads: Path | None = None,
+    drafter: Path | None = None,
 ) -> None:
     """measure()'s work once the model is exported: the server up, the sweep's two passes
     around the load runs still missing, each written as it finishes."""
@@ -163,9 +171,9 @@ def serve_and_measure(
     wanted = plan.runs()
     vocab = int(read_config_json(model_folder)["vocab_size"])
     server_log = out / "server.log"
-    spec = speculative_config(plan, heads)
+    spec = speculative_config(plan, drafter)
     server_config = replace(plan.server, speculative_config=json.dumps(spec) if spec else "")
-    said = replace(plan.server, speculative_config=json.dumps(spec).replace(str(heads), "<heads>") if spec else "")
+    said = replace(plan.server, speculative_config=json.dumps(spec).replace(str(drafter), "<drafter>") if spec else "")
     with EngineServer(python, model_folder, server_config, server_log, name=plan.model, port=port) as server:
         log(f"{ENGINE} {version} serving {plan.model} on {server.url} after {server.start_s:.0f} s")
         if not meta_file.exists():
