@@ -209,3 +209,27 @@ def test_speculation_without_what_its_prediction_needs_is_shown_measured_with_th
 def test_a_missing_engine_folder_is_one_line_naming_the_shipped_ones(tmp_path, capsys):
     with pytest.raises(PerfkitError, match=r"no engine measurement folder .*nope; shipped ones: .*bundled-seqs8"):
         validate_main(["--engine", "vllm", "--engine-data", str(tmp_path / "nope")])
+
+
+@pytest.mark.parametrize(
+    "log, reason",
+    [
+        (
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\n"
+            "speculative_token_tree\n  Unexpected keyword argument [type=unexpected_keyword_argument]\n"
+            "    For further information visit https://errors.pydantic.dev/2.14/v/unexpected_keyword_argument\n",
+            "1 validation error for SpeculativeConfig speculative_token_tree Unexpected keyword argument",
+        ),
+        (
+            "(Worker pid=1) ERROR [x.py:1]     assert num_speculative_tokens == self.num_speculative_tokens\n"
+            "(Worker pid=1) ERROR [x.py:1]            ^^^^^^^^^^^^^^^^\n(Worker pid=1) ERROR [x.py:1] AssertionError\n"
+            "(APIServer pid=2) ERROR [y.py:2] EngineDeadError: EngineCore encountered an issue.\n",
+            "assert num_speculative_tokens == self.num_speculative_tokens failed",
+        ),
+    ],
+    ids=["refused argument", "failed assertion"],
+)
+def test_the_engines_reason_is_its_report_not_its_last_line(tmp_path, log, reason):
+    (tmp_path / "server.log").write_text(log)
+    server = EngineServer(Path(sys.executable), tmp_path, ServerConfig(), tmp_path / "server.log")
+    assert reason in server.last_error()

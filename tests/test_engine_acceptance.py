@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from perfmodel.measured.engine_runs import (
 )
 from profilers.engine.__main__ import main as engine_main
 from profilers.engine.acceptance import chain_counts, write_decoder_speculation
+from profilers.engine.measure import Plan
+from profilers.engine.serve_config import serve_config
 
 SHIPPED = MEASUREMENTS_DIR / "cpu-intel-xeon-processor-2c" / ENGINE_FOLDER / "bundled-seqs8-medusa"
 
@@ -59,3 +62,10 @@ def test_only_medusa_is_drafted_by_the_decoder(capsys):
 
 def test_a_shipped_folder_is_found_by_its_own_name():
     assert read_engine_measurement("bundled-seqs8-medusa").folder == SHIPPED
+
+
+def test_a_speculative_config_of_another_drafter_is_refused_before_anything_starts(tmp_path):
+    config = tmp_path / "ngram.json"
+    config.write_text('{"method": "ngram", "num_speculative_tokens": 4}')
+    with pytest.raises(PerfkitError, match=r"method 'ngram'; this command serves .*medusa, eagle"):
+        serve_config(config, Plan(), Path("/nonexistent/python"), 10.0, tmp_path / "server.log")

@@ -24,11 +24,6 @@ from perfmodel.planning.schedule_format import ScheduleBand, SpeculationSchedule
 VLLM_METHODS = {"medusa": "medusa", "eagle": "eagle", "draft": "draft_model"}
 
 
-def vllm_tree(paths) -> str:
-    """vLLM's speculative_token_tree: the paths as a Python literal of tuples, breadth first."""
-    return str([tuple(p) for p in sorted(paths, key=lambda p: (len(p), p))])
-
-
 def check_vllm(schedule: SpeculationSchedule) -> None:
     """vLLM drafts chains: its Medusa one token per head, at most the model's heads; its EAGLE
     one token per draft pass (top-1); a draft model its gamma. Refuse any other tree."""
@@ -56,8 +51,8 @@ def vllm_band_config(band: ScheduleBand, weights: Weights) -> dict | None:
         "model": weights[band.drafter],
         "num_speculative_tokens": band.draft_tokens,
     }
-    if band.drafter == DrafterKind.MEDUSA:
-        config["speculative_token_tree"] = vllm_tree(band.paths)
+    # A chain is vLLM's own Medusa draft (each head's top-1), so no speculative_token_tree: the
+    # key says nothing more, and vLLM 0.32.0 refuses it as an unexpected keyword.
     return config
 
 

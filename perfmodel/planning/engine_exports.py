@@ -6,7 +6,8 @@ the format takes one, lists the bands it runs in):
   the top-1 of heads 1..K (vllm/v1/spec_decode/medusa.py; K sets the number of heads it uses),
   and its EAGLE one token per draft pass by default, so its export is made from a `chain`
   schedule. Per chain, the `--speculative-config` JSON {method: medusa, model: the heads,
-  num_speculative_tokens: K, speculative_token_tree: the chain's paths}, {method: eagle, model:
+  num_speculative_tokens: K} (a chain is vLLM's own draft: no speculative_token_tree, which
+  vLLM 0.32.0 refuses), {method: eagle, model:
   the EAGLE head, num_speculative_tokens: K} or {method: draft_model, model: the draft model,
   num_speculative_tokens: gamma}; and the dynamic-speculation table
   `num_speculative_tokens_per_batch_size`

@@ -3,7 +3,8 @@
     python -m profilers.engine setup               the engine's own venv (once; 1-4 minutes, 3.5 GB)
     python -m profilers.engine measure [--quick]   step sweep and load runs into a folder
     python -m profilers.engine check [--quick]     measure, then the simulation's prediction beside it
-    python -m profilers.engine acceptance --out F  the decoder drafting as the engine did (Medusa), on its prompts
+    python -m profilers.engine acceptance --out F  the decoder drafting as the engine did, on its prompts
+    python -m profilers.engine serve-config --config FILE   serve with a speculative config (a schedule's export)
 
 The engine runs from its own Python on 127.0.0.1 and is stopped before the command ends;
 the project reaches it over HTTP only. perfmodel.measured.engine_runs says what the folder
@@ -25,6 +26,7 @@ from profilers.device import cpu_info
 from profilers.engine.acceptance import write_decoder_speculation
 from profilers.engine.install import default_home, engine_python, setup
 from profilers.engine.measure import Plan, measure
+from profilers.engine.serve_config import serve_config, served_line
 from profilers.engine.server import ServerConfig
 from profilers.engine.steps import StepSweep
 
@@ -149,11 +151,38 @@ class AcceptanceOptions:
     )
 
 
+@dataclass(frozen=True)
+class ServeConfigOptions:
+    config: Path = field(
+        default=None,
+        metadata=option(
+            "--config",
+            "a --speculative-config JSON file (perfmodel.schedule --engine vllm writes them); its model is replaced by "
+            "the checkpoint's drafter (required)",
+            type=Path,
+            metavar="FILE",
+            required=True,
+        ),
+    )
+    model: str = field(default="bundled", metadata=shared(options.model, needs_weights=True))
+    requests: int = field(
+        default=40, metadata=option("--requests", "requests of the load (default %(default)s)", type=positive_int)
+    )
+    rate: float = field(
+        default=10.0, metadata=option("--rate", "requests per second (default %(default)s)", type=positive_number)
+    )
+    engine_python: Path | None = field(
+        default=None,
+        metadata=option("--engine-python", "the engine venv's Python (default: setup's)", type=Path, metavar="PATH"),
+    )
+
+
 COMMANDS = {
     "setup": (SetupOptions, "create the engine's venv and install the pinned engine"),
     "measure": (MeasureOptions, "measure the engine: its step sweep, then load runs over rates"),
     "check": (MeasureOptions, "measure, then print the simulation's prediction beside the measurement"),
     "acceptance": (AcceptanceOptions, "the project's decoder drafting as the engine did, on its prompts"),
+    "serve-config": (ServeConfigOptions, "serve with a --speculative-config file (a schedule's vLLM export)"),
 }
 
 
@@ -176,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(measurement_lines(read_engine_measurement(engine_folder(args.out)))))
         return 0
     python = engine_python(args.engine_python)
+    if parsed.command == "serve-config":
+        plan = Plan(args.model, requests=args.requests)
+        server_log = args.config.with_name(args.config.stem + ".server.log")
+        print(served_line(args.config, serve_config(args.config, plan, python, args.rate, server_log), args.rate))
+        return 0
     folder = measure(args.plan(), args.folder(), python, port=args.port)
     print(f"{folder}: measured")
     if parsed.command == "check":

@@ -170,6 +170,17 @@ class EngineServer:
 
     def last_error(self) -> str:
         lines = [line.strip() for line in self.log_file.read_text(errors="replace").splitlines() if line.strip()]
+        # A bad argument ends in pydantic's report: its title, then per field the field and the reason
+        # (the last line is only pydantic's link); the report is the reason.
+        reports = [i for i, line in enumerate(lines) if "validation error" in line]
+        if reports:
+            report = [line for line in lines[reports[-1] :] if not line.startswith("For further information")]
+            return " ".join(report[:3])[:300]
+        # A failed assertion names its condition on the line before (and carets under it)
+        for i in range(len(lines) - 1, 0, -1):
+            if lines[i].endswith("AssertionError"):
+                told = [line for line in lines[max(0, i - 3) : i] if line.rstrip("^ ").split("]")[-1].strip()]
+                return f"{told[-1].split(']')[-1].strip()} failed"[:300] if told else lines[i][:300]
         errors = [line for line in lines if "Error" in line or "error" in line]
         return (errors or lines or ["no output"])[-1][:300]
 
