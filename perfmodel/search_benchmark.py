@@ -26,6 +26,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import Parser, positive_int, run
 from perfmodel.cli.fields import add_options, option, read_options
 from perfmodel.cli.wall_time import interpreter_seconds, machine_line
+from perfmodel.plan_command import read_question
 
 SEARCH = (
     "python -m perfmodel.plan --model llama-2-70b --gpu h100 a100-sxm --tp auto --rate 50 "
@@ -39,8 +40,6 @@ FLOORS = {
 
 def search_parts(command: str = SEARCH) -> dict[str, float]:
     """Seconds of the command's unloaded plan and serving search, in this interpreter."""
-    from perfmodel.plan_command import read_question  # the run in a new interpreter imports it
-
     _, question = read_question(shlex.split(command)[3:])
     started = time.perf_counter()
     question.unloaded_plan()

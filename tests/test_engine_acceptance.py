@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from decoder.train import main as train_main
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.engine_runs import (
     DECODER_SPECULATION_FILE,
@@ -69,3 +70,11 @@ def test_a_speculative_config_of_another_drafter_is_refused_before_anything_star
     config.write_text('{"method": "ngram", "num_speculative_tokens": 4}')
     with pytest.raises(PerfkitError, match=r"method 'ngram'; this command serves .*medusa, eagle"):
         serve_config(config, Plan(), Path("/nonexistent/python"), 10.0, tmp_path / "server.log")
+
+
+def test_bad_speculation_options_are_one_line_errors(tmp_path, capsys):
+    with pytest.raises(PerfkitError, match=r"cannot read speculative config .*nope\.json"):
+        serve_config(tmp_path / "nope.json", Plan(), Path("/nonexistent/python"), 10.0, tmp_path / "server.log")
+    with pytest.raises(SystemExit):
+        train_main(["--eagle", "--eagle-layout", "nope"])
+    assert "invalid choice: 'nope' (choose from 'project', 'vllm')" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from decoder.checkpoint import Checkpoint, load_checkpoint, load_eagle
 from decoder.eagle import EagleLayout
 from decoder.eagle_chain import chain_path_lengths
 from decoder.medusa import Decoder
+from decoder.runs import decode_batches
 from decoder.tree import resolve_tree
 from perfmodel.base.engine_speculation import DRAFT_TOKENS, EngineSpeculation
 from perfmodel.base.errors import PerfkitError
@@ -79,10 +80,7 @@ def medusa_paths(checkpoint: Checkpoint, batch: int):
     tree, decoder = resolve_tree(f"chain-{depth}", checkpoint), Decoder(checkpoint)
 
     def paths(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-        lengths = []
-        for start in range(0, len(prompts), batch):
-            lengths += decoder.generate(prompts[start : start + batch], new_tokens, tree=tree).path_lengths
-        return lengths
+        return decode_batches(decoder, prompts, batch, new_tokens, tree=tree).path_lengths
 
     return paths, depth
 
@@ -96,13 +94,9 @@ def eagle_paths(checkpoint: Checkpoint, batch: int):
     decoder = Decoder(checkpoint)
 
     def paths(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-        lengths = []
-        for start in range(0, len(prompts), batch):
-            part = prompts[start : start + batch]
-            continued = decoder.generate(part, new_tokens).tokens
-            for prompt, new in zip(part, continued):
-                lengths.append(chain_path_lengths(drafter, checkpoint.model, prompt + new, len(prompt), DRAFT_TOKENS))
-        return lengths
+        continued = decode_batches(decoder, prompts, batch, new_tokens).tokens  # the target's greedy output
+        model = checkpoint.model
+        return [chain_path_lengths(drafter, model, p + new, len(p), DRAFT_TOKENS) for p, new in zip(prompts, continued)]
 
     return paths, DRAFT_TOKENS
 
