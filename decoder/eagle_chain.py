@@ -3,18 +3,14 @@ layout (decoder.eagle.EagleLayout.VLLM): each step the drafter reads (f_i, e(x_(
 committed position i before the newest token (the target's final-norm features, over the
 whole prefix) and drafts a chain: its output at the last position gives the next token
 (the target's LM head on it) and, with that token's embedding, the next position's input.
-The target keeps the longest prefix of the chain its own greedy decoding agrees with, plus
-its own next token.
-
-Greedy verification accepts exactly the drafts that match the target's greedy continuation,
-so the steps are played against that continuation (computed once, with its features in one
-forward over the whole sequence): the path each step accepts is what a real speculative
-run would accept, at a fraction of its cost."""
+Each chain is verified greedily (decoder.chains), against the target's greedy continuation
+computed once, with its features in one forward over the whole sequence."""
 
 from __future__ import annotations
 
 import torch
 
+from decoder.chains import accepted_count
 from decoder.eagle import EagleDrafter, EagleLayout
 from decoder.model import Transformer
 from perfmodel.base.errors import PerfkitError
@@ -52,14 +48,7 @@ def chain_path_lengths(
         features = model.hidden(tokens[None])[0]
         lengths, end = [], prompt_len  # the prefill made token `prompt_len`
         while end < len(sequence) - 1:
-            drafted = draft_chain(drafter, model, features, tokens, end, depth)
-            accepted = 0
-            while (
-                accepted < depth
-                and end + accepted + 1 < len(sequence)
-                and drafted[accepted] == sequence[end + accepted + 1]
-            ):
-                accepted += 1
+            accepted = accepted_count(draft_chain(drafter, model, features, tokens, end, depth), sequence, end)
             lengths.append(accepted + 1)
             end += accepted + 1
     return lengths

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from decoder.checkpoint import Checkpoint, replacing
-from decoder.corpus import sample_prompts
 from decoder.eagle import (
     CONTEXT,
     EAGLE_CARDS,
@@ -36,8 +35,7 @@ from decoder.eagle import (
 )
 from decoder.manifest import MANIFEST, write_manifest
 from decoder.model import Transformer
-from decoder.stages import QUICK, TrainConfig, as_shipped, cosine_batches, distill, encode, training_texts
-from perfmodel.base.errors import PerfkitError
+from decoder.stages import as_shipped, self_distilled, train_epochs
 
 
 def eagle_loss(
@@ -108,26 +106,20 @@ def train_eagle(model: Transformer, sequences: torch.Tensor, config: EagleConfig
     embed, lm_head = model.model.embed_tokens, model.lm_head
     for p in model.parameters():
         p.requires_grad_(False)
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=0.0)
-    started, steps = time.perf_counter(), 0
-    for epoch, batches in cosine_batches(
-        optimizer, config.lr, len(sequences), config.batch, config.epochs, config.seed
-    ):
-        for idx in batches:
-            loss, accuracy = eagle_loss(
-                drafter, features[idx], sequences[idx], embed, lm_head, config.window, config.cls_weight, keep[idx]
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            steps += 1
-        log(f"eagle: epoch {epoch + 1}/{config.epochs}, loss {float(loss.detach()):.4f}, top-1 {float(accuracy):.3f}")
+    started = time.perf_counter()
+
+    def loss_of(idx):
+        return eagle_loss(
+            drafter, features[idx], sequences[idx], embed, lm_head, config.window, config.cls_weight, keep[idx]
+        )
+
+    steps, last = train_epochs(drafter, loss_of, len(sequences), config, "eagle", log)
     drafter = as_shipped(drafter)
     return drafter, {
         "steps": steps,
         "sequences": len(sequences),
         "seconds": round(time.perf_counter() - started, 1),
-        "final_loss": round(float(loss.detach()), 4),
+        "final_loss": round(last, 4),
         "parameters": parameters_of(drafter),
         "window": config.window,
         "config": asdict(config),
@@ -155,17 +147,8 @@ def build_eagle(checkpoint: Checkpoint, out: Path, config: EagleConfig, quick_co
     """Train the drafter for `checkpoint` and write the checkpoint with it to `out` (every file
     of the checkpoint copied, the drafter added, training.json given an `eagle` entry,
     checksums recorded); returns that entry."""
-    if checkpoint.tokenizer is None:
-        raise PerfkitError(f"{checkpoint.folder} has no tokenizer.json: its training prompts cannot be encoded")
-    texts = training_texts(QUICK if quick_corpus else TrainConfig())
-    train_docs, heldout_docs = encode(checkpoint.tokenizer, texts[0]), encode(checkpoint.tokenizer, texts[1])
-    model = checkpoint.model.float().eval()
-    started = time.perf_counter()
-    prompts = sample_prompts(train_docs, config.distill_prompts, config.distill_prompt_len, seed=config.seed)
-    sequences = distill(model, prompts, config.distill_new, log, "eagle self-distillation")
-    heldout = sample_prompts(heldout_docs, config.eval_prompts, config.distill_prompt_len, seed=config.seed + 2)
-    heldout_sequences = distill(model, heldout, config.distill_new, log, "held-out continuations")
-    distilled_s = time.perf_counter() - started
+    sequences, heldout_sequences, distilled_s = self_distilled(checkpoint, config, quick_corpus, "eagle", log)
+    model = checkpoint.model
     drafter, card = train_eagle(model, sequences, config, log)
     card["distillation_seconds"] = round(distilled_s, 1)
     card["heldout_top1"] = heldout_accuracy(drafter, model, heldout_sequences, config.distill_prompt_len, config.window)

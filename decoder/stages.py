@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from decoder.corpus import sample_prompts, split_corpus
 from decoder.heads import MedusaHeads, topk_accuracy
 from decoder.medusa import Decoder
 from decoder.model import LlamaConfig, Transformer
+from perfmodel.base.errors import PerfkitError
 from perfmodel.models.operators import HEAD_TOP_K
 
 
@@ -108,6 +110,23 @@ def distill(model: Transformer, prompts: list[list[int]], new_tokens: int, log, 
     return torch.tensor(rows)
 
 
+def self_distilled(checkpoint, config, quick_corpus: bool, what: str, log) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """A drafter's training data: the checkpoint's greedy continuations of training prompts and
+    of held-out ones, as `config` sizes them (its distill_prompts, distill_prompt_len,
+    distill_new, eval_prompts and seed), and the seconds they took."""
+    if checkpoint.tokenizer is None:
+        raise PerfkitError(f"{checkpoint.folder} has no tokenizer.json: its training prompts cannot be encoded")
+    texts = training_texts(QUICK if quick_corpus else TrainConfig())
+    train_docs, heldout_docs = encode(checkpoint.tokenizer, texts[0]), encode(checkpoint.tokenizer, texts[1])
+    model = checkpoint.model.float().eval()
+    started = time.perf_counter()
+    prompts = sample_prompts(train_docs, config.distill_prompts, config.distill_prompt_len, seed=config.seed)
+    sequences = distill(model, prompts, config.distill_new, log, f"{what} self-distillation")
+    heldout = sample_prompts(heldout_docs, config.eval_prompts, config.distill_prompt_len, seed=config.seed + 2)
+    heldout_sequences = distill(model, heldout, config.distill_new, log, "held-out continuations")
+    return sequences, heldout_sequences, time.perf_counter() - started
+
+
 def measure_accuracy(model: Transformer, heads: MedusaHeads, sequences: torch.Tensor, prompt_len: int) -> np.ndarray:
     """a_k^(i): how often rank i of head k names the model's own token k+1 steps ahead."""
     with torch.inference_mode():
@@ -130,6 +149,25 @@ def training_texts(config: TrainConfig) -> tuple[list[str], list[str], dict]:
     if config.max_files:
         train_texts, heldout_texts = train_texts[: config.max_files], heldout_texts[: max(2, config.max_files // 10)]
     return train_texts, heldout_texts, corpus
+
+
+def train_epochs(module: torch.nn.Module, loss_of, count: int, config, what: str, log, clip: float | None = None):
+    """Train `module` with AdamW (no weight decay) on a cosine schedule for `config.epochs`
+    shuffled passes over `count` rows in batches of `config.batch` (its lr and seed too);
+    loss_of(indices) -> (loss, top-1 accuracy). Returns the steps taken and the last loss."""
+    optimizer = torch.optim.AdamW(module.parameters(), lr=config.lr, weight_decay=0.0)
+    steps = 0
+    for epoch, batches in cosine_batches(optimizer, config.lr, count, config.batch, config.epochs, config.seed):
+        for idx in batches:
+            loss, accuracy = loss_of(idx)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+            optimizer.step()
+            steps += 1
+        log(f"{what}: epoch {epoch + 1}/{config.epochs}, loss {float(loss.detach()):.4f}, top-1 {float(accuracy):.3f}")
+    return steps, float(loss.detach())
 
 
 def cosine_batches(optimizer: torch.optim.Optimizer, lr: float, count: int, batch: int, epochs: int, seed: int):

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from decoder import medusa2
 from decoder.checkpoint import BUNDLED, folder_in_the_way, load_checkpoint
+from decoder.draft_train import QUICK_DRAFT, DraftConfig, build_draft
 from decoder.eagle import EagleLayout
 from decoder.eagle_train import QUICK_EAGLE, EagleConfig, build_eagle
 from decoder.stages import (
@@ -43,12 +44,14 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import writable_dir
 from perfmodel.cli import Parser, options, positive_int, run
 from perfmodel.cli.fields import add_options, option, read_options, shared
+from perfmodel.models.config import DRAFT_MODEL
 
 DEFAULT_OUT = Path("perf-reports") / "trained"
 DEFAULT_WORK = Path("perf-reports") / "train-work"
 MEDUSA2_OUT = Path("perf-reports") / "trained-medusa2"
 MEDUSA2_WORK = Path("perf-reports") / "medusa2-work"
 EAGLE_OUT = Path("perf-reports") / "trained-eagle"
+DRAFT_OUT = Path("perf-reports") / "trained-draft"
 
 
 TARGET = ("target", False)  # --out or --install
@@ -140,7 +143,18 @@ class TrainOptions:
             choices=[member.value for member in EagleLayout],
         ),
     )
-    # None unless --model is given (main seeds the parse with it): without --medusa2 or --eagle it is refused
+    draft_model: bool = field(
+        default=False,
+        metadata=option(
+            "--draft-model",
+            "train a draft model for a checkpoint (--model): a one-layer Llama of its tokenizer distilled on its own "
+            f"continuations, for python -m profilers.engine --speculation draft (default {DRAFT_OUT}; --install: "
+            f"{DRAFT_MODEL.relative_to(DRAFT_MODEL.parents[2])}, the model named draft); with --quick, a few sequences",
+            action="store_true",
+        ),
+    )
+    # None unless --model is given (main seeds the parse with it): without --medusa2, --eagle or --draft-model it
+    # is refused
     model: str | None = field(default=None, metadata=shared(options.model, needs_weights=True))
 
 
@@ -167,6 +181,22 @@ def eagle_main(parser: Parser, args: TrainOptions) -> int:
         f"wrote {out} in {time.perf_counter() - started:.0f} s: EAGLE drafter ({layout} layout) of "
         f"{card['parameters']:,} parameters"
         f"{beside}, held-out top-1 {card['heldout_top1']}"
+    )
+    return 0
+
+
+def draft_main(parser: Parser, args: TrainOptions) -> int:
+    if args.steps or args.medusa2 or args.eagle:
+        parser.error("--draft-model trains the draft alone: --steps, --medusa2 and --eagle do not apply")
+    config = dataclasses.replace(QUICK_DRAFT if args.quick else DraftConfig(), seed=args.seed)
+    out = DRAFT_MODEL if args.install else (DRAFT_OUT if args.out == DEFAULT_OUT else args.out)
+    checkpoint = load_checkpoint(args.model or "bundled")
+    check_output(out, args.work, args.force)
+    started = time.perf_counter()
+    card = build_draft(checkpoint, out, config, quick_corpus=args.quick)
+    print(
+        f"wrote {out} in {time.perf_counter() - started:.0f} s: a draft model of {card['parameters']:,} parameters "
+        f"(the target: {card['target_parameters']:,}), held-out top-1 {card['heldout_top1']}"
     )
     return 0
 
@@ -227,13 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     # model=None in the namespace survives parsing unless --model is given (argparse fills in
     # only missing defaults): an explicit --model bundled without --medusa2 is refused too.
     args = read_options(TrainOptions, parser.parse_args(argv, namespace=argparse.Namespace(model=None)))
+    if args.draft_model:
+        return draft_main(parser, args)
     if args.eagle:
         return eagle_main(parser, args)
     if args.medusa2:
         return medusa2_main(parser, args, argv)
     if args.model is not None:
         parser.error(
-            "--model picks the checkpoint --medusa2 or --eagle starts from; without them a model is trained anew"
+            "--model picks the checkpoint --medusa2, --eagle or --draft-model starts from; without them a model is "
+            "trained anew"
         )
     config = QUICK if args.quick else TrainConfig()
     config = dataclasses.replace(config, seed=args.seed, **({"steps": args.steps} if args.steps else {}))

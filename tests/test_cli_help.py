@@ -26,5 +26,5 @@ def test_model_is_only_for_medusa2(capsys):
         main(["--model", "bundled"])
     assert (
         exit_.value.code == 2
-        and "--model picks the checkpoint --medusa2 or --eagle starts from" in capsys.readouterr().err
+        and "--model picks the checkpoint --medusa2, --eagle or --draft-model starts from" in capsys.readouterr().err
     )

@@ -12,6 +12,7 @@ import pytest
 from decoder.train import main as train_main
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.engine_runs import (
+    DECODER_REQUESTS_FILE,
     DECODER_SPECULATION_FILE,
     ENGINE_FOLDER,
     MEASUREMENTS_DIR,
@@ -30,7 +31,9 @@ def test_a_chain_counts_each_position_accepted_only_past_the_ones_before():
     assert chain_counts([[1, 3], [5]], 4) == (3, [2, 2, 1, 1])
 
 
-@pytest.mark.parametrize("name, points", [("bundled-seqs8-medusa", 0.005), ("bundled-seqs8-eagle", 0.01)])
+@pytest.mark.parametrize(
+    "name, points", [("bundled-seqs8-medusa", 0.005), ("bundled-seqs8-eagle", 0.01), ("bundled-seqs8-draft", 0.015)]
+)
 def test_the_decoder_accepts_what_the_engine_accepted_on_the_same_prompts(name, points):
     measurement = read_engine_measurement(SHIPPED.parent / name)
     engine = measurement.speculation.drop_duplicates("repeat").set_index("repeat")
@@ -51,10 +54,12 @@ def test_the_shipped_decoder_counts_are_reproduced(tmp_path):
     written = write_decoder_speculation(folder, log=lambda _: None)
     shipped = (SHIPPED / DECODER_SPECULATION_FILE).read_text().splitlines()
     assert written.read_text().splitlines() == shipped[:2]  # the header and repeat 0, exactly
+    per_request = (folder / DECODER_REQUESTS_FILE).read_text().splitlines()
+    assert per_request == (SHIPPED / DECODER_REQUESTS_FILE).read_text().splitlines()[: 1 + 300]
 
 
-def test_only_medusa_is_drafted_by_the_decoder(capsys):
-    with pytest.raises(PerfkitError, match="only with Medusa heads .* not off"):
+def test_only_the_drafters_the_decoder_twins_are_drafted_by_it(capsys):
+    with pytest.raises(PerfkitError, match=r"only with Medusa heads, an EAGLE drafter or a draft model .* not off"):
         write_decoder_speculation(SHIPPED.parent / "bundled-seqs8")
     with pytest.raises(SystemExit):
         engine_main(["acceptance"])

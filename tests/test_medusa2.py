@@ -14,7 +14,7 @@ from decoder.medusa import Decoder
 from decoder.model import LlamaConfig, Transformer
 from decoder.runs import heldout_prompts
 from perfmodel.cli import run
-from perfmodel.models.config import BUNDLED_MODEL, MEDUSA2_MODEL
+from perfmodel.models.config import BUNDLED_MODEL, DRAFT_MODEL, MEDUSA2_MODEL
 from tests.conftest import quick_copy
 
 TINY = LlamaConfig(
@@ -187,9 +187,10 @@ def test_options_that_do_not_go_together_are_refused(args):
 def test_the_shipped_medusa2_model_is_the_bundled_one_jointly_trained_and_decodes_losslessly():
     ckpt = load_checkpoint("medusa2")
     assert ckpt.folder == MEDUSA2_MODEL
-    # both models, the bundled one with its two EAGLE drafters (1.6 MB each: its own, and vLLM's layout for the
-    # engine), stay small enough to ship in the repository
-    assert sum(f.stat().st_size for d in (BUNDLED_MODEL, MEDUSA2_MODEL) for f in d.iterdir()) < 28_000_000
+    # the models, the bundled one with its two EAGLE drafters (1.6 MB each: its own, and vLLM's layout for the
+    # engine) and its draft model (1.0 MB), stay small enough to ship in the repository
+    shipped = (BUNDLED_MODEL, MEDUSA2_MODEL, DRAFT_MODEL)
+    assert sum(f.stat().st_size for d in shipped for f in d.iterdir()) < 28_000_000
     figures = ckpt.info["medusa2"]
     assert figures["base"]["sha1"] == medusa2.fingerprint(BUNDLED_MODEL)  # rebuild it when the bundled model changes
     assert ckpt.info["heldout_head_accuracy"] == figures["medusa2_heldout_head_accuracy"]

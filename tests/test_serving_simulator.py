@@ -3,6 +3,9 @@ latencies are the step model's; flooded, the replica makes max batch / step time
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -12,7 +15,7 @@ from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning.lengths import Lengths
 from perfmodel.planning.step_models import flavor_steps
-from perfmodel.planning.workload import Targets, Workload, read_trace
+from perfmodel.planning.workload import Requests, Targets, Workload, read_trace
 from perfmodel.serving.costs import CostBounds, tabulate_costs
 from perfmodel.serving.simulator import EngineConfig, certain_miss, simulate
 
@@ -206,3 +209,41 @@ def test_giving_up_changes_no_decision_of_the_search(step):
             assert (early.tokens_s, early.duration_s) == (full.tokens_s, full.duration_s)
             assert early.percentile("ttft_s", 90) == full.percentile("ttft_s", 90)
     assert 0 < stopped < 6  # both kinds of run were seen
+
+
+def test_gains_of_one_change_nothing(step):
+    requests = fixed(30, requests=300).sample()
+    costs = costs_at(step, 8, max_seqs=16)
+    alike = simulate(requests, costs, EngineConfig("chunked"))
+    ones = simulate(replace(requests, gain=np.ones(len(requests))), costs, EngineConfig("chunked"))
+    for name in ("first_token_s", "finish_s"):
+        np.testing.assert_array_equal(getattr(ones, name), getattr(alike, name))
+    assert ones.tokens_s == alike.tokens_s and ones.mean_batch == alike.mean_batch
+
+
+def test_a_request_gaining_twice_the_tokens_a_step_decodes_in_half_the_steps(step):
+    # two requests far apart (each alone), the second drafting twice the first's tokens a step
+    n = np.full(2, 1)
+    requests = Requests(np.array([0.0, 100.0]), n * PROMPT, n * OUTPUT, "two", np.array([1.0, 2.0]))
+    run = simulate(requests, costs_at(step, 1), EngineConfig("chunked"))
+    steps = OUTPUT - 1, math.ceil((OUTPUT - 1) / 2)  # the same contexts, read twice as fast
+    assert run.tpot_s[1] / run.tpot_s[0] == pytest.approx(steps[1] / steps[0], rel=0.01)
+    assert run.ttft_s[1] == pytest.approx(run.ttft_s[0])
+
+
+def test_sequences_of_other_gains_share_a_batch_and_finish_in_their_own_order(step):
+    # four requests at once, the same output: the one gaining most finishes first, and the
+    # tokens made are their outputs, none past their ends
+    gain = np.array([1.0, 1.5, 2.0, 3.0])
+    n = np.full(4, 1)
+    requests = Requests(np.zeros(4), n * PROMPT, n * OUTPUT, "four", gain)
+    run = simulate(requests, costs_at(step, 1), EngineConfig("chunked"))
+    assert (np.diff(run.finish_s) < 0).all()
+    # three times the steps, a little under three times the time: its later steps run fewer sequences
+    assert run.tpot_s[0] / run.tpot_s[3] == pytest.approx(3, rel=0.1)
+
+
+def test_gains_must_be_one_positive_number_per_request():
+    n = np.full(2, 1)
+    with pytest.raises(PerfkitError, match=r"request gains must be one positive number per request \(2\)"):
+        Requests(np.zeros(2), n, n, "two", np.array([1.0, 0.0]))

@@ -41,9 +41,13 @@ ENGINES = ("vllm",)
 SPECULATION_COLUMNS = ("rate", "repeat", "drafts", "draft_tokens", "accepted_per_position")
 DECODER_SPECULATION_FILE = "decoder-speculation.csv"
 DECODER_SPECULATION_COLUMNS = ("repeat", "drafts", "draft_tokens", "accepted_per_position")
+# the same per request (its index in the run's prompts): where each one's acceptance differs
+DECODER_REQUESTS_FILE = "decoder-requests.csv"
+DECODER_REQUEST_COLUMNS = ("repeat", "request", "drafts", "accepted_per_position")
 STEP_COLUMNS = ("pass", "kind", "batch", "tokens", "context", "step_s", "iqr_s", "samples")
-# a decoding point's drafts and accepted tokens (a speculating engine; none in older folders)
-STEP_SPECULATION_COLUMNS = ("drafts", "accepted")
+# a decoding point's drafts and accepted tokens (a speculating engine; none in older folders),
+# and its median gap between streamed chunks: an iteration (none in older folders)
+STEP_SPECULATION_COLUMNS = ("drafts", "accepted", "iteration_s")
 REQUEST_COLUMNS = (
     "request",
     "arrival_s",
@@ -85,6 +89,7 @@ class EngineMeasurement:
     runs: pd.DataFrame
     speculation: pd.DataFrame | None  # where the engine speculated
     decoder_speculation: pd.DataFrame | None = None  # the project's decoder on the same prompts
+    decoder_requests: pd.DataFrame | None = None  # the same per request (none in older folders)
 
     @property
     def speculating(self) -> EngineSpeculation:
@@ -119,6 +124,7 @@ def read_engine_measurement(folder: str | Path) -> EngineMeasurement:
         raise PerfkitError(f"no engine measurement folder {folder}; shipped ones: {', '.join(shipped()) or 'none'}")
     meta = read_json(folder / "meta.json", "engine measurement metadata")
     speculated, decoded = folder / "speculation.csv", folder / DECODER_SPECULATION_FILE
+    per_request = folder / DECODER_REQUESTS_FILE
     return EngineMeasurement(
         folder,
         meta,
@@ -127,6 +133,7 @@ def read_engine_measurement(folder: str | Path) -> EngineMeasurement:
         read_columns(folder / "runs.csv", RUN_COLUMNS),
         read_columns(speculated, SPECULATION_COLUMNS) if speculated.exists() else None,
         read_columns(decoded, DECODER_SPECULATION_COLUMNS) if decoded.exists() else None,
+        read_columns(per_request, DECODER_REQUEST_COLUMNS) if per_request.exists() else None,
     )
 
 

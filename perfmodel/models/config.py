@@ -26,16 +26,17 @@ MAX_HEADS = 64
 MAX_CONTEXT = 2**24
 BUNDLED_MODEL = TOOLKIT_ROOT / "decoder" / "assets" / "bundled"  # trained by python -m decoder.train
 MEDUSA2_MODEL = TOOLKIT_ROOT / "decoder" / "assets" / "medusa2"  # python -m decoder.train --medusa2 on the bundled one
+DRAFT_MODEL = TOOLKIT_ROOT / "decoder" / "assets" / "draft"  # python -m decoder.train --draft-model: the bundled one's
+# the shipped checkpoints, by the name a --model gives them
+SHIPPED_MODELS = {"bundled": BUNDLED_MODEL, "medusa2": MEDUSA2_MODEL, "draft": DRAFT_MODEL}
 
 
 def resolve_model_path(text: str | Path) -> Path | None:
     """The file or folder a model argument names, or None: `bundled` (or `medusa2`, its
-    Medusa-2 version), a path from the working folder, else the same path inside the
+    Medusa-2 version, or `draft`, its draft model), a path from the working folder, else the same path inside the
     toolkit's folder (so the README's `decoder/assets/bundled` works from anywhere)."""
-    if str(text) == "bundled":
-        return BUNDLED_MODEL
-    if str(text) == "medusa2":
-        return MEDUSA2_MODEL
+    if str(text) in SHIPPED_MODELS:
+        return SHIPPED_MODELS[str(text)]
     path = Path(text).expanduser()
     if path.exists():
         return path

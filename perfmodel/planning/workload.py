@@ -103,12 +103,22 @@ class Targets:
 
 @dataclass(frozen=True)
 class Requests:
-    """Requests to serve, sorted by arrival: seconds since the first, and token counts."""
+    """Requests to serve, sorted by arrival: seconds since the first, and token counts;
+    `gain`, where a request's own drafts are known, each one's tokens per decoding step as a
+    multiple of what the serving costs say every sequence gains (None: 1 for all)."""
 
     arrival_s: np.ndarray
     prompt: np.ndarray
     output: np.ndarray
     origin: str
+    gain: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        gain = self.gain
+        if gain is not None and (len(gain) != len(self.arrival_s) or not np.all(np.isfinite(gain) & (gain > 0))):
+            raise PerfkitError(
+                f"request gains must be one positive number per request ({len(self.arrival_s)}), got {gain!r}"
+            )
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -123,7 +133,8 @@ class Requests:
         """The same requests in the same order, their arrival times scaled to `rate` per second."""
         positive(rate, "request rate", allow_none=False)
         scale = self.rate / rate if math.isfinite(self.rate) else 0.0
-        return Requests(self.arrival_s * scale, self.prompt, self.output, f"{self.origin}, at {rate:g} requests/s")
+        origin = f"{self.origin}, at {rate:g} requests/s"
+        return Requests(self.arrival_s * scale, self.prompt, self.output, origin, self.gain)
 
 
 @dataclass(frozen=True)

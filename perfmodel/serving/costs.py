@@ -89,26 +89,35 @@ class StepLookup:
         return seconds[j - 1] + f * (seconds[j] - seconds[j - 1]), float(self.tokens[row][k]), int(self.tree[row][k])
 
     def steps(
-        self, batch: int, context: float, tokens: float, tree: int, left: float, until: float
+        self,
+        batch: int,
+        context: float,
+        tokens: float,
+        tree: int,
+        left: float,
+        until: float,
+        growth: float | None = None,
     ) -> tuple[int, float]:
         """How many steps of `batch` sequences from a mean context of `context` run before the
-        first sequence, `left` tokens from its end, completes, or before the step that starts
-        after `until` seconds, while the tree stays `tree`; and their seconds in all. At least
-        one step.
+        first sequence, `left` tokens of progress (`tokens` a step) from its end, completes, or
+        before the step that starts after `until` seconds, while the tree stays `tree`; and
+        their seconds in all. At least one step.
 
-        Each step's time is linear in its context between two grid points, and the context
-        grows by `tokens` a step, so a run of steps within one grid segment (and one nearest
-        grid point, whose tree it runs) is an arithmetic series: summed and cut at `until` in
-        closed form, a few operations per segment rather than per step (a sequence decoding
-        alone runs hundreds of steps between events)."""
+        Each step's time is linear in its context between two grid points, and the mean context
+        grows by `growth` a step (`tokens` unless the sequences gain their own multiples), so a
+        run of steps within one grid segment (and one nearest grid point, whose tree it runs) is
+        an arithmetic series: summed and cut at `until` in closed form, a few operations per
+        segment rather than per step (a sequence decoding alone runs hundreds of steps between
+        events)."""
         count = max(1, math.ceil(left / tokens - 1e-9))
+        growth = tokens if growth is None else growth
         c, seconds, trees = self.contexts, self.step_s[batch - 1], self.tree[batch - 1]
         last = len(c) - 1
         k, total = 0, 0.0
         while k < count:
             if k and total >= until:
                 break
-            ahead = context + tokens * k
+            ahead = context + growth * k
             j = bisect_right(c, ahead) - 1
             # This run's nearest grid point, the context it ends at (`inclusive`: a step at
             # exactly that context still belongs to it) and its step time a + b * step index.
@@ -118,12 +127,12 @@ class StepLookup:
                 nearest, bound, inclusive, a, b = last, math.inf, False, seconds[last], 0.0
             else:
                 slope = (seconds[j + 1] - seconds[j]) / (c[j + 1] - c[j])
-                a, b = seconds[j] + slope * (context - c[j]), slope * tokens
+                a, b = seconds[j] + slope * (context - c[j]), slope * growth
                 middle = (c[j] + c[j + 1]) / 2
                 nearest, bound, inclusive = (j, middle, True) if ahead <= middle else (j + 1, c[j + 1], False)
             if k and trees[nearest] != tree:
                 break
-            end = min(count, first_step_past(context, tokens, bound, inclusive, k + 1))
+            end = min(count, first_step_past(context, growth, bound, inclusive, k + 1))
             # (0 only at the first step, when `until` is already past: it runs all the same)
             n = max(1, steps_to_reach(until - total, a + b * k, b, end - k))
             total += n * (a + b * k) + b * n * (n - 1) / 2

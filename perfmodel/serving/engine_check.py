@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -34,18 +36,22 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.engine_runs import EngineMeasurement
 from perfmodel.planning.workload import Requests
 from perfmodel.serving.costs import ServingCosts, context_grid
+from perfmodel.serving.engine_drafting import (
+    DRAFTER_TWINS,
+    DRAFTING,
+    NOT_DRAFTING,
+    Drafting,
+    decoder_drafting,
+    iteration_steps,
+    own_gains,
+    request_drafts,
+)
 from perfmodel.serving.simulator import EngineConfig, simulate, steady
 
 QUANTILES = (50, 90)
 LATENCY_TOLERANCE = 0.15  # the issue's bar for TTFT and TPOT percentiles
 THROUGHPUT_TOLERANCE = 0.10
 DECODE, MIXED, MIXED_TTFT = "decode", "mixed", "mixed-ttft"  # the step sweep's kinds of row
-# The engine's drafting the project's decoder also runs (profilers.engine acceptance), in words
-DRAFTING = {
-    EngineSpeculation.MEDUSA: "a chain of each Medusa head's top-1",
-    EngineSpeculation.EAGLE: "a chain from the EAGLE drafter in vLLM's layout",
-}
-DRAFTER_TWINS = tuple(DRAFTING)
 # About the context of the sweep's requests that decode beside a mixed probe: 64-token prompts
 # and 40-250 tokens decoded by the time the probes arrive.
 PROBE_CONTEXT = 200
@@ -87,50 +93,11 @@ def by_length(rows: pd.DataFrame) -> pd.Series:
     return rows.groupby("tokens")["step_s"].median()
 
 
-@dataclass(frozen=True)
-class Drafting:
-    """How a speculating engine's steps advance: the tokens each sequence gains per step (one
-    plus its accepted drafts, on average) and the draft tokens each step verifies beside it."""
-
-    tokens_per_step: float = 1.0
-    draft_tokens: int = 0
-
-
-def iteration_steps(decode: pd.DataFrame, folder) -> pd.DataFrame:
-    """A speculating engine's decoding points as iteration times: the per-token gap the sweep
-    measured times the point's own tokens per step (1 + its accepted / drafts, /metrics)."""
-    drafts = decode["drafts"]
-    if drafts.isna().any() or (drafts <= 0).any():
-        raise PerfkitError(
-            f"{folder}: its step sweep counted no drafts at its decoding points (measured before the sweep "
-            "did): measure it again to predict its speculation"
-        )
-    return decode.assign(step_s=decode["step_s"] * (1 + decode["accepted"] / drafts))
-
-
 def decode_rows(steps: pd.DataFrame) -> pd.DataFrame:
     return steps[steps["kind"] == DECODE]
 
 
-def decoder_drafting(measurement: EngineMeasurement) -> dict[int, Drafting]:
-    """Per load run's prompts (repeat), the drafting the project's decoder measured on them
-    (profilers.engine acceptance): what the prediction takes as the engine's acceptance."""
-    twin = measurement.decoder_speculation
-    if measurement.speculating not in DRAFTER_TWINS or twin is None:
-        raise PerfkitError(
-            f"{measurement.folder}: the engine's {measurement.speculating} speculation is predicted only with "
-            "Medusa heads or an EAGLE drafter and the decoder's acceptance on the same prompts "
-            f"(python -m profilers.engine acceptance --out {measurement.folder})"
-        )
-    return {
-        int(row.repeat): Drafting(
-            1 + sum(json.loads(row.accepted_per_position)) / row.drafts, round(row.draft_tokens / row.drafts)
-        )
-        for row in twin.itertuples(index=False)
-    }
-
-
-def engine_costs(measurement: EngineMeasurement, drafting: Drafting = Drafting()) -> EngineCosts:
+def engine_costs(measurement: EngineMeasurement, drafting: Drafting = NOT_DRAFTING) -> EngineCosts:
     meta, steps = measurement.meta, measurement.steps
     server = meta["server"]
     max_seqs, max_context = int(server["max_num_seqs"]), int(server["max_model_len"])
@@ -175,31 +142,55 @@ def measured_summary(frame: pd.DataFrame) -> dict:
     return percentiles(frame.sort_values("request"))
 
 
-def predicted_summary(frame: pd.DataFrame, costs: EngineCosts) -> dict:
+def predicted_run(frame: pd.DataFrame, costs: EngineCosts, gain=None) -> tuple[pd.DataFrame, float]:
+    """A measured run's requests simulated: per request (in request order) its times, TTFT from
+    its arrival at the server, and the steady output tokens/s. `gain` (ordered frame -> each
+    request's gain) where each request has its own tokens per step."""
     ordered = frame.sort_values("request")
     arrival = ordered["arrival_s"].to_numpy(float)
     requests = Requests(
-        arrival + costs.entry_s, ordered["prompt"].to_numpy(), ordered["output"].to_numpy(), "the measured run"
+        arrival + costs.entry_s,
+        ordered["prompt"].to_numpy(),
+        ordered["output"].to_numpy(),
+        "the measured run",
+        None if gain is None else gain(ordered),
     )
     run = simulate(requests, costs.costs, costs.engine)
-    served = run.requests.assign(ttft_s=run.requests["first_token_s"] - arrival)
-    return {**percentiles(served), "tokens_s": run.tokens_s}
+    served = run.requests.assign(ttft_s=run.requests["first_token_s"] - arrival, request=ordered["request"].to_numpy())
+    return served, run.tokens_s
+
+
+def predicted_summary(frame: pd.DataFrame, costs: EngineCosts, gain=None) -> dict:
+    served, tokens_s = predicted_run(frame, costs, gain)
+    return {**percentiles(served), "tokens_s": tokens_s}
+
+
+def run_pricing(measurement: EngineMeasurement) -> dict[int, tuple[EngineCosts, Callable | None]]:
+    """Per load run's prompts (repeat), the costs its runs are simulated at and, where the
+    decoder counted each request's drafts, each request's own gain (predicted_run's)."""
+    if measurement.speculating is EngineSpeculation.OFF:
+        return dict.fromkeys(measurement.runs["repeat"].unique(), (engine_costs(measurement), None))
+    drafting, drafts = decoder_drafting(measurement), request_drafts(measurement)
+    return {
+        repeat: (
+            engine_costs(measurement, d),
+            partial(own_gains, drafts=drafts[repeat], tokens_per_step=d.tokens_per_step) if repeat in drafts else None,
+        )
+        for repeat, d in drafting.items()
+    }
 
 
 def compare_runs(measurement: EngineMeasurement) -> pd.DataFrame:
     """Per load run: measured and predicted p50/p90 TTFT and TPOT and output tokens/s, and the
     prediction's relative error in each."""
-    if measurement.speculating is EngineSpeculation.OFF:
-        costs = dict.fromkeys(measurement.runs["repeat"].unique(), engine_costs(measurement))
-    else:
-        costs = {repeat: engine_costs(measurement, d) for repeat, d in decoder_drafting(measurement).items()}
+    pricing = run_pricing(measurement)
     rows = []
     runs = measurement.runs.set_index(["rate", "repeat"])
     for (rate, repeat), frame in measurement.requests.groupby(["rate", "repeat"], sort=True):
         if not frame["complete"].all():
             raise PerfkitError(f"the run at {rate:g}/s (repeat {repeat}) has failed requests; measure it again")
         measured = {**measured_summary(frame), "tokens_s": float(runs.loc[(rate, repeat), "tokens_s"])}
-        predicted = predicted_summary(frame, costs[repeat])
+        predicted = predicted_summary(frame, *pricing[repeat])
         row = {"rate": rate, "repeat": repeat}
         for key in measured:
             row[f"measured_{key}"] = measured[key]
@@ -272,10 +263,20 @@ def predicted_how(measurement: EngineMeasurement) -> list[str]:
     per_step = ", ".join(
         f"{d.tokens_per_step:.3f} (run {repeat})" for repeat, d in sorted(decoder_drafting(measurement).items())
     )
+    chunked = decode_rows(measurement.steps)["iteration_s"].notna().all()
+    step = (
+        "the sweep's gap between streamed chunks (one an iteration)"
+        if chunked
+        else "the sweep's per-token gap times that point's tokens per step (/metrics)"
+    )
+    gains = (
+        "each request decodes in the steps the project's decoder drafted it in on its own prompt"
+        if measurement.decoder_requests is not None
+        else "each sequence gains the tokens per step the project's decoder drafted on the run's prompts"
+    )
     return [
-        f"predicted: the serving simulation at {sweep}, each run's own arrivals; a decoding step's time is the "
-        "sweep's per-token gap times that point's tokens per step (/metrics), and each sequence gains the tokens "
-        f"per step the project's decoder drafted on the run's prompts: {per_step}",
+        f"predicted: the serving simulation at {sweep}, each run's own arrivals; a decoding step's time is {step}, "
+        f"and {gains} (tokens per step over the run's prompts: {per_step})",
     ]
 
 

@@ -9,8 +9,9 @@
   counted against it: vLLM's v1 and SGLang's default). The prefill makes the first token;
 - a decoding step of b sequences at their mean context runs the tree the schedule names
   for (b, context), and every sequence gains that tree's expected tokens per step (its
-  acceptance; 1 in plain decoding). Progress is the expectation, not a draw: the latency
-  percentiles come from queueing and batching, not from acceptance luck;
+  acceptance; 1 in plain decoding), times the request's own `gain` where the requests carry
+  one (the engine check's, from each prompt's own drafts). Progress is the expectation, not a
+  draw: without gains the latency percentiles come from queueing and batching alone;
 - a sequence leaves when its output is complete, freeing its KV cache.
 
 Why a loop of our own and not a discrete-event library (simpy): an engine's only events are
@@ -187,15 +188,17 @@ def simulate(
     prefill_of = costs.prefill(prompt).tolist()  # each prompt's whole prefill, seconds
     max_seqs, kv_capacity = costs.max_seqs, costs.kv_capacity
     arrival_at, prompt_of, output_of, need_of = arrival.tolist(), prompt.tolist(), output.tolist(), need.tolist()
+    gain_of = [1.0] * n if requests.gain is None else requests.gain.tolist()
     first, finish = [math.nan] * n, [math.nan] * n
     prefilled = [0] * n  # prompt tokens prefilled so far
-    # Every running sequence gains the same tokens per step, so one counter, `progress`,
-    # tracks them all: a sequence's gain is progress less its value when it joined (`joined`).
-    # The running batch is a heap by the progress at which each sequence completes, and its
-    # mean context a running sum: an iteration costs the same at any batch.
+    # Every running sequence gains its own multiple (`gain_of`) of the same tokens per step, so
+    # one counter, `progress`, tracks them all: a sequence's tokens are its gain times progress
+    # less its value when it joined (`joined`). The running batch is a heap by the progress at
+    # which each sequence completes, and its mean context running sums: an iteration costs the
+    # same at any batch.
     progress, joined = 0.0, [0.0] * n
     running: list[tuple[float, int]] = []
-    prompt_sum, joined_sum = 0, 0.0  # over the running batch
+    prompt_sum, gain_sum, joined_sum = 0, 0.0, 0.0  # over the running batch (joined_sum: gain x joined)
     waiting: deque[int] = deque()
     prefilling: list[int] = []
     kv_used, t, upcoming, done = 0, 0.0, 0, 0
@@ -225,7 +228,8 @@ def simulate(
             dt, budget = 0.0, engine.chunk_tokens
             if running:
                 b = len(running)
-                context = (prompt_sum - joined_sum) / b + progress
+                growth = gain_sum / b  # the mean context's tokens per unit of progress
+                context = (prompt_sum - joined_sum) / b + progress * growth
                 seconds, tokens, tree = lookup.step(b, context)
                 count = 1
                 if not prefilling:
@@ -233,11 +237,11 @@ def simulate(
                     # steps up to then at once.
                     left = running[0][0] - progress
                     next_arrival = arrival_at[upcoming] if upcoming < n else math.inf
-                    count, seconds = lookup.steps(b, context, tokens, tree, left, next_arrival - t)
+                    count, seconds = lookup.steps(b, context, tokens, tree, left, next_arrival - t, tokens * growth)
                 dt += seconds
                 budget -= b * tree
                 progress += tokens * count
-                made += b * tokens * count
+                made += gain_sum * tokens * count
                 decode_time += seconds
                 batch_time += seconds * b
                 tree_steps += count * (tree > 1)
@@ -254,18 +258,19 @@ def simulate(
                     ready.append(i)
             prefilling = [i for i in prefilling if prefilled[i] < prompt_of[i]]
             t += dt
-            while running and progress - joined[running[0][1]] >= output_of[running[0][1]] - 1 - GAIN_ROUNDING:
+            while running and gain_of[j := running[0][1]] * (progress - joined[j]) >= output_of[j] - 1 - GAIN_ROUNDING:
                 i = heappop(running)[1]
                 finish[i] = t
                 if watch is not None and watch.tpot(i, (t - first[i]) / (output_of[i] - 1)):
                     missed = True
                 kv_used -= need_of[i]
                 done += 1
-                made -= progress - joined[i] - (output_of[i] - 1)  # tokens past the end are dropped
+                made -= gain_of[i] * (progress - joined[i]) - (output_of[i] - 1)  # tokens past the end are dropped
                 prompt_sum -= prompt_of[i]
-                joined_sum -= joined[i]
+                gain_sum -= gain_of[i]
+                joined_sum -= gain_of[i] * joined[i]
             if not running:
-                joined_sum = 0.0  # no rounding carried into the next batch
+                gain_sum = joined_sum = 0.0  # no rounding carried into the next batch
         for i in ready:
             first[i] = t
             made += 1
@@ -277,9 +282,10 @@ def simulate(
                 done += 1
             else:
                 joined[i] = progress
-                heappush(running, (output_of[i] - 1 + progress, i))
+                heappush(running, ((output_of[i] - 1) / gain_of[i] + progress, i))
                 prompt_sum += prompt_of[i]
-                joined_sum += progress
+                gain_sum += gain_of[i]
+                joined_sum += gain_of[i] * progress
         times.append(t)
         produced.append(produced[-1] + made)
         if missed:

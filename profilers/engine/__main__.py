@@ -96,9 +96,9 @@ class MeasureOptions:
         default=EngineSpeculation.OFF,
         metadata=option(
             "--speculation",
-            "the engine's own speculative decoding: medusa (the model's heads) or eagle (its drafter in vLLM's "
-            "layout), predicted with the decoder's acceptance on the same prompts, or ngram (measured only) "
-            "(default %(default)s)",
+            "the engine's own speculative decoding: medusa (the model's heads), eagle (its drafter in vLLM's "
+            "layout) or draft (its draft model, vLLM's draft_model), predicted with the decoder's acceptance on the "
+            "same prompts, or ngram (measured only) (default %(default)s)",
             choices=[member.value for member in EngineSpeculation],
         ),
     )
@@ -146,7 +146,8 @@ class AcceptanceOptions:
             options.out,
             default=None,
             required=True,
-            what="a measurement folder of the engine's Medusa speculation (a shipped one by its name)",
+            what="a measurement folder of the engine's Medusa, EAGLE or draft-model speculation (a shipped one by its "
+            "name)",
         ),
     )
 

@@ -3,12 +3,15 @@ measurement ran vLLM's Medusa speculation, the decoder (decoder.medusa) decodes 
 run's prompts greedily with the same heads as a chain of each head's top-1 (what vLLM's
 Medusa proposer drafts: one token per head, no tree); where it ran vLLM's EAGLE, the same
 drafter (vLLM's layout) drafts chains of the engine's length over the target's greedy
-continuation (decoder.eagle_chain). Either way it counts, as /metrics does, the drafts and
-the tokens accepted at each draft position. Greedy decoding is deterministic,
-so the engine's counts and the decoder's differ only by what each engine does differently.
+continuation (decoder.eagle_chain); where it ran a draft model, the same draft model does
+(decoder.chains). Each way it counts, as /metrics does, the drafts and the tokens accepted
+at each draft position. Greedy decoding is deterministic, so the engine's counts and the
+decoder's differ only by what each engine does differently.
 
-`python -m profilers.engine acceptance --out FOLDER` writes them to the folder's
-decoder-speculation.csv; `measure --speculation medusa` does it after its load runs."""
+`python -m profilers.engine acceptance --out FOLDER` writes them per request to the folder's
+decoder-requests.csv (each prompt's own acceptance: what spreads the engine's TPOT) and per
+run's prompts to decoder-speculation.csv; `measure --speculation medusa|eagle|draft` does it
+after its load runs."""
 
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from decoder.chains import draft_model_path_lengths
 from decoder.checkpoint import Checkpoint, load_checkpoint, load_eagle
+from decoder.draft_train import draft_for
 from decoder.eagle import EagleLayout
 from decoder.eagle_chain import chain_path_lengths
 from decoder.medusa import Decoder
@@ -29,6 +34,8 @@ from decoder.tree import resolve_tree
 from perfmodel.base.engine_speculation import DRAFT_TOKENS, EngineSpeculation
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.engine_runs import (
+    DECODER_REQUEST_COLUMNS,
+    DECODER_REQUESTS_FILE,
     DECODER_SPECULATION_COLUMNS,
     DECODER_SPECULATION_FILE,
     EngineMeasurement,
@@ -46,15 +53,16 @@ def chain_counts(path_lengths: list[list[int]], depth: int) -> tuple[int, list[i
     return len(lengths), [int((lengths > position).sum()) for position in range(1, depth + 1)]
 
 
-def decoder_speculation(
+def decoder_requests(
     measurement: EngineMeasurement, batch: int = DECODE_BATCH, log: Callable[[str], None] = print
 ) -> pd.DataFrame:
-    """One row per load run's prompts (repeat): the decoder's drafts and accepted tokens."""
+    """One row per request of each load run's prompts (repeat): the decoder's drafts and
+    accepted tokens per draft position on that request's prompt."""
     speculating = measurement.speculating
     if speculating not in DRAFTED:
         raise PerfkitError(
-            f"{measurement.folder}: the decoder drafts as the engine only with Medusa heads or an EAGLE drafter "
-            f"(measured with --speculation medusa or eagle), not {speculating}"
+            f"{measurement.folder}: the decoder drafts as the engine only with Medusa heads, an EAGLE drafter or a "
+            f"draft model (measured with --speculation {', '.join(DRAFTED)}), not {speculating}"
         )
     if measurement.speculation is None:
         raise PerfkitError(f"{measurement.folder} has no speculation.csv: its load runs are not measured yet")
@@ -65,9 +73,21 @@ def decoder_speculation(
     rows = []
     for repeat in sorted(int(r) for r in measurement.speculation["repeat"].unique()):
         prompts = request_prompts([plan["prompt_len"]] * plan["requests"], vocab, seed=repeat)
-        drafts, accepted = chain_counts(paths(prompts, plan["response_len"]), depth)
-        log(f"repeat {repeat}: the decoder drafted {drafts:,} chains of {depth}, accepted {accepted}")
-        rows.append((repeat, drafts, drafts * depth, json.dumps(accepted)))
+        for request, lengths in enumerate(paths(prompts, plan["response_len"])):
+            drafts, accepted = chain_counts([lengths], depth)
+            rows.append((repeat, request, drafts, json.dumps(accepted)))
+        log(f"repeat {repeat}: the decoder drafted chains of {depth} on {len(prompts)} prompts")
+    return pd.DataFrame(rows, columns=list(DECODER_REQUEST_COLUMNS))
+
+
+def by_repeat(requests: pd.DataFrame) -> pd.DataFrame:
+    """decoder_requests() summed per load run's prompts: one row per repeat, with the draft
+    tokens verified (each draft a whole chain)."""
+    rows = []
+    for repeat, frame in requests.groupby("repeat", sort=True):
+        accepted = np.sum([json.loads(a) for a in frame["accepted_per_position"]], axis=0)
+        drafts = int(frame["drafts"].sum())
+        rows.append((int(repeat), drafts, drafts * len(accepted), json.dumps(accepted.tolist())))
     return pd.DataFrame(rows, columns=list(DECODER_SPECULATION_COLUMNS))
 
 
@@ -101,13 +121,33 @@ def eagle_paths(checkpoint: Checkpoint, batch: int):
     return paths, DRAFT_TOKENS
 
 
-DRAFTED = {EngineSpeculation.MEDUSA: medusa_paths, EngineSpeculation.EAGLE: eagle_paths}
+def draft_model_paths(checkpoint: Checkpoint, batch: int):
+    """The model's draft model (decoder.draft_train) drafting chains of the engine's length
+    over the target's greedy continuation (decoder.chains): each step's accepted path lengths."""
+    draft = Decoder(load_checkpoint(draft_for(checkpoint.folder.name), dtype=torch.float32))
+    decoder = Decoder(checkpoint)
+
+    def paths(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+        continued = decode_batches(decoder, prompts, batch, new_tokens).tokens  # the target's greedy output
+        sequences = [p + new for p, new in zip(prompts, continued)]
+        return draft_model_path_lengths(draft, sequences, len(prompts[0]), DRAFT_TOKENS)
+
+    return paths, DRAFT_TOKENS
+
+
+DRAFTED = {
+    EngineSpeculation.MEDUSA: medusa_paths,
+    EngineSpeculation.EAGLE: eagle_paths,
+    EngineSpeculation.DRAFT: draft_model_paths,
+}
 
 
 def write_decoder_speculation(folder: Path, log: Callable[[str], None] = print) -> Path:
-    """decoder_speculation() of a measurement folder, written into it; returns the file."""
+    """decoder_requests() of a measurement folder and their sums per run's prompts, written
+    into it; returns the per-run file."""
     measurement = read_engine_measurement(folder)
-    table = decoder_speculation(measurement, log=log)
+    requests = decoder_requests(measurement, log=log)
+    requests.to_csv(measurement.folder / DECODER_REQUESTS_FILE, index=False)
     path = measurement.folder / DECODER_SPECULATION_FILE
-    table.to_csv(path, index=False)
+    by_repeat(requests).to_csv(path, index=False)
     return path

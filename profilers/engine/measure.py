@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfmodel.base.engine_speculation import DRAFT_TOKENS, EngineSpeculation
+from decoder.draft_train import draft_for
+from perfmodel.base.engine_speculation import DRAFT_TOKENS, VLLM_METHODS, EngineSpeculation
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.engine_runs import (
-    DECODER_SPECULATION_FILE,
+    DECODER_REQUESTS_FILE,
     REQUEST_COLUMNS,
     RUN_COLUMNS,
     SPECULATION_COLUMNS,
@@ -29,7 +30,7 @@ from perfmodel.measured.engine_runs import (
 from perfmodel.models.config import read_config_json
 from perfmodel.planning.lengths import Lengths
 from perfmodel.planning.workload import Workload
-from perfmodel.serving.engine_check import DRAFTER_TWINS
+from perfmodel.serving.engine_drafting import DRAFTER_TWINS
 from perfmodel.serving.simulator import steady_throughput
 from profilers.device import cpu_info
 from profilers.engine.acceptance import write_decoder_speculation
@@ -123,7 +124,7 @@ def with_decoder_acceptance(plan: Plan, out: Path, log: Callable[[str], None]) -
     """Where the engine drafted with the model's Medusa heads or EAGLE drafter, the project's
     decoder drafting the same way on the same prompts (profilers.engine.acceptance), once;
     returns `out`."""
-    if plan.speculation in DRAFTER_TWINS and not (out / DECODER_SPECULATION_FILE).exists():
+    if plan.speculation in DRAFTER_TWINS and not (out / DECODER_REQUESTS_FILE).exists():
         log("the project's decoder drafting as the engine did, on the same prompts")
         write_decoder_speculation(out, log)
     return out
@@ -135,6 +136,8 @@ def export_drafter(plan: Plan, out: Path) -> Path | None:
         return export_medusa_heads(plan.model, out)
     if plan.speculation is EngineSpeculation.EAGLE:
         return export_eagle_drafter(plan.model, out)
+    if plan.speculation is EngineSpeculation.DRAFT:
+        return export_for_engine(draft_for(plan.model), out)
     return None
 
 
@@ -142,16 +145,13 @@ def speculative_config(plan: Plan, drafter: Path | None) -> dict | None:
     """The engine's --speculative-config for the plan's speculation (None: plain decoding)."""
     if plan.speculation is EngineSpeculation.OFF:
         return None
+    method = VLLM_METHODS[plan.speculation]
     if plan.speculation is EngineSpeculation.MEDUSA:
         count = int(read_config_json(drafter)["num_heads"])
-        return {"method": "medusa", "model": str(drafter), "num_speculative_tokens": count}
-    if plan.speculation is EngineSpeculation.EAGLE:
-        return {"method": "eagle", "model": str(drafter), "num_speculative_tokens": DRAFT_TOKENS}
-    return {
-        "method": "ngram",
-        "num_speculative_tokens": DRAFT_TOKENS,
-        **NGRAM_LOOKUP,
-    }
+        return {"method": method, "model": str(drafter), "num_speculative_tokens": count}
+    if plan.speculation is EngineSpeculation.NGRAM:
+        return {"method": method, "num_speculative_tokens": DRAFT_TOKENS, **NGRAM_LOOKUP}
+    return {"method": method, "model": str(drafter), "num_speculative_tokens": DRAFT_TOKENS}
 
 
 def serve_and_measure(

@@ -14,17 +14,18 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from perfmodel.base.engine_speculation import VLLM_METHODS
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.models.config import read_config_json
-from perfmodel.serving.engine_check import DRAFTER_TWINS
+from perfmodel.serving.engine_drafting import DRAFTER_TWINS
 from profilers.engine.export import export_for_engine
 from profilers.engine.measure import Plan, export_drafter
 from profilers.engine.runs import load_run
 from profilers.engine.server import EngineServer
 
-# vLLM's `method` of each drafter the project's checkpoints carry (vLLM names them as the project does)
-METHODS = {str(speculation): speculation for speculation in DRAFTER_TWINS}
+# the drafters the project's checkpoints carry, by vLLM's `method`
+METHODS = {VLLM_METHODS[speculation]: speculation for speculation in DRAFTER_TWINS}
 
 
 def serve_config(

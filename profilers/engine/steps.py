@@ -5,8 +5,9 @@
   decodes exactly `batch` sequences, and the median gap between their streamed tokens is the
   engine's step at that batch and context (scheduler, model, sampling, detokenizing and
   streaming included: all the server does per iteration); a speculating engine streams each
-  iteration's accepted tokens together, so the gap is per token, and its drafts and accepted
-  tokens over the point's requests (/metrics before and after) give its tokens per step;
+  iteration's accepted tokens together as one chunk, so the gap is per token, the median
+  gap between chunks is the iteration (kind decode's iteration_s), and its drafts and
+  accepted tokens over the point's requests (/metrics before and after) its tokens per step;
 - prefill: one request of `length` prompt tokens and one output token, alone on the server;
   its time to first token is the prefill of that length as a client sees it;
 - mixed: the same one-token requests sent while `batch` others decode; the iteration that
@@ -64,13 +65,16 @@ def decode_point(url: str, model: str, vocab: int, batch: int, prompt: int, outp
         raise PerfkitError(f"decode sweep at batch {batch}: {failed[0]}")
     start = max(p.token_s[0] for p in played)
     end = min(p.token_s[-1] for p in played)
-    steps, contexts = [], []
+    steps, iterations, contexts = [], [], []
     for p in played:
         t = np.asarray(p.token_s)
         inside = np.flatnonzero((t >= start) & (t <= end))
         if inside.size > 1:
             # A span over many tokens, not single gaps: streamed lines can arrive in bursts.
-            steps.append((t[inside[-1]] - t[inside[0]]) / (inside[-1] - inside[0]))
+            span = t[inside[-1]] - t[inside[0]]
+            steps.append(span / (inside[-1] - inside[0]))
+            chunks = len(np.unique(t[inside]))  # a chunk's tokens share its arrival
+            iterations.append(span / (chunks - 1) if chunks > 1 else np.nan)
             contexts.append(prompt + 1 + inside.mean())
     steps = np.asarray(steps)
     return {
@@ -84,6 +88,7 @@ def decode_point(url: str, model: str, vocab: int, batch: int, prompt: int, outp
         # a speculating engine's drafts over the point's requests and the tokens accepted
         "drafts": counted["drafts"],
         "accepted": sum(counted["accepted_per_position"]),
+        "iteration_s": float(np.nanmedian(iterations)) if np.isfinite(iterations).any() else float("nan"),
     }
 
 
