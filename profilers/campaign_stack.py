@@ -33,7 +33,8 @@ import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import replaced_atomically
-from perfmodel.hardware.ceilings import Ceilings
+from perfmodel.hardware.ceilings import Ceilings, datasheet_ceilings
+from perfmodel.hardware.specs import find_spec
 from perfmodel.measured.aiconfigurator import TORCH_ENGINE, TORCH_FOLDER
 from perfmodel.measured.contract import significant
 from perfmodel.measured.store import measured_rows, read_meta
@@ -84,14 +85,17 @@ def _run(path: Path) -> dict:
 
 def _trusted(rows: pd.DataFrame, path: Path, dropped: list[int]) -> pd.DataFrame:
     """The rows a fit may rest on: those timed in a CUDA graph, and CUDA-event timings over
-    50 us and within FAR_ABOVE_FLOOR of their floor at the run's measured ceilings. The others
+    50 us and within FAR_ABOVE_FLOOR of their floor at the run's measured ceilings (the
+    datasheet's where the run measured none). The others
     hold launch gaps between an op's kernels, not its work (profilers.sweeper re-times such
     rows in a graph now; older campaigns did so under 50 us only): they are left out and
     counted in `dropped`, for the GPU check to measure again."""
-    ceilings = _run(path).get("ceilings")
-    if not ceilings or "mode" not in rows:
+    run = _run(path)
+    spec_key = run.get("device", {}).get("spec_key")
+    if "mode" not in rows or not (run.get("ceilings") or spec_key):
         return rows
-    limits = Ceilings.from_dict(ceilings)
+    # A GPU check measures no ceilings: the datasheet's floor is lower still (the sweeper's rule)
+    limits = Ceilings.from_dict(run["ceilings"]) if run.get("ceilings") else datasheet_ceilings(find_spec(spec_key))
     flops, moved = rows["flops"].to_numpy(dtype=float), rows["bytes"].to_numpy(dtype=float)
     floor = np.empty(len(rows))
     for dtype, where in rows.groupby("dtype").indices.items():
@@ -136,7 +140,7 @@ def _table(rows: pd.DataFrame, shape: list[str], kind: str) -> pd.DataFrame:
     and the provenance columns (KEPT)."""
     frame = rows.assign(kernel_source=KERNEL_SOURCE[kind], time_s=significant(rows["time_s"].to_numpy(dtype=float)))
     for column in KEPT:
-        frame[column] = frame[column].fillna("").astype(str) if column in frame else ""
+        frame[column] = frame[column].astype("string").fillna("").astype(str) if column in frame else ""
     frame = frame[[*shape, "dtype", "kernel_source", "time_s", *KEPT]].astype(dict.fromkeys(shape, np.int64))
     # A point timed twice (a campaign and a later GPU check): the CUDA graph's timing, which
     # holds no launch gaps, else the later one.
@@ -232,7 +236,8 @@ def campaign_stack(folder: str | Path, *checks: str | Path) -> CampaignStack:
             "gemm": sum(gemm_dropped),
             "attention": sum(attention_dropped),
             "why": f"timed with CUDA events at under {GRAPH_BELOW_S * 1e6:.0f} us or over {FAR_ABOVE_FLOOR:g}x their "
-            "floor at the run's measured ceilings: launch gaps, not work; the GPU check re-times them in CUDA graphs",
+            "floor at the run's measured ceilings (the datasheet's where it measured none): launch gaps, not work; "
+            "the GPU check re-times them in CUDA graphs",
         },
     }
     if checks:

@@ -14,7 +14,7 @@ toolkit derives rather than reads, beside what it predicts for them.
 Every call is timed inside a CUDA graph (profilers.timer.time_cuda_graph), as an engine
 replays its decoding steps, with several operand copies so that weights are read from HBM.
 Rows go to --csv with the device's identity; the table printed last puts each beside
-the prediction of the h100-sxm/a100-sxm engine stacks where the device is one of them.
+the prediction of the device's engine stacks where it ships their tables (vLLM, TRT-LLM).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from perfmodel.base.outputs import writable_file, write_csv
 from perfmodel.cli import Parser, options, run
 from perfmodel.cli.fields import add_options, read_options, shared
 from perfmodel.latency.source import latency_source
+from perfmodel.measured.aiconfigurator import shipped_stacks
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import Matmul
 from profilers.device import check_device, cuda_info
@@ -75,11 +76,17 @@ def add_norm_rows(torch, tokens) -> list[dict]:
     return rows
 
 
+def engine_stacks(device: str | None) -> list[str]:
+    """The engine stacks whose imported tables the device ships (none for a device the toolkit does not know)."""
+    shipped = {s.engine for s in shipped_stacks(device)} if device else set()
+    return [stack for stack in STACKS if stack in shipped]
+
+
 def predictions(rows: pd.DataFrame, device: str) -> pd.DataFrame:
     """Each row's prediction by the engine stacks' latency sources (their latency labels say how)."""
     model = load_model("llama-3-8b")
     out = rows.copy()
-    for stack in STACKS:
+    for stack in engine_stacks(device):
         predicted = []
         for row in rows.itertuples():
             if row.kernel == "lm_head":
@@ -119,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = pd.DataFrame(lm_head_rows(torch, TOKENS) + add_norm_rows(torch, TOKENS))
     driver = info.details.get("driver", "")
     rows = rows.assign(device=info.name, driver=driver, torch=torch.__version__, cuda=torch.version.cuda)
-    if info.spec_key in ("h100-sxm", "a100-sxm"):
+    if engine_stacks(info.spec_key):
         rows = predictions(rows, info.spec_key)
     write_csv(rows, args.csv)
     shown = rows.drop(columns=["device", "driver", "torch", "cuda"])

@@ -97,6 +97,26 @@ def test_the_lm_head_past_the_grid_is_monotone_and_above_its_memory_floor():
         assert times[0] >= floor * 0.999, (stack, times[0], floor)
 
 
+# split eight ways: the H100's one-row point took 56.6 us against 49-50 at 8-128 rows (its README)
+@pytest.mark.parametrize(
+    "run, split_bound", [("h100-sxm/engine-kernels-2026-11-27", 0.21), ("h200/engine-kernels-2026-11-28", 0.10)]
+)
+def test_the_lm_head_measured_on_lent_gpus_is_predicted_within_a_quarter(run, split_bound):
+    import pandas as pd
+
+    from perfmodel.measured.store import MEASUREMENTS_DIR
+    from profilers.engine_kernels import engine_stacks, predictions
+
+    measured = pd.read_csv(MEASUREMENTS_DIR / run / "engine-kernels.csv")
+    device = run.split("/")[0]
+    assert engine_stacks(device) == ["vllm", "trtllm"]
+    head = predictions(measured[measured["kernel"] == "lm_head"], device)
+    for stack in ("vllm", "trtllm"):
+        error = head[f"predicted_{stack}_s"] / head["time_s"] - 1
+        assert (error.abs() < 0.25).all(), (stack, error.round(3).tolist())
+        assert (error[head["split"] == 8].abs() < split_bound).all(), (stack, error.round(3).tolist())
+
+
 @pytest.mark.parametrize("device, stack", [("h100-sxm", "vllm"), ("a100-sxm", "trtllm"), ("l40s", "sglang")])
 def test_every_grid_gemm_is_non_decreasing_in_m_n_and_k_and_above_its_floor(device, stack):
     source = latency_source(device, load_model("llama-7b"), "bf16", stack=stack)

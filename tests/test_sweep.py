@@ -369,6 +369,24 @@ def test_event_timings_far_above_their_floor_are_retimed_in_a_graph():
     assert sweeper.floor_seconds(prefill, ceilings) == pytest.approx(max(big.bytes / 3000e9, big.flops / 770e12))
 
 
+def test_a_sweep_without_measured_ceilings_judges_event_timings_by_the_datasheet():
+    from profilers.device import DeviceInfo
+
+    # What a GPU check is (no ceilings stage): an H200 whose tree attention took 73-94 us in
+    # CUDA events and 15-18 us in a graph (profilers/measurements/h200/gpu-check-2026-11-28).
+    h200 = DeviceInfo("cuda", "h200", "NVIDIA H200", "h200", 60 << 20, 141 << 30, 16, {})
+    no_flush = config(Path("unused"), timer=dataclasses.replace(FAST, flush_cache=False))  # no CUDA here
+    timed = sweeper.Sweeper(no_flush, h200)
+    assert timed.floor_ceilings["bandwidth_gb_s"] == {"datasheet": 4800.0}
+    tree = OpBenchmark(dataclasses.replace(TINY, hidden_size=4096), "sdpa", "tree", 1, 128, 16, "fp16", "cuda")
+    floor = sweeper.floor_seconds(tree, timed.floor_ceilings)
+    assert sweeper.retime_in_graph(73e-6, floor)  # over 50 us, but many times its floor
+    measured = {"device": "h200", "bandwidth_gb_s": {"copy": 4300.0}, "peak_tflops": {"fp16": 790.0}}
+    assert sweeper.Sweeper(no_flush, h200, ceilings=measured).floor_ceilings is measured
+    unknown = dataclasses.replace(h200, spec_key=None)
+    assert sweeper.Sweeper(no_flush, unknown).floor_ceilings is None  # no datasheet: the 50 us rule
+
+
 def test_a_sweep_puts_back_the_callers_thread_count(tmp_path):
     # A sweep times a CPU with all its threads; the caller (a notebook, a report's --measure,
     # a test worker sharing two cores) goes on with the count it had.

@@ -86,6 +86,16 @@ def test_event_timings_that_hold_launch_gaps_are_left_out_and_counted():
     assert set(tree["mode"]) <= {"cuda-graph", "cuda-events"} and "throttle" in tree
 
 
+def test_a_gpu_check_without_ceilings_leaves_out_event_timings_far_above_the_datasheet_floor():
+    # The H200's second check timed four tree-attention points in CUDA events at 73-94 us (the
+    # first check: 15-18 us in a graph): a check measures no ceilings, so the datasheet's floor judges.
+    first, second = (CAMPAIGN.parents[1] / f"h200/gpu-check-2026-11-2{day}" for day in (7, 8))
+    stack = campaign_stack(first, second)
+    tree = stack.tables["tree_attention"]
+    assert set(tree["mode"]) == {"cuda-graph"} and (tree["time_s"] < 20e-6).all()
+    assert stack.provenance["left_out"]["attention"] == 8  # 2 of the first check's, 6 of the second's
+
+
 def test_a_folder_that_is_not_a_campaign_is_one_line(tmp_path):
     with pytest.raises(PerfkitError, match="not a campaign folder"):
         campaign_stack(tmp_path)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from perfmodel.base.dtypes import DTYPES
 from perfmodel.hardware.specs import HardwareSpec
 
 
@@ -52,6 +53,16 @@ class Ceilings:
     @classmethod
     def from_dict(cls, data: dict) -> Ceilings:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def datasheet_ceilings(spec: HardwareSpec) -> Ceilings:
+    """A datasheet's bandwidth and dense peaks as Ceilings. No device sustains them, so a floor
+    at them is below any measured floor: work timed far above it holds launch gaps for sure."""
+    return Ceilings(
+        device=spec.key,
+        bandwidth_gb_s={"datasheet": spec.memory_bandwidth_gb_s},
+        peak_tflops={dtype: peak for dtype, peak in spec.peak_tflops.items() if dtype in DTYPES},
+    )
 
 
 def ceilings_spec(ceilings: Ceilings, name: str, memory_bytes: int) -> HardwareSpec:
