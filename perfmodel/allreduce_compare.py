@@ -106,13 +106,13 @@ def print_nccl() -> None:
     print("all sizes: every measured size (512 B-512 MiB); decode: the table interpolated at the decode sizes,")
     print(f"  {decode_text()}")
     print(
-        f"{'device':<9} {'table':<13} {'model':<16} {'GPUs':>4} {'sizes':>5} {'median|err|':>11} {'p90|err|':>8} "
+        f"{'device':<12} {'table':<13} {'model':<17} {'GPUs':>4} {'sizes':>5} {'median|err|':>11} {'p90|err|':>8} "
         f"{'bias':>7} | {'decode: median|err|':>19} {'p90|err|':>8} {'bias':>7}"
     )
     for r in table.itertuples():
         name = r.table + ("*" if r.default else "")
         print(
-            f"{r.device:<9} {name:<13} {r.model:<16} {r.workers:>4} {r.sizes:>5} {r.median_abs_err:>11.1%} "
+            f"{r.device:<12} {name:<13} {r.model:<17} {r.workers:>4} {r.sizes:>5} {r.median_abs_err:>11.1%} "
             f"{r.p90_abs_err:>8.1%} {r.median_err:>+7.1%} | {r.decode_median_abs_err:>19.1%} "
             f"{r.decode_p90_abs_err:>8.1%} {r.decode_median_err:>+7.1%}"
         )

@@ -30,7 +30,7 @@ def test_every_imported_system_ships_its_stacks_with_provenance_and_licence():
             assert stack.provenance["package"].startswith("aiconfigurator-core ")
             assert stack.provenance["licence"].startswith("Apache-2.0")
     size = sum(p.stat().st_size for p in MEASUREMENTS_DIR.glob("*/aiconfigurator/*/*.parquet"))
-    assert size < 6e6  # small enough to ship
+    assert size < 10e6  # small enough to ship: 9.6 MB for nine devices (4.1 MB for the first four)
 
 
 def test_shipped_tables_are_data_contract_rows_naming_their_stack():

@@ -215,8 +215,8 @@ def test_interconnect_fields_are_optional_but_sourced(tmp_path):
     one_line_error(lambda: load_spec_file(custom_spec(tmp_path, sources=sources)), "'interconnect' has no entry")
     one_line_error(lambda: load_spec_file(custom_spec(tmp_path, interconnect_gb_s=-1)), "'interconnect_gb_s'", "-1")
     one_line_error(lambda: load_spec_file(custom_spec(tmp_path, interconnect=7)), "'interconnect'", "7")
-    odd = load_spec_file(custom_spec(tmp_path, interconnect="nvlink5"))
-    one_line_error(lambda: all_reduce_source(odd), "'nvlink5'", "nvlink3, nvlink4, pcie4, pcie5")
+    odd = load_spec_file(custom_spec(tmp_path, interconnect="nvlink6"))
+    one_line_error(lambda: all_reduce_source(odd), "'nvlink6'", "nvlink3, nvlink4, nvlink5, pcie4, pcie5")
 
 
 def test_import_keeps_the_slowest_rank_and_the_median_of_repeats(tmp_path):

@@ -161,7 +161,9 @@ def test_compare_command_prints_the_ring_models_error_against_every_nccl_table(c
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.split()[1:2] and line.split()[1].startswith("nccl")]
     errors = nccl_errors()
-    assert len(rows) == len(errors) == 18  # a100-sxm, l40s: one table; h100-sxm, h200: two; 2, 4 and 8 GPUs each
+    # a100-sxm, l40s, rtx-pro-6000: one table; h100-sxm, h200, b300: two; b200: four (2, 4 and 8 GPUs
+    # each); gb200, gb300: two of 2 and 4 GPUs (a compute tray's four)
+    assert len(rows) == len(errors) == 3 * 3 + 3 * 2 * 3 + 4 * 3 + 2 * 2 * 2 == 47
     h200 = errors.set_index(["device", "table", "workers"]).loc[("h200", "nccl-2.29.2", 8)]
     (printed,) = [r for r in rows if r[:2] == ["h200", "nccl-2.29.2*"] and r[5] == "8"]  # * = the default table
     assert h200["default"] and printed[2:7] == ["nvlink4", "900", "GB/s", "8", "21"]

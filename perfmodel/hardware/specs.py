@@ -43,7 +43,7 @@ OPTIONAL_NUMBERS = (
 LAUNCH_NUMBERS = ("kernel_launch_us", "graph_node_us")
 # Microseconds, not seconds: a launch cost outside this range is a unit slip.
 LAUNCH_RANGE_US = (0.05, 1000.0)
-# Short name of that link (nvlink3, nvlink4, pcie4, pcie5): picks the ring model's fitted
+# Short name of that link (nvlink3, nvlink4, nvlink5, pcie4, pcie5): picks the ring model's fitted
 # latency and efficiency (perfmodel.latency.allreduce). Text, but it needs a source like a number.
 # architecture: the GPU generation and die (e.g. ampere-ga100); a device without measurements
 # borrows the latency calibration of a measured one of the same architecture.

@@ -1,5 +1,5 @@
 """The ring all-reduce model against the measured tables: its latency and efficiency per
-interconnect fitted on Vidur's (fit_ring, fit_all; stored as
+interconnect fitted on Vidur's, or for a link Vidur never measured (NVLink 5) on NCCL's (fit_ring, fit_all; stored as
 perfmodel.latency.allreduce.RING_CONSTANTS), its error per table and worker count against
 Vidur's (model_errors, compare_tables) and NCCL's (nccl_errors, also at the message sizes a
 decoding step all-reduces, decode_sizes), and Vidur's tables against NCCL's (stack_ratios);
@@ -33,6 +33,8 @@ RING_FIT_PLAN = {
     # interconnect: (device, topology, link GB/s both directions as the datasheet gives it, workers)
     "nvlink3": ("a100-sxm", "dgx", 600.0, (2, 4, 8)),
     "nvlink4": ("h100-sxm", "dgx", 900.0, (2, 4, 8)),
+    # Vidur measured no Blackwell: the B200's NCCL table (aiconfigurator's, through NVSwitch)
+    "nvlink5": ("b200", NCCL, 1800.0, (2, 4, 8)),
     # The pairwise node's 4-GPU ring crosses PCIe between its NVLink pairs, so its slowest hop
     # is a PCIe x16 link: its rows time a PCIe ring (Gen4 for A100; Gen5 assumed for H100).
     "pcie4": ("a100-sxm", "pairwise_nvlink", 64.0, (4,)),
@@ -113,11 +115,29 @@ def compare_tables(sizes: tuple[float, float] = DECODE_BYTES) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
+def nccl_rows(device: str) -> pd.DataFrame:
+    """A device's default NCCL all-reduce tables as single-node rows of Vidur's columns
+    (what fit_ring and model_errors read), the topology column naming the NCCL stack."""
+    source = nccl_source(device, NCCL)
+    frames = [
+        pd.DataFrame({"num_workers": workers, "devices_per_node": workers, "bytes": sizes, "time_s": times}).assign(
+            topology=source.tables[workers].stack
+        )
+        for workers, (sizes, times, _) in source.curves.items()
+    ]
+    return pd.concat(frames, ignore_index=True)
+
+
+def fit_table(device: str, topology: str) -> pd.DataFrame:
+    """The rows RING_FIT_PLAN fits an interconnect on: a Vidur topology's table, or NCCL's."""
+    return nccl_rows(device) if topology == NCCL else read_table(table_path(device, topology))
+
+
 def fit_all(sizes: tuple[float, float] = DECODE_BYTES) -> dict[str, RingConstants]:
     """fit_ring for every interconnect of RING_FIT_PLAN on the shipped tables."""
     fits = {}
     for interconnect, (device, topology, link, workers) in RING_FIT_PLAN.items():
-        fits[interconnect] = fit_ring(read_table(table_path(device, topology)), link, workers, sizes)
+        fits[interconnect] = fit_ring(fit_table(device, topology), link, workers, sizes)
     return fits
 
 

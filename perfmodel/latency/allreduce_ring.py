@@ -28,6 +28,7 @@ class RingConstants:
 RING_CONSTANTS = {
     "nvlink3": RingConstants(3.37e-6, 0.476, "a100_dgx (NVSwitch), 2/4/8 GPUs, 600 GB/s"),
     "nvlink4": RingConstants(2.43e-6, 0.664, "h100_dgx (NVSwitch), 2/4/8 GPUs, 900 GB/s"),
+    "nvlink5": RingConstants(2.43e-6, 0.46, "b200 nccl-2.29.2 (NVSwitch), 2/4/8 GPUs, 1800 GB/s"),
     "pcie4": RingConstants(9.11e-6, 0.731, "a100_pairwise_nvlink, 4 GPUs, PCIe Gen4 x16 64 GB/s"),
     "pcie5": RingConstants(3.96e-6, 0.723, "h100_pairwise_nvlink, 4 GPUs, PCIe Gen5 x16 128 GB/s"),
 }

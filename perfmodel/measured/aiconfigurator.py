@@ -54,7 +54,17 @@ from perfmodel.models.operators import Phase
 
 PACKAGE = "aiconfigurator-core"
 # The systems imported, and the device spec (hw_specs/) each was measured on.
-SYSTEMS = {"a100_sxm": "a100-sxm", "h100_sxm": "h100-sxm", "h200_sxm": "h200", "l40s": "l40s"}
+SYSTEMS = {
+    "a100_sxm": "a100-sxm",
+    "h100_sxm": "h100-sxm",
+    "h200_sxm": "h200",
+    "l40s": "l40s",
+    "b200_sxm": "b200",
+    "gb200": "gb200",
+    "b300_sxm": "b300",
+    "gb300": "gb300",
+    "rtx_pro_6000_server": "rtx-pro-6000",
+}
 # aiconfigurator's dtype names -> the toolkit's; only 16-bit linear and attention are kept.
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 KINDS = {

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.measured.aiconfigurator import SYSTEMS as MEASURED_SYSTEMS
 from perfmodel.peer.static_batch import COMPONENTS
 
 PACKAGE = "aiconfigurator"
 INSTALL = "pip install 'medusa-perfkit[aiconfigurator]'"
 # The toolkit's device keys and the peer's system names (the imported systems).
-SYSTEMS = {"a100-sxm": "a100_sxm", "h100-sxm": "h100_sxm", "h200": "h200_sxm", "l40s": "l40s"}
+SYSTEMS = {device: system for system, device in MEASURED_SYSTEMS.items()}
 # The peer's backend names are the toolkit's engine stacks.
 BACKENDS = ("vllm", "sglang", "trtllm")
 
