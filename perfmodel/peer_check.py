@@ -152,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     check_installed()
     if args.quick:
-        points = grid(QUICK["devices"], QUICK["stacks"], (QUICK["models"],), QUICK["batches"])
+        points, left_out = grid(QUICK["devices"], QUICK["stacks"], (QUICK["models"],), QUICK["batches"])
     else:
-        points = grid(devices, args.stack, DEFAULT_MODELS, args.batch)
+        points, left_out = grid(devices, args.stack, DEFAULT_MODELS, args.batch)
     rows = pd.DataFrame(
         [
             compare(point, args.prompt_len, args.response_len)
@@ -162,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         ]
     )
     lines = report(rows, args.prompt_len, args.response_len)
+    if left_out:
+        lines += [
+            "",
+            "Left out (the project prices a tensor-parallel degree from measured collectives only):",
+            *left_out,
+        ]
     print("\n".join(lines))
     if page:
         with replaced_atomically(page) as temporary:

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from perfmodel import allreduce_compare
+from perfmodel.hardware.specs import find_spec
 from perfmodel.latency.allreduce import all_reduce_source, tp_comm_time_per_step
 from perfmodel.latency.allreduce_fit import decode_sizes, nccl_errors
 from perfmodel.latency.allreduce_ring import RingAllReduce
@@ -77,6 +78,18 @@ def test_every_imported_device_uses_its_newest_nccl_table_by_default(device, ver
     assert f"NCCL {version} all_reduce_perf (nccl-tests) on {system}" in source.label
     assert {t.stack for t in source.tables.values()} == {f"nccl-{version}"}
     assert usable_degrees(load_model("llama-2-70b"), resolve_view(device, None, []).spec) == [1, 2, 4, 8]
+
+
+def test_a_degree_is_usable_only_where_its_all_reduce_and_logits_gather_were_measured():
+    seventy = load_model("llama-2-70b")
+    assert usable_degrees(seventy, find_spec("b200")) == [1, 2, 4, 8]
+    # A GB200 or GB300 tray holds 4 GPUs: NCCL's tables stop there, so tp 8 is left out of
+    # --tp auto, even where an engine's own all-reduce reaches 8 (TensorRT-LLM's on the GB300):
+    # the logits gather over 8 was never measured.
+    for device in ("gb200", "gb300"):
+        assert usable_degrees(seventy, find_spec(device)) == [1, 2, 4]
+    assert 8 in all_reduce_source("gb300", stack="trtllm-1.3.0rc20").workers
+    assert usable_degrees(seventy, find_spec("gb300"), all_reduce_stack="trtllm-1.3.0rc20") == [1, 2, 4]
 
 
 def test_a_device_without_tables_falls_back_to_the_ring_model_and_says_so():

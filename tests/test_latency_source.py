@@ -82,7 +82,8 @@ def test_bad_choices_are_one_line_errors():
         latency_source("a100-sxm", LLAMA, source="smooth")
     with pytest.raises(
         PerfkitError,
-        match="no fp16 measurements of a40 .* measured devices: a100-sxm, b200, b300, gb200, gb300, h100-sxm, h200, l40s, rtx-pro-6000",
+        match="no fp16 measurements of a40 .* measured devices: a100-sxm, b200, b300, gb200, gb300, h100-sxm, h200, "
+        "l40s, rtx-pro-6000",
     ):
         latency_source("a40", LLAMA, source="measured")
     with pytest.raises(

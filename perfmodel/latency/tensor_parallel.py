@@ -150,12 +150,14 @@ def tensor_parallel_steps(
 
 def usable_degrees(model: ModelConfig, spec: HardwareSpec, all_reduce_stack: str | None = None) -> list[int]:
     """The tensor-parallel degrees that split the model (ModelConfig.tensor_parallel_degrees,
-    the rule --tp is checked by) and over which the device's all-reduce can be timed
-    (a measured table holds some worker counts only: 2, 4 and 8 GPUs of one node in every
-    shipped one, the rank counts measured by python -m profilers.allreduce in ours; a device
-    without an interconnect or measurements, such as an unmeasured CPU, none): 1 always."""
+    the rule --tp is checked by) and over which the device's all-reduce and logits gather can
+    be timed (a measured table holds some worker counts only: 2, 4 and 8 GPUs of one node in
+    most shipped ones, 2 and 4 on the GB200 and GB300 trays, the rank counts measured by
+    python -m profilers.allreduce in ours; a device without an interconnect or measurements,
+    such as an unmeasured CPU, none): 1 always."""
     try:
         source = all_reduce_source(spec, stack=all_reduce_stack)
+        gather = gather_source(spec.key, all_reduce_source(spec))
     except PerfkitError:
         if all_reduce_stack is not None:  # a stack asked for and not there is the caller's error
             raise
@@ -164,6 +166,7 @@ def usable_degrees(model: ModelConfig, spec: HardwareSpec, all_reduce_stack: str
     for tp in model.tensor_parallel_degrees(model.num_heads)[1:]:
         try:
             source.time(1024, tp)
+            gather.time(1024, tp)
         except PerfkitError:
             continue
         out.append(tp)

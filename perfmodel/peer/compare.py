@@ -9,8 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from perfmodel.hardware.specs import find_spec
+from perfmodel.latency.allreduce_tables import engine_all_reduce_stack
 from perfmodel.latency.source import LatencyChoice
-from perfmodel.latency.tensor_parallel import tensor_parallel_steps
+from perfmodel.latency.tensor_parallel import tensor_parallel_steps, usable_degrees
 from perfmodel.measured.device_view import resolve_view
 from perfmodel.models.config import from_hf_config
 from perfmodel.peer.aiconfigurator_peer import model_config_path, peer_estimate
@@ -33,15 +35,31 @@ class Point:
     batch: int
 
 
-def grid(devices, stacks, models, batches) -> list[Point]:
-    return [
-        Point(device, stack, model, tp, batch)
-        for device in devices
-        for stack in stacks
-        for model, degrees in models
-        for tp in degrees
-        for batch in batches
-    ]
+def grid(devices, stacks, models, batches) -> tuple[list[Point], list[str]]:
+    """The points to compare, and a line for each degree left out: one over which the
+    device's all-reduce or all-gather was never measured (the GB200's and GB300's NCCL tables
+    stop at a compute tray's 4 GPUs), which the project does not price from a table."""
+    points, left_out = [], []
+    for device in devices:
+        for stack in stacks:
+            for model, degrees in models:
+                usable = timed_degrees(device, stack, model)
+                skipped = [tp for tp in degrees if tp not in usable]
+                if skipped:
+                    left_out.append(
+                        f"{device} {stack} {model.split('/')[-1]}: tp {', '.join(map(str, skipped))} left out, no "
+                        f"measured all-reduce or logits all-gather over that many GPUs (tp "
+                        f"{', '.join(map(str, usable))} can be timed)"
+                    )
+                points += [Point(device, stack, model, tp, b) for tp in degrees if tp in usable for b in batches]
+    return points, left_out
+
+
+def timed_degrees(device: str, stack: str, model: str) -> list[int]:
+    """The degrees the model splits into and the stack's all-reduce on the device was measured at."""
+    return usable_degrees(
+        from_hf_config(model_config_path(model)), find_spec(device), engine_all_reduce_stack(device, stack)
+    )
 
 
 @functools.lru_cache(maxsize=64)
