@@ -33,8 +33,7 @@ import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import replaced_atomically
-from perfmodel.hardware.ceilings import Ceilings, datasheet_ceilings
-from perfmodel.hardware.specs import find_spec
+from perfmodel.hardware.ceilings import Ceilings, judging_ceilings
 from perfmodel.measured.aiconfigurator import TORCH_ENGINE, TORCH_FOLDER
 from perfmodel.measured.contract import significant
 from perfmodel.measured.store import measured_rows, read_meta
@@ -91,11 +90,10 @@ def _trusted(rows: pd.DataFrame, path: Path, dropped: list[int]) -> pd.DataFrame
     rows in a graph now; older campaigns did so under 50 us only): they are left out and
     counted in `dropped`, for the GPU check to measure again."""
     run = _run(path)
-    spec_key = run.get("device", {}).get("spec_key")
-    if "mode" not in rows or not (run.get("ceilings") or spec_key):
+    judged_by = judging_ceilings(run.get("ceilings"), run.get("device", {}).get("spec_key"))  # the sweeper's rule
+    if not judged_by or "mode" not in rows:
         return rows
-    # A GPU check measures no ceilings: the datasheet's floor is lower still (the sweeper's rule)
-    limits = Ceilings.from_dict(run["ceilings"]) if run.get("ceilings") else datasheet_ceilings(find_spec(spec_key))
+    limits = Ceilings.from_dict(judged_by)
     flops, moved = rows["flops"].to_numpy(dtype=float), rows["bytes"].to_numpy(dtype=float)
     floor = np.empty(len(rows))
     for dtype, where in rows.groupby("dtype").indices.items():

@@ -76,7 +76,7 @@ def add_norm_rows(torch, tokens) -> list[dict]:
     return rows
 
 
-def engine_stacks(device: str | None) -> list[str]:
+def predicting_stacks(device: str | None) -> list[str]:
     """The engine stacks whose imported tables the device ships (none for a device the toolkit does not know)."""
     shipped = {s.engine for s in shipped_stacks(device)} if device else set()
     return [stack for stack in STACKS if stack in shipped]
@@ -86,7 +86,7 @@ def predictions(rows: pd.DataFrame, device: str) -> pd.DataFrame:
     """Each row's prediction by the engine stacks' latency sources (their latency labels say how)."""
     model = load_model("llama-3-8b")
     out = rows.copy()
-    for stack in engine_stacks(device):
+    for stack in predicting_stacks(device):
         predicted = []
         for row in rows.itertuples():
             if row.kernel == "lm_head":
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = pd.DataFrame(lm_head_rows(torch, TOKENS) + add_norm_rows(torch, TOKENS))
     driver = info.details.get("driver", "")
     rows = rows.assign(device=info.name, driver=driver, torch=torch.__version__, cuda=torch.version.cuda)
-    if engine_stacks(info.spec_key):
+    if predicting_stacks(info.spec_key):
         rows = predictions(rows, info.spec_key)
     write_csv(rows, args.csv)
     shown = rows.drop(columns=["device", "driver", "torch", "cuda"])

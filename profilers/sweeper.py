@@ -14,8 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.hardware.ceilings import Ceilings, datasheet_ceilings
-from perfmodel.hardware.specs import find_spec
+from perfmodel.hardware.ceilings import Ceilings, judging_ceilings
 from perfmodel.measured.contract import ContractPoint, contract_fields
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.grid import PAPER_GRID, QUICK_GRID, Grid
@@ -145,9 +144,7 @@ class Sweeper:
         # Without measured ceilings (a GPU check), the datasheet's: an event timing of a
         # many-kernel op can pass 50 us on gaps alone (tree attention on an H200, 73-94 us
         # against 15-18 us in a graph), and only its floor says so.
-        self.floor_ceilings = ceilings or (
-            datasheet_ceilings(find_spec(info.spec_key)).as_dict() if info.spec_key else None
-        )
+        self.floor_ceilings = judging_ceilings(ceilings, info.spec_key)
         self.flush = (
             cache_flusher(info.kind, info.cache_bytes, config.timer.flush_bytes)
             if config.timer.flush_cache

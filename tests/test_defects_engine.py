@@ -105,11 +105,11 @@ def test_the_lm_head_measured_on_lent_gpus_is_predicted_within_a_quarter(run, sp
     import pandas as pd
 
     from perfmodel.measured.store import MEASUREMENTS_DIR
-    from profilers.engine_kernels import engine_stacks, predictions
+    from profilers.engine_kernels import predicting_stacks, predictions
 
     measured = pd.read_csv(MEASUREMENTS_DIR / run / "engine-kernels.csv")
     device = run.split("/")[0]
-    assert engine_stacks(device) == ["vllm", "trtllm"]
+    assert predicting_stacks(device) == ["vllm", "trtllm"]
     head = predictions(measured[measured["kernel"] == "lm_head"], device)
     for stack in ("vllm", "trtllm"):
         error = head[f"predicted_{stack}_s"] / head["time_s"] - 1

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from perfmodel.base.dtypes import DTYPES
-from perfmodel.hardware.specs import HardwareSpec
+from perfmodel.hardware.specs import HardwareSpec, find_spec
 
 
 def gemv_bandwidth_gb_s(ceilings: dict) -> float:
@@ -63,6 +63,15 @@ def datasheet_ceilings(spec: HardwareSpec) -> Ceilings:
         bandwidth_gb_s={"datasheet": spec.memory_bandwidth_gb_s},
         peak_tflops={dtype: peak for dtype, peak in spec.peak_tflops.items() if dtype in DTYPES},
     )
+
+
+def judging_ceilings(measured: dict | None, spec_key: str | None) -> dict | None:
+    """The ceilings (a Ceilings dict) an event timing's roofline floor is judged by: the
+    measured ones, else the datasheet's of the device's spec (a GPU check measures none),
+    else None (no floor: only the 50 us rule)."""
+    if measured or not spec_key:
+        return measured or None
+    return datasheet_ceilings(find_spec(spec_key)).as_dict()
 
 
 def ceilings_spec(ceilings: Ceilings, name: str, memory_bytes: int) -> HardwareSpec:

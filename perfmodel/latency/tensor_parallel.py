@@ -124,7 +124,13 @@ def step_collectives(
         return Collectives(None, None)
     own = all_reduce_stack or engine_all_reduce_stack(spec.key, stack)
     all_reduce = all_reduce_source(spec, stack=own, dtype=dtype)
-    return Collectives(all_reduce, gather_source(spec.key, all_reduce_source(spec, dtype=dtype)))
+    return Collectives(all_reduce, step_gather(spec, dtype))
+
+
+def step_gather(spec: HardwareSpec, dtype: str | None = None):
+    """What gathers a step's vocabulary-split logits: the device's NCCL all_gather tables, else
+    half its default all-reduce (perfmodel.latency.logits_gather.gather_source)."""
+    return gather_source(spec.key, all_reduce_source(spec, dtype=dtype))
 
 
 def tensor_parallel_steps(
@@ -157,7 +163,7 @@ def usable_degrees(model: ModelConfig, spec: HardwareSpec, all_reduce_stack: str
     such as an unmeasured CPU, none): 1 always."""
     try:
         source = all_reduce_source(spec, stack=all_reduce_stack)
-        gather = gather_source(spec.key, all_reduce_source(spec))
+        gather = step_gather(spec)
     except PerfkitError:
         if all_reduce_stack is not None:  # a stack asked for and not there is the caller's error
             raise
