@@ -1,7 +1,8 @@
 """What a serving simulation reads from the performance model, tabulated once per
 configuration: the decoding step's time and tokens per sequence at every running batch and
-context (at the tree the schedule runs there), a prompt's prefill time by length, and the KV
-cache's capacity in tokens.
+context (at the tree the schedule runs there), a prompt's prefill time by length, what an
+iteration that decodes nothing pays beyond its prefill work, and the KV cache's capacity in
+tokens.
 
 Tabulating first keeps the simulation's loop free of the latency model: one vectorised
 pricing of batch x context (about 256 x 16 points) per configuration, then lookups."""
@@ -36,6 +37,13 @@ class ServingCosts:
     kv_capacity: int  # KV-cache tokens the replica holds beside its weights
     spare_tokens: int  # KV slots a step's tree adds per sequence beyond its context (tree - 1)
     label: str  # what the costs rest on
+    # Seconds an iteration that runs no decoding step (prefill alone) takes beyond its prefill
+    # work, by the prompt tokens it prefills (at prefill_lengths). An engine's per-iteration work
+    # (scheduling, the forward's fixed part, sampling, an idle loop's wake-up) is part of a
+    # decoding step's measured time, so a prefill beside decoding sequences adds only its own
+    # work; alone, the iteration's own cost remains. None: nothing beyond (a step model's
+    # prefill_time is a whole forward already).
+    idle_s: np.ndarray | None = None
 
     @property
     def max_seqs(self) -> int:
@@ -50,6 +58,7 @@ class ServingCosts:
             self.tree.tolist(),
             self.prefill_lengths.tolist(),
             self.prefill_s.tolist(),
+            [] if self.idle_s is None else self.idle_s.tolist(),
         )
 
     def step(self, batch: int, context: float) -> tuple[float, float, int]:
@@ -77,6 +86,7 @@ class StepLookup:
     tree: list
     prefill_lengths: list
     prefill_s: list
+    idle_s: list  # as ServingCosts' ([]: None)
 
     def step(self, batch: int, context: float) -> tuple[float, float, int]:
         """See ServingCosts.step."""
@@ -144,6 +154,13 @@ class StepLookup:
     def prefill(self, tokens: int) -> float:
         """See ServingCosts.prefill, for one prefix."""
         return 0.0 if tokens <= 0 else interpolate(tokens, self.prefill_lengths, self.prefill_s)
+
+    def idle(self, tokens: int) -> float:
+        """Seconds an iteration that decodes nothing and prefills `tokens` prompt tokens takes
+        beyond their prefill (ServingCosts.idle_s)."""
+        if not self.idle_s or tokens <= 0:
+            return 0.0
+        return interpolate(tokens, self.prefill_lengths, self.idle_s)
 
 
 def first_step_past(context: float, tokens: float, bound: float, inclusive: bool, least: int) -> int:

@@ -9,13 +9,20 @@ How the engine's step sweep becomes the simulation's costs:
 - prefilling L tokens adds mixed(L) to the iteration that does it: measured as the lengthened
   step of requests decoding beside a one-token request (linear between measured lengths,
   and beyond the longest);
+- an iteration that decodes nothing (the engine idle, or only prefilling) has no decoding step
+  to carry its own cost (scheduling, the forward's fixed part, sampling, the idle loop waking),
+  so it adds idle(L) to the prefill's mixed(L): what the sweep's lone prompt of L tokens took to
+  its first token (kind prefill) beyond the fixed part below and mixed(L), per measured length
+  and linear between (never below 0: an iteration costs at least its prefill). A lone request's
+  predicted time to first token is then the sweep's lone probe of its length, not less;
 - the rest of a request's time to first token is spent outside the engine's iteration loop
   (HTTP, the engine's queues, streaming the first token back): the simulation lets each
   request in that long after its arrival. It is what the sweep's requests that arrived
   beside b decoding ones took to their first token beyond what the loop gave them: half a
   step's wait for the iteration under way, then the step that decoded the b and prefilled
-  them (the median over lengths). A lone request's time to first token is not used: load
-  runs have others decoding, and a lone one's includes loop work a busy engine overlaps.
+  them (the median over lengths). A lone request's time to first token is not used for it:
+  load runs have others decoding, and a lone one's includes the idle iteration's own cost
+  (priced above, for the iterations that decode nothing).
 Every point is the median of its repeats over the sweep's two passes (before and after the
 load runs: the machine's speed drifts).
 """
@@ -51,7 +58,7 @@ from perfmodel.serving.simulator import EngineConfig, simulate, steady
 QUANTILES = (50, 90)
 LATENCY_TOLERANCE = 0.15  # the issue's bar for TTFT and TPOT percentiles
 THROUGHPUT_TOLERANCE = 0.10
-DECODE, MIXED, MIXED_TTFT = "decode", "mixed", "mixed-ttft"  # the step sweep's kinds of row
+DECODE, MIXED, MIXED_TTFT, PREFILL = "decode", "mixed", "mixed-ttft", "prefill"  # the step sweep's kinds of row
 # About the context of the sweep's requests that decode beside a mixed probe: 64-token prompts
 # and 40-250 tokens decoded by the time the probes arrive.
 PROBE_CONTEXT = 200
@@ -101,9 +108,9 @@ def engine_costs(measurement: EngineMeasurement, drafting: Drafting = NOT_DRAFTI
     meta, steps = measurement.meta, measurement.steps
     server = meta["server"]
     max_seqs, max_context = int(server["max_num_seqs"]), int(server["max_model_len"])
-    kinds = {kind: steps[steps["kind"] == kind] for kind in (DECODE, MIXED, MIXED_TTFT)}
+    kinds = {kind: steps[steps["kind"] == kind] for kind in (DECODE, MIXED, MIXED_TTFT, PREFILL)}
     if any(rows.empty for rows in kinds.values()):
-        raise PerfkitError(f"{measurement.folder}/steps.csv needs decode, mixed and mixed-ttft rows")
+        raise PerfkitError(f"{measurement.folder}/steps.csv needs decode, mixed, mixed-ttft and prefill rows")
     if measurement.speculating is not EngineSpeculation.OFF:
         kinds[DECODE] = iteration_steps(kinds[DECODE], measurement.folder)
     contexts = context_grid(max_context)
@@ -119,13 +126,26 @@ def engine_costs(measurement: EngineMeasurement, drafting: Drafting = NOT_DRAFTI
     batch = int(kinds[MIXED]["batch"].iloc[0])
     step = float(np.interp(min(PROBE_CONTEXT, max_context), contexts, step_s[batch - 1]))
     entry = float(np.median(beside - mixed - 1.5 * step))
+    idle = idle_table(by_length(kinds[PREFILL]), lengths, added, entry)
     tokens = np.full_like(step_s, drafting.tokens_per_step)
     verified = np.full(step_s.shape, 1 + drafting.draft_tokens, dtype=np.int64)  # tokens a step runs per sequence
     label = f"{meta['engine']['name']} {meta['engine']['version']} step sweep ({len(steps)} points)"
     kv_tokens = int(meta["engine"]["kv_cache_tokens"])
-    costs = ServingCosts(contexts, step_s, tokens, verified, lengths, added, kv_tokens, drafting.draft_tokens, label)
+    costs = ServingCosts(
+        contexts, step_s, tokens, verified, lengths, added, kv_tokens, drafting.draft_tokens, label, idle
+    )
     engine = EngineConfig("chunked", int(server["max_num_batched_tokens"]), max_seqs)
     return EngineCosts(costs, entry, engine)
+
+
+def idle_table(lone: pd.Series, lengths: np.ndarray, added: np.ndarray, entry_s: float) -> np.ndarray:
+    """Per prompt length (`lengths`, from 1), what an iteration that decodes nothing adds to the
+    prefill's own `added` seconds: the lone probe's time to first token (`lone`, by length) less
+    the fixed part outside the loop and the prefill; measured lengths only, linear between and
+    held beyond (see the module doc)."""
+    measured = lone[(lone.index >= 1) & (lone.index <= lengths[-1])]
+    over = measured.to_numpy() - entry_s - added[measured.index.to_numpy() - 1]
+    return np.interp(lengths, measured.index.to_numpy(), np.maximum(over, 0.0))
 
 
 def percentiles(served: pd.DataFrame) -> dict:
@@ -230,6 +250,7 @@ def comparison_lines(table: pd.DataFrame, measurement: EngineMeasurement) -> lis
         f"measured: {len(table)} load runs of {plan['requests']} Poisson requests, prompts {plan['prompt_len']} "
         f"and outputs {plan['response_len']} tokens, greedy; percentiles over the middle 80% by arrival",
         *predicted_how(measurement),
+        alone_line(measurement),
         "",
         f"{'rate/s':>6} {'run':>3}  {'TTFT p50 ms':>22}  {'TTFT p90 ms':>22}  {'TPOT p50 ms':>20}  "
         f"{'TPOT p90 ms':>20}  {'tokens/s':>22}",
@@ -249,6 +270,23 @@ def comparison_lines(table: pd.DataFrame, measurement: EngineMeasurement) -> lis
         f"tokens/s within {THROUGHPUT_TOLERANCE:.0%}: {'yes' if met['throughput'] else 'no'}",
     ]
     return [line.rstrip() for line in lines]
+
+
+def alone_line(measurement: EngineMeasurement) -> str:
+    """A request of the plan's lengths that finds the engine idle: its first token as the sweep's
+    lone probe measured it, then as predicted (the module doc: never faster)."""
+    plan, steps = measurement.meta["plan"], measurement.steps
+    prompt, output = int(plan["prompt_len"]), int(plan["response_len"])
+    lone = by_length(steps[steps["kind"] == PREFILL])
+    measured = float(np.interp(prompt, lone.index, lone))
+    probe = "its lone probe" if prompt in lone.index else "between its lone probes"
+    pricing = run_pricing(measurement)
+    alone = pd.DataFrame({"request": [0], "arrival_s": [0.0], "prompt": [prompt], "output": [output]})
+    predicted = float(predicted_run(alone, pricing[min(pricing)][0])[0]["ttft_s"].iloc[0])
+    return (
+        f"alone on the engine, a {prompt}-token prompt's first token: {measured * 1e3:.1f} ms measured ({probe} in "
+        f"the sweep), {predicted * 1e3:.1f} ms predicted"
+    )
 
 
 def speculating_words(measurement: EngineMeasurement) -> str:

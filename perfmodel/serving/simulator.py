@@ -6,7 +6,9 @@
 - prefill is `separate` (an iteration prefilling every newly admitted prompt, before the
   next decoding step: vLLM's v0 and TGI's default) or `chunked` (each iteration decodes the
   running batch and prefills prompts in chunks up to a token budget, the step's own tokens
-  counted against it: vLLM's v1 and SGLang's default). The prefill makes the first token;
+  counted against it: vLLM's v1 and SGLang's default). The prefill makes the first token; an
+  iteration that decodes nothing also pays the costs' idle_s (the iteration's own cost,
+  which a decoding step's time otherwise carries);
 - a decoding step of b sequences at their mean context runs the tree the schedule names
   for (b, context), and every sequence gains that tree's expected tokens per step (its
   acceptance; 1 in plain decoding), times the request's own `gain` where the requests carry
@@ -222,7 +224,7 @@ def simulate(
 
         made = 0.0
         if not chunked and prefilling:
-            t += sum([prefill_of[i] for i in prefilling])
+            t += sum([prefill_of[i] for i in prefilling]) + lookup.idle(sum([prompt_of[i] for i in prefilling]))
             ready, prefilling = prefilling, []
         else:
             dt, budget = 0.0, engine.chunk_tokens
@@ -246,7 +248,7 @@ def simulate(
                 batch_time += seconds * b
                 tree_steps += count * (tree > 1)
                 steps += count
-            ready = []
+            ready, chunks = [], 0
             for i in prefilling:
                 if budget <= 0:
                     break
@@ -254,8 +256,11 @@ def simulate(
                 dt += lookup.prefill(prefilled[i] + chunk) - lookup.prefill(prefilled[i])
                 prefilled[i] += chunk
                 budget -= chunk
+                chunks += chunk
                 if prefilled[i] == prompt_of[i]:
                     ready.append(i)
+            if not running:  # no decoding step carried the iteration's own cost
+                dt += lookup.idle(chunks)
             prefilling = [i for i in prefilling if prefilled[i] < prompt_of[i]]
             t += dt
             while running and gain_of[j := running[0][1]] * (progress - joined[j]) >= output_of[j] - 1 - GAIN_ROUNDING:
