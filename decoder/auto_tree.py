@@ -14,13 +14,17 @@ step 9x and made step times fall as the tree grew, and the tree picked from them
 0.77x. So every run first times a few plain steps (the probe), and a calibration is used
 only if its step times do not fall as the tree grows and its plain step is not much slower
 than the probe's (plausibility checks, below). A cached calibration that fails them is
-measured again; a fresh one that fails them serves this run only and is not kept.
-`--recalibrate` measures it again regardless; deleting the cache file does the same.
+measured again; a fresh one that fails them is neither kept nor used. `--recalibrate`
+measures it again regardless; deleting the cache file does the same.
+
+A calibration takes seconds to minutes on 2 cores, so only a run that asks for one measures
+it (`may_calibrate`): `decoder.generate` without `--tree` uses a kept one or none. Where no
+calibration kept on this machine backs a prediction, none is made: the run says why in one
+line and decodes with the checkpoint's default tree.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -39,8 +43,9 @@ from decoder.manifest import sha256, weight_files
 from decoder.medusa import Decoder
 from decoder.runs import decode_interleaved, heldout_prompts
 from decoder.step_profile import PLAIN_STEP_FACTOR, StepProfile, profile_problems, unsteady_rounds
+from decoder.tree import resolve_tree
 from perfmodel.acceptance.record import own_record
-from perfmodel.acceptance.trees import greedy_tree
+from perfmodel.acceptance.trees import Tree, greedy_tree
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
@@ -119,17 +124,13 @@ def age_text(seconds: float) -> str:
 
 @dataclass
 class Calibration:
-    """Where one machine, model, batch and context's step profile is kept (`kept` False: a
-    profile measured now that was not kept there)."""
+    """Where one machine, model, batch and context's step profile is kept."""
 
     path: Path
     key: str
-    kept: bool = True
 
     def describe(self) -> str:
-        if self.kept:
-            return f"{self.key}, {self.path}"
-        return f"{self.key}, measured for this run only (implausible, not kept)"
+        return f"{self.key}, {self.path}"
 
     def load(self, log=print) -> StepProfile | None:
         """The kept profile, or None; a file that cannot be read is reported and ignored (it
@@ -247,13 +248,19 @@ def step_profile(
     accuracy,
     log=print,
     recalibrate: bool = False,
-) -> tuple[StepProfile, Calibration]:
-    """This decoder's step times by tree size: the cached calibration where it passes the
-    plausibility checks against a fresh probe of the plain step, else measured now (and
-    kept where the new one passes them)."""
+    may_calibrate: bool = True,
+) -> tuple[StepProfile | None, str]:
+    """This decoder's step times by tree size, as (the profile, where it is kept): the cached
+    calibration where it passes the plausibility checks against a fresh probe of the plain
+    step, else, with `may_calibrate` or `recalibrate`, measured now and kept where the new one
+    passes them. (None, why) where no kept calibration passes them: one that is not kept is
+    not used."""
     calibration = calibration_for(ckpt, decoder, batch, context, new_tokens)
+    may_calibrate = may_calibrate or recalibrate
     length = calibration_prompt_len(ckpt, context, new_tokens)
     cached = None if recalibrate else calibration.load(log)
+    if cached is None and not may_calibrate:
+        return None, "no calibration of this machine's step times is kept (--tree auto measures one and keeps it)"
     if cached is None:
         cache_folder(calibration)  # the calibration ahead will be kept there: fail now, not after it
     # The probe runs at the calibration's mean context: its prompts plus half the response.
@@ -273,8 +280,10 @@ def step_profile(
                     f"this machine is slower now than when calibrated (plain step {probe_s * 1e3:.3g} ms against "
                     f"{cached.plain_s * 1e3:.3g} ms): busy? The calibration is kept; this run's timings will be slow"
                 )
-            return cached, calibration
+            return cached, calibration.describe()
         log(f"not using the tree calibration {calibration.path} [{calibration.key}]: {'; '.join(problems)}")
+        if not may_calibrate:
+            return None, "the kept calibration does not fit this machine now, as said (--tree auto measures it again)"
     elif recalibrate:
         log("--recalibrate: measuring the tree calibration again")
     cache_folder(calibration)
@@ -288,12 +297,12 @@ def step_profile(
     if problems:
         log(
             f"the new tree calibration is implausible ({'; '.join(problems)}): the machine's speed changed while it "
-            "ran (is it busy?). It serves this run only and is not kept"
+            "ran (is it busy?). It is neither kept nor used"
         )
-        return fresh, dataclasses.replace(calibration, kept=False)
+        return None, "the calibration measured now is implausible, as said above"
     calibration.save(fresh)
     log(f"kept the tree calibration in {calibration.path} [{calibration.key}]")
-    return fresh, calibration
+    return fresh, calibration.describe()
 
 
 def auto_tree(
@@ -304,9 +313,12 @@ def auto_tree(
     new_tokens: int,
     log=print,
     recalibrate: bool = False,
-) -> tuple[TreeChoice, object]:
+    may_calibrate: bool = True,
+) -> tuple[TreeChoice | None, Tree | None]:
     """The performance model's choice for this decoder at `batch` prompts of `context`
-    tokens decoding `new_tokens` each: (the choice, its Tree or None for plain decoding)."""
+    tokens decoding `new_tokens` each: (the choice, its Tree or None for plain decoding).
+    Where no calibration kept on this machine backs a prediction (see step_profile), there is
+    no choice: (None, the checkpoint's default tree), and one line logged says why."""
     if ckpt.heads is None:
         raise PerfkitError(f"--tree auto needs Medusa heads; {ckpt.folder} has none")
     accuracy = checkpoint_accuracy(ckpt)
@@ -315,8 +327,12 @@ def auto_tree(
             f"--tree auto needs the heads' accuracies; {ckpt.folder} records none "
             "(python -m decoder.measure --out FOLDER/acceptance-greedy.json measures them)"
         )
-    profile, calibration = step_profile(decoder, ckpt, batch, context, new_tokens, accuracy, log, recalibrate)
-    latency = f"this decoder's measured step times, {calibration.describe()}"
+    profile, basis = step_profile(decoder, ckpt, batch, context, new_tokens, accuracy, log, recalibrate, may_calibrate)
+    if profile is None:
+        tree = resolve_tree("default", ckpt)
+        log(f"no speedup predicted: {basis}; running the checkpoint's default tree of {tree.size} tokens")
+        return None, tree
+    latency = f"this decoder's measured step times, {basis}"
     choice = choose_tree(profile.step_s, accuracy, latency, profile.batch_efficiency if batch > 1 else None)
     return choice, choice.tree(accuracy)
 

@@ -39,9 +39,9 @@ from perfmodel.cli.fields import POSITIONAL, add_options, option, read_options
 from perfmodel.models.config import (
     BUNDLED_MODEL,
     load_model,
-    parse_hf_config,
     parse_medusa_config,
     read_config_json,
+    read_hf_config,
     resolve_model_path,
 )
 
@@ -155,7 +155,7 @@ def is_preset(model: str | Path) -> bool:
 def load_checkpoint(model: str | Path = "bundled", heads: str | Path | None = None, dtype=torch.float32) -> Checkpoint:
     folder = resolve_folder(model)
     config_file = _config_file(folder)
-    parsed = parse_hf_config(read_config_json(config_file), config_file)
+    parsed = read_hf_config(config_file)
     config = LlamaConfig.from_hf(parsed)
     weights = sorted(p for p in folder.glob("*.safetensors") if p.name not in (*HEADS_FILES, *EAGLE_FILES.values()))
     if not weights:

@@ -175,7 +175,10 @@ def measure(args: MeasureOptions) -> dict:
     if name == "auto":
         context = args.prompt_len + args.new_tokens // 2
         auto, tree = auto_tree(decoder, ckpt, batch, context, args.new_tokens, recalibrate=args.recalibrate)
-        print(f"--tree auto: {auto.describe()}", file=sys.stderr)
+        if auto is None:
+            name = "default"  # no kept calibration backs a choice: the default tree ran, unpriced (auto_tree said why)
+        else:
+            print(f"--tree auto: {auto.describe()}", file=sys.stderr)
     else:
         tree = resolve_tree(name, ckpt, accuracy)
     tree_size = 1 if tree is None else tree.size

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from perfmodel.base.outputs import replaced_atomically
 from perfmodel.cli import Parser, run
 from perfmodel.cli.fields import add_options, option, read_options
 from perfmodel.latency.allreduce import DECODE_BYTES
@@ -146,13 +147,18 @@ def print_fit() -> None:
 
 
 def import_vidur(source_dir: Path) -> None:
-    for device, tables in SHIPPED_TABLES.items():
-        for topology, vidur in tables.items():
-            table = import_vidur_all_reduce(source_dir / vidur / "all_reduce.csv", vidur)
-            out = table_path(device, topology)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            table.to_csv(out, index=False, float_format="%.6g")
-            print(f"wrote {out} ({len(table)} rows)")
+    # every table read before the first is written: a missing or bad one leaves the shipped ones
+    # as they were, not half of them replaced
+    tables = {
+        table_path(device, topology): import_vidur_all_reduce(source_dir / vidur / "all_reduce.csv", vidur)
+        for device, topologies in SHIPPED_TABLES.items()
+        for topology, vidur in topologies.items()
+    }
+    for out, table in tables.items():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with replaced_atomically(out) as temporary:
+            table.to_csv(temporary, index=False, float_format="%.6g")
+        print(f"wrote {out} ({len(table)} rows)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import gc
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
+from perfmodel.base.output_locks import claimed_dir
 from perfmodel.base.outputs import writable_dir, writable_file
 from perfmodel.base.provenance import Provenance
 from perfmodel.cli import Parser, batch_size, options, positive_int, run, token_count
@@ -131,49 +133,53 @@ def main(argv: list[str] | None = None) -> int:
                 "those points are priced, but the model cannot run there",
                 file=sys.stderr,
             )
-    # Where output goes is checked before a sweep (--measure) or the figures, not after them.
-    if args.out:
-        writable_dir(args.out)
-    elif args.measure:
-        writable_dir(DEFAULT_OUT / device_key(args.gpu, args.spec))
-    if args.csv:
-        writable_file(args.csv, "grid table")
-    if args.measure:
-        # Only a --measure run loads the sweeper: it imports torch (about a second), which
-        # drawing the rooflines from specs and stored measurements never needs.
-        from profilers.sweep_runs import measure_now
+    # Where output goes is checked before a sweep (--measure) or the figures, not after them, and
+    # held to the end: a second run into the folder is refused (perfmodel.base.output_locks.claimed_dir).
+    with ExitStack() as held:
+        if args.out:
+            held.enter_context(claimed_dir(args.out))
+        elif args.measure:
+            writable_dir(DEFAULT_OUT / device_key(args.gpu, args.spec))
+        if args.csv:
+            writable_file(args.csv, "grid table")
+        if args.measure:
+            # Only a --measure run loads the sweeper: it imports torch (about a second), which
+            # drawing the rooflines from specs and stored measurements never needs.
+            from profilers.sweep_runs import measure_now
 
-        files = measure_now(args.gpu, args.spec, models, dtype, grid)
-    else:
-        files = list(args.measurements or [])
-    view = resolve_view(args.gpu, args.spec, files)
-    out = writable_dir(args.out or DEFAULT_OUT / view.spec.key)
-    view.spec.peak_flops(dtype)
+            files = measure_now(args.gpu, args.spec, models, dtype, grid)
+        else:
+            files = list(args.measurements or [])
+        view = resolve_view(args.gpu, args.spec, files)
+        out = args.out or held.enter_context(claimed_dir(DEFAULT_OUT / view.spec.key))
+        view.spec.peak_flops(dtype)
 
-    # Everything is written into a staging folder inside `out` and moved in only once it is all
-    # there (reports.output_folder): a full disk or an interruption leaves the last run whole.
-    with Renderer(args.jobs, figure_cache()) as renderer, staged(out) as folder:
-        figures, tables, errors = submit_roofline_figures(
-            renderer, view, models, variation_model, dtype, grid, args.latency
-        )
-        table = pd.concat([t for t in tables if not t.empty], ignore_index=True)
-        csv_path = write_table(table, args.csv) if args.csv else out / write_table(table, folder / "roofline.csv").name
-        html_path = out / write_page(folder, view, dtype, figures, errors).name
-        attention = [
-            write_measured_attention(folder, view.spec.key, model, dtype, getattr(args.latency, "stack", None))
-            for model in ([] if view.is_cpu else models)
-        ]
-    measured = sum((t["source"] == Provenance.MEASURED).sum() for t in tables)
-    print(f"{view.spec.name} ({view.spec.key}), {dtype}: {len(figures)} figures in {out}/")
-    print(f"  latency: {'; '.join(dict.fromkeys(table['latency_model'].dropna()))}")
-    if view.sources:
-        print(f"  measured: {measured} rows from {', '.join(str(p) for p in view.sources)}")
-    for line in filter(None, attention):
-        print(line.replace(str(folder), str(out)))
-    print(f"  html: {html_path}")
-    print(f"  csv:  {csv_path} ({len(table)} rows)")
-    print(f"  done in {time.perf_counter() - started:.1f} s")
-    return 0
+        # Everything is written into a staging folder inside `out` and moved in only once it is all
+        # there (reports.output_folder): a full disk or an interruption leaves the last run whole.
+        with Renderer(args.jobs, figure_cache()) as renderer, staged(out) as folder:
+            figures, tables, errors = submit_roofline_figures(
+                renderer, view, models, variation_model, dtype, grid, args.latency
+            )
+            table = pd.concat([t for t in tables if not t.empty], ignore_index=True)
+            csv_path = (
+                write_table(table, args.csv) if args.csv else out / write_table(table, folder / "roofline.csv").name
+            )
+            html_path = out / write_page(folder, view, dtype, figures, errors).name
+            attention = [
+                write_measured_attention(folder, view.spec.key, model, dtype, getattr(args.latency, "stack", None))
+                for model in ([] if view.is_cpu else models)
+            ]
+        measured = sum((t["source"] == Provenance.MEASURED).sum() for t in tables)
+        print(f"{view.spec.name} ({view.spec.key}), {dtype}: {len(figures)} figures in {out}/")
+        print(f"  latency: {'; '.join(dict.fromkeys(table['latency_model'].dropna()))}")
+        if view.sources:
+            print(f"  measured: {measured} rows from {', '.join(str(p) for p in view.sources)}")
+        for line in filter(None, attention):
+            print(line.replace(str(folder), str(out)))
+        print(f"  html: {html_path}")
+        print(f"  csv:  {csv_path} ({len(table)} rows)")
+        print(f"  done in {time.perf_counter() - started:.1f} s")
+        return 0
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import pandas as pd
 from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
 from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.output_locks import claimed_dir
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, run, token_count, workload_options
 from perfmodel.cli.fields import add_options, option, read_options, shared
@@ -254,12 +256,15 @@ def format_regret(regret: pd.DataFrame) -> list[str]:
     return lines
 
 
-def closed_loop_rows(paths, schedule: SpeculationSchedule) -> tuple[pd.DataFrame | None, str]:
-    """The closed-loop rows of the schedule's model and dtype (where the files name them), and
-    which files they come from; or None and why there are none."""
+def closed_loop_rows(
+    paths, rows: pd.DataFrame | None, schedule: SpeculationSchedule
+) -> tuple[pd.DataFrame | None, str]:
+    """Of the closed-loop `rows` read from `paths` (read_closed_loops), those of the schedule's
+    model and dtype (where the files name them), and which files they come from; or None and
+    why there are none."""
     if not paths:
         return None, ""
-    rows = kept = read_closed_loops(paths)
+    kept = rows
     for column, value in (("model", schedule.model), ("dtype", schedule.dtype)):
         if column in kept:
             kept = kept[kept[column].astype(str) == value]
@@ -275,6 +280,9 @@ def closed_loop_rows(paths, schedule: SpeculationSchedule) -> tuple[pd.DataFrame
 def main(argv: list[str] | None = None) -> int:
     args = read_options(ScheduleOptions, build_parser().parse_args(argv))
     engines = check_engines(args.engine)
+    # The closed loops given are read first: a missing or malformed one is one line before any
+    # work, not an error after the exports are written.
+    given = read_closed_loops(args.closed_loop) if args.closed_loop else None
     model = load_model(args.model)
     # notes (a stored CPU standing in for this one) go to stderr: --json keeps stdout JSON
     view = resolve_devices([args.spec or args.gpu], log=lambda line: print(line, file=sys.stderr))[0]
@@ -295,52 +303,61 @@ def main(argv: list[str] | None = None) -> int:
         drafter=args.drafter,
     )
     check_request(request)
-    schedule = schedule_deployment(deployment, request)
-    weights = drafter_weights(schedule, weights)  # a --heads that names no drafter fails here, before any output
-    # vLLM's Medusa drafts one token per head, its EAGLE one per pass: its export is the schedule over chains
-    chains = None
-    if "vllm" in engines and args.drafter in CHAINS_WHY:
-        chains = schedule_deployment(deployment, dataclasses.replace(request, family="chain"))
-    out = args.out or Path(DEFAULT_OUT.replace("<device>", schedule.device).replace("<model>", schedule.model))
-    if args.json:
-        print(schedule.to_json())
+    # The folder of the exports is claimed before the schedule is worked out, and held to the
+    # end: a second run into it is refused (perfmodel.base.output_locks.claimed_dir).
+    with ExitStack() as held:
         if args.out:
-            write_exports(schedule, engines, args.out, weights, chains)
-        return 0
-    print("\n".join(summary(schedule)))
-    print(format_bands(schedule))
-    for note in schedule.notes:
-        print(f"  note: {note}")
-    if chains is not None:
-        print(f"\n  vLLM's export: the same rule over chains ({CHAINS_WHY[args.drafter]}):")
-        print(format_bands(chains))
-        for note in chains.notes:
+            held.enter_context(claimed_dir(args.out, "folder of the exports"))
+        schedule = schedule_deployment(deployment, request)
+        weights = drafter_weights(schedule, weights)  # a --heads that names no drafter fails here, before any output
+        # vLLM's Medusa drafts one token per head, its EAGLE one per pass: its export is the schedule over chains
+        chains = None
+        if "vllm" in engines and args.drafter in CHAINS_WHY:
+            chains = schedule_deployment(deployment, dataclasses.replace(request, family="chain"))
+        out = args.out or Path(DEFAULT_OUT.replace("<device>", schedule.device).replace("<model>", schedule.model))
+        if args.json:
+            print(schedule.to_json())
+            if args.out:
+                write_exports(schedule, engines, args.out, weights, chains)
+            return 0
+        print("\n".join(summary(schedule)))
+        print(format_bands(schedule))
+        for note in schedule.notes:
             print(f"  note: {note}")
-    vllm_said = vllm_note(chains or schedule) if "vllm" in engines else None
-    if vllm_said:
-        print(f"  note: {vllm_said}")
-    written = write_exports(schedule, engines, out, weights, chains)
-    per_engine = Counter("json" if path.parent == out else path.parent.name for path in written)
-    counts = ", ".join(f"{engine} {per_engine[engine]}" for engine in engines)
-    print(f"\nwrote {len(written)} files under {out} ({counts})")
-    if args.csv:
-        write_csv(schedule.to_frame(), args.csv)
-        print(f"bands written to {args.csv}")
-    stored = stored_closed_loop_files(schedule.device) if view.is_cpu else []
-    if schedule.drafter != DrafterKind.MEDUSA:  # the closed loops run the Medusa heads' trees
-        if args.closed_loop or stored:
-            print(f"\nno regret: the closed-loop runs measured Medusa's trees, not the {args.drafter} drafter's")
+        if chains is not None:
+            print(f"\n  vLLM's export: the same rule over chains ({CHAINS_WHY[args.drafter]}):")
+            print(format_bands(chains))
+            for note in chains.notes:
+                print(f"  note: {note}")
+        vllm_said = vllm_note(chains or schedule) if "vllm" in engines else None
+        if vllm_said:
+            print(f"  note: {vllm_said}")
+        if not args.out:  # the default folder is held from when it is named
+            held.enter_context(claimed_dir(out, "folder of the exports"))
+        written = write_exports(schedule, engines, out, weights, chains)
+        per_engine = Counter("json" if path.parent == out else path.parent.name for path in written)
+        counts = ", ".join(f"{engine} {per_engine[engine]}" for engine in engines)
+        print(f"\nwrote {len(written)} files under {out} ({counts})")
+        if args.csv:
+            write_csv(schedule.to_frame(), args.csv)
+            print(f"bands written to {args.csv}")
+        stored = stored_closed_loop_files(schedule.device) if view.is_cpu else []
+        if schedule.drafter != DrafterKind.MEDUSA:  # the closed loops run the Medusa heads' trees
+            if args.closed_loop or stored:
+                print(f"\nno regret: the closed-loop runs measured Medusa's trees, not the {args.drafter} drafter's")
+            return 0
+        if given is None and stored:  # the tool's own runs: read only where they are used
+            given = read_closed_loops(stored)
+        rows, source = closed_loop_rows(args.closed_loop or stored, given, schedule)
+        if rows is not None:
+            print(
+                f"\nRegret against the closed loop ({source}): the measured speedup of the schedule's tree vs the best "
+                "tree measured"
+            )
+            print("\n".join(format_regret(schedule_regret(schedule, rows))))
+        elif source:
+            print(f"\n{source}")
         return 0
-    rows, source = closed_loop_rows(args.closed_loop or stored, schedule)
-    if rows is not None:
-        print(
-            f"\nRegret against the closed loop ({source}): the measured speedup of the schedule's tree vs the best "
-            "tree measured"
-        )
-        print("\n".join(format_regret(schedule_regret(schedule, rows))))
-    elif source:
-        print(f"\n{source}")
-    return 0
 
 
 if __name__ == "__main__":

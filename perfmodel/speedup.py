@@ -12,6 +12,7 @@ import functools
 import json
 import sys
 import time
+from contextlib import ExitStack
 
 import pandas as pd
 
@@ -19,13 +20,15 @@ from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
-from perfmodel.base.outputs import write_csv
+from perfmodel.base.output_locks import claimed_dir
+from perfmodel.base.outputs import write_csv, write_file
 from perfmodel.cli import Parser, run
 from perfmodel.cli.fields import add_options, read_options
 from perfmodel.cli.speedup_options import DEFAULT_OUT, SpeedupOptions
 from perfmodel.latency.attention_table import write_measured_attention
+from perfmodel.latency.choice import LatencyMode
 from perfmodel.latency.pipeline import HostCosts
-from perfmodel.latency.source import LatencyMode, decoder_latency, view_latency
+from perfmodel.latency.source import decoder_latency, view_latency
 from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives
 from perfmodel.latency.traced import TracedStep
@@ -145,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         raise PerfkitError("--acceleration is the tokens per step of one tree: give its size with --tree-size")
     if args.tree_size is not None and args.drafter != DrafterKind.MEDUSA:
         raise PerfkitError(f"--tree-size prices one Medusa tree; --drafter {args.drafter} runs the simulations only")
+    if args.drafter == DrafterKind.MEDUSA:
+        model.require_heads("there is no tree to price, plain decoding is its only step (--drafter eagle or draft)")
     drafters = drafters_for(args.drafter, args.acceptance_rates, args.draft_alpha, args.draft_cost)
     acceptance = drafters[0].choice  # None for the draft model alone
     devices = choose_devices(args.gpu, args.spec, args.all)
@@ -161,95 +166,102 @@ def main(argv: list[str] | None = None) -> int:
     draft = draft_model_table(cost_ratio=args.draft_cost)
     tracer = sweep_tracer() if StepFlavor.TRACED in flavors else None  # one for every device: a shard is traced once
 
-    planned, skipped = [], []
-    for device in devices:
-        dtype = args.dtype or default_dtype("cpu" if device.is_cpu else "cuda")
-        if args.all and dtype not in device.spec.peak_tflops:
-            skipped.append(f"{device.spec.key} (no {dtype} peak)")
-            continue
-        device.spec.peak_flops(dtype)  # one clear line when the device lacks the dtype
-        try:
-            choices = DeploymentChoices(dtype=dtype, tensor_parallel=args.tp, latency=args.latency, tracer=tracer)
-            deployment = resolve(model, [device], choices)[0]
-            tp, planned_here = serving_plan(deployment, PlanRequest(acceptance=drafters[0].acceptance))
-        except PerfkitError as exc:  # another --tp would hold the model: with --all, one device less
-            if not args.all:
-                raise
-            skipped.append(f"{device.spec.key} ({exc})")
-            continue
-        folder = f"{device.spec.key}-{model.name}-{dtype}" + (f"-tp{tp}" if tp > 1 else "")
-        out = args.out if args.out and len(devices) == 1 else (args.out or DEFAULT_OUT) / folder
-        deployment = deployment.at(tp)
-        table = device_table(deployment, flavors, drafters)
-        split = [tp_line(args.tp, tp)] if args.tp is None or tp > 1 else []
-        if isinstance(planned_here, str):  # nothing to advise: say so above steps priced as if it fitted
-            split.append(f"  note: {planned_here}; the speedups below time its steps as if it fitted")
-        compared = []
-        # one drafter's optima against the datasheet's; the three drafters' would bury the choice
-        if (
-            len(drafters) == 1
-            and view_latency(device, model.shard(tp), dtype, args.latency).mode != LatencyMode.DATASHEET
-        ):
-            datasheet = device_table(dataclasses.replace(deployment, latency="datasheet"), flavors, drafters)
-            compared = optima_side_by_side(table, datasheet)
-        planned.append((device, dtype, out, table, split, compared))
+    # Each output folder is claimed before the simulations fill it, and held to the end: a
+    # second run into it is refused (perfmodel.base.output_locks.claimed_dir).
+    with ExitStack() as held:
+        planned, skipped, claimed = [], [], set()
+        for device in devices:
+            dtype = args.dtype or default_dtype("cpu" if device.is_cpu else "cuda")
+            if args.all and dtype not in device.spec.peak_tflops:
+                skipped.append(f"{device.spec.key} (no {dtype} peak)")
+                continue
+            device.spec.peak_flops(dtype)  # one clear line when the device lacks the dtype
+            try:
+                choices = DeploymentChoices(dtype=dtype, tensor_parallel=args.tp, latency=args.latency, tracer=tracer)
+                deployment = resolve(model, [device], choices)[0]
+                tp, planned_here = serving_plan(deployment, PlanRequest(acceptance=drafters[0].acceptance))
+            except PerfkitError as exc:  # another --tp would hold the model: with --all, one device less
+                if not args.all:
+                    raise
+                skipped.append(f"{device.spec.key} ({exc})")
+                continue
+            folder = f"{device.spec.key}-{model.name}-{dtype}" + (f"-tp{tp}" if tp > 1 else "")
+            out = args.out if args.out and len(devices) == 1 else (args.out or DEFAULT_OUT) / folder
+            root = args.out or out  # --out holds every device's folder
+            if root not in claimed:
+                held.enter_context(claimed_dir(root))
+                claimed.add(root)
+            deployment = deployment.at(tp)
+            table = device_table(deployment, flavors, drafters)
+            split = [tp_line(args.tp, tp)] if args.tp is None or tp > 1 else []
+            if isinstance(planned_here, str):  # nothing to advise: say so above steps priced as if it fitted
+                split.append(f"  note: {planned_here}; the speedups below time its steps as if it fitted")
+            compared = []
+            # one drafter's optima against the datasheet's; the three drafters' would bury the choice
+            if (
+                len(drafters) == 1
+                and view_latency(device, model.shard(tp), dtype, args.latency).mode != LatencyMode.DATASHEET
+            ):
+                datasheet = device_table(dataclasses.replace(deployment, latency="datasheet"), flavors, drafters)
+                compared = optima_side_by_side(table, datasheet)
+            planned.append((device, dtype, out, table, split, compared))
 
-    if not planned:
-        raise PerfkitError(
-            f"no device can run {model.name}{' in ' + args.dtype if args.dtype else ''}; skipped: {', '.join(skipped)}"
-        )
+        if not planned:
+            asked = f" in {args.dtype}" if args.dtype else ""
+            raise PerfkitError(f"no device can run {model.name}{asked}; skipped: {', '.join(skipped)}")
 
-    medusa = args.drafter == DrafterKind.MEDUSA  # the figures and best trees are Medusa's
-    with Renderer(args.jobs, figure_cache()) as renderer:
-        figures = [
-            submit_speedup_figures(renderer, d, model, dtype, table, draft, acceptance) if medusa else {}
-            for d, dtype, _, table, _, _ in planned
-        ]
-        for (device, dtype, out, table, split, compared), pngs in zip(planned, figures):
-            out.mkdir(parents=True, exist_ok=True)
-            what = (
-                "the best drafter and tree per batch and context"
-                if args.drafter == DrafterChoice.ALL
-                else f"acceptance {drafters[0].describe()}"
-            )
-            print(f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted; {what}")
-            print(f"  latency: {table['latency_model'].iloc[0]}")
-            if args.drafter == DrafterChoice.ALL:
-                found = choice_lines(table, drafters)
-            else:
-                found = summary_lines(device, dtype, table, draft)
-            for line in split + found + compared:
-                print(line)
-            written = []
-            for name, png in pngs.items():
-                (out / f"{name}.png").write_bytes(png())
-                written.append(f"{name}.png")
-            write_csv(draft, out / "draft-model.csv")
-            written.append("draft-model.csv")
-            if not device.is_cpu:
-                line = write_measured_attention(out, device.spec.key, model.shard(tp), dtype, args.latency.stack)
-                if line:
-                    print(line)
-            if not args.csv:
-                write_csv(table, out / "speedup.csv")
-                written.append(f"speedup.csv ({len(table)} rows)")
-            if medusa and acceptance.trees is not None:
-                trees = best_trees(optima(table), acceptance)
-                # one optimum per line: paths of top-ranks, the format engines read
-                lines = ",\n".join(f"  {json.dumps(t)}" for t in trees)
-                (out / "best-trees.json").write_text(
-                    f'{{"tree_model": {json.dumps(acceptance.trees.describe())},\n "optima": [\n{lines}\n ]}}\n'
+        medusa = args.drafter == DrafterKind.MEDUSA  # the figures and best trees are Medusa's
+        with Renderer(args.jobs, figure_cache()) as renderer:
+            figures = [
+                submit_speedup_figures(renderer, d, model, dtype, table, draft, acceptance) if medusa else {}
+                for d, dtype, _, table, _, _ in planned
+            ]
+            for (device, dtype, out, table, split, compared), pngs in zip(planned, figures):
+                out.mkdir(parents=True, exist_ok=True)
+                what = (
+                    "the best drafter and tree per batch and context"
+                    if args.drafter == DrafterChoice.ALL
+                    else f"acceptance {drafters[0].describe()}"
                 )
-                written.append("best-trees.json")
-            print(f"  wrote {out}/: {', '.join(written)}")
-    if args.csv:
-        rows = pd.concat([t for _, _, _, t, _, _ in planned], ignore_index=True)
-        write_csv(rows, args.csv)
-        print(f"csv: {args.csv} ({len(rows)} rows)")
-    if skipped:
-        print(f"skipped: {', '.join(skipped)}")
-    print(f"done in {time.perf_counter() - started:.1f} s")
-    return 0
+                print(f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted; {what}")
+                print(f"  latency: {table['latency_model'].iloc[0]}")
+                if args.drafter == DrafterChoice.ALL:
+                    found = choice_lines(table, drafters)
+                else:
+                    found = summary_lines(device, dtype, table, draft)
+                for line in split + found + compared:
+                    print(line)
+                written = []
+                for name, png in pngs.items():
+                    write_file(png(), out / f"{name}.png")
+                    written.append(f"{name}.png")
+                write_csv(draft, out / "draft-model.csv")
+                written.append("draft-model.csv")
+                if not device.is_cpu:
+                    line = write_measured_attention(out, device.spec.key, model.shard(tp), dtype, args.latency.stack)
+                    if line:
+                        print(line)
+                if not args.csv:
+                    write_csv(table, out / "speedup.csv")
+                    written.append(f"speedup.csv ({len(table)} rows)")
+                if medusa and acceptance.trees is not None:
+                    trees = best_trees(optima(table), acceptance)
+                    # one optimum per line: paths of top-ranks, the format engines read
+                    lines = ",\n".join(f"  {json.dumps(t)}" for t in trees)
+                    write_file(
+                        f'{{"tree_model": {json.dumps(acceptance.trees.describe())},\n "optima": [\n{lines}\n ]}}\n',
+                        out / "best-trees.json",
+                    )
+                    written.append("best-trees.json")
+                print(f"  wrote {out}/: {', '.join(written)}")
+        if args.csv:
+            rows = pd.concat([t for _, _, _, t, _, _ in planned], ignore_index=True)
+            write_csv(rows, args.csv)
+            print(f"csv: {args.csv} ({len(rows)} rows)")
+        if skipped:
+            print(f"skipped: {', '.join(skipped)}")
+        print(f"done in {time.perf_counter() - started:.1f} s")
+        return 0
 
 
 if __name__ == "__main__":

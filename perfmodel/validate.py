@@ -15,7 +15,7 @@ from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import write_csv
-from perfmodel.cli import Parser, batch_size, options, positive_int, run
+from perfmodel.cli import Parser, batch_size, options, positive_int, positive_number, run
 from perfmodel.cli.fields import add_options, along, option, read_options, shared
 from perfmodel.measured.engine_runs import ENGINES, default_engine_folder, read_engine_measurement
 from perfmodel.serving.engine_check import compare_runs, measurement_lines
@@ -91,7 +91,10 @@ class ValidateOptions:
     budget: float = field(
         default=0.3,
         metadata=option(
-            "--budget", "timer budget per operator point (default %(default)s)", type=float, metavar="SECONDS"
+            "--budget",
+            "timer budget per operator point (default %(default)s)",
+            type=positive_number,
+            metavar="SECONDS",
         ),
     )
     flush: str = field(

@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
-from filelock import FileLock, Timeout
 
+from perfmodel.base import output_locks
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.contract import COLUMNS, KEY_COLUMNS, plural, read_csv_lines, warn
 from perfmodel.measured.store import meta_path, read_meta
@@ -53,27 +53,13 @@ def _row_key(row, columns=KEY_COLUMNS) -> tuple:
     return tuple(str(row[c]) for c in columns)
 
 
-def lock_path(out: Path) -> Path:
-    return out.with_name(out.name + ".lock")
-
-
 @contextmanager
 def output_lock(out: str | Path) -> Iterator[Path]:
-    """Hold `out`'s lock (FILE.lock beside it, an OS file lock, released when the process
-    ends however it ends) for a whole sweep. A second sweep into the same file is refused
-    at once rather than left waiting behind a sweep of hours."""
-    path = lock_path(Path(out))
-    lock = FileLock(str(path), timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise PerfkitError(
-            f"another sweep is writing {out} (it holds the lock {path}); wait for it to finish, or give another --out"
-        ) from None
-    try:
+    """Hold `out`'s lock (FILE.lock beside it, perfmodel.base.output_locks.output_lock) for a whole
+    sweep: a second sweep into the same file is refused at once rather than left waiting
+    behind a sweep of hours."""
+    with output_locks.output_lock(out, "sweep") as path:
         yield path
-    finally:
-        lock.release()
 
 
 class Journal:

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
-from perfmodel.cli import Parser, batch_size, options, positive_int, run, token_count
+from perfmodel.cli import Parser, batch_size, options, positive_int, positive_number, run, token_count
 from perfmodel.cli.fields import add_options, option, read_options, shared
-from perfmodel.cli.parser import number_in
+from perfmodel.cli.parser import number_in, positive_number_up_to
 from perfmodel.models.config import load_model
-from perfmodel.models.grid import FINE_TOKEN_STEP, FINE_TOKENS_UP_TO
+from perfmodel.models.grid import FINE_TOKEN_STEP, FINE_TOKENS_UP_TO, check_ops
 from perfmodel.models.operators import DEFAULT_OPS, LINEAR_OPS, PHASES, STEP_OPS
 from profilers.benchmarks import BENCH_DTYPES
 from profilers.device import check_device
@@ -34,6 +34,7 @@ from profilers.sweep_runs import run_sweep
 from profilers.sweeper import GRIDS, TIMER_MODES, TOKEN_GRIDS, SweepConfig, default_grid, default_timer, sweep_grid
 
 DEFAULT_OUT = Path("perf-reports") / "sweeps"
+MAX_MEMORY_GB = 1e6  # --max-memory-gb's largest: its bytes stay an integer a comparison takes
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ class SweepOptions:
         metadata=option(
             "--budget",
             "time per configuration before giving up on the noise target (default 2 on cuda, 0.4 on cpu)",
-            type=float,
+            type=positive_number,
             metavar="SECONDS",
         ),
     )
@@ -122,7 +123,7 @@ class SweepOptions:
         metadata=option(
             "--target-noise",
             "stop repeating once IQR/median <= F (default %(default)s)",
-            type=float,
+            type=positive_number,
             metavar="F",
         ),
     )
@@ -139,7 +140,12 @@ class SweepOptions:
     )
     max_memory_gb: float | None = field(
         default=None,
-        metadata=option("--max-memory-gb", "skip configurations needing more than this", type=float, metavar="GB"),
+        metadata=option(
+            "--max-memory-gb",
+            "skip configurations needing more than this",
+            type=positive_number_up_to(MAX_MEMORY_GB, "a petabyte, past any one machine's memory"),
+            metavar="GB",
+        ),
     )
     threads: int | None = field(
         default=None, metadata=option("--threads", "CPU threads (default: all)", type=positive_int, metavar="N")
@@ -171,7 +177,8 @@ def config_from_args(args) -> SweepConfig:
     timer = default_timer(device, args.budget, args.target_noise)
     if args.flush_mb is not None:
         timer = replace(timer, flush_cache=args.flush_mb > 0, flush_bytes=int(args.flush_mb * 2**20) or None)
-    cap = int(args.max_memory_gb * 1e9) if args.max_memory_gb else None
+    cap = None if args.max_memory_gb is None else int(args.max_memory_gb * 1e9)
+    check_ops(args.ops, args.phases)  # before the output is locked and anything is timed
     return SweepConfig(
         device,
         model,

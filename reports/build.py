@@ -15,6 +15,7 @@ its tables reports.tables and its sentences reports.prose.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import pandas as pd
 from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, HeadAccuracyAcceptance
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
-from perfmodel.base.outputs import writable_dir
+from perfmodel.base.output_locks import claimed_dir
 from perfmodel.latency.step import StepFlavor, StepModel
 from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives
 from perfmodel.latency.traced import TracedStep
@@ -132,100 +133,109 @@ def load_inputs(
 
 def build(config: BuildConfig, log=print) -> Report:
     started = time.perf_counter()
-    if config.out is not None:  # before any work: a bad --out costs one line, not a sweep
-        writable_dir(config.out, "report folder")
-    check_flavors([config.step], WHOLE_STEP_FLAVORS)
-    view, model, dtype, acceptance, validation, drafted, ablation = load_inputs(config, log)
-    tracer = step_tracer(config.step)  # one for the plan and the simulations: each point traced once
-    grid = QUICK_GRID if view.is_cpu else PAPER_GRID
-    with Renderer(config.jobs, figure_cache()) as renderer:
-        # The rooflines depend on the device and the model alone: the workers draw them while
-        # the plan and the speedups are computed.
-        roof, tables, op_errors = submit_roofline_figures(renderer, view, [model], model, dtype, grid, config.latency)
-        # the plan next: it says whether the model fits at --tp (or picks the degree), and the
-        # speedups are then priced at that degree, so every section is of one deployment
-        # With a rate and --tp auto, the degree is the serving simulation's (the fewest devices
-        # for the rate within the targets), and the whole page is of that deployment.
-        # The deployment is resolved here, once: every section is priced from it.
-        choices = DeploymentChoices(dtype, config.tp, config.latency, config.step, tracer)
-        (resolved,) = resolve(model, [view], choices)
-        serving = None
-        if config.tp is None and config.workload.simulated:
-            serving = serving_answer(resolved, acceptance.choice, config.workload)
-        degree = chosen_degree(serving) or config.tp
-        request = PlanRequest(
-            config.workload.workload.prompt,
-            config.workload.workload.response,
-            config.workload.targets.latency_s,
-            acceptance=acceptance.choice.model,
-            medusa=config.workload.medusa,
-        )
-        tp, planned = serving_plan(resolved if degree is None else resolved.at(degree), request)
-        deployment = resolved.at(tp)
-        if config.tp is None:
-            why = (
-                "the serving simulation's choice (the fewest devices for the rate)"
-                if degree is not None
-                else "the capacity plan's choice (the most tokens/s per device)"
+    # The report folder is claimed before any work (a bad --out costs one line, not a sweep) and
+    # held to the end: a second build into it is refused (perfmodel.base.output_locks.claimed_dir).
+    with ExitStack() as held:
+        if config.out is not None:
+            held.enter_context(claimed_dir(config.out, "report folder"))
+        check_flavors([config.step], WHOLE_STEP_FLAVORS)
+        view, model, dtype, acceptance, validation, drafted, ablation = load_inputs(config, log)
+        model.require_heads("there is no tree to report (perfmodel.roofline and perfmodel.plan answer for it)")
+        tracer = step_tracer(config.step)  # one for the plan and the simulations: each point traced once
+        grid = QUICK_GRID if view.is_cpu else PAPER_GRID
+        with Renderer(config.jobs, figure_cache()) as renderer:
+            # The rooflines depend on the device and the model alone: the workers draw them while
+            # the plan and the speedups are computed.
+            roof, tables, op_errors = submit_roofline_figures(
+                renderer, view, [model], model, dtype, grid, config.latency
             )
-            log(f"--tp auto: {tp} device(s) per replica, {why}")
-        if config.out is None:
-            config = replace(config, out=writable_dir(default_folder(view, model, config.dtype), "report folder"))
-        # The device is resolved here, once: its latency source and the step it prices go to the
-        # sections and their sentences with the report, which never resolve it again.
-        latency = deployment.step_model(StepFlavor.FULL).shard.latency
-        step = whole_step(view, model, dtype, tp, latency, config.step, tracer)
-        report = Report(view, model, dtype, acceptance, latency, step, tp)
-        where = f"{model.name} on {view.spec.name}{f' x{tp} (tensor parallel)' if tp > 1 else ''} ({dtype})"
-        log(f"building the report for {where} ...")
+            # the plan next: it says whether the model fits at --tp (or picks the degree), and the
+            # speedups are then priced at that degree, so every section is of one deployment
+            # With a rate and --tp auto, the degree is the serving simulation's (the fewest devices
+            # for the rate within the targets), and the whole page is of that deployment.
+            # The deployment is resolved here, once: every section is priced from it.
+            choices = DeploymentChoices(dtype, config.tp, config.latency, config.step, tracer)
+            (resolved,) = resolve(model, [view], choices)
+            serving = None
+            if config.tp is None and config.workload.simulated:
+                serving = serving_answer(resolved, acceptance.choice, config.workload)
+            degree = chosen_degree(serving) or config.tp
+            request = PlanRequest(
+                config.workload.workload.prompt,
+                config.workload.workload.response,
+                config.workload.targets.latency_s,
+                acceptance=acceptance.choice.model,
+                medusa=config.workload.medusa,
+            )
+            tp, planned = serving_plan(resolved if degree is None else resolved.at(degree), request)
+            deployment = resolved.at(tp)
+            if config.tp is None:
+                why = (
+                    "the serving simulation's choice (the fewest devices for the rate)"
+                    if degree is not None
+                    else "the capacity plan's choice (the most tokens/s per device)"
+                )
+                log(f"--tp auto: {tp} device(s) per replica, {why}")
+            if config.out is None:  # the default folder is held from when it is named
+                claimed = claimed_dir(default_folder(view, model, config.dtype), "report folder")
+                config = replace(config, out=held.enter_context(claimed))
+            # The device is resolved here, once: its latency source and the step it prices go to the
+            # sections and their sentences with the report, which never resolve it again.
+            latency = deployment.step_model(StepFlavor.FULL).shard.latency
+            step = whole_step(view, model, dtype, tp, latency, config.step, tracer)
+            report = Report(view, model, dtype, acceptance, latency, step, tp)
+            where = f"{model.name} on {view.spec.name}{f' x{tp} (tensor parallel)' if tp > 1 else ''} ({dtype})"
+            log(f"building the report for {where} ...")
 
-        flavors = simulated_flavors(config.step)
-        sims = simulations.device_table(deployment, flavors, acceptance.choice)
-        draft = simulations.draft_model_table()
-        drafters = report_drafters(acceptance, config.model)
-        compared = drafter_table(deployment, flavors, drafters)
-        speed_jobs = speedup_jobs(view, model, dtype, sims, draft, acceptance.choice)
-        speed_pngs = {name: renderer.draw(job) for name, job in speed_jobs.items()}
-        best = simulations.optima(sims)
-        head = best[(best["simulation"] == "a") & (best["step"] == report.flavor)].iloc[0]
-        tree = (
-            recommended_tree(int(head["tree_size"]), acceptance, bool(head["at_edge"])) if head["speculate"] else None
-        )
-        answer = gather(report, planned, validation, config, deployment, serving)
-        jobs = extra_jobs(where, report, sims, planned, tree, validation, config)
-        if len(ablation):
-            jobs["tree-ablation"] = ablation_job(ablation, report)
-        extra_pngs = {name: renderer.draw(job) for name, job in jobs.items()}
+            flavors = simulated_flavors(config.step)
+            sims = simulations.device_table(deployment, flavors, acceptance.choice)
+            draft = simulations.draft_model_table()
+            drafters = report_drafters(acceptance, config.model)
+            compared = drafter_table(deployment, flavors, drafters)
+            speed_jobs = speedup_jobs(view, model, dtype, sims, draft, acceptance.choice)
+            speed_pngs = {name: renderer.draw(job) for name, job in speed_jobs.items()}
+            best = simulations.optima(sims)
+            head = best[(best["simulation"] == "a") & (best["step"] == report.flavor)].iloc[0]
+            tree = (
+                recommended_tree(int(head["tree_size"]), acceptance, bool(head["at_edge"]))
+                if head["speculate"]
+                else None
+            )
+            answer = gather(report, planned, validation, config, deployment, serving)
+            jobs = extra_jobs(where, report, sims, planned, tree, validation, config)
+            if len(ablation):
+                jobs["tree-ablation"] = ablation_job(ablation, report)
+            extra_pngs = {name: renderer.draw(job) for name, job in jobs.items()}
 
-        with staged(config.out) as folder:
-            page = Page(f"Medusa performance report: {where}", contents=True)
+            with staged(config.out) as folder:
+                page = Page(f"Medusa performance report: {where}", contents=True)
 
-            def figure(name: str, drawn, caption: str, sources: tuple[str, ...]) -> None:
-                shown = drawn()
-                (folder / f"{name}.png").write_bytes(shown.png)
-                report.figures.append(f"{name}.png")
-                page.figure(shown.png, caption, sources, shown.svg)
+                def figure(name: str, drawn, caption: str, sources: tuple[str, ...]) -> None:
+                    shown = drawn()
+                    (folder / f"{name}.png").write_bytes(shown.png)
+                    report.figures.append(f"{name}.png")
+                    page.figure(shown.png, caption, sources, shown.svg)
 
-            stand_in(page, report)
-            answer_section(page, report, answer, validation)
-            intro(page, report, validation)  # what the numbers rest on, ending the answer
-            page.contents_here()
-            glance(page, report, sims, planned, validation)
-            describe_device(page, view, dtype)
-            roofline_section(page, figure, roof, op_errors)
-            speedup_section(page, figure, report, sims, draft, speed_pngs, extra_pngs, validation)
-            drafter_section(page, report, compared, drafters, drafted)
-            acceptance_section(page, figure, report, extra_pngs)
-            tree_section(page, figure, report, tree, best, extra_pngs)
-            ablation_section(page, figure, report, ablation, extra_pngs)
-            capacity_section(page, figure, planned, extra_pngs)
-            error_section(page, op_errors, report, validation)
-            inputs_section(page, report, config, validation, ablation)
-            report.html = config.out / page.write(folder / "report.html").name  # there once staged() swaps it in
-    size = report.html.stat().st_size
-    elapsed = time.perf_counter() - started
-    log(f"  {len(report.figures)} figures, report.html {size / 1e6:.1f} MB in {config.out}/ ({elapsed:.1f} s)")
-    return report
+                stand_in(page, report)
+                answer_section(page, report, answer, validation)
+                intro(page, report, validation)  # what the numbers rest on, ending the answer
+                page.contents_here()
+                glance(page, report, sims, planned, validation)
+                describe_device(page, view, dtype)
+                roofline_section(page, figure, roof, op_errors)
+                speedup_section(page, figure, report, sims, draft, speed_pngs, extra_pngs, validation)
+                drafter_section(page, report, compared, drafters, drafted)
+                acceptance_section(page, figure, report, extra_pngs)
+                tree_section(page, figure, report, tree, best, extra_pngs)
+                ablation_section(page, figure, report, ablation, extra_pngs)
+                capacity_section(page, figure, planned, extra_pngs)
+                error_section(page, op_errors, report, validation)
+                inputs_section(page, report, config, validation, ablation)
+                report.html = config.out / page.write(folder / "report.html").name  # there once staged() swaps it in
+        size = report.html.stat().st_size
+        elapsed = time.perf_counter() - started
+        log(f"  {len(report.figures)} figures, report.html {size / 1e6:.1f} MB in {config.out}/ ({elapsed:.1f} s)")
+        return report
 
 
 def drafter_table(deployment: Deployment, flavors, drafters) -> pd.DataFrame:

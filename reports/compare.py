@@ -18,7 +18,7 @@ import pandas as pd
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
-from perfmodel.base.outputs import writable_dir
+from perfmodel.base.output_locks import claimed_dir
 from perfmodel.cli.workload_options import WorkloadSettings
 from perfmodel.latency import roofline_table
 from perfmodel.latency.source import view_latency
@@ -28,7 +28,7 @@ from perfmodel.models.config import load_model
 from perfmodel.planning import simulation_summary, simulations
 from perfmodel.planning.capacity import PlanResult
 from perfmodel.planning.deployment import DeploymentChoices, resolve
-from perfmodel.planning.result import device_paragraph, overall
+from perfmodel.planning.result import device_paragraph, overall, why_no_tree
 from reports.answer import serving_answer
 from reports.build import capacity_plan
 from reports.capacity_figures import capacity_figure
@@ -146,9 +146,14 @@ def best_per_batch(sims: pd.DataFrame) -> pd.DataFrame:
 
 
 def compare(config: CompareConfig, log=print) -> Comparison:
+    """The comparison page, its folder claimed before any work and held to the end
+    (perfmodel.base.output_locks.claimed_dir): a second comparison into it is refused."""
+    with claimed_dir(config.out, "comparison folder"):
+        return compare_in(config, log)
 
+
+def compare_in(config: CompareConfig, log=print) -> Comparison:
     started = time.perf_counter()
-    writable_dir(config.out, "comparison folder")  # before any work
     model = load_model(config.model)
     pairs, skipped = views(config)
     acceptance = report_acceptance(config.acceptance or "paper", config.model)
@@ -302,7 +307,7 @@ def capacity_summary(plans, unplanned: list[str]) -> str:
 
     header = plans[0].summary().split("\n\n")[0]
     paragraphs = [
-        device_paragraph(row, p.bands[p.bands["device"] == row.device], p.targets)
+        device_paragraph(row, p.bands[p.bands["device"] == row.device], p.targets, why_no_tree(p.model))
         for p in plans
         for row in p.devices.itertuples()
     ]

@@ -11,11 +11,16 @@ The cache lives in $MEDUSA_PERFKIT_FIGURES, else beside the measurements
 ($MEDUSA_PERFKIT_HOME/figures, ~/.cache/medusa-perfkit/figures by default);
 MEDUSA_PERFKIT_FIGURES=off draws every figure. It keeps the most recently used figures up to
 LIMIT_BYTES.
+
+Each kept figure has a record (KEY.json, written last) of its files' sizes and SHA-256: a
+file cut short (a full disk) or changed since is found when read back, and the figure is
+drawn again rather than embedded broken.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import tempfile
@@ -34,6 +39,7 @@ LIMIT_BYTES = 256 * 2**20
 # What a page keeps of a figure: its PNG, and its SVG where that is the smaller (an empty
 # .svg file records that it is not).
 PNG, SVG = ".png", ".svg"
+RECORD = ".json"  # the sizes and hashes of a kept figure's files
 SOURCE_PACKAGES = ("perfmodel", "reports")
 
 
@@ -70,27 +76,37 @@ class FigureCache:
 
     def get(self, key: str) -> tuple[bytes, bytes | None] | None:
         """A kept figure's PNG and, where kept, its SVG (None where the page keeps none or the
-        figure was rendered as a PNG only); None where the key is not kept."""
-        png, svg = self.folder / (key + PNG), self.folder / (key + SVG)
+        figure was rendered as a PNG only); None where the key is not kept, or its files are
+        not what its record says (the figure is drawn again, and put() keeps it whole)."""
+        paths = self._paths(key)
         try:
-            png_bytes = png.read_bytes()
-            svg_bytes = svg.read_bytes() if svg.exists() else None
-        except OSError:
+            record = json.loads(paths[RECORD].read_bytes())
+            if not isinstance(record, dict) or PNG not in record or not set(record) <= {PNG, SVG}:
+                return None
+            kept = {suffix: paths[suffix].read_bytes() for suffix in record}
+        except (OSError, ValueError):
             return None
-        os.utime(png)  # most recently used: the last to be pruned
-        return png_bytes, svg_bytes or None
+        if record != _record(kept):
+            return None
+        os.utime(paths[PNG])  # most recently used: the last to be pruned
+        return kept[PNG], kept.get(SVG) or None
 
     def put(self, key: str, png: bytes, svg: bytes | None = None, page: bool = False) -> None:
-        """Keep a figure (a page's: with its SVG, or an empty .svg where it keeps none). The PNG
-        is written last: a key whose PNG exists is complete. A cache that cannot be written is
-        skipped (the figure was drawn; only the next build's saving is lost)."""
+        """Keep a figure (a page's: with its SVG, or an empty .svg where it keeps none). The
+        record is written last: a key whose record exists is complete. A cache that cannot be
+        written is skipped (the figure was drawn; only the next build's saving is lost)."""
+        paths = self._paths(key)
+        kept = {PNG: png, **({SVG: svg or b""} if page else {})}
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            if page:
-                self._write(self.folder / (key + SVG), svg or b"")
-            self._write(self.folder / (key + PNG), png)
+            for suffix, data in kept.items():
+                self._write(paths[suffix], data)
+            self._write(paths[RECORD], json.dumps(_record(kept), sort_keys=True).encode())
         except OSError:
             pass
+
+    def _paths(self, key: str) -> dict[str, Path]:
+        return {suffix: self.folder / (key + suffix) for suffix in (PNG, SVG, RECORD)}
 
     def prune(self) -> None:
         """Delete the least recently used figures past limit_bytes."""
@@ -101,7 +117,7 @@ class FigureCache:
                 svg = png.with_suffix(SVG)
                 total += png.stat().st_size + (svg.stat().st_size if svg.exists() else 0)
                 if total > self.limit_bytes:
-                    _remove((png, svg))
+                    _remove((png, svg, png.with_suffix(RECORD)))
         except OSError:
             pass  # another build pruned or wrote at the same time: the next prune sees it
 
@@ -120,6 +136,11 @@ class FigureCache:
 def _remove(paths: Iterable[Path]) -> None:
     for path in paths:
         path.unlink(missing_ok=True)
+
+
+def _record(files: dict[str, bytes]) -> dict[str, list]:
+    """What a kept figure's files must be read back as: each one's size and SHA-256."""
+    return {suffix: [len(data), hashlib.sha256(data).hexdigest()] for suffix, data in files.items()}
 
 
 def figure_cache() -> FigureCache | None:

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.cli import Parser, run
+from perfmodel.base.output_locks import FOLDER_LOCK
+from perfmodel.cli import Parser, most_jobs, run
 from perfmodel.cli.fields import add_options, option, read_options
 from perfmodel.measured.store import HOME_VARIABLE
 from reports.figure_cache import FOLDER_VARIABLE as FIGURES_VARIABLE
@@ -110,7 +111,8 @@ def comparable(path: Path, folder: Path) -> bytes:
 
 
 def files_under(folder: Path) -> dict[str, Path]:
-    return {str(p.relative_to(folder)): p for p in sorted(folder.rglob("*")) if p.is_file()}
+    """The files a run left, less the folder locks it held (empty files, not outputs)."""
+    return {str(p.relative_to(folder)): p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != FOLDER_LOCK}
 
 
 @dataclass(frozen=True)
@@ -213,8 +215,8 @@ class GoldenOptions:
         default=False, metadata=option("--list", "print the commands compared and stop", action="store_true")
     )
     jobs: int = field(
-        default_factory=lambda: os.cpu_count() or 1,
-        metadata=option("--jobs", "commands run at once (default: one a core)", type=int, metavar="N"),
+        default_factory=most_jobs,
+        metadata=option("--jobs", "commands run at once (default and most: one a core)", type=int, metavar="N"),
     )
     keep: Path | None = field(
         default=None,
@@ -238,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         raise PerfkitError("say what to compare with: --against REF (a commit) or --tree FOLDER (a checkout)")
     if args.jobs < 1:
         raise PerfkitError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.jobs > most_jobs():
+        raise PerfkitError(f"--jobs must be at most {most_jobs()} (this machine's cores), got {args.jobs}")
     if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
         raise PerfkitError(f"--keep {args.keep}: the folder is not empty")
     with tempfile.TemporaryDirectory(prefix="golden-") as temp:

@@ -9,6 +9,10 @@ and never touches a file it did not write (a user's notes beside the report).
 The staging folder is inside the target, not beside it, so the one folder proven writable
 (perfmodel.base.outputs.writable_dir) is the only one written, and every move stays on one file
 system (os.replace, atomic per file).
+
+Two builds into one folder at once are kept apart by the command, not here: it holds the
+folder (perfmodel.base.output_locks.claimed_dir) from before its work to its end, and a second
+build is refused in one line instead of writing over the first one's files.
 """
 
 from __future__ import annotations

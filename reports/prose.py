@@ -11,7 +11,7 @@ import pandas as pd
 from hw_specs import SPEC_DIR
 from perfmodel.acceptance.ablation import dense_against_sparse
 from perfmodel.acceptance.rates import fit_error
-from perfmodel.latency.source import LatencyMode
+from perfmodel.latency.choice import LatencyMode
 from perfmodel.latency.step import StepFlavor
 from perfmodel.planning import simulation_summary, simulations
 from perfmodel.planning.capacity import PlanResult

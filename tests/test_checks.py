@@ -86,7 +86,8 @@ def test_a_phase_is_typed_and_reads_as_its_name():
 
 
 def test_a_latency_sources_mode_is_typed_and_reads_as_its_name():
-    from perfmodel.latency.source import LatencyMode, latency_source
+    from perfmodel.latency.choice import LatencyMode
+    from perfmodel.latency.source import latency_source
 
     source = latency_source("h100", "llama-7b", "fp16")
     assert source.mode is LatencyMode.MEASURED and f"{source.mode}" == "measured"

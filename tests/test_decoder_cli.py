@@ -182,6 +182,10 @@ def test_tree_auto_runs_the_models_choice_and_keeps_its_calibration(quick_model,
 def test_generate_says_which_tree_auto_chose(quick_model, capsys, monkeypatch):
     out, _ = quick_model
     monkeypatch.setattr(auto_tree, "CALIBRATION_SIZES", (1, 2, 4))  # the choice said, not its quality
-    assert run(generate.main, ["--model", str(out), "--prompt", "def main(", "--max-new-tokens", "8"]) == 0
+    argv = ["--model", str(out), "--prompt", "def main(", "--max-new-tokens", "8", "--tree", "auto"]
+    assert run(generate.main, argv) == 0
     err = capsys.readouterr().err
-    assert "--tree auto: " in err and ("decoding plainly" in err or "predicted" in err)
+    # a calibration this machine's load made implausible predicts nothing, and says so (issue 56, item 8)
+    assert ("--tree auto: " in err and ("decoding plainly" in err or "predicted" in err)) or (
+        "no speedup predicted: the calibration measured now is implausible" in err
+    )

@@ -12,8 +12,9 @@ import pytest
 
 from perfmodel.base.dtypes import element_bytes
 from perfmodel.latency.attention_table import attention_table
+from perfmodel.latency.choice import LatencyChoice
 from perfmodel.latency.fusion import stack_fusion
-from perfmodel.latency.source import LatencyChoice, latency_source
+from perfmodel.latency.source import latency_source
 from perfmodel.latency.step import StepModel, layer_ops
 from perfmodel.latency.tensor_parallel import tensor_parallel_steps
 from perfmodel.measured.device_view import resolve_view

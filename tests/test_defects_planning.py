@@ -223,7 +223,7 @@ def test_speedup_tp_auto_takes_the_plans_choice_and_says_so(tmp_path, capsys):
 def test_speedup_tp_rejects_a_degree_that_does_not_split_the_model(tmp_path, capsys):
     args = ["--gpu", "h100", "--model", "llama-2-70b", "--tp", "3", "--out", str(tmp_path / "s")]
     assert run(speedup_main, args) == 1
-    assert "tp=3 does not split it" in capsys.readouterr().err
+    assert "tensor parallel 3 cannot be served on h100-sxm (it does not split llama-2-70b" in capsys.readouterr().err
 
 
 def test_the_paper_step_pays_for_one_layers_all_reduces():

@@ -33,7 +33,7 @@ def test_an_option_no_dataclass_declares_is_one_line_naming_it(call, message):
         (DeploymentChoices(step="traced"), "the traced step needs a tracer"),
         (DeploymentChoices(launch="graph"), "--launch graph prices the traced step's launches"),
         (DeploymentChoices(tensor_parallel=0), "tensor_parallel must be a positive integer or None"),
-        (DeploymentChoices(tensor_parallel=3), "tp=3 does not split it"),
+        (DeploymentChoices(tensor_parallel=3), "tensor parallel 3 cannot be served on a100-pcie \\(it does not split"),
         (DeploymentChoices(dtype="fp12"), "fp12"),
     ],
 )

@@ -86,25 +86,29 @@ def test_devices_needed_for_a_throughput_target():
 
 def test_model_too_big_for_the_device_names_the_devices_it_needs():
     with pytest.raises(
-        PerfkitError, match=r"llama-2-70b in fp32 fits on none.*rtx-4090.*281.2 GB.*needs 16 devices in tensor parallel"
-    ):  # 13.0 devices' worth of memory, but only degrees that split 64 heads can be used
+        PerfkitError, match=r"llama-2-70b in fp32 fits on none.*l40s.*281.2 GB.*needs 8 devices in tensor parallel"
+    ):  # 6.5 devices' worth of memory, but only degrees that split 64 heads can be used
+        plan("llama-2-70b", "l40s", dtype="fp32")
+    with pytest.raises(  # 13 RTX 4090s' worth, past the 4-card PCIe rings its all-reduces are priced on
+        PerfkitError, match=r"rtx-4090.*281.2 GB.*no tensor-parallel degree holds it: rtx-4090 can use 1, 2, 4"
+    ):
         plan("llama-2-70b", "rtx-4090", dtype="fp32")
     # a device that does not fit beside one that does: a row that says so, no bands
     result = plan("llama-2-70b", ["rtx-4090", "h200"], tensor_parallel=2)
     rows = result.devices.set_index("device")
-    assert not rows.loc["rtx-4090", "fits"] and "needs 8 devices" in rows.loc["rtx-4090", "note"]
+    assert not rows.loc["rtx-4090", "fits"] and "no tensor-parallel degree holds it" in rows.loc["rtx-4090", "note"]
     assert rows.loc["h200", "fits"] and set(result.bands["device"]) == {"h200"}
 
 
 def test_auto_tensor_parallel_picks_the_most_tokens_per_device_and_counts_every_device():
-    row = plan("llama-2-70b", "a100", tensor_parallel=None, throughput_target=1_000).devices.iloc[0]
+    row = plan("llama-2-70b", "a100-sxm", tensor_parallel=None, throughput_target=1_000).devices.iloc[0]
     tp = row["tensor_parallel"]
     assert row["devices_needed"] == tp * math.ceil(1_000 / row["total_tokens_s"])
     with pytest.raises(PerfkitError, match="needs 2 devices"):
-        plan("llama-2-70b", "a100", tensor_parallel=1)
+        plan("llama-2-70b", "a100-sxm", tensor_parallel=1)
     per_device = {}
     for degree in (2, 4, 8):
-        fixed = plan("llama-2-70b", "a100", tensor_parallel=degree, throughput_target=1_000).devices.iloc[0]
+        fixed = plan("llama-2-70b", "a100-sxm", tensor_parallel=degree, throughput_target=1_000).devices.iloc[0]
         per_device[degree] = fixed["total_tokens_s"] / degree
     assert tp == max(per_device, key=per_device.get)
 

@@ -15,8 +15,9 @@ import pytest
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
 from perfmodel.latency.attention_table import attention_table
+from perfmodel.latency.choice import LatencyChoice
 from perfmodel.latency.gemm_grid import resolve_stack, stack_names, torch_stack
-from perfmodel.latency.source import LatencyChoice, decoder_latency, latency_source, view_latency
+from perfmodel.latency.source import decoder_latency, latency_source, view_latency
 from perfmodel.measured.device_view import gpu_view
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import op_kernels

@@ -22,6 +22,13 @@ from perfmodel.base.errors import PerfkitError
 TreePath = tuple[int, ...]
 
 
+def most_tokens_per_step(tree_size: int, heads: int) -> int:
+    """The most tokens one verification step of a tree of `tree_size` tokens (the root
+    included) can yield: its longest path of candidates, at most tree_size - 1 and at most one
+    per Medusa head, all accepted, plus the model's own next token."""
+    return min(tree_size - 1, heads) + 1
+
+
 @dataclass(frozen=True)
 class Tree:
     paths: tuple[TreePath, ...]

@@ -134,3 +134,12 @@ def write_csv(frame, path: str | Path) -> Path:
     with replaced_atomically(path) as temporary:
         frame.to_csv(temporary, index=False)
     return path
+
+
+def write_file(data: bytes | str, path: str | Path) -> Path:
+    """`data` (text as UTF-8) written to `path` whole or not at all (replaced_atomically): a
+    figure or a JSON file the way write_csv writes a table."""
+    path = Path(path)
+    with replaced_atomically(path) as temporary:
+        temporary.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path

@@ -31,10 +31,10 @@ from perfmodel.base.dtypes import DTYPES
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import preflight
-from perfmodel.cli.parser import TP_HELP, batch_size, positive_int, token_count, tp_degree
+from perfmodel.cli.parser import TP_HELP, batch_size, job_count, token_count, tp_degree
+from perfmodel.latency.choice import LATENCY_CHOICES
 from perfmodel.latency.gemm_grid import ENGINES, TORCH, VIDUR
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
-from perfmodel.latency.source import LATENCY_CHOICES
 from perfmodel.models.config import PRESETS
 from perfmodel.planning.drafters import DRAFTERS
 
@@ -248,7 +248,7 @@ def output_dir(text: str) -> Path:
 
 def jobs(target: Target) -> None:
     target.add_argument(
-        "--jobs", type=positive_int, metavar="N", help="processes drawing figures (default: one per core)"
+        "--jobs", type=job_count, metavar="N", help="processes drawing figures (default and most: one per core)"
     )
 
 

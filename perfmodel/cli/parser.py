@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.latency.source import LatencyChoice
+from perfmodel.latency.choice import LatencyChoice
 
 
 class Parser(argparse.ArgumentParser):
@@ -20,7 +20,7 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         parsed, rest = super().parse_known_args(args, namespace)
-        # --latency and --stack are one choice (perfmodel.latency.source.LatencyChoice).
+        # --latency and --stack are one choice (perfmodel.latency.choice.LatencyChoice).
         if isinstance(getattr(parsed, "latency", None), str) and hasattr(parsed, "stack"):
             parsed.latency = LatencyChoice(parsed.latency, parsed.stack)
         return parsed, rest
@@ -56,6 +56,17 @@ def bounded_int(limit: int, what: str) -> Callable[[str], int]:
 positive_int = bounded_int(MAX_COUNT, "the largest signed 32-bit integer")
 batch_size = bounded_int(MAX_BATCH, "2^20 sequences")
 token_count = bounded_int(MAX_TOKENS, "2^24 tokens")
+
+
+def most_jobs() -> int:
+    """The most processes a --jobs runs at once: one a core. More only queue for the cores
+    (each a fork holding the command's memory), and thousands stall the whole machine."""
+    return os.cpu_count() or 1
+
+
+def job_count(text: str) -> int:
+    """--jobs as argparse reads it: 1 to most_jobs(), checked when parsed."""
+    return bounded_int(most_jobs(), "this machine's cores")(text)
 
 
 # Garbage collection while a command runs: the first generation is collected after this many
@@ -131,5 +142,19 @@ def positive_number(text: str) -> float:
     except ValueError:
         value = -1.0
     if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+        finite = " finite" if value == float("inf") else ""  # inf is > 0: say what else it lacks
+        raise argparse.ArgumentTypeError(f"must be a{finite} number > 0, got {text!r}")
     return value
+
+
+def positive_number_up_to(limit: float, what: str) -> Callable[[str], float]:
+    """An argparse type: a finite number > 0 (positive_number) and at most `limit`, where a
+    larger one would overflow what the command derives from it (`what` says what the limit is)."""
+
+    def parse(text: str) -> float:
+        value = positive_number(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"must be at most {limit:,.15g} ({what}), got {text!r}")
+        return value
+
+    return parse

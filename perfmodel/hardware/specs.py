@@ -37,6 +37,27 @@ OPTIONAL_NUMBERS = (
     # as a per-kernel benchmark times them: the tensor peak scales with it (sustained_flops).
     "sustained_clock_mhz",
 )
+# How many devices the interconnect joins at interconnect_gb_s, where it joins fewer than a
+# node holds (2 for a card's NVLink bridge): the ring model prices no all-reduce over more
+# (perfmodel.latency.allreduce_ring). Given by the bridged cards only.
+REACH_NUMBERS = ("interconnect_devices",)
+# What each number may be: ranges far past any device's, so that a unit slip (bytes for GB,
+# Hz for MHz) or a stray exponent is refused at load instead of planning a batch of 2^40
+# sequences. Keyed by field; peak_tflops per dtype.
+PHYSICAL_RANGES = {
+    "memory_gb": (0.25, 16384.0),
+    "memory_bandwidth_gb_s": (1.0, 100_000.0),
+    "memory_bus_width_bits": (8.0, 65536.0),
+    "memory_clock_mhz": (10.0, 100_000.0),
+    "boost_clock_mhz": (100.0, 10_000.0),
+    "sm_count": (1.0, 10_000.0),
+    "l2_cache_mb": (0.01, 10_000.0),
+    "interconnect_gb_s": (0.1, 100_000.0),
+    "tensor_clock_mhz": (100.0, 10_000.0),
+    "sustained_clock_mhz": (100.0, 10_000.0),
+    "interconnect_devices": (1.0, 1024.0),
+    "peak_tflops": (0.001, 100_000.0),
+}
 # Per-kernel launch costs (microseconds) of the traced step (perfmodel.latency.traced): what one
 # more small kernel adds to a step launched eagerly, one kernel at a time from the host, and
 # inside a captured CUDA graph. A graph node replaces a launch, so it costs no more than one.
@@ -69,6 +90,7 @@ class HardwareSpec:
     sm_count: float | None = None
     l2_cache_mb: float | None = None
     interconnect_gb_s: float | None = None
+    interconnect_devices: float | None = None
     tensor_clock_mhz: float | None = None
     sustained_clock_mhz: float | None = None
     kernel_launch_us: float | None = None
@@ -152,6 +174,9 @@ def parse_spec(data: object, path: Path) -> HardwareSpec:
             raise PerfkitError(f"{where}: field {name!r} must be a number, got {value!r}")
         if value < 0 or (positive and value == 0):
             raise PerfkitError(f"{where}: field {name!r} must be positive, got {value!r}")
+        low, high = PHYSICAL_RANGES.get(name.partition(".")[0], (-math.inf, math.inf))
+        if not low <= value <= high:
+            raise PerfkitError(f"{where}: field {name!r} is {value:g}, outside what a device has ({low:g} to {high:g})")
         return float(value)
 
     for name in ("name", "peak_tflops", "sources", *REQUIRED_NUMBERS):
@@ -165,6 +190,7 @@ def parse_spec(data: object, path: Path) -> HardwareSpec:
         "notes",
         *REQUIRED_NUMBERS,
         *OPTIONAL_NUMBERS,
+        *REACH_NUMBERS,
         *LAUNCH_NUMBERS,
         *OPTIONAL_TEXT,
     }
@@ -183,8 +209,11 @@ def parse_spec(data: object, path: Path) -> HardwareSpec:
     peak_tflops = {str(k): number(f"peak_tflops.{k}", v, positive=True) for k, v in peaks.items()}
 
     numbers = {n: number(n, data[n], positive=True) for n in REQUIRED_NUMBERS}
-    numbers.update({n: number(n, data[n], positive=True) for n in OPTIONAL_NUMBERS if data.get(n) is not None})
+    optional = (*OPTIONAL_NUMBERS, *REACH_NUMBERS)
+    numbers.update({n: number(n, data[n], positive=True) for n in optional if data.get(n) is not None})
     numbers.update(launch_costs(data, number, where))
+    if numbers.get("interconnect_devices", 1) % 1:
+        raise PerfkitError(f"{where}: field 'interconnect_devices' must be a whole number of devices")
     texts = {}
     for name in OPTIONAL_TEXT:
         if data.get(name) is not None:

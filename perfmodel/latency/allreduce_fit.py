@@ -8,6 +8,7 @@ decoding step all-reduces, decode_sizes), and Vidur's tables against NCCL's (sta
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -65,7 +66,8 @@ def fit_ring(
         latency, inverse_eff = 0.0, float(np.sum(transfer / t) / np.sum((transfer / t) ** 2))
     topologies = ", ".join(sorted(set(rows["topology"])))
     counts = "/".join(map(str, sorted(set(rows["num_workers"]))))
-    return RingConstants(float(latency), float(1 / inverse_eff), f"{topologies}, {counts} GPUs, {link_gb_s:g} GB/s")
+    fitted_on = f"{topologies}, {counts} GPUs, {link_gb_s:g} GB/s"
+    return RingConstants(float(latency), float(1 / inverse_eff), fitted_on, int(n.max()))
 
 
 def model_errors(table: pd.DataFrame, source, sizes: tuple[float, float] = DECODE_BYTES) -> pd.DataFrame:
@@ -174,7 +176,8 @@ def nccl_errors() -> pd.DataFrame:
         tables = [t for t in measured_tables(key) if t.stack.startswith(NCCL + "-")]
         if not tables:
             continue
-        model = RingAllReduce.for_spec(find_spec(key))
+        # against every table, past the rings it prices too (max_workers): that is where it is judged
+        model = dataclasses.replace(RingAllReduce.for_spec(find_spec(key)), max_workers=None)
         default = nccl_source(key, NCCL).tables
         for table in tables:
             source = nccl_source(key, table.stack)

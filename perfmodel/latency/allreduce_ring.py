@@ -20,17 +20,18 @@ class RingConstants:
     latency_s: float
     efficiency: float
     fitted_on: str
+    largest_workers: int  # the largest ring of the rows fitted on: past it the model is a guess
 
 
 # Fitted by `python -m perfmodel.allreduce_compare --fit` (allreduce_fit: on the shipped tables,
 # single-node rows, message sizes DECODE_BYTES, every row weighted by its relative error),
 # rounded to 3 significant digits. tests/test_allreduce.py refits and checks them.
 RING_CONSTANTS = {
-    "nvlink3": RingConstants(3.37e-6, 0.476, "a100_dgx (NVSwitch), 2/4/8 GPUs, 600 GB/s"),
-    "nvlink4": RingConstants(2.43e-6, 0.664, "h100_dgx (NVSwitch), 2/4/8 GPUs, 900 GB/s"),
-    "nvlink5": RingConstants(2.43e-6, 0.46, "b200 nccl-2.29.2 (NVSwitch), 2/4/8 GPUs, 1800 GB/s"),
-    "pcie4": RingConstants(9.11e-6, 0.731, "a100_pairwise_nvlink, 4 GPUs, PCIe Gen4 x16 64 GB/s"),
-    "pcie5": RingConstants(3.96e-6, 0.723, "h100_pairwise_nvlink, 4 GPUs, PCIe Gen5 x16 128 GB/s"),
+    "nvlink3": RingConstants(3.37e-6, 0.476, "a100_dgx (NVSwitch), 2/4/8 GPUs, 600 GB/s", 8),
+    "nvlink4": RingConstants(2.43e-6, 0.664, "h100_dgx (NVSwitch), 2/4/8 GPUs, 900 GB/s", 8),
+    "nvlink5": RingConstants(2.43e-6, 0.46, "b200 nccl-2.29.2 (NVSwitch), 2/4/8 GPUs, 1800 GB/s", 8),
+    "pcie4": RingConstants(9.11e-6, 0.731, "a100_pairwise_nvlink, 4 GPUs, PCIe Gen4 x16 64 GB/s", 4),
+    "pcie5": RingConstants(3.96e-6, 0.723, "h100_pairwise_nvlink, 4 GPUs, PCIe Gen5 x16 128 GB/s", 4),
 }
 
 
@@ -97,6 +98,11 @@ class RingAllReduce:
     efficiency: float
     label: str
     kind: str = "modelled"
+    # The most devices it prices a ring over, and why no more (None: any number, as the fits'
+    # own checks against tables use it); refused past it, as a measured table refuses a count
+    # it lacks, so that tensor_parallel.usable_degrees holds one rule for every device.
+    max_workers: int | None = None
+    reach: str = ""
 
     @classmethod
     def for_spec(cls, spec: HardwareSpec) -> RingAllReduce:
@@ -111,16 +117,27 @@ class RingAllReduce:
                 f"known: {', '.join(RING_CONSTANTS)}"
             )
         fit = RING_CONSTANTS[spec.interconnect]
+        joined = spec.interconnect_devices
+        if joined is not None and joined <= fit.largest_workers:
+            largest = int(joined)
+            reach = f"its {spec.interconnect} link joins {largest} devices (spec: interconnect_devices)"
+        else:
+            largest = fit.largest_workers
+            reach = f"the {spec.interconnect} ring model is fitted on rings of at most {largest} GPUs"
         label = (
             f"modelled: ring all-reduce over {spec.interconnect} at {spec.interconnect_gb_s:g} GB/s "
             f"(spec, both directions) / 2 per direction x efficiency {fit.efficiency:g}, "
             f"{fit.latency_s * 1e6:.3g} us per step (fitted on {fit.fitted_on})"
         )
-        return cls(spec.interconnect_gb_s, fit.latency_s, fit.efficiency, label)
+        return cls(spec.interconnect_gb_s, fit.latency_s, fit.efficiency, label, max_workers=largest, reach=reach)
 
     def label_for(self, workers: int) -> str:
         return self.label
 
     def time(self, nbytes, workers):
-        """Seconds per all-reduce of `nbytes` per GPU over `workers` GPUs (arrays allowed)."""
+        """Seconds per all-reduce of `nbytes` per GPU over `workers` GPUs (arrays allowed);
+        a count past max_workers is refused."""
+        _, counts = checked_inputs(nbytes, workers)
+        if self.max_workers is not None and (counts > self.max_workers).any():
+            raise PerfkitError(f"no all-reduce over {counts.max()} GPUs: none was measured, and {self.reach}")
         return ring_all_reduce_time(nbytes, workers, self.link_gb_s, self.latency_s, self.efficiency)

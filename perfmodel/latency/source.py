@@ -44,7 +44,6 @@ elementwise ops (norm, act, ...) are used where the profile is of the same model
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import numpy as np
 import pandas as pd
@@ -56,6 +55,7 @@ from perfmodel.hardware.specs import HardwareSpec, load_all_specs, resolve_spec
 from perfmodel.latency.attention_grid import HEAD_DIM
 from perfmodel.latency.attention_table import OPS as MEASURED_ATTENTION_OPS
 from perfmodel.latency.attention_table import AttentionTable, attention_op_time, attention_table
+from perfmodel.latency.choice import LATENCY_CHOICES, LatencyMode, LatencySetting
 from perfmodel.latency.gemm_grid import (
     AUTO_STACK,
     ENGINES,
@@ -83,50 +83,7 @@ from perfmodel.measured.store import stored_profiles
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, WEIGHT_OPS, Matmul, Phase, op_kernels
 
-
-class LatencySetting(StrEnum):
-    """The latency source asked for: auto (measured where the device was measured, else
-    calibrated, borrowed or the datasheet), or one forced."""
-
-    AUTO = "auto"
-    MEASURED = "measured"
-    CALIBRATED = "calibrated"
-    DATASHEET = "datasheet"
-
-
-LATENCY_CHOICES = tuple(setting.value for setting in LatencySetting)
-
-
-class LatencyChoice(str):
-    """A latency choice (LATENCY_CHOICES) with the stack whose measurements it rests on
-    (`stack`, None for the device's default). It is the choice's text wherever a choice is
-    compared, printed or handed down, so the planners, tables and reports that pass a choice
-    on to view_latency carry the stack without a second argument at every level."""
-
-    stack: str | None
-
-    def __new__(cls, source: str = "auto", stack: str | None = None) -> LatencyChoice:
-        choice = super().__new__(cls, source)
-        choice.stack = stack
-        return choice
-
-    def __reduce__(self):  # worker processes get the stack too
-        return (LatencyChoice, (str(self), self.stack))
-
-
 # ----------------------------------------------------------------------------- the source
-
-
-class LatencyMode(StrEnum):
-    """What a latency source's GEMM times rest on (the module doc): a str, so labels and tables
-    read its name; code compares it with its members."""
-
-    MEASURED = "measured"
-    CALIBRATED = "calibrated"
-    GRID = "grid"
-    BORROWED = "borrowed"
-    TRANSFERRED = "transferred"
-    DATASHEET = "datasheet"
 
 
 @dataclass
@@ -147,6 +104,9 @@ class LatencyModel:
     stack: str | None = None
     grid: GemmGrid | TransferredGemm | None = None  # grid/transferred GEMMs, or the shape dependence beside Vidur's
     attention: AttentionTable | None = None  # measured attention of this device, where it has tables
+    # Why a measured device is priced without its measurements (none in this dtype): the label
+    # says so first, so an fp8 answer on an H100 is not read as resting on its bf16 tables.
+    unmeasured: str | None = None
 
     def __post_init__(self) -> None:
         self.mode = LatencyMode(self.mode)
@@ -171,6 +131,11 @@ class LatencyModel:
 
     @property
     def gemm_label(self) -> str:
+        label = self.source_label
+        return f"{self.unmeasured}: {label}" if self.unmeasured else label
+
+    @property
+    def source_label(self) -> str:
         if self.mode == LatencyMode.DATASHEET:
             p = self.params
             return (
@@ -319,7 +284,10 @@ def latency_source(
         return LatencyModel(
             spec, model, dtype, mode, table, elementwise, table.params, chosen or "given", grid, attention
         )
-    return unmeasured_source(spec, model, dtype, source, stack, datasheet)
+    fallback = unmeasured_source(spec, model, dtype, source, stack, datasheet)
+    stacks = len(stack_names(spec.key))
+    fallback.unmeasured = f"no {dtype} measurements of {spec.key} (its {stacks} measured stack(s) time other dtypes)"
+    return fallback
 
 
 def unmeasured_source(

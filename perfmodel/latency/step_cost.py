@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from perfmodel.latency.source import LatencyMode
+from perfmodel.latency.choice import LatencyMode
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.operators import LINEAR_OPS
 

@@ -10,7 +10,7 @@ default collective (its NCCL tables where shipped). The vocabulary-split LM head
 `tensor_parallel_steps` builds these steps for a resolved device: the capacity plan
 (perfmodel.planning.capacity) and the speedup simulations (perfmodel.planning.simulations) both price a
 sharded model through it. `usable_degrees` is the one rule for which degrees may be used
-or advised on a device."""
+or advised on a device; `check_degree` refuses any other in one line."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.latency.allreduce import all_reduce_source, tp_comm_time_per_step
@@ -177,3 +178,31 @@ def usable_degrees(model: ModelConfig, spec: HardwareSpec, all_reduce_stack: str
             continue
         out.append(tp)
     return out
+
+
+def check_degree(model: ModelConfig, spec: HardwareSpec, tp: int) -> None:
+    """One line where tensor parallelism of degree `tp` is not among usable_degrees on `spec`:
+    why (it does not split the model, or the device's collectives cannot be timed over tp
+    devices: no measured table holds that count and the interconnect joins fewer), and the
+    largest degree the device can serve."""
+    if not is_count(tp):
+        raise PerfkitError(f"tensor parallel degree must be a positive integer, got {tp!r}")
+    usable = usable_degrees(model, spec)
+    if tp in usable:
+        return
+    if tp not in model.tensor_parallel_degrees(tp):
+        why = (
+            f"it does not split {model.name}: {model.num_heads} query heads, {model.num_kv_heads} KV heads, "
+            f"intermediate size {model.intermediate_size}"
+        )
+    else:
+        try:
+            all_reduce_source(spec).time(1024, tp)
+            step_gather(spec).time(1024, tp)
+            why = "its collectives cannot be timed over that many devices"
+        except PerfkitError as exc:
+            why = str(exc)
+    raise PerfkitError(
+        f"tensor parallel {tp} cannot be served on {spec.key} ({why}); the largest degree it can serve for "
+        f"{model.name} is {max(usable)} (usable: {', '.join(map(str, usable))})"
+    )

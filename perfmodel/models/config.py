@@ -16,6 +16,7 @@ from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.base.paths import TOOLKIT_ROOT
+from perfmodel.models.unpriced import check_priceable, check_quantization_file
 
 DEFAULT_MEDUSA_HEADS = 4  # the reference Vicuna trees are 4 deep; a checkpoint's config overrides it
 # Bounds on a config's sizes, far past any model's (hidden sizes of tens of thousands, vocabularies
@@ -109,6 +110,12 @@ class ModelConfig:
             raise PerfkitError(
                 f"context {context} + tree size {tokens} exceed {self.name}'s context of {self.max_context} tokens"
             )
+
+    def require_heads(self, why: str) -> None:
+        """One line where the model has no Medusa heads: a tree asked of it is no answer (the
+        capacity plan says plain decoding everywhere; nothing prices a tree it cannot run)."""
+        if not self.medusa_heads:
+            raise PerfkitError(f"{self.name} has no Medusa heads (medusa_num_heads 0): {why}")
 
     def with_medusa_heads(self, heads: int) -> ModelConfig:
         return dataclasses.replace(self, medusa_heads=heads)
@@ -264,7 +271,9 @@ def parse_medusa_config(cfg: dict) -> MedusaConfig:
 
 
 def parse_hf_config(cfg: dict, source: str | Path = "config.json") -> HFConfig:
-    """Parse a config.json object; `source` names the file in errors."""
+    """Parse a config.json object; `source` names the file in errors. A config declaring what
+    the cost model cannot price (perfmodel.models.unpriced) is refused."""
+    check_priceable(cfg, source)
 
     def get(key: str) -> object:
         if cfg.get(key) is None:
@@ -304,9 +313,13 @@ def parse_hf_config(cfg: dict, source: str | Path = "config.json") -> HFConfig:
 
 
 def read_hf_config(path: str | Path) -> HFConfig:
-    """A config.json file, or the one in a folder, parsed."""
+    """A config.json file, or the one in a folder, parsed (refused where a quantization file
+    lies beside it: perfmodel.models.unpriced)."""
     path = Path(path)
-    return parse_hf_config(read_config_json(path), path / "config.json" if path.is_dir() else path)
+    file = path / "config.json" if path.is_dir() else path
+    parsed = parse_hf_config(read_config_json(path), file)
+    check_quantization_file(file)
+    return parsed
 
 
 def from_hf_config(path: str | Path) -> ModelConfig:

@@ -172,17 +172,22 @@ def check_arithmetic(model: ModelConfig, grid: Grid, ops=OPS, phases=PHASES) -> 
     )
 
 
-def iter_blocks(model: ModelConfig, grid: Grid = PAPER_GRID, ops=OPS, phases=PHASES):
-    """(op, phase, points) per op and phase; points is an int64 array of (batch, seq_len,
-    candidates) rows (Grid.points: linear ops in prefill include the grid's linear_tokens).
-    Ops the model lacks (medusa_heads with no heads) are left out. A grid too large to cost
-    in int64 is a PerfkitError (check_arithmetic)."""
+def check_ops(ops, phases) -> None:
+    """One line naming an op or phase that is not one (ALL_OPS, PHASES)."""
     for op in ops:
         if op not in ALL_OPS:
             raise PerfkitError(f"unknown op {op!r}; choose from: {', '.join(ALL_OPS)}")
     for phase in phases:
         if phase not in PHASES:
             raise PerfkitError(f"unknown phase {phase!r}; choose from: {', '.join(PHASES)}")
+
+
+def iter_blocks(model: ModelConfig, grid: Grid = PAPER_GRID, ops=OPS, phases=PHASES):
+    """(op, phase, points) per op and phase; points is an int64 array of (batch, seq_len,
+    candidates) rows (Grid.points: linear ops in prefill include the grid's linear_tokens).
+    Ops the model lacks (medusa_heads with no heads) are left out. A grid too large to cost
+    in int64 is a PerfkitError (check_arithmetic)."""
+    check_ops(ops, phases)
     check_arithmetic(model, grid, ops, phases)
     for op in ops:
         if op == "medusa_heads" and model.medusa_heads == 0:

@@ -11,7 +11,7 @@ import pandas as pd
 
 from perfmodel.hardware.specs import find_spec
 from perfmodel.latency.allreduce_tables import engine_all_reduce_stack
-from perfmodel.latency.source import LatencyChoice
+from perfmodel.latency.choice import LatencyChoice
 from perfmodel.latency.tensor_parallel import tensor_parallel_steps, usable_degrees
 from perfmodel.measured.device_view import resolve_view
 from perfmodel.models.config import from_hf_config

@@ -20,9 +20,9 @@ from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.hardware.efficiencies import RooflineParams
-from perfmodel.latency.source import LATENCY_CHOICES, LatencyChoice
+from perfmodel.latency.choice import LATENCY_CHOICES, LatencyChoice
 from perfmodel.latency.step import StepFlavor
-from perfmodel.latency.tensor_parallel import TensorParallelStep
+from perfmodel.latency.tensor_parallel import TensorParallelStep, check_degree
 from perfmodel.latency.traced import Tracer
 from perfmodel.measured.device_view import DeviceView, resolve_devices
 from perfmodel.models.config import ModelConfig, load_model
@@ -128,9 +128,10 @@ def resolve(
     check_tracer([step], choices.tracer)
     launch = check_launch_step(choices.launch, step)
     model = model if isinstance(model, ModelConfig) else load_model(model)
-    if choices.tensor_parallel is not None:
-        model.shard(choices.tensor_parallel)  # one line naming the degrees that split the model
     views = resolve_devices(devices)
+    if choices.tensor_parallel is not None:
+        for view in views:
+            check_degree(model, view.spec, choices.tensor_parallel)
     if choices.params is not None:
         views = [dataclasses.replace(view, params=choices.params) for view in views]
     latency = choices.latency if isinstance(choices.latency, LatencyChoice) else LatencyChoice(choices.latency)

@@ -46,6 +46,7 @@ import yaml
 
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.outputs import write_file
 from perfmodel.planning.engine_export_common import Weights, by_tree, commented, drafter_weights, file_stem, provenance
 from perfmodel.planning.engine_export_vllm import check_vllm, vllm_files
 from perfmodel.planning.schedule_format import ScheduleBand, SpeculationSchedule
@@ -214,7 +215,5 @@ def write_exports(
         folder = out if engine == "json" else out / engine
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in export_files(chains if engine == "vllm" else schedule, engine, heads).items():
-            path = folder / name
-            path.write_text(text, encoding="utf-8")
-            written.append(path)
+            written.append(write_file(text, folder / name))  # whole or not at all (a full disk)
     return written

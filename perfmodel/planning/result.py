@@ -192,35 +192,41 @@ def plan_summary(result: PlanResult) -> str:
     if targets:
         lines.append("Target: " + " and ".join(targets) + ".")
     paragraphs = [
-        device_paragraph(row, result.bands[result.bands["device"] == row.device], t)
+        device_paragraph(row, result.bands[result.bands["device"] == row.device], t, why_no_tree(result.model))
         for row in result.devices.itertuples()
     ]
     return "\n".join(lines) + "\n\n" + "\n\n".join([*paragraphs, overall(result.devices, t)])
 
 
-def tree_bands(bands: pd.DataFrame) -> str:
-    """'batch 1: tree 160 (2.01x), 2: 80 (1.74x); batch 16-256: none' for one device."""
+def why_no_tree(model: ModelConfig) -> str:
+    """Why a band runs no tree: a model without heads has no tree to weigh, not one slower
+    than plain decoding."""
+    return "the model has no Medusa heads" if not model.medusa_heads else "plain decoding is faster"
+
+
+def tree_bands(bands: pd.DataFrame, why_none: str = "plain decoding is faster") -> str:
+    """'batch 1: tree 160 (2.01x), 2: 80 (1.74x); batch 16-256: none (why_none)' for one device."""
     parts, run_start, prev = [], None, None
     for row in bands.itertuples():
         if row.speculate:
             if run_start is not None:
-                parts.append(none_run(run_start, prev))
+                parts.append(none_run(run_start, prev, why_none))
                 run_start = None
             parts.append(f"batch {row.batch:,}: tree {row.tree_size} ({row.speedup:.2f}x)")
         elif run_start is None:
             run_start = row.batch
         prev = row.batch
     if run_start is not None:
-        parts.append(none_run(run_start, prev))
+        parts.append(none_run(run_start, prev, why_none))
     return "; ".join(parts)
 
 
-def none_run(first: int, last: int) -> str:
+def none_run(first: int, last: int, why: str) -> str:
     batches = f"batch {first:,}" if first == last else f"batch {first:,}-{last:,}"
-    return f"{batches}: none (plain decoding is faster)"
+    return f"{batches}: none ({why})"
 
 
-def device_paragraph(row, bands: pd.DataFrame, t: Targets) -> str:
+def device_paragraph(row, bands: pd.DataFrame, t: Targets, why_none: str = "plain decoding is faster") -> str:
     tp = f" x{row.tensor_parallel} (tensor parallel)" if row.tensor_parallel > 1 else ""
     head = f"{row.name} ({row.device}){tp}: "
     if not row.fits:
@@ -228,7 +234,7 @@ def device_paragraph(row, bands: pd.DataFrame, t: Targets) -> str:
     text = head + (
         f"{bytes_text(row.weights_gb * GB)} of weights + {bytes_text(row.heads_gb * GB)} of Medusa heads; "
         f"{bytes_text(row.kv_mb_per_seq * 1e6)} of KV cache per sequence -> max batch {row.max_batch:,}. "
-        f"Trees: {tree_bands(bands)}. "
+        f"Trees: {tree_bands(bands, why_none)}. "
     )
     if not row.meets_latency:
         return text + row.note[0].upper() + row.note[1:]

@@ -56,8 +56,8 @@ import pandas as pd
 
 from perfmodel.base.checks import split_options
 from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
+from perfmodel.latency.choice import LatencyMode
 from perfmodel.latency.eagle import DraftShape
-from perfmodel.latency.source import LatencyMode
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.capacity import positive_ints
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve

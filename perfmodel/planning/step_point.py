@@ -7,9 +7,12 @@ definitions). One row per step flavour (paper, full, traced)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
+from perfmodel.acceptance.trees import most_tokens_per_step
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.latency.kinds import kernel_rows
@@ -73,8 +76,14 @@ def step_point(steps: dict, batch: int, context: int, tree_size: int, accelerati
     """Rows (without the device columns) for each flavour's step model in `steps`."""
     if tree_size < 2:
         raise PerfkitError(f"--tree-size {tree_size}: a Medusa tree has the root and at least one candidate (>= 2)")
-    if not acceleration >= 1:
-        raise PerfkitError(f"--acceleration {acceleration:g}: tokens per step is at least 1 (the root)")
+    heads = next(iter(steps.values())).model.medusa_heads
+    most = most_tokens_per_step(tree_size, heads)
+    if not (math.isfinite(acceleration) and 1 <= acceleration <= most):
+        raise PerfkitError(
+            f"--acceleration {acceleration:g}: a {tree_size}-token tree of a model with {heads} Medusa heads yields 1 "
+            f"to {most} tokens a step (its longest path of {most - 1} candidate(s), each accepted, and the model's own "
+            "token)"
+        )
     rows = []
     for flavor, step in steps.items():
         plain = float(np.asarray(step.step_time(batch, context, 1)).ravel()[0])

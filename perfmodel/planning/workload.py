@@ -29,11 +29,20 @@ TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 Z95 = 1.6448536269514722
 
 
-def positive(value, name: str, allow_none: bool = True):
+# Ceilings on what a deployment is asked to carry, far past any fleet's: beyond them the
+# devices an answer needs leave the 64-bit integers its tables hold (a throughput of 1e30
+# tokens/s ended in pandas' OverflowError; a rate of 1e30 requests/s planned 5.9e28 devices).
+MAX_TOKENS_S = 1e12
+MAX_RATE = 1e9
+
+
+def positive(value, name: str, allow_none: bool = True, most: float = math.inf):
     if value is None and allow_none:
         return None
     if not is_real(value) or value <= 0:
         raise PerfkitError(f"{name} must be a positive number, got {value!r}")
+    if value > most:
+        raise PerfkitError(f"{name} must be at most {most:g}, got {value!r}")
     return float(value)
 
 
@@ -69,8 +78,9 @@ class Targets:
     latency_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("ttft_s", "tpot_s", "tokens_s", "latency_s"):
+        for name in ("ttft_s", "tpot_s", "latency_s"):
             positive(getattr(self, name), name)
+        positive(self.tokens_s, "tokens_s", most=MAX_TOKENS_S)
         if self.percentile not in PERCENTILES:
             raise PerfkitError(
                 f"percentile {self.percentile!r} is not offered; choose one of: {', '.join(map(str, PERCENTILES))}"
@@ -131,7 +141,7 @@ class Requests:
 
     def at_rate(self, rate: float) -> Requests:
         """The same requests in the same order, their arrival times scaled to `rate` per second."""
-        positive(rate, "request rate", allow_none=False)
+        positive(rate, "request rate", allow_none=False, most=MAX_RATE)
         scale = self.rate / rate if math.isfinite(self.rate) else 0.0
         origin = f"{self.origin}, at {rate:g} requests/s"
         return Requests(self.arrival_s * scale, self.prompt, self.output, origin, self.gain)
@@ -156,7 +166,7 @@ class Workload:
         for name in ("prompt", "response"):
             if not isinstance(getattr(self, name), Lengths):
                 raise PerfkitError(f"{name} must be a Lengths (Lengths.of(...) reads a count, pair or samples)")
-        positive(self.rate, "request rate")
+        positive(self.rate, "request rate", most=MAX_RATE)
         if not is_count(self.requests, 10):
             raise PerfkitError(f"requests must be an integer >= 10 (a simulation's sample), got {self.requests!r}")
         if self.rate is not None:

@@ -24,7 +24,7 @@ from perfmodel.base.checks import split_options
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.step_cost import StepCost
-from perfmodel.latency.tensor_parallel import usable_degrees
+from perfmodel.latency.tensor_parallel import check_degree, usable_degrees
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
@@ -336,11 +336,8 @@ def serve_deployments(
     for deployment in deployments:
         spec = deployment.view.spec
         usable = usable_degrees(model, spec)
-        if deployment.tp is not None and deployment.tp not in usable:
-            raise PerfkitError(
-                f"tensor parallel {deployment.tp} cannot be used for {model.name} on {spec.key}; usable "
-                f"degrees: {', '.join(map(str, usable))}"
-            )
+        if deployment.tp is not None:
+            check_degree(model, spec, deployment.tp)
         degrees = [deployment.tp] if deployment.tp is not None else [tp for tp in (1, 2, 4, 8) if tp in usable]
         for mode in modes:
             for tp in degrees:

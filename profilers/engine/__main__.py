@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfmodel.base.engine_speculation import EngineSpeculation
+from perfmodel.base.output_locks import claimed_dir
 from perfmodel.cli import Parser, options, positive_int, positive_number, run
 from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.measured.engine_runs import ENGINE_FOLDER, engine_folder, read_engine_measurement
@@ -202,8 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         setup(args.home)
         return 0
     if parsed.command == "acceptance":
-        print(f"{write_decoder_speculation(engine_folder(args.out))}: written")
-        print("\n".join(measurement_lines(read_engine_measurement(engine_folder(args.out)))))
+        # a folder that holds no measurement is one line, and none is made; one that does is
+        # held as measure holds it (perfmodel.base.output_locks.claimed_dir): one writer at a time
+        folder = read_engine_measurement(engine_folder(args.out)).folder
+        with claimed_dir(folder, "measurement folder"):
+            print(f"{write_decoder_speculation(folder)}: written")
+        print("\n".join(measurement_lines(read_engine_measurement(folder))))
         return 0
     python = engine_python(args.engine_python)
     if parsed.command == "serve-config":

@@ -19,6 +19,7 @@ import pandas as pd
 from decoder.draft_train import draft_for
 from perfmodel.base.engine_speculation import DRAFT_TOKENS, VLLM_METHODS, EngineSpeculation
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.output_locks import claimed_dir
 from perfmodel.measured.engine_runs import (
     DECODER_REQUESTS_FILE,
     REQUEST_COLUMNS,
@@ -94,30 +95,32 @@ def measured_tokens_s(requests: pd.DataFrame, token_times: np.ndarray) -> float:
 
 
 def measure(plan: Plan, out: Path, python: Path, log: Callable[[str], None] = print, port: int | None = None) -> Path:
-    """Measure `plan` into `out` (see the module doc); returns `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    meta_file = out / "meta.json"
-    version = engine_version(python)
-    if meta_file.exists():
-        meta = json.loads(meta_file.read_text())
-        same_plan = meta["plan"] == json.loads(json.dumps(plan.identity(), default=str))
-        if meta["engine"]["version"] != version or not same_plan:
-            raise PerfkitError(f"{out} holds a measurement of another engine or plan; choose another --out")
-    runs_file = out / "runs.csv"
-    done = set()
-    if runs_file.exists():
-        done = {(float(r), int(p)) for r, p in pd.read_csv(runs_file)[["rate", "repeat"]].itertuples(index=False)}
-    wanted = plan.runs()
-    steps_file = out / "steps.csv"
-    if steps_file.exists() and set(pd.read_csv(steps_file)["pass"]) == {0, 1} and all(w in done for w in wanted):
-        log(f"{out}: every run is measured already; nothing to do")
+    """Measure `plan` into `out` (see the module doc); returns `out`. The folder is held to the
+    end (perfmodel.base.output_locks.claimed_dir): a second measurement into it is refused, not
+    appended to its tables between the first one's rows."""
+    with claimed_dir(out, "measurement folder"):
+        meta_file = out / "meta.json"
+        version = engine_version(python)
+        if meta_file.exists():
+            meta = json.loads(meta_file.read_text())
+            same_plan = meta["plan"] == json.loads(json.dumps(plan.identity(), default=str))
+            if meta["engine"]["version"] != version or not same_plan:
+                raise PerfkitError(f"{out} holds a measurement of another engine or plan; choose another --out")
+        runs_file = out / "runs.csv"
+        done = set()
+        if runs_file.exists():
+            done = {(float(r), int(p)) for r, p in pd.read_csv(runs_file)[["rate", "repeat"]].itertuples(index=False)}
+        wanted = plan.runs()
+        steps_file = out / "steps.csv"
+        if steps_file.exists() and set(pd.read_csv(steps_file)["pass"]) == {0, 1} and all(w in done for w in wanted):
+            log(f"{out}: every run is measured already; nothing to do")
+            return with_decoder_acceptance(plan, out, log)
+        # The exported weights are a copy of the checkpoint's: made for the run, not kept.
+        with tempfile.TemporaryDirectory(prefix="engine-model-") as scratch:
+            model_folder = export_for_engine(plan.model, Path(scratch) / "model")
+            drafter = export_drafter(plan, Path(scratch) / "drafter")
+            serve_and_measure(plan, out, python, model_folder, version, done, log, port, drafter)
         return with_decoder_acceptance(plan, out, log)
-    # The exported weights are a copy of the checkpoint's: made for the run, not kept.
-    with tempfile.TemporaryDirectory(prefix="engine-model-") as scratch:
-        model_folder = export_for_engine(plan.model, Path(scratch) / "model")
-        drafter = export_drafter(plan, Path(scratch) / "drafter")
-        serve_and_measure(plan, out, python, model_folder, version, done, log, port, drafter)
-    return with_decoder_acceptance(plan, out, log)
 
 
 def with_decoder_acceptance(plan: Plan, out: Path, log: Callable[[str], None]) -> Path:
