@@ -243,3 +243,9 @@ def test_the_readme_plan_snippet_prints_every_column_it_asks_for(tmp_path, monke
         columns = re.findall(r'"(\w+)"', asked)
         header = next(line for line in out.splitlines() if line.split()[:1] == columns[:1])
         assert header.split() == columns, header  # every column, nothing elided ("...")
+
+
+def test_the_readme_says_how_to_get_the_browser_the_report_tests_need():
+    readme, ci = (ROOT / "README.md").read_text(encoding="utf-8"), (ROOT / ".ci" / "run").read_text()
+    assert "apt-get install chromium" in readme  # what a newcomer runs
+    assert re.search(r"apt-get install -y -qq chromium", ci)  # and what CI runs, so the tests run there
