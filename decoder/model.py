@@ -87,12 +87,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class KVCache:
-    """Keys and values of every layer, preallocated: (layers, batch, kv_heads, max_len, head_dim)."""
+    """Keys and values of every layer, preallocated: (layers, batch, kv_heads, max_len, head_dim).
+
+    Both live in one tensor, `kv` (keys then values), of which `k` and `v` are views: the
+    static step's fused forward (decoder.fused) writes a layer's keys and values in one kernel."""
 
     def __init__(self, config: LlamaConfig, batch: int, max_len: int, device="cpu", dtype=torch.float32):
         shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_len, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.kv = torch.zeros((2, *shape), device=device, dtype=dtype)
+        self.k, self.v = self.kv.unbind(0)
         self.max_len = max_len
 
     def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

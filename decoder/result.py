@@ -20,6 +20,9 @@ class DecodeResult:
     path_lengths: list[list[int]] = field(default_factory=list)
     times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEP_PARTS, 0.0))
     prefill_s: float = 0.0
+    # a static step's warm-up between the prefill and the timed steps (a CUDA graph's capture, a
+    # compilation, an eager step undone: decoder.static_step), in neither prefill_s nor decode_s
+    warmup_s: float = 0.0
     decode_s: float = 0.0
     cache: KVCache | None = None  # the final cache, slots [0, cache_lengths[b]) valid
     cache_lengths: list[int] | None = None

@@ -66,12 +66,23 @@ def decode_interleaved(
     return totals
 
 
+def warm_up(decoder: Decoder, prompts, batch: int, max_new: int, settings: dict, **kwargs) -> dict:
+    """Decode the first `batch` prompts once with every setting (name -> generate() keyword
+    arguments), untimed, at the token count the timed runs decode: each setting is then warm
+    at the shapes it is timed at (its KV cache of the timed length, the attention lengths up
+    to it; a compiled step or CUDA graph, which decoder.static_step keeps per shape: a
+    shorter warm-up run would leave the timed run's to its first call). Returns name -> that
+    run's result, whose warmup_s is the setting's capture or compilation."""
+    return {name: decoder.generate(prompts[:batch], max_new, **kwargs, **settings[name]) for name in settings}
+
+
 def _append(total: DecodeResult, part: DecodeResult) -> None:
     total.tokens += part.tokens
     total.accepted += part.accepted
     total.tree_sizes += part.tree_sizes
     total.path_lengths += part.path_lengths
     total.prefill_s += part.prefill_s
+    total.warmup_s += part.warmup_s
     total.decode_s += part.decode_s
     if total.steps == len(part.tree_sizes):  # the first part: its parts (a static step times others)
         total.times = dict.fromkeys(part.times, 0.0)

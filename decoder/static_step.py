@@ -13,12 +13,18 @@ a finished sequence stays in the batch and accepts nothing until the slowest is 
 
 The step is a pure function of its buffers, so a CUDA graph captures it once (after warm-up
 steps whose effects are undone) and replays it; torch.compile compiles it once per shape.
+Whatever a regime does before its first step (the capture, the compilation, an eager
+step's lazy initialisation) is done after the prefill and before decoding is timed, by steps
+whose effects are undone, and timed apart as the result's warmup_s: a first step that
+captured a graph inside decode_s put some 0.1-0.2 s into the GPU checks' graph steps
+(profilers.closed_loop.capture).
 The eager reference decoder stays the reference: greedy output is the same token for token,
 rejection sampling draws from the same distribution.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -27,6 +33,7 @@ import torch
 from decoder.acceptance import AcceptanceConfig
 from decoder.batched_acceptance import VERIFY, StaticTree, Verdict, last_node, sample
 from decoder.eagle import CONTEXT, DraftPlan, Window, draft_batch, window_mask
+from decoder.fused import FusedForward
 from decoder.model import KVCache
 from decoder.result import DecodeResult
 from decoder.tree import TreeBuffers, tree_attention_mask
@@ -107,8 +114,12 @@ class StaticStep:
         launch: Launch,
         generator: torch.Generator | None,
         drafter: str = "medusa",
+        fused: bool = True,
     ):
         self.model, self.heads = decoder.model, decoder.heads
+        # the forward pass: decoder.fused's (every static regime runs it), or the reference
+        # model's (fused=False: the static step as it ran before, to price data measured so)
+        self.forward_pass = FusedForward.of(self.model) if fused else self.model
         self.eagle = decoder.eagle if drafter == DrafterKind.EAGLE else None
         self.tree = StaticTree.of(buffers)
         self.acceptance, self.topk, self.launch, self.generator = acceptance, topk, launch, generator
@@ -142,10 +153,12 @@ class StaticStep:
             self.buffers.history_valid = torch.zeros(batch, slots, dtype=torch.bool, device=device)
             self.window_offsets = torch.arange(CONTEXT, 0, -1, device=device)
             self.window_causal = window_mask(CONTEXT, CONTEXT + 1, device)[0, 0]
+        check_launch(launch, str(device))  # a graph step built off CUDA: refused here, not at its capture
         self._run = self._step
         if launch is Launch.COMPILED:
             self._run = torch.compile(self._step, fullgraph=False, dynamic=False)
         self._graph: torch.cuda.CUDAGraph | None = None
+        self.warm = False  # whether warm_up has run: a kept step (graph, compiled) is warmed once
 
     # -- the step -----------------------------------------------------------------------------
 
@@ -196,7 +209,8 @@ class StaticStep:
         b = self.buffers
         slots = b.lengths[:, None] + self.offsets
         mask = tree_attention_mask(b.lengths, self.tree_mask, self.max_len)
-        hidden = self.model.hidden(candidates, b.lengths[:, None] + self.depths, b.cache, slots, mask, self.max_len)
+        positions = b.lengths[:, None] + self.depths
+        hidden = self.forward_pass.hidden(candidates, positions, b.cache, slots, mask, self.max_len)
         return hidden, self.model.lm_head(hidden)
 
     def verify(self, candidates, logits) -> Verdict:
@@ -231,27 +245,41 @@ class StaticStep:
         self.commit(candidates, hidden, self.verify(candidates, logits))
 
     def __call__(self) -> None:
-        """Run one step (replaying the captured graph in graph mode)."""
-        if self.launch is not Launch.GRAPH:
+        """Run one step (replaying the captured graph in graph mode); warm_up first."""
+        if not self.warm:
+            raise PerfkitError("a static step runs after its warm_up(): its capture or compilation is timed apart")
+        if self.launch is Launch.GRAPH:
+            self._graph.replay()
+        else:
             self._run()
-            return
-        if self._graph is None:
-            self._graph = self._capture()
-        self._graph.replay()
 
-    def _capture(self) -> torch.cuda.CUDAGraph:
-        """Capture the step once; the warm-up steps before it are undone."""
+    def warm_up(self) -> None:
+        """Everything the regime does before its first step, with its effects undone: a
+        graph's warm-up steps and capture, a compilation (the first compiled step), or one
+        eager step (lazy initialisation, the allocator's first blocks). Once per kept step."""
+        if self.launch is Launch.GRAPH:
+            self._graph = self._capture()
+        else:
+            self.undone(1)
+        self.warm = True
+
+    def undone(self, steps: int, where: contextlib.AbstractContextManager | None = None) -> None:
+        """Run `steps` steps (in `where`, a stream context) and undo what they changed: the
+        buffers' small state, the generator's; the cache slots they wrote lie past every
+        sequence's length, which the next step writes before it reads. Every regime's
+        warm-up runs through here."""
         saved = self.buffers.snapshot()
         rng = self.generator.get_state()
         self.buffers.active.fill_(False)  # warm-up steps accept nothing: no length runs past the cache
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(WARMUP_STEPS):
-                self._step()
-        torch.cuda.current_stream().wait_stream(stream)
+        with where or contextlib.nullcontext():
+            for _ in range(steps):
+                self._run()
         self.buffers.restore(saved)
         self.generator.set_state(rng)
+
+    def _capture(self) -> torch.cuda.CUDAGraph:
+        """Capture the step once, after warm-up steps that are undone."""
+        self.undone(WARMUP_STEPS, side_stream())
         graph = torch.cuda.CUDAGraph()
         if self.acceptance.samples:
             graph.register_generator_state(self.generator)
@@ -279,6 +307,17 @@ class StaticStep:
             b.history_features[:, -1] = last_hidden
             b.history_tokens[:, -1] = torch.tensor([p[-1] for p in prompts])
             b.history_valid[:, -1] = True
+
+
+@contextlib.contextmanager
+def side_stream():
+    """Warm-up off the capture stream, as graph capture requires; the current stream waits
+    for it after."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream().wait_stream(stream)
 
 
 def static_generate(
@@ -317,6 +356,11 @@ def static_generate(
         step.start(decoder, prompts)
         decoder._sync()
         result.prefill_s = time.perf_counter() - started
+        if not step.warm:  # at the timed shape, in the prefilled state; a kept step is warm from its first call
+            started = time.perf_counter()
+            step.warm_up()
+            decoder._sync()
+            result.warmup_s = time.perf_counter() - started
         started = time.perf_counter()
         while not all(done):
             if replayed is not None:

@@ -88,14 +88,17 @@ def trace_step(
     dtype: str = "fp16",
     acceptance: str = "greedy",
     launch: Launch = Launch.EAGER,
+    fused: bool = True,
 ) -> pd.DataFrame:
     """Every kernel of one decoding step of `batch` sequences with `context` cached tokens
     each: plain decoding for candidates == 1, else a Medusa step over a tree of that many
     tokens. Columns TRACE_COLUMNS; attrs["unclassified"] lists operator names counted as
     elementwise only because no table names them. Traced on one layer and one sequence's
     verification, repeated (the module doc): the rows of trace_unrolled. launch: a static
-    regime traces decoder.static_step's step (the batch at once) instead of the eager loop."""
-    return StepTracer(acceptance, launch=launch)(config, batch, context, candidates, dtype)
+    regime traces decoder.static_step's step (the batch at once) instead of the eager loop,
+    its forward pass fused (decoder.fused) as the decoder runs it, or with fused=False the
+    reference model's, as the static step ran before (to price what was measured so)."""
+    return StepTracer(acceptance, launch=launch, fused=fused)(config, batch, context, candidates, dtype)
 
 
 def trace_unrolled(
@@ -106,12 +109,13 @@ def trace_unrolled(
     dtype: str = "fp16",
     acceptance: str = "greedy",
     launch: Launch = Launch.EAGER,
+    fused: bool = True,
 ) -> pd.DataFrame:
     """trace_step's table traced the long way: every layer of the model, every sequence's
     verification and commit (the reference trace_step's repetition is checked against)."""
     check_step(config, batch, context, candidates, dtype, acceptance)
     decoder = weightless_decoder(config, TORCH_DTYPES[dtype], candidates > 1)
-    recorder = record_step(decoder, batch, context, candidates, acceptance, sequences=None, launch=launch)
+    recorder = record_step(decoder, batch, context, candidates, acceptance, None, launch, fused=fused)
     return trace_table([([ROW_VALUES(row) for row in recorder.rows], 1)], recorder.unclassified)
 
 
@@ -122,10 +126,17 @@ class StepTracer:
     one-layer decoder per (model, dtype, heads or not) reused. beyond_context: trace contexts past the model's
     trained context too, as the sweeps price them (their beyond_context column marks such
     rows): a trace holds shapes, which do not depend on the trained length. launch: the
-    regime whose step is traced (a static one: decoder.static_step's)."""
+    regime whose step is traced (a static one: decoder.static_step's, its forward fused
+    unless `fused` is False: trace_step)."""
 
-    def __init__(self, acceptance: str = "greedy", beyond_context: bool = False, launch: Launch = Launch.EAGER):
-        self.acceptance, self.beyond_context = acceptance, beyond_context
+    def __init__(
+        self,
+        acceptance: str = "greedy",
+        beyond_context: bool = False,
+        launch: Launch = Launch.EAGER,
+        fused: bool = True,
+    ):
+        self.acceptance, self.beyond_context, self.fused = acceptance, beyond_context, fused
         self.launch = Launch.parse(launch)
         self._decoders: dict[tuple, Decoder] = {}
         self._runs: dict[tuple, tuple[list[tuple[list[tuple], int]], set[str]]] = {}
@@ -141,7 +152,16 @@ class StepTracer:
             decoder = self._decoder(config, dtype, candidates > 1)
             if self.launch.static:  # the batch at once; its KV move spans the whole model's cache
                 recorder = record_step(
-                    decoder, batch, context, candidates, self.acceptance, None, self.launch, None, config.num_layers
+                    decoder,
+                    batch,
+                    context,
+                    candidates,
+                    self.acceptance,
+                    None,
+                    self.launch,
+                    None,
+                    config.num_layers,
+                    self.fused,
                 )
             else:
                 recorder = record_step(decoder, batch, context, candidates, self.acceptance, 1, self.launch)

@@ -41,9 +41,12 @@ REDUCTIONS = frozenset(
     (
         "mean sum prod amax amin max min aminmax argmax argmin topk sort softmax _softmax log_softmax _log_softmax "
         "logsumexp cumprod cumsum var std var_mean std_mean multinomial all any norm linalg_vector_norm "
-        "count_nonzero"
+        "count_nonzero rms_norm _fused_rms_norm"
     ).split()
 )
+# Composite operators a GPU runs as one fused kernel (torch's RMSNorm: _fused_rms_norm on CUDA),
+# whose decomposition runs elsewhere, the meta device included: recorded as that one kernel.
+ONE_KERNEL = frozenset(("rms_norm",))
 INDEXING = frozenset(
     (
         "index index_put index_put_ _index_put_impl_ gather scatter scatter_ scatter_add scatter_add_ "

@@ -15,7 +15,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from decoder.medusa import STEP_PARTS, Decoder
+from decoder.medusa import STEP_PARTS
 from decoder.trace_ops import (
     ATTENTIONS,
     COMPOSITE,
@@ -23,6 +23,7 @@ from decoder.trace_ops import (
     KIND_OF,
     LOCAL_SCALAR,
     NO_KERNEL,
+    ONE_KERNEL,
     POSITIONS,
     TO_COPY,
     attention_dims,
@@ -85,7 +86,8 @@ class StepRecorder(TorchDispatchMode):
     Run under torch.inference_mode (as the decoder's generate runs), the mode sees
     composite operators such as linear and matmul before torch decomposes them: it
     decomposes them itself, inside the mode, so a linear layer arrives as its mm. Fused
-    attention is the exception: one row, and its math fallback on meta is not traced."""
+    attention and the composites a GPU runs as one kernel (trace_ops.ONE_KERNEL: RMSNorm) are
+    the exception: one row each, their math on meta not traced."""
 
     def __init__(self, step: str, cold: frozenset[int] = frozenset()):
         super().__init__()
@@ -125,6 +127,10 @@ class StepRecorder(TorchDispatchMode):
         if packet in ATTENTIONS:
             out = func(*args, **kwargs)  # the mode is off in here: the math fallback goes untraced
             self._attention(func, args, kwargs, out)
+            return out
+        if packet in ONE_KERNEL:
+            out = func(*args, **kwargs)  # as for attention: its decomposition here goes untraced
+            self._kernel(func, packet, args, kwargs, tensors_in((args, kwargs)), tensors_in(out))
             return out
         synced = self._host_sync(func, args, kwargs)
         if synced is not None:
@@ -238,11 +244,12 @@ class StepRecorder(TorchDispatchMode):
 
 
 @contextmanager
-def module_calls(decoder: Decoder, recorder: StepRecorder) -> Iterator[None]:
-    """Record every nn.Module call as a host-only `module` row, and tag the rows each decoder
-    layer dispatches with ("layer", i), its own call's row included, through global module
-    hooks (removed on leaving, so a decoder is traced again cleanly)."""
-    layers = {id(layer): i for i, layer in enumerate(decoder.model.model.layers)}
+def module_calls(recorder: StepRecorder, layers) -> Iterator[None]:
+    """Record every nn.Module call as a host-only `module` row, and tag the rows each of
+    `layers` (the decoder layers the step calls: the model's, or the fused forward's
+    decoder.fused.FusedLayer) dispatches with ("layer", i), its own call's row included,
+    through global module hooks (removed on leaving, so a decoder is traced again cleanly)."""
+    layers = {id(layer): i for i, layer in enumerate(layers)}
 
     def enter(module, args):
         if id(module) in layers:

@@ -107,7 +107,7 @@ def run_step(
     accept, settings = ACCEPT[acceptance], AcceptanceConfig(scheme=acceptance)
     generator = torch.Generator().manual_seed(0)  # on the host, as generate's
     looped = range(batch if sequences is None else min(sequences, batch))
-    with torch.inference_mode(), HostLists(), recorder, module_calls(decoder, recorder):
+    with torch.inference_mode(), HostLists(), recorder, module_calls(recorder, decoder.model.model.layers):
         with recorder.phase("candidates"):
             buffers, candidates = decoder._candidates(roots, last_hidden, static, 0, topk)
         with recorder.phase("forward"):
@@ -131,22 +131,30 @@ def run_static_step(
     context: int,
     acceptance: str,
     cache_layers: int | None = None,
+    fused: bool = True,
 ) -> None:
     """One static step (decoder.static_step) part by part, every sequence at `context` cached
     tokens, the cache allocated as generate allocates it (the step attends over all of it).
     cache_layers: the layers the KV cache holds (default: the decoder's). A decoder of fewer
     layers then runs its own over their slices of it, and the step's KV move, one gather and
-    one scatter across every layer at once, moves what the whole model's would."""
+    one scatter across every layer at once, moves what the whole model's would. fused: the
+    step's forward pass is decoder.fused's, as every static regime runs it (False: the
+    reference model's, as the static step ran before it)."""
     topk = HEAD_TOP_K if decoder.heads is not None else 1
     settings = AcceptanceConfig(scheme=acceptance)
     max_len = context + 2 * static.size + 1
-    step = StaticStep(decoder, static, batch, max_len, settings, topk, Launch.STATIC, None)
+    before = weight_storages((decoder.model,))
+    step = StaticStep(decoder, static, batch, max_len, settings, topk, Launch.STATIC, None, fused=fused)
+    # The fused forward joined q/k/v and gate/up (decoder.fused.joined_weight): the weights are
+    # read cold where they now live, and the storages they left are freed (their ids reused)
+    recorder.cold = (recorder.cold - before) | weight_storages((decoder.model,))
+    layers = step.forward_pass.layers if fused else decoder.model.model.layers
     if cache_layers is not None:
         config = dataclasses.replace(decoder.model.config, num_hidden_layers=cache_layers)
         step.buffers.cache = KVCache(config, batch, max_len, META, step.buffers.cache.k.dtype)
     step.buffers.lengths.fill_(context)
     recorder.cold |= {t.untyped_storage()._cdata for t in (step.buffers.cache.k, step.buffers.cache.v)}
-    with torch.inference_mode(), HostLists(), recorder, module_calls(decoder, recorder):
+    with torch.inference_mode(), HostLists(), recorder, module_calls(recorder, layers):
         with recorder.phase("candidates"):
             candidates = step.candidates()
         with recorder.phase("forward"):
@@ -167,17 +175,19 @@ def record_step(
     launch: Launch = Launch.EAGER,
     recorder: StepRecorder | None = None,
     cache_layers: int | None = None,
+    fused: bool = True,
 ) -> StepRecorder:
     """The recorder of one step of `decoder` (built for the step: with heads for a tree), as
     the eager loop runs it or, for a static launch regime, as the static step does (over a KV
-    cache of `cache_layers` layers where given: run_static_step)."""
+    cache of `cache_layers` layers where given, its forward fused unless `fused` is False:
+    run_static_step)."""
     medusa = candidates > 1
     heads, topk = (len(decoder.heads), HEAD_TOP_K) if medusa else (0, 1)
     static = tree_buffers(step_tree(candidates, heads, topk), heads, topk, str(META))
     if recorder is None:
         recorder = StepRecorder("medusa" if medusa else "plain", weight_storages((decoder.model, decoder.heads)))
     if launch.static:
-        run_static_step(decoder, recorder, static, batch, context, acceptance, cache_layers)
+        run_static_step(decoder, recorder, static, batch, context, acceptance, cache_layers, fused)
     else:
         run_step(decoder, recorder, static, batch, context, acceptance, sequences)
     return recorder

@@ -38,7 +38,7 @@ def leave_one_config_out(
 ) -> pd.DataFrame:
     """One row per measured point of each configuration, predicted without that
     configuration: time_s (measured), predicted_s, outside."""
-    kernels = table.decode if phase == Phase.DECODE else table.prefill
+    kernels = table.kernels(phase)
     out = []
     for (heads, kv_heads), grid in kernels.grids.items():
         batch, length, seconds = grid.points()
@@ -128,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     for device in devices:
         for stack in [args.stack] if args.stack else attention_stacks(device):
             table = attention_table(device, stack, "bf16")
-            results += [leave_one_config_out(table, phase) for phase in (Phase.DECODE, Phase.PREFILL)]
+            # a phase the stack did not time, or timed at one configuration, has nothing to leave out
+            phases = [p for p in (Phase.DECODE, Phase.PREFILL) if table.serves(p) and len(table.kernels(p).grids) > 1]
+            results += [leave_one_config_out(table, phase) for phase in phases]
     table = summary(pd.concat(results, ignore_index=True))
     print(
         "Leave one head configuration out (head size 128): each measured heads x KV heads predicted from the others "

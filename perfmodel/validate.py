@@ -116,6 +116,14 @@ class ValidateOptions:
             action="store_true",
         ),
     )
+    in_step: bool = field(
+        default=False,
+        metadata=option(
+            "--in-step",
+            "also time each operator inside the step (module hooks; an untimed pass) and print it beside its price",
+            action="store_true",
+        ),
+    )
     weights: str = field(default="real", metadata=shared(options.twin))
     replay: Path | None = field(default=None, metadata=along("weights"))
     launch: str = field(default=Launch.EAGER, metadata=shared(options.launch))
@@ -175,6 +183,7 @@ def twin_main(args, started: float) -> int:
     real_only = (
         (args.flush != "none", "--flush"),
         (args.dynamic, "--dynamic"),
+        (args.in_step, "--in-step"),
         (args.ops_csv, "--ops-csv"),
         (args.drafter != DrafterKind.MEDUSA, "--drafter eagle"),
     )

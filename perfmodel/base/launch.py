@@ -6,7 +6,9 @@
   host issuing kernels, not by the kernels.
 - static: the same step as tensor ops over the whole batch (decoder.static_step): a
   preallocated cache and tree buffers, no Python loop over sequences and no host sync inside
-  the step; still launched kernel by kernel from Python.
+  the step, its forward pass fused as gpt-fast fuses it (decoder.fused: one GEMM for q/k/v
+  and one for gate/up, torch's RMSNorm, RoPE in place, one KV write); still launched kernel
+  by kernel from Python.
 - graph: the static step captured once in a CUDA graph and replayed, as serving engines run
   their decode step: kernels rule.
 - compiled: the static step through torch.compile (kernels fused by inductor).

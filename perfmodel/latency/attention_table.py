@@ -62,7 +62,9 @@ A torch stack (this project's own campaign, profilers.campaign_stack) measured t
 itself, torch's masked sdpa at 16-112 candidates: there the tree step is linear in the tree's
 size between the two measured sizes around it (decode is the tree of 1), each size's table
 read as above, and past the largest size that size's time scaled by the roofline (outside);
-never faster than decode.
+never faster than decode. A stack without prefill rows (the H200's: its GPU checks timed decode
+and tree steps only) still serves decode and tree steps from its rows; its prefill attention is
+the roofline's (attention_op_time gives None), and the label says which phases are measured.
 
 The paper's step prices attention as two ops, qk and pv (ATTENTION_OPS). `attention_op_time`
 splits the fused measured time between them in proportion to their roofline times
@@ -123,7 +125,7 @@ class AttentionTable:
     table_dtype: str  # the dtype the tables were measured in
     kernel_sources: tuple[str, ...]
     decode: KernelTable = field(repr=False)
-    prefill: KernelTable = field(repr=False)
+    prefill: KernelTable | None = field(repr=False)  # None: the stack timed no prefill (in this dtype)
     # A torch stack's measured tree steps, one table per tree size (ascending); engines' stacks have none
     tree: tuple[KernelTable, ...] = field(default=(), repr=False)
 
@@ -135,18 +137,31 @@ class AttentionTable:
     def label(self) -> str:
         system = self.source.provenance.get("system", self.device)
         served = f", {self.table_dtype} tables serving {self.dtype}" if self.dtype != self.table_dtype else ""
-        tables = (self.decode, self.prefill, *self.tree)
+        tables = tuple(t for t in (self.decode, self.prefill, *self.tree) if t is not None)
         clamped = sum(t.clamped for t in tables)
         floor = (
             f"; {clamped} of {sum(t.points for t in tables)} points under the speed-of-light floor raised to it"
             if clamped
             else ""
         )
-        phases = "decode/tree/prefill" if self.tree else "decode/prefill"
+        timed = {Phase.DECODE: True, Phase.TREE: bool(self.tree), Phase.PREFILL: self.prefill is not None}
+        phases = "/".join(p for p in PHASES if timed[p])  # an engine's tree step is mapped, not timed
+        roofline = "" if self.serves(Phase.PREFILL) else "; prefill attention: roofline (the stack timed none)"
         return (
             f"{phases} attention measured by {self.source.engine} {self.source.version} harness on {system} "
-            f"({self.source.package}; kernel {', '.join(self.kernel_sources)}{served}{floor})"
+            f"({self.source.package}; kernel {', '.join(self.kernel_sources)}{served}{floor}){roofline}"
         )
+
+    def serves(self, phase: str) -> bool:
+        """Whether this stack's measurements time `phase` (a tree step: measured, or mapped
+        onto the decode kernel; prefill: only where the stack timed prefill)."""
+        return (phase == Phase.PREFILL and self.prefill is not None) or phase in (Phase.DECODE, Phase.TREE)
+
+    def kernels(self, phase: str) -> KernelTable:
+        """The measured decode or prefill table (a tree step reads the decode table's configurations)."""
+        if phase == Phase.PREFILL and self.prefill is None:
+            raise PerfkitError(f"{self.stack} on {self.device} timed no prefill attention: its price is the roofline's")
+        return self.prefill if phase == Phase.PREFILL else self.decode
 
     def _args(self, heads, kv_heads, head_dim, **positive) -> tuple:
         if head_dim != HEAD_DIM:
@@ -161,11 +176,8 @@ class AttentionTable:
             raise PerfkitError(f"unknown phase {phase!r}; choose from: {', '.join(PHASES)}")
         b, s, q, h, kv = self._args(heads, kv_heads, head_dim, batch=batch, seq_len=seq_len, candidates=candidates)
         floor = attention_floor(phase, h, kv, b, s, self.decode.spec, self.table_dtype, q)
-        if phase == Phase.PREFILL:
-            seconds, outside = self.prefill.predict(b, s, h, kv)
-            return np.maximum(seconds, floor), outside
-        if phase == Phase.DECODE:
-            seconds, outside = self.decode.predict(b, s, h, kv)
+        if phase in (Phase.PREFILL, Phase.DECODE):
+            seconds, outside = self.kernels(phase).predict(b, s, h, kv)
             return np.maximum(seconds, floor), outside
         if self.tree:
             return self._measured_tree(b, s, q, h, kv, floor)
@@ -220,7 +232,7 @@ class AttentionTable:
     def measured(self, phase: str, heads: int, kv_heads: int) -> bool:
         """Whether the head configuration itself was measured (a tree step's is its decode
         configuration with group x candidates query heads, rarely measured)."""
-        return (heads, kv_heads) in (self.prefill if phase == Phase.PREFILL else self.decode).grids
+        return self.serves(phase) and (heads, kv_heads) in self.kernels(phase).grids
 
 
 def attention_op_time(
@@ -232,7 +244,7 @@ def attention_op_time(
     proportion to their roofline times."""
     if op not in OPS:
         raise PerfkitError(f"{op!r} is not an attention op; choose from: {', '.join(OPS)}")
-    if table is None or model.head_dim != HEAD_DIM:
+    if table is None or model.head_dim != HEAD_DIM or not table.serves(phase):
         return None
     check_point(op, phase, batch, seq_len, candidates)
     b, s, q = np.broadcast_arrays(*(np.asarray(v) for v in (batch, seq_len, candidates)))
@@ -245,7 +257,8 @@ def attention_op_time(
 
 
 def _attention_stacks(device_key: str) -> list[ShippedStack]:
-    found = [s for s in shipped_stacks(device_key) if all(s.has(t) for t in TABLES.values())]
+    """The device's stacks with decode attention tables (prefill ones are optional: module doc)."""
+    found = [s for s in shipped_stacks(device_key) if s.has(TABLES["decode"])]
     rank = {engine: i for i, engine in enumerate(ENGINE_ORDER)}
     return sorted(found, key=lambda s: (rank.get(s.engine, len(rank)), s.engine, version_key(s.version)))
 
@@ -291,20 +304,24 @@ def attention_table(device_key: str, stack_name: str | None = None, dtype: str =
         return None
     spec = find_spec(device_key)
     stack = _pick(stacks, stack_name, spec.key)
-    frames = {phase: stack.table(name) for phase, name in TABLES.items()}
-    have = set(frames["decode"]["dtype"]) & set(frames["prefill"]["dtype"])
+    frames = {phase: stack.table(name) for phase, name in TABLES.items() if stack.has(name)}
+    have = set(frames["decode"]["dtype"])
     table_dtype = dtype if dtype in have else SUBSTITUTES.get(dtype)
     if table_dtype not in have:
         return None
     frames = {phase: f[(f["dtype"] == table_dtype) & (f["head_dim"] == HEAD_DIM)] for phase, f in frames.items()}
-    sources = tuple(sorted(set(frames["decode"]["kernel_source"]) | set(frames["prefill"]["kernel_source"])))
+    frames = {phase: f for phase, f in frames.items() if len(f)}  # a stack may time no prefill (module doc)
+    sources = tuple(sorted(set().union(*(f["kernel_source"] for f in frames.values()))))
     kernels = {phase: KernelTable.of(f, phase, spec, table_dtype) for phase, f in frames.items()}
     tree = ()
     if stack.has("tree_attention"):
         rows = stack.table("tree_attention")
         rows = rows[(rows["dtype"] == table_dtype) & (rows["head_dim"] == HEAD_DIM)]
         tree = tuple(KernelTable.of(part, "tree", spec, table_dtype, int(q)) for q, part in rows.groupby("q_len"))
-    return AttentionTable(spec.key, stack, dtype, table_dtype, sources, kernels["decode"], kernels["prefill"], tree)
+    decode, prefill = kernels.get("decode"), kernels.get("prefill")
+    if decode is None:  # the decode table holds other head sizes only
+        return None
+    return AttentionTable(spec.key, stack, dtype, table_dtype, sources, decode, prefill, tree)
 
 
 def measured_attention_rows(
@@ -318,7 +335,9 @@ def measured_attention_rows(
     if table is None:
         return empty
     frames = []
-    for name in TABLES.values():
+    for phase, name in TABLES.items():
+        if not table.serves(phase):
+            continue
         rows = contract_rows(table.source, name)
         keep = (rows["num_heads"] == model.num_heads) & (rows["num_kv_heads"] == model.num_kv_heads)
         keep &= (rows["head_dim"] == model.head_dim) & (rows["dtype"] == table.table_dtype)

@@ -34,7 +34,9 @@ every calibration fit, are untouched.
 
 CUDA-graph mode (`cuda_graph=True`): the engines (vLLM, SGLang, TensorRT-LLM) capture the
 decode forward in a CUDA graph and replay it, so each of its kernels costs a graph node
-(`graph_node_us`) instead of an eager launch. What is captured is the trace's `forward`
+instead of an eager launch: on a device whose GPU checks replayed the decoder's memory-bound
+kernels in CUDA graphs, what they cost there (perfmodel.latency.graph_node), elsewhere the
+spec's `graph_node_us`. What is captured is the trace's `forward`
 part (CAPTURED_PARTS: the tree's positions and mask, the embedding, every layer, the final
 norm and the LM head): static shapes at a given batch and tree size, no value read back by
 the host. The other parts stay eager at `kernel_launch_us`: `candidates` (the Medusa heads
@@ -56,6 +58,7 @@ import pandas as pd
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.hardware.efficiencies import RooflineParams
+from perfmodel.latency.graph_node import measured_graph_node
 from perfmodel.latency.kinds import HOST_ONLY_KINDS, KINDS, TRACE_KINDS
 from perfmodel.latency.pipeline import HOST_KINDS, HostCosts, price_pipeline
 from perfmodel.latency.roofline import kernel_time
@@ -143,12 +146,18 @@ def _attention_times(rows: pd.DataFrame, latency, spec, dtype: str, params: Roof
 @dataclass(frozen=True)
 class LaunchCost:
     """Seconds per kernel launched eagerly and per captured graph node (None: no graph price
-    on this device); origin: the spec they come from (its key), else what the overhead is."""
+    on this device); origin: the spec they come from (its key), else what the overhead is;
+    node: where the graph node's price comes from, where not the spec's graph_node_us."""
 
     eager_s: float
     graph_s: float | None
     origin: str
     from_spec: bool = True
+    node: str | None = None
+
+    @property
+    def node_source(self) -> str:
+        return self.node or f"{self.origin} spec: graph_node_us"
 
     def label(self, cuda_graph: bool) -> str:
         """One line for tables and printed answers: the mode and its per-kernel costs."""
@@ -156,20 +165,26 @@ class LaunchCost:
         if not cuda_graph:
             where = f"{self.origin} spec: kernel_launch_us" if self.from_spec else self.origin
             return f"eager, {eager} per kernel launch ({where})"
+        node = f" ({self.node})" if self.node else ""
+        sources = "kernel_launch_us" if self.node else "graph_node_us, kernel_launch_us"
         return (
-            f"CUDA graph over the {'/'.join(CAPTURED_PARTS)} part, {self.graph_s * 1e6:.2f} us per captured kernel, "
-            f"the other parts and host syncs eager at {eager} ({self.origin} spec: graph_node_us, kernel_launch_us)"
+            f"CUDA graph over the {'/'.join(CAPTURED_PARTS)} part, {self.graph_s * 1e6:.2f} us per captured kernel"
+            f"{node}, the other parts and host syncs eager at {eager} ({self.origin} spec: {sources})"
         )
 
 
-def launch_costs(latency) -> LaunchCost:
-    """The per-kernel launch costs of `latency`'s device: its spec's kernel_launch_us and
-    graph_node_us on a GPU, else (a CPU, a spec file without them) the source's per-kernel
-    overhead, eager only."""
+def launch_costs(latency, measured_node: bool = True) -> LaunchCost:
+    """The per-kernel launch costs of `latency`'s device: on a GPU its spec's kernel_launch_us,
+    and per graph node what its GPU checks replayed (perfmodel.latency.graph_node) where they
+    did and measured_node, else its spec's graph_node_us; on a CPU (or a spec file without them)
+    the source's per-kernel overhead, eager only."""
     spec = latency.spec
     launch = getattr(spec, "kernel_launch_us", None)
     if launch is not None:
         node = getattr(spec, "graph_node_us", None)
+        replayed = measured_graph_node(spec.key) if measured_node and node is not None else None
+        if replayed is not None:
+            return LaunchCost(launch * 1e-6, replayed.seconds, spec.key, node=replayed.label)
         return LaunchCost(launch * 1e-6, None if node is None else node * 1e-6, spec.key)
     params = _params(latency)
     return LaunchCost(params.kernel_overhead_s, None, f"per-kernel overhead: {params.label}", from_spec=False)
@@ -204,6 +219,7 @@ def price_trace(
     cuda_graph: bool = False,
     measured: Mapping[str, float] | None = None,
     captured_parts: tuple[str, ...] = CAPTURED_PARTS,
+    launch: LaunchCost | None = None,
 ) -> pd.DataFrame:
     """The trace with `time_s` per kernel (see the module doc) and the `source` of each.
     cuda_graph: the forward part replayed from a CUDA graph (a graph node per kernel) instead
@@ -211,10 +227,11 @@ def price_trace(
     measured: seconds per call (the trace's `call` column) timed on the device by replaying
     it (profilers.kernel_replay); a kernel whose call it holds takes that time, the others
     are priced as above. captured_parts: the parts a graph captures (the static step's graph:
-    every part)."""
+    every part). launch: the launch costs to charge (default: launch_costs(latency))."""
     check_trace(trace)
     spec, params = latency.spec, _params(latency)
-    launch = check_cuda_graph(latency) if cuda_graph else launch_costs(latency)
+    if launch is None:
+        launch = check_cuda_graph(latency) if cuda_graph else launch_costs(latency)
     priced = trace.copy()
     priced["time_s"] = 0.0
     priced["source"] = ""
@@ -320,7 +337,7 @@ class TracedStep(PricedBySource):
         if self.regime is Launch.GRAPH:
             return (
                 f"graph: the static step replayed from a CUDA graph, every kernel a graph node at "
-                f"{self.launch.graph_s * 1e6:.2f} us ({self.launch.origin} spec: graph_node_us)"
+                f"{self.launch.graph_s * 1e6:.2f} us ({self.launch.node_source})"
             )
         if self.regime is not None:
             step = "the reference decoder's loop" if self.regime is Launch.EAGER else "the static step"

@@ -67,6 +67,20 @@ def calibration_notes(summary: dict) -> list[str]:
     return notes
 
 
+def in_step_table(beside: pd.DataFrame) -> pd.DataFrame:
+    """One 'in step / priced' ms column per tree size, one row per operator."""
+    cells = beside.assign(
+        cell=[
+            f"{'-' if pd.isna(m) else f'{m * 1e3:.3f}'} / {p * 1e3:.3f}"
+            for m, p in zip(beside["in_step_s"], beside["priced_s"])
+        ],
+        column=[
+            f"{k} {n}" if k != TreeKind.PLAIN else "plain" for k, n in zip(beside["tree_kind"], beside["tree_size"])
+        ],
+    )
+    return cells.pivot(index="op", columns="column", values="cell")[list(dict.fromkeys(cells["column"]))]
+
+
 def print_batch(table: pd.DataFrame, summary: dict) -> None:
     shown = table.assign(
         predicted_step_ms=table["predicted_step_s"] * 1e3,
@@ -108,6 +122,9 @@ def print_batch(table: pd.DataFrame, summary: dict) -> None:
     )
     if summary.get("drafting") is not None:
         print(summary["drafting"].describe())
+    if summary.get("in_step") is not None:
+        print("each operator inside the step (hooks on) / priced, ms per step:")
+        print(in_step_table(summary["in_step"]).to_string())
     for line in calibration_notes(summary):
         print(line)
     print()

@@ -39,6 +39,9 @@ class ValidateConfig:
     acceptance: str = "greedy"  # greedy or typical
     dynamic: bool = False  # also run the dynamic tree of every size
     drafter: str = "medusa"  # who drafts the trees: the Medusa heads or the EAGLE drafter
+    in_step: bool = (
+        False  # also profile each operator inside the step, beside its price (profilers.closed_loop.in_step)
+    )
 
     def __post_init__(self) -> None:
         if self.acceptance not in VALIDATED_SCHEMES:

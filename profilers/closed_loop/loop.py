@@ -15,6 +15,7 @@ from perfmodel.models.config import load_model
 from profilers.closed_loop.compare import print_batch
 from profilers.closed_loop.config import ValidateConfig
 from profilers.closed_loop.eagle import drafting_to_time, eagle_untimed_passes
+from profilers.closed_loop.in_step import beside_priced, in_step_profile
 from profilers.closed_loop.predict import Measured, priced_runs, step_contexts
 from profilers.closed_loop.runs import (
     PROBE_LEAD,
@@ -25,7 +26,7 @@ from profilers.closed_loop.runs import (
     timed_runs,
 )
 from profilers.closed_loop.tree_kind import TreeKind
-from profilers.closed_loop.untimed import untimed_passes
+from profilers.closed_loop.untimed import decode_kwargs, untimed_passes
 from profilers.device import torch_threads
 
 
@@ -61,6 +62,12 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
         }
     measured = Measured(runs, rows, plain_step_s, contexts, build_s, drafts_s)
     table, summary = priced_runs(config, model, dtype, record, measured)
+    if config.in_step:
+        log("profiling every setting's operators inside the step (hooks on, untimed for the speedups) ...")
+        with torch_threads(config.threads):
+            settings = {key: kwargs | decode_kwargs(config) for key, kwargs in record.settings.items()}
+            profile = in_step_profile(decoder, prompts[: config.batch], settings, config.new_tokens)
+        summary["in_step"] = beside_priced(profile, summary["priced_ops"])
     return table, rows, summary
 
 

@@ -17,6 +17,7 @@ from perfmodel.latency.step import StepModel
 from perfmodel.models.config import ModelConfig
 from profilers.closed_loop.config import STEP_FLAVOR, TARGET_ERROR, ValidateConfig
 from profilers.closed_loop.eagle import DraftHost, draft_shapes
+from profilers.closed_loop.in_step import HOST
 from profilers.closed_loop.tree_kind import TreeKind
 from profilers.closed_loop.untimed import UntimedPasses
 
@@ -147,7 +148,13 @@ def priced_runs(
     phases = table[[c for c in table.columns if c.endswith("_s") and c.split("_", 1)[1][:-2] in DECODER_PHASE_OPS]]
     phases = phases.assign(tree_kind=table["tree_kind"], tree_size=sizes)
     table = table[table["tree_kind"] != TreeKind.PLAIN].reset_index(drop=True)
+    op_times = step.op_times(config.batch, attended, sizes)
+    priced_ops = {
+        (r["tree_kind"], r["tree_size"]): {op: float(t[i]) for op, t in op_times.items()} | {HOST: host}
+        for i, r in enumerate(runs)
+    }
     summary = {
+        "priced_ops": priced_ops,  # each run's seconds per step by operator, and the host overhead
         "threads": config.threads,
         "plain_step_s": plain_step_s,
         "decoded_plain_step_s": decoded_plain_step_s,

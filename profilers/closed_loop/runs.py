@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from decoder.medusa import dynamic_tree
-from decoder.runs import decode_interleaved, mean_accepted
+from decoder.runs import decode_interleaved, mean_accepted, warm_up
 from decoder.tree import tree_buffers
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
@@ -106,8 +106,7 @@ def timed_runs(
     `between(shares)` runs after each of the `shares` batches (the operator timings'
     rounds)."""
     kwargs = decode_kwargs(config)
-    for setting in record.settings.values():  # warm-up of every shape, untimed
-        decoder.generate(prompts[: config.batch], 8, **kwargs, **setting)
+    warm_up(decoder, prompts, config.batch, config.new_tokens, record.settings, **kwargs)
     sizes = ", ".join(str(n) for kind, n in record.settings if kind == TreeKind.STATIC)
     kinds = " and dynamic" if config.dynamic else ""
     drafted = ", drafted by EAGLE," if config.drafter == DrafterKind.EAGLE else ""

@@ -4,8 +4,10 @@ its traced step, priced with this machine's measurements.
 For one batch size:
 1. measured: plain decoding and a Medusa tree of every recorded size, with dummy weights and
    the record's accepted path lengths replayed, timed interleaved batch of prompts by batch
-   (decoder.runs.decode_interleaved, as the small closed loop times them); each setting's
-   step time is its decoding time over its steps;
+   (decoder.runs.decode_interleaved, as the small closed loop times them), after one untimed
+   run of each at the timed length (decoder.runs.warm_up); each setting's step time is its
+   decoding time over its steps; a static step's warm-up (a CUDA graph's capture, a
+   compilation) is its own column, warmup_s, in no step time;
 2. measured per kernel class: the same settings run once more under torch.profiler, each
    aten operator's own time classed as decoder.trace classes the kernels of a trace, per
    step (a long run minus a one-token run, so the prefill cancels); what no kernel claims is
@@ -39,7 +41,7 @@ import pandas as pd
 from torch.profiler import ProfilerActivity, profile
 
 from decoder.medusa import Decoder
-from decoder.runs import decode_interleaved
+from decoder.runs import decode_interleaved, warm_up
 from decoder.static_step import check_launch
 from decoder.trace import trace_step
 from decoder.trace_ops import ATTENTION_BACKENDS, ATTENTIONS, KIND_OF, TORCH_DTYPES
@@ -51,7 +53,9 @@ from perfmodel.latency.kinds import KINDS, kernel_rows
 from perfmodel.latency.pipeline import HostCosts, price_pipeline, run_pipeline
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import HEAD_TOP_K
+from profilers.closed_loop.capture import WARMUP_COLUMN
 from profilers.closed_loop.config import TARGET_ERROR
+from profilers.closed_loop.streamed_bytes import plain_step_bytes
 from profilers.closed_loop.tree_kind import TreeKind
 from profilers.closed_loop.twin_pricing import priced_step, this_machine
 from profilers.device import DeviceInfo, check_device, cpu_info, cuda_info, torch_threads
@@ -59,6 +63,9 @@ from profilers.kernel_replay import KernelTimes
 
 TWIN_DTYPES = tuple(TORCH_DTYPES)  # fp16 for a GPU; a CPU runs bf16 where it has it, else fp32
 __all__ = ["TWIN_DTYPES", "TwinConfig", "native_dtype", "twin_loop"]
+# Which forward pass a run's steps ran (its `forward` column): runs from before the fused
+# static step (decoder.fused) have no column and ran the reference model's.
+FORWARD_COLUMN, FUSED, REFERENCE = "forward", "fused", "reference"
 HOST = "host"  # what no kernel of a step claims: Python, module calls, dispatch
 PROFILED_TOKENS = 1  # the short run whose profile is subtracted (prefill and one step)
 
@@ -128,6 +135,11 @@ def kernel_class(name: str) -> str:
     return KIND_OF.get(packet, HOST)
 
 
+def fresh(setting: dict) -> dict:
+    """A setting whose replay has its own cursor, from the first sequence (decoder.twin.Replay)."""
+    return {**setting, "replay": Replay(setting["replay"].lengths)} if "replay" in setting else setting
+
+
 def profiled_classes(decoder: Decoder, prompts, settings: dict, config: TwinConfig) -> dict:
     """(kind, size) -> seconds per step of each kernel class, measured under torch.profiler
     (a run of new_tokens minus a run of PROFILED_TOKENS, over the steps between them), for
@@ -142,11 +154,10 @@ def profiled_classes(decoder: Decoder, prompts, settings: dict, config: TwinConf
             continue  # the plain step and the largest tree: the two ends, at a tenth of the time
         totals, steps = [], []
         for tokens in (PROFILED_TOKENS, config.new_tokens):
-            kwargs = dict(setting)
-            if "replay" in kwargs:
-                kwargs["replay"] = Replay(kwargs["replay"].lengths)  # its own cursor, from the first sequence
+            if tokens == PROFILED_TOKENS:  # its shape warm too (the long run's is): a capture in one would not cancel
+                decoder.generate(prompts[: config.batch], tokens, topk=HEAD_TOP_K, **fresh(setting))
             with profile(activities=activities) as prof:
-                result = decoder.generate(prompts[: config.batch], tokens, topk=HEAD_TOP_K, **kwargs)
+                result = decoder.generate(prompts[: config.batch], tokens, topk=HEAD_TOP_K, **fresh(setting))
             seconds = dict.fromkeys((*KINDS, HOST), 0.0)
             for event in prof.key_averages():
                 own = event.self_device_time_total if gpu else event.self_cpu_time_total
@@ -185,13 +196,12 @@ def twin_loop(config: TwinConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame
         info = cuda_info()[0] if config.device == "cuda" else cpu_info()
         kernels = KernelTimes.of(traces.values(), config.device, info.cache_bytes)
         log(f"{len(kernels.calls)} distinct kernel calls in the traced steps, replayed between decoding batches")
-        for setting in settings.values():  # warm-up of every shape, untimed
-            decoder.generate(prompts[: config.batch], 2, topk=HEAD_TOP_K, **setting)
+        warm = warm_up(decoder, prompts, config.batch, config.new_tokens, settings, topk=HEAD_TOP_K)
         log(f"timing plain decoding and trees of {', '.join(map(str, sizes))} tokens, {config.rounds} round(s) ...")
-        fresh = {k: {**s, "replay": Replay(s["replay"].lengths)} if "replay" in s else s for k, s in settings.items()}
         between = kernels.round if config.device == "cpu" else None  # a GPU times its calls after, by CUDA events
+        timed = {key: fresh(setting) for key, setting in settings.items()}
         runs = decode_interleaved(
-            decoder, prompts, config.batch, config.new_tokens, fresh, config.rounds, between, topk=HEAD_TOP_K
+            decoder, prompts, config.batch, config.new_tokens, timed, config.rounds, between, topk=HEAD_TOP_K
         )
         replayed = kernels.times()
         classes = {}
@@ -200,26 +210,26 @@ def twin_loop(config: TwinConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame
             classes = profiled_classes(decoder, prompts, settings, config)
         source = this_machine(info, torch_dtype, config.budget_s, measure=bool(kernels.failed))
         priced = {key: priced_step(trace, source, config.dtype, replayed) for key, trace in traces.items()}
+    for key, result in warm.items():  # the setting's warm-up, all of it outside its timed steps
+        runs[key].warmup_s += result.warmup_s
     out, class_table, summary = compare(config, model, runs, classes, priced, source, settings, kernels)
     summary.update(streamed(ckpt, decoder, config, summary["plain_step_s"], info))
     return out, class_table, summary
 
 
 def streamed(ckpt, decoder: Decoder, config: TwinConfig, plain_step_s: float, info: DeviceInfo) -> dict:
-    """What the plain step reads from memory (the model's weights once, the KV cache it
-    attends over: the context for the eager loop, the whole allocation for a static step)
-    and the bandwidth that makes, beside the datasheet's where the device has a spec."""
-    weights = sum(p.numel() * p.element_size() for p in ckpt.model.parameters())
-    cfg = ckpt.config
-    element = next(ckpt.model.parameters()).element_size()
+    """What the plain step reads from memory (the model's weights once, of the embedding table
+    only its tokens' rows unless the LM head is tied to it; the KV cache it attends over: the
+    context for the eager loop, the whole allocation for a static step: streamed_bytes) and the
+    bandwidth that makes, beside the datasheet's where the device has a spec."""
     tokens = (
         decoder._max_len([[0] * config.prompt_len], config.new_tokens, 1) if config.launch.static else config.context
     )
-    kv = 2 * cfg.num_hidden_layers * config.batch * cfg.num_key_value_heads * cfg.head_dim * tokens * element
-    achieved = (weights + kv) / plain_step_s
+    read = plain_step_bytes(ckpt.model, config.batch, tokens)
+    achieved = read / plain_step_s
     datasheet = find_spec(info.spec_key).bandwidth if info.kind == "cuda" and info.spec_key else None
     return {
-        "plain_bytes_per_step": weights + kv,
+        "plain_bytes_per_step": read,
         "plain_bandwidth_gb_s": achieved / 1e9,
         "hbm_fraction": achieved / datasheet if datasheet else None,
     }
@@ -274,6 +284,8 @@ def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, 
                 "model": model.name,
                 "dtype": config.dtype,
                 "launch": str(config.launch),
+                # the forward its steps ran: decoder.fused's in every static regime, the reference's eager
+                FORWARD_COLUMN: FUSED if config.launch.static else REFERENCE,
                 "pricing": f"pipeline ({host.origin})" if host is not None else "in-step factor",
                 "batch": config.batch,
                 "tree_size": size,
@@ -283,6 +295,8 @@ def compare(config: TwinConfig, model, runs: dict, classes: dict, priced: dict, 
                 "predicted_steps": predicted_steps,
                 "tokens_per_step": result.new_tokens / (result.steps * config.batch),
                 "measured_step_s": measured_step,
+                # the setting's warm-up before its timed steps (a graph's capture, a compilation), in no step time
+                WARMUP_COLUMN: result.warmup_s,
                 "predicted_step_s": predicted_step,
                 "step_error": predicted_step / measured_step - 1,
                 "measured_overhead": measured_step / plain_step,

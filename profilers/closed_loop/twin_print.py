@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from profilers.closed_loop.capture import WARMUP_COLUMN
 from profilers.closed_loop.config import TARGET_ERROR
+
+WARMUP_NOTE = (
+    "warm-up: each setting's static-step warm-up before it was timed (a CUDA graph's capture, a compilation, an "
+    "eager step undone), excluded from its step time"
+)
 
 
 def print_twin_batch(table: pd.DataFrame, classes: pd.DataFrame, summary: dict) -> None:
@@ -19,6 +25,7 @@ def print_twin_batch(table: pd.DataFrame, classes: pd.DataFrame, summary: dict) 
             "tokens/step": table["tokens_per_step"],
             "step ms measured": table["measured_step_s"] * 1e3,
             "predicted": table["predicted_step_s"] * 1e3,
+            "warm-up ms": table[WARMUP_COLUMN] * 1e3,
             "overhead measured": table["measured_overhead"],
             "predicted ": table["predicted_overhead"],
             "speedup measured": table["measured_speedup"],
@@ -27,6 +34,7 @@ def print_twin_batch(table: pd.DataFrame, classes: pd.DataFrame, summary: dict) 
         }
     )
     print(shown.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"  {WARMUP_NOTE}")
     if classes.empty:
         print("  kernel classes not profiled")
     else:

@@ -17,8 +17,9 @@ import pandas as pd
 
 from perfmodel.cli import Parser, run
 from perfmodel.cli.fields import POSITIONAL, add_options, option, read_options
-from profilers.closed_loop.results import tables
-from profilers.closed_loop.twin_print import classes_path
+from profilers.closed_loop.capture import WARMUP_COLUMN
+from profilers.closed_loop.results import read_runs, tables
+from profilers.closed_loop.twin_print import WARMUP_NOTE, classes_path
 
 
 def read_classes(path: Path) -> pd.DataFrame | None:
@@ -44,6 +45,13 @@ def class_table(classes: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def warmup_table(run: pd.DataFrame) -> str:
+    """ms each setting spent warming up before it was timed (the twin's warmup_s)."""
+    lines = ["| batch | tree | warm-up ms |", "|---|---|---|"]
+    lines += [f"| {b} | {n} | {s * 1e3:.1f} |" for b, n, s in zip(run["batch"], run["tree_size"], run[WARMUP_COLUMN])]
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class TwinResultsOptions:
     """The command's one argument (perfmodel.cli.fields)."""
@@ -64,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     args = read_options(TwinResultsOptions, build_parser().parse_args(argv))
     text = tables(args.runs)  # says first which run file is missing
     print(text)
+    for path, table in zip(args.runs, read_runs(args.runs)):
+        if WARMUP_COLUMN in table:  # runs from before the column timed any warm-up inside their steps
+            print(f"{path.stem}, {WARMUP_NOTE}:\n\n{warmup_table(table)}\n")
     for path in args.runs:
         classes = read_classes(path)
         if classes is None:
