@@ -98,11 +98,11 @@ class ValidateOptions:
         ),
     )
     flush: str = field(
-        default="none",
+        default="model",
         metadata=option(
             "--flush",
-            "cache state of the operator timings: none = warm (default), model = flush the model's size, all = "
-            "evict the last-level cache",
+            "cache state of the operator timings: model = flush the model's size before each sample (default), "
+            "none = warm, all = evict the last-level cache",
             choices=FLUSH_MODES,
         ),
     )
@@ -181,7 +181,7 @@ def twin_main(args, started: float) -> int:
     if args.replay is None:
         raise PerfkitError("--weights dummy needs --replay RECORD (a python -m decoder.measure record to replay)")
     real_only = (
-        (args.flush != "none", "--flush"),
+        (args.flush != "model", "--flush"),
         (args.dynamic, "--dynamic"),
         (args.in_step, "--in-step"),
         (args.ops_csv, "--ops-csv"),

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 import decoder.auto_tree as auto_tree_module
 from decoder import generate, measure
 from decoder.acceptance import AcceptanceConfig, next_token, rejection, typical
-from decoder.auto_tree import auto_tree, calibration_for, model_key
+from decoder.auto_tree import CALIBRATION_ATTEMPTS, auto_tree, calibration_for, model_key
 from decoder.checkpoint import Checkpoint, load_checkpoint
 from decoder.medusa import Decoder
 from decoder.model import LlamaConfig, Transformer
@@ -72,7 +72,8 @@ def test_a_cached_calibration_whose_step_falls_as_the_tree_grows_is_measured_aga
     # machine's plain step now, the fall alone condemns it)
     write_cache(ckpt, decoder, {1: 1e-3, 2: 2e-3, 4: 1e-3})
     said = run_auto(ckpt, decoder)
-    assert calls.count == 1
+    # measured again; twice where the stand-in's plain step is implausible beside this machine's real probe
+    assert 1 <= calls.count <= CALIBRATION_ATTEMPTS
     assert "not using the tree calibration" in said and "a step of 4 tokens took 1 ms, less than the 2 ms of 2" in said
 
 
@@ -83,7 +84,8 @@ def test_a_cached_plain_step_far_above_this_machines_is_measured_again(bundled, 
     # rising with the tree as it should, but 100 s a step: far above the real probe's, however busy the machine
     write_cache(ckpt, decoder, {1: 100.0, 2: 150.0, 4: 170.0})
     said = run_auto(ckpt, decoder)
-    assert calls.count == 1
+    # measured again; twice where the stand-in's plain step is implausible beside this machine's real probe
+    assert 1 <= calls.count <= CALIBRATION_ATTEMPTS
     assert "not using the tree calibration" in said and "this machine's now" in said
 
 
@@ -97,7 +99,7 @@ def test_the_cached_plain_step_is_held_against_the_probe(probe_ms, used, bundled
     write_cache(ckpt, decoder, {1: 1e-3, 2: 2e-3, 4: 2.2e-3}, measured_at=time.time() - 7200)
     said = run_auto(ckpt, decoder)
     path = calibration_for(ckpt, decoder, BATCH, CONTEXT, NEW).path
-    assert calls.count == (0 if used else 1)
+    assert calls.count == (0 if used else CALIBRATION_ATTEMPTS)  # 1 ms against a 0.6 ms probe, twice
     if used:
         assert f"using the tree calibration {path}" in said and "2 h old" in said and "--recalibrate" in said
         # a machine slower now than when calibrated keeps the calibration, and says why this run is slow

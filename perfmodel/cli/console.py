@@ -25,6 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "closed-loop-results": ("profilers.closed_loop.results", "closed-loop runs as a results page's Markdown tables"),
     "twin-results": ("profilers.closed_loop.twin_results", "the twin closed loop's runs as Markdown tables"),
     "regimes": ("profilers.closed_loop.regimes", "each launch regime's error: twin runs priced by the model alone"),
+    "node-classes": (
+        "profilers.closed_loop.node_classes",
+        "the graph step's kernel classes priced as CUDA-graph nodes, beside a GPU profile",
+    ),
     "latency-check": ("perfmodel.latency_check", "how well the calibrated latency predicts unseen shapes"),
     "transfer-check": ("perfmodel.transfer_check", "how well GEMM latency transfers to unmeasured devices"),
     "trace": ("decoder.trace", "the kernels of one decoding step, traced on the meta device"),

@@ -12,9 +12,11 @@ DEFAULT_SIZES = (2, 4, 8, 16, 32, 64)
 TARGET_ERROR = 0.10
 # The operators the reference decoder runs in a step (perfmodel.latency.step), as it runs them.
 STEP_FLAVOR = "reference"
-# none: ops timed back to back, warm (a small model stays in a CPU's cache through a step);
-# model: the cache flushed by the model's weight bytes between calls; all: evict everything
-# (the paper's method for a 7B model on a GPU, whose weights never fit in L2).
+# model (the default): the cache flushed by the model's weight bytes before each sample, as
+# the rest of a step streams them between two reads of the same weights; none: warm, the
+# weights of a small model left in the nearer caches (its GEMMs then priced 2-3x under what
+# they cost in the step: docs/closed-loop.md); all: evict everything (the paper's method for
+# a 7B model on a GPU, whose weights never fit in L2).
 FLUSH_MODES = ("none", "model", "all")
 # Batches of prompts every setting decodes, at the least, by default (ValidateConfig.decode_rounds).
 MIN_TIMED_BATCHES = 16
@@ -33,7 +35,7 @@ class ValidateConfig:
     new_tokens: int = 96
     budget_s: float = 0.3  # timer budget per operator point
     rounds: int | None = None  # interleaved passes over the prompts, every setting in each; None: decode_rounds
-    flush: str = "none"  # cache state of the operator timings: none (warm), model, all
+    flush: str = "model"  # cache state of the operator timings: model, none (warm), all
     threads: int = 1  # CPU threads for the decoder and the operator timings alike
     seed: int = 0
     acceptance: str = "greedy"  # greedy or typical
