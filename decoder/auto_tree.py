@@ -3,9 +3,9 @@
 The step times are this decoder's own on this machine: a quick calibration decodes a few
 held-out prompts plainly and with the greedy tree of each candidate size, interleaved
 (decoder.runs.decode_interleaved), and keeps seconds per step. It runs once per machine,
-model, batch and context (rounded up to a power of two), with a progress bar, and is kept
-under $MEDUSA_PERFKIT_HOME (~/.cache/medusa-perfkit) for later runs, keyed by the weights'
-content. The heads' accuracies are the checkpoint's own (its decoder.measure record, else
+model, batch, prompt length (rounded up to a power of two) and response length, with a
+progress bar, and is kept under $MEDUSA_PERFKIT_HOME (~/.cache/medusa-perfkit) for later
+runs, keyed by the weights' content. The heads' accuracies are the checkpoint's own (its decoder.measure record, else
 those recorded at training). perfmodel.planning.tree_choice then picks the size with the best
 predicted speedup, or plain decoding where no tree beats it.
 
@@ -41,7 +41,7 @@ from decoder.acceptance import AcceptanceConfig
 from decoder.checkpoint import Checkpoint
 from decoder.manifest import sha256, weight_files
 from decoder.medusa import Decoder
-from decoder.runs import decode_interleaved, heldout_prompts
+from decoder.runs import decode_interleaved, heldout_prompts, warm_up
 from decoder.step_profile import PLAIN_STEP_FACTOR, StepProfile, profile_problems, unsteady_rounds
 from decoder.tree import resolve_tree
 from perfmodel.acceptance.record import own_record
@@ -56,8 +56,13 @@ from perfmodel.models.operators import HEAD_TOP_K
 from perfmodel.planning.tree_choice import TreeChoice, choose_tree
 
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
-CALIBRATION_PROMPTS = 2  # batches of prompts per size and round
-CALIBRATION_ROUNDS = 3
+# Batches of prompts per size and round. With 2, one tree size's step over the plain step
+# scattered by +-10% from one calibration to the next on a 2-core VM (two threads), enough to
+# pick plain decoding where a tree was 6% faster; 4 halves the variance.
+CALIBRATION_PROMPTS = 4
+# Rounds over the prompts, every size in each; the median round is kept (calibrate): on a
+# shared VM one round in three or four meets a burst of load.
+CALIBRATION_ROUNDS = 5
 # Tokens each calibration run decodes: a step's time depends on its context, not on how many
 # steps follow, so the runs start their prompts where the real run's steps are on average and
 # decode a few dozen tokens. Decoding the run's own count (200 by default) took minutes.
@@ -103,8 +108,8 @@ def context_bucket(context: int) -> int:
     return 1 << max(4, int(np.ceil(np.log2(max(context, 1)))))
 
 
-def calibration_prompt_len(ckpt: Checkpoint, context: int, new_tokens: int) -> int:
-    """Calibration prompts are `context` rounded up to a power of two, cut so that prompt and
+def calibration_prompt_len(ckpt: Checkpoint, prompt_len: int, new_tokens: int) -> int:
+    """Calibration prompts are `prompt_len` rounded up to a power of two, cut so that prompt and
     response fit the model's context window."""
     room = ckpt.config.max_position_embeddings - new_tokens
     if room < 1:
@@ -112,7 +117,7 @@ def calibration_prompt_len(ckpt: Checkpoint, context: int, new_tokens: int) -> i
             f"{new_tokens} new tokens leave no room for a prompt in the model's context of "
             f"{ckpt.config.max_position_embeddings} tokens (max_position_embeddings)"
         )
-    return min(context_bucket(context), room)
+    return min(context_bucket(prompt_len), room)
 
 
 def age_text(seconds: float) -> str:
@@ -166,9 +171,9 @@ def calibration_root() -> Path:
     return user_measurements_dir().parent / "tree-calibration"
 
 
-def calibration_for(ckpt: Checkpoint, decoder: Decoder, batch: int, context: int, new_tokens: int) -> Calibration:
+def calibration_for(ckpt: Checkpoint, decoder: Decoder, batch: int, prompt_len: int, new_tokens: int) -> Calibration:
     folder = calibration_root() / machine_key(decoder.device)
-    return Calibration(folder / f"{model_key(ckpt)}.json", f"b{batch}-s{context_bucket(context)}-n{new_tokens}")
+    return Calibration(folder / f"{model_key(ckpt)}.json", f"b{batch}-s{context_bucket(prompt_len)}-n{new_tokens}")
 
 
 def probe_plain_step(decoder: Decoder, prompts: list[list[int]]) -> float:
@@ -181,14 +186,15 @@ def probe_plain_step(decoder: Decoder, prompts: list[list[int]]) -> float:
 
 
 def calibrate(
-    decoder: Decoder, ckpt: Checkpoint, batch: int, context: int, new_tokens: int, accuracy, log=print, sizes=None
+    decoder: Decoder, ckpt: Checkpoint, batch: int, prompt_len: int, new_tokens: int, accuracy, log=print, sizes=None
 ) -> dict[str, dict[int, float]]:
     """Time this decoder's steps with plain decoding and the greedy tree of every candidate
     size (`sizes`, plain decoding's 1 among them; default CALIBRATION_SIZES), interleaved, at
-    `batch` prompts of about `context` tokens each decoding `new_tokens`: CALIBRATION_TOKENS
+    `batch` prompts of about `prompt_len` tokens each decoding `new_tokens`: CALIBRATION_TOKENS
     of them, from prompts longer by half the rest, so the steps see the run's mean context.
-    Returns seconds per step, the batch efficiency (tokens per sequence and step over the
-    tokens each active sequence accepted per step) and the rounds' spread per tree size."""
+    Returns seconds per step (the median round's), the batch efficiency (tokens per sequence
+    and step over the tokens each active sequence accepted per step) and the spread of the
+    rounds (upper quartile over lower, less 1), per tree size."""
     heads = len(ckpt.heads)
     if sizes is None:
         sizes = [n for n in CALIBRATION_SIZES if n == 1 or n - 1 <= heads * HEAD_TOP_K]
@@ -197,39 +203,41 @@ def calibrate(
     settings = {n: {"tree": greedy_tree(accuracy, n - 1) if n > 1 else None} for n in sizes}
     decoded = min(new_tokens, CALIBRATION_TOKENS)
     room = ckpt.config.max_position_embeddings - decoded
-    length = min(calibration_prompt_len(ckpt, context, new_tokens) + (new_tokens - decoded) // 2, room)
+    length = min(calibration_prompt_len(ckpt, prompt_len, new_tokens) + (new_tokens - decoded) // 2, room)
     prompts = heldout_prompts(ckpt, batch * CALIBRATION_PROMPTS, length, seed=1)
     log(
-        f"calibrating the decoder's step time on this machine (batch {batch}, context {length}, "
+        f"calibrating the decoder's step time on this machine (batch {batch}, prompts of {length} tokens, "
         f"tree sizes {', '.join(map(str, sizes))})"
     )
     kwargs = dict(acceptance=AcceptanceConfig("greedy"), topk=HEAD_TOP_K)
-    decoder.generate(prompts[:batch], 4, **kwargs, **settings[sizes[-1]])  # warm-up, not timed
+    # every size warm at the shapes it is timed at, untimed: the first plain run of a cold
+    # calibration took 3x the rest and condemned it (decoder.runs.warm_up)
+    warm_up(decoder, prompts, batch, decoded, settings, **kwargs)
     steps = {n: 0 for n in sizes}
-    seconds = {n: 0.0 for n in sizes}
     tokens = {n: 0 for n in sizes}
     accepted = {n: [] for n in sizes}
     per_round = {n: [] for n in sizes}  # seconds per step of each round
-    chunks = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
-    with tqdm(total=CALIBRATION_ROUNDS * len(chunks), desc="calibrating", unit="batch", leave=False) as bar:
-        for _ in range(CALIBRATION_ROUNDS):
-            round_steps, round_seconds = dict.fromkeys(sizes, 0), dict.fromkeys(sizes, 0.0)
-            for chunk in chunks:
-                runs = decode_interleaved(decoder, chunk, batch, decoded, settings, 1, **kwargs)
-                for n, result in runs.items():
-                    steps[n] += result.steps
-                    seconds[n] += result.decode_s
-                    tokens[n] += result.new_tokens
-                    accepted[n] += [a for row in result.accepted for a in row]
-                    round_steps[n] += result.steps
-                    round_seconds[n] += result.decode_s
-                bar.update()
-            for n in sizes:
-                per_round[n].append(round_seconds[n] / round_steps[n])
+    with tqdm(total=CALIBRATION_ROUNDS * CALIBRATION_PROMPTS, desc="calibrating", unit="batch", leave=False) as bar:
+        for turn in range(CALIBRATION_ROUNDS):
+            # one call a round: the sizes' order rotates from batch to batch of prompts, and each
+            # round starts one size later, so that no size always follows the same one
+            order = sizes[turn % len(sizes) :] + sizes[: turn % len(sizes)]
+            rotated = {n: settings[n] for n in order}
+            runs = decode_interleaved(decoder, prompts, batch, decoded, rotated, 1, progress=bar.update, **kwargs)
+            for n, result in runs.items():
+                steps[n] += result.steps
+                tokens[n] += result.new_tokens
+                accepted[n] += [a for row in result.accepted for a in row]
+                per_round[n].append(result.decode_s / result.steps)
+    # The median round, and the spread of the middle rounds (upper quartile over lower): a round
+    # lasts a fraction of a second a size, and one burst of a shared machine's load in it
+    # stretched that size's mean by 40% where the other rounds agreed within 10%. The median and
+    # the quartiles of five rounds ride out one such round at either end; the machine changing
+    # speed for longer still spreads the quartiles. (Slowest over fastest grows with the rounds.)
     return {
-        "step_s": {n: seconds[n] / steps[n] for n in sizes},
+        "step_s": {n: float(np.median(times)) for n, times in per_round.items()},
         "batch_efficiency": {n: tokens[n] / (steps[n] * batch) / np.mean(accepted[n]) for n in sizes},
-        "spread": {n: max(times) / min(times) - 1 for n, times in per_round.items()},
+        "spread": {n: float(np.percentile(times, 75) / np.percentile(times, 25)) - 1 for n, times in per_round.items()},
     }
 
 
@@ -238,6 +246,12 @@ def cache_folder(calibration: Calibration) -> Path:
     what = f"tree calibration cache (set ${HOME_VARIABLE} to a writable folder, or pass --tree NAME)"
     return writable_dir(calibration.path.parent, what)
 
+
+# How far a tree must be predicted faster than plain decoding to be run instead. Calibrations
+# repeated minutes apart on the 2-core VM put a tree's step over the plain step 5-10% apart,
+# and the heads' accuracies put a batch's acceptance up to 5% high: at batch 4 a 4-token tree
+# predicted at x1.003 measured x0.79, where plain decoding was best.
+CHOICE_MARGIN = 0.05
 
 # A calibration is measured again once where the first comes out implausible: a burst of a
 # shared machine's load spoils one, and one spoiled left the run with no choice at all.
@@ -248,7 +262,7 @@ def step_profile(
     decoder: Decoder,
     ckpt: Checkpoint,
     batch: int,
-    context: int,
+    prompt_len: int,
     new_tokens: int,
     accuracy,
     log=print,
@@ -260,9 +274,9 @@ def step_profile(
     step, else, with `may_calibrate` or `recalibrate`, measured now and kept where the new one
     passes them. (None, why) where no kept calibration passes them: one that is not kept is
     not used."""
-    calibration = calibration_for(ckpt, decoder, batch, context, new_tokens)
+    calibration = calibration_for(ckpt, decoder, batch, prompt_len, new_tokens)
     may_calibrate = may_calibrate or recalibrate
-    length = calibration_prompt_len(ckpt, context, new_tokens)
+    length = calibration_prompt_len(ckpt, prompt_len, new_tokens)
     cached = None if recalibrate else calibration.load(log)
     if cached is None and not may_calibrate:
         return None, "no calibration of this machine's step times is kept (--tree auto measures one and keeps it)"
@@ -270,7 +284,8 @@ def step_profile(
         cache_folder(calibration)  # the calibration ahead will be kept there: fail now, not after it
     # The probe runs at the calibration's mean context: its prompts plus half the response.
     probe_len = min(length + new_tokens // 2, ckpt.config.max_position_embeddings - PROBE_STEPS - 2)
-    probe_s = probe_plain_step(decoder, heldout_prompts(ckpt, batch, probe_len, seed=2))
+    probe_prompts = heldout_prompts(ckpt, batch, probe_len, seed=2)
+    probe_s = probe_plain_step(decoder, probe_prompts)
     if cached is not None:
         problems = profile_problems(cached, probe_s)
         if not problems:
@@ -293,7 +308,9 @@ def step_profile(
         log("--recalibrate: measuring the tree calibration again")
     cache_folder(calibration)
     for attempt in range(1, CALIBRATION_ATTEMPTS + 1):
-        measured = calibrate(decoder, ckpt, batch, context, new_tokens, accuracy, log)
+        if attempt > 1:  # the machine now, not as it was before the failed attempt
+            probe_s = probe_plain_step(decoder, probe_prompts)
+        measured = calibrate(decoder, ckpt, batch, prompt_len, new_tokens, accuracy, log)
         fresh = StepProfile(measured["step_s"], measured["batch_efficiency"], time.time(), torch.__version__)
         problems = profile_problems(fresh, probe_s) + [p for p in [unsteady_rounds(measured.get("spread"))] if p]
         if probe_s > PLAIN_STEP_FACTOR * fresh.plain_s:
@@ -318,13 +335,13 @@ def auto_tree(
     decoder: Decoder,
     ckpt: Checkpoint,
     batch: int,
-    context: int,
+    prompt_len: int,
     new_tokens: int,
     log=print,
     recalibrate: bool = False,
     may_calibrate: bool = True,
 ) -> tuple[TreeChoice | None, Tree | None]:
-    """The performance model's choice for this decoder at `batch` prompts of `context`
+    """The performance model's choice for this decoder at `batch` prompts of `prompt_len`
     tokens decoding `new_tokens` each: (the choice, its Tree or None for plain decoding).
     Where no calibration kept on this machine backs a prediction (see step_profile), there is
     no choice: (None, the checkpoint's default tree), and one line logged says why."""
@@ -336,13 +353,16 @@ def auto_tree(
             f"--tree auto needs the heads' accuracies; {ckpt.folder} records none "
             "(python -m decoder.measure --out FOLDER/acceptance-greedy.json measures them)"
         )
-    profile, basis = step_profile(decoder, ckpt, batch, context, new_tokens, accuracy, log, recalibrate, may_calibrate)
+    profile, basis = step_profile(
+        decoder, ckpt, batch, prompt_len, new_tokens, accuracy, log, recalibrate, may_calibrate
+    )
     if profile is None:
         tree = resolve_tree("default", ckpt)
         log(f"no speedup predicted: {basis}; running the checkpoint's default tree of {tree.size} tokens")
         return None, tree
     latency = f"this decoder's measured step times, {basis}"
-    choice = choose_tree(profile.step_s, accuracy, latency, profile.batch_efficiency if batch > 1 else None)
+    efficiency = profile.batch_efficiency if batch > 1 else None
+    choice = choose_tree(profile.step_s, accuracy, latency, efficiency, margin=CHOICE_MARGIN)
     return choice, choice.tree(accuracy)
 
 

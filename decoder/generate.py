@@ -129,11 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             raise PerfkitError(f"{ckpt.folder} has no Medusa heads; use --no-medusa or --heads DIR")
         name = args.tree or default_tree_name(ckpt, args.drafter)
         if name == "auto":
-            context = len(ids) + args.max_new_tokens // 2
             # A calibration takes far longer than the run: only one asked for (--tree auto,
             # --recalibrate) measures it; without, a kept one serves, else the default tree.
             asked = args.tree == "auto"
-            choice, tree = auto_tree(decoder, ckpt, 1, context, args.max_new_tokens, say, args.recalibrate, asked)
+            choice, tree = auto_tree(decoder, ckpt, 1, len(ids), args.max_new_tokens, say, args.recalibrate, asked)
             if choice is not None:
                 say(f"--tree auto: {choice.describe()}")
         else:

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-# How far one tree size's rounds may disagree (slowest / fastest - 1) before the calibration is
-# taken as measured on a machine changing speed under it: interleaved rounds of a quiet machine
-# agree within 10-15%.
+# How far one tree size's rounds may spread (upper quartile over lower, less 1) before the
+# calibration is taken as measured on a machine changing speed under it: interleaved rounds of
+# a quiet machine agree within 10-15%, and one round of five caught by a burst of load leaves
+# the quartiles where the others are.
 ROUND_SPREAD = 0.3
 # How far a calibration's plain step may be above the probe's. On a steady machine the two
 # agree to 10-20%: the machine drifts that much over seconds (decoder.runs), the probe is a

@@ -41,3 +41,16 @@ def test_step_times_need_plain_decoding_and_positive_seconds():
         choose_tree({2: 1e-3}, ACCURACY)
     with pytest.raises(PerfkitError, match="positive seconds"):
         choose_tree({1: 1e-3, 2: -1.0}, ACCURACY)
+
+
+def test_a_tree_within_the_margin_of_plain_decoding_is_not_run():
+    # issue 57: a 4-token tree predicted at x1.003 on a calibration that resolves no better than
+    # 5% measured x0.79 at batch 4; a tree must beat plain decoding by more than the margin
+    times = {1: 2.5e-3, 4: acceptance(4) * 2.5e-3 / 1.03}  # the tree predicted 3% faster
+    assert choose_tree(times, ACCURACY).size == 4
+    within = choose_tree(times, ACCURACY, margin=0.05)
+    assert within.size == 1 and within.speedup == 1.0
+    assert "no tree beats it by more than 5% (the best, 4 tokens, is predicted at 1.03x)" in within.describe()
+    assert choose_tree(times, ACCURACY, margin=0.02).size == 4
+    with pytest.raises(PerfkitError, match="margin must be a share"):
+        choose_tree(times, ACCURACY, margin=float("nan"))

@@ -29,6 +29,7 @@ class TreeChoice:
     speedup: float
     table: pd.DataFrame = field(repr=False)  # tree_size, step_s, acceptance, speedup
     latency: str = ""  # where the step times come from
+    margin: float = 0.0  # how far a tree had to beat plain decoding to be chosen (a share)
 
     @property
     def speculate(self) -> bool:
@@ -41,21 +42,30 @@ class TreeChoice:
     def describe(self) -> str:
         if not self.speculate:
             best = self.table[self.table["tree_size"] > 1].sort_values("speedup").iloc[-1]
+            by = f" by more than {self.margin:.0%}" if self.margin else ""
             return (
-                f"decoding plainly: no tree beats it (the best, {int(best['tree_size'])} tokens, is predicted at "
+                f"decoding plainly: no tree beats it{by} (the best, {int(best['tree_size'])} tokens, is predicted at "
                 f"{best['speedup']:.2f}x) [{self.latency}]"
             )
         return f"tree of {self.size} tokens, predicted {self.speedup:.2f}x plain decoding [{self.latency}]"
 
 
 def choose_tree(
-    step_times: Mapping[int, float], accuracy, latency: str = "", batch_efficiency: Mapping[int, float] | None = None
+    step_times: Mapping[int, float],
+    accuracy,
+    latency: str = "",
+    batch_efficiency: Mapping[int, float] | None = None,
+    margin: float = 0.0,
 ) -> TreeChoice:
     """The best tree size among those timed. step_times: tree size -> seconds per step, with
     size 1 (plain decoding) among them. accuracy: (heads, topk) head accuracies.
     batch_efficiency: tree size -> the share of the accepted tokens a batch turns into
     progress (a batch steps until its slowest sequence is done, so sequences that accept
-    more wait; 1 at batch 1), as measured; it scales the acceptance."""
+    more wait; 1 at batch 1), as measured; it scales the acceptance. margin: how far (a
+    share) the best tree's predicted speedup must exceed 1 to be chosen over plain decoding,
+    for step times measured no closer than that."""
+    if not (np.isfinite(margin) and 0 <= margin < 1):
+        raise PerfkitError(f"margin must be a share in [0, 1), got {margin}")
     if 1 not in step_times:
         raise PerfkitError(f"the step times need plain decoding (tree size 1); got sizes {sorted(step_times)}")
     accuracy = np.asarray(accuracy, dtype=float)
@@ -78,4 +88,6 @@ def choose_tree(
         }
     )
     best = pick_best(table, ["batch"]).iloc[0]
-    return TreeChoice(int(best["tree_size"]), float(best["speedup"]), table.drop(columns="batch"), latency)
+    if best["speedup"] <= 1 + margin:
+        best = table.iloc[0]  # plain decoding: no tree is predicted faster by more than the margin
+    return TreeChoice(int(best["tree_size"]), float(best["speedup"]), table.drop(columns="batch"), latency, margin)

@@ -14,8 +14,8 @@ TARGET_ERROR = 0.10
 STEP_FLAVOR = "reference"
 # model (the default): the cache flushed by the model's weight bytes before each sample, as
 # the rest of a step streams them between two reads of the same weights; none: warm, the
-# weights of a small model left in the nearer caches (its GEMMs then priced 2-3x under what
-# they cost in the step: docs/closed-loop.md); all: evict everything (the paper's method for
+# weights of a small model left in the nearer caches (its GEMMs then priced 20-45% under
+# what they cost in tree steps: docs/closed-loop.md); all: evict everything (the paper's method for
 # a 7B model on a GPU, whose weights never fit in L2).
 FLUSH_MODES = ("none", "model", "all")
 # Batches of prompts every setting decodes, at the least, by default (ValidateConfig.decode_rounds).
