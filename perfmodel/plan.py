@@ -1,19 +1,17 @@
-"""`python -m perfmodel.plan`: the capacity plan on the command line (perfmodel.plan_command).
+"""`python -m perfmodel.plan`: the capacity plan on the command line.
 
 Only run, never imported: the name perfmodel.plan is the planner function
 (`from perfmodel import plan`), and importing a module of that name would rebind it to the
-module. Its code is in perfmodel.plan_command.
+module. The command's code is reports.commands.plan, on the floor above the analytic core (it
+can trace the decoder's step), run by name (perfmodel.cli.console.COMMAND_CODE).
 """
 
 if __name__ != "__main__":
     raise ImportError(
         "perfmodel.plan is the planner function (from perfmodel import plan) and the command "
-        "python -m perfmodel.plan; the command's code is perfmodel.plan_command"
+        "python -m perfmodel.plan; the command's code is reports.commands.plan"
     )
 
-import sys
+from perfmodel.cli.console import run_command_code
 
-from perfmodel.cli import run
-from perfmodel.plan_command import main
-
-sys.exit(run(main))
+run_command_code("perfmodel.plan")

@@ -11,8 +11,8 @@ from perfmodel.cli import Parser
 from perfmodel.cli.fields import add_options, option, read_options
 from perfmodel.cli.parser import positive_int
 from perfmodel.cli.workload_options import WorkloadOptions
-from perfmodel.plan_command import PlanOptions
-from perfmodel.plan_command import build_parser as plan_parser
+from reports.commands.plan import PlanOptions
+from reports.commands.plan import build_parser as plan_parser
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ COMMANDS = discovered_commands()
 
 
 def command_module(name: str):
-    """The module holding a command's main and build_parser (perfmodel.plan: perfmodel.plan_command)."""
+    """The module holding a command's main and build_parser (perfmodel.plan: reports.commands.plan)."""
     name = console.command_code(name)
     package = ROOT.joinpath(*name.split("."))
     return importlib.import_module(f"{name}.__main__" if (package / "__main__.py").exists() else name)
@@ -180,7 +180,7 @@ def test_model_default_follows_whether_weights_run():
 
 
 def test_the_old_acceptance_spelling_still_reaches_the_rates():
-    from perfmodel.speedup import build_parser
+    from reports.commands.speedup import build_parser
 
     parser = build_parser()
     assert parser.allow_abbrev

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import perfmodel.plan_command as plan_cli
-from perfmodel import speedup as speedup_cli
+import reports.commands.plan as plan_cli
 from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, resolve_acceptance
 from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.errors import PerfkitError
@@ -24,6 +23,7 @@ from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import plan
 from perfmodel.planning.simulations import device_table, loses_from, optima
+from reports.commands import speedup as speedup_cli
 from reports.sources import report_acceptance
 from tests.conftest import deploy
 

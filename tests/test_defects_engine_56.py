@@ -19,7 +19,7 @@ from perfmodel.planning.workload import Requests
 from perfmodel.serving.costs import ServingCosts, context_grid
 from perfmodel.serving.engine_check import compare_runs, measurement_lines, not_predicted, predicted_run, run_pricing
 from perfmodel.serving.simulator import EngineConfig, simulate
-from perfmodel.validate import main as validate_main
+from reports.commands.validate import main as validate_main
 
 # The mixes measured for the item (2-core AMD EPYC): prefill-heavy (the issue's own, measured
 # twice), decode-heavy and mixed, each at its own cap on running sequences: (prompt, output,

@@ -21,10 +21,10 @@ from perfmodel.measured.contract import read_table
 from perfmodel.measured.store import measured_rows
 from perfmodel.models.config import load_model
 from perfmodel.models.grid import PAPER_GRID
-from perfmodel.roofline import main as roofline_main
 from profilers.store import Journal
 from profilers.sweep import main as sweep_main
 from profilers.sweep_runs import run_sweep
+from reports.commands.roofline import main as roofline_main
 from tests.helpers import run_here
 from tests.test_sweep import config
 

@@ -20,9 +20,9 @@ from perfmodel.hardware.specs import load_spec_file
 from perfmodel.latency.source import latency_source
 from perfmodel.latency.tensor_parallel import usable_degrees
 from perfmodel.models.config import load_model
-from perfmodel.plan_command import main as plan_main
-from perfmodel.speedup import main as speedup_main
 from reports.__main__ import main as reports_main
+from reports.commands.plan import main as plan_main
+from reports.commands.speedup import main as speedup_main
 from tests.helpers import one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]

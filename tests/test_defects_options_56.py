@@ -9,8 +9,8 @@ import pytest
 
 from decoder import measure
 from perfmodel.cli import run
-from perfmodel.plan_command import main as plan_main
 from profilers import allreduce, sweep
+from reports.commands.plan import main as plan_main
 from tests.test_cli_options import COMMANDS, command_module, options_of
 
 # Number options whose bound is checked after parsing, each in one line naming the value
@@ -80,7 +80,7 @@ def test_the_sweeps_other_numbers_are_refused_the_same_way(option, value, allowe
 
 
 def test_the_validation_budget_is_refused_the_same_way(capsys):
-    from perfmodel.validate import build_parser
+    from reports.commands.validate import build_parser
 
     err = refused(build_parser(), ["--budget", "nan"], capsys)
     assert "argument --budget: must be a number > 0, got 'nan'" in err

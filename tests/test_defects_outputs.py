@@ -24,14 +24,14 @@ from perfmodel.base.outputs import replaced_atomically
 from perfmodel.cli import run
 from perfmodel.hardware.specs import load_spec_file
 from perfmodel.models.config import ModelConfig, load_model
-from perfmodel.plan_command import main as plan_main
 from perfmodel.planning.result import PlanResult
-from perfmodel.roofline import main as roofline_main
 from perfmodel.schedule import main as schedule_main
-from perfmodel.speedup import main as speedup_main
-from perfmodel.validate import main as validate_main
 from profilers.sweep import main as sweep_main
 from reports.__main__ import main as reports_main
+from reports.commands.plan import main as plan_main
+from reports.commands.roofline import main as roofline_main
+from reports.commands.speedup import main as speedup_main
+from reports.commands.validate import main as validate_main
 from reports.prose import capacity_fact
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def test_a_failed_roofline_run_leaves_the_last_one_whole(tmp_path, capsys, monke
     def disk_full(*_, **__):
         raise OSError(28, "No space left on device", str(out / "roofline.html"))
 
-    monkeypatch.setattr("perfmodel.roofline.write_page", disk_full)
+    monkeypatch.setattr("reports.commands.roofline.write_page", disk_full)
     capsys.readouterr()
     assert run(roofline_main, [*args[:-2], "--seq", "256", "--out", str(out)]) == 1
     assert "No space left on device" in one_line(capsys)

@@ -23,11 +23,11 @@ from perfmodel.base import output_locks
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.output_locks import FOLDER_LOCK
 from perfmodel.cli import run
-from perfmodel.roofline import main as roofline_main
 from perfmodel.schedule import main as schedule_main
-from perfmodel.speedup import main as speedup_main
 from reports import golden
 from reports.__main__ import main as reports_main
+from reports.commands.roofline import main as roofline_main
+from reports.commands.speedup import main as speedup_main
 from reports.figure_cache import FOLDER_VARIABLE
 from tests.helpers import run_here
 
@@ -86,7 +86,7 @@ AT_ONCE = {
     "roofline": (
         roofline_main,
         ["--gpu", "a100", "--batch", "1", "--seq", "128"],
-        "perfmodel.roofline.write_page",
+        "reports.commands.roofline.write_page",
         "roofline.csv",
     ),
     "reports-build": (reports_main, ["build", "--gpu", "a100"], "reports.build.inputs_section", "report.html"),
@@ -96,7 +96,7 @@ AT_ONCE = {
         "reports.compare.compare_answer_section",
         "compare.html",
     ),
-    "speedup": (speedup_main, ["--gpu", "a100"], "perfmodel.speedup.device_table", "speedup.csv"),
+    "speedup": (speedup_main, ["--gpu", "a100"], "reports.commands.speedup.device_table", "speedup.csv"),
     "schedule": (
         schedule_main,
         ["--gpu", "a100", "--batch", "1", "2", "--context", "512", "--sizes", "1", "4"],
@@ -127,7 +127,7 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_the_first_ones_output_
 def test_two_runs_into_the_same_default_folder_at_once_are_one_run(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # perf-reports/speedup/<device>-<model>-<dtype>, the folder both would write
     argv = ["--gpu", "a100", "--model", "llama-7b", *ONE_CORE]
-    with first_run(speedup_main, argv, "perfmodel.speedup.device_table", monkeypatch) as running:
+    with first_run(speedup_main, argv, "reports.commands.speedup.device_table", monkeypatch) as running:
         ran = run_here(speedup_main, argv, capsys)
         assert ran.status == 1
         assert_one_line(ran.err, "another command is writing", "perf-reports/speedup/a100")

@@ -18,9 +18,9 @@ from perfmodel.measured.device_view import resolve_view
 from perfmodel.models.config import load_model
 from perfmodel.planning import simulations
 from perfmodel.planning.capacity import plan
-from perfmodel.speedup import main as speedup_main
 from reports.__main__ import main as reports_main
 from reports.build import capacity_plan
+from reports.commands.speedup import main as speedup_main
 from reports.report import BuildConfig
 from reports.sources import report_acceptance
 from tests.conftest import deploy
@@ -145,7 +145,7 @@ def test_the_recommended_batch_is_searched_up_to_the_max_batch(tp):
 
 
 def test_the_plan_command_recommends_beyond_batch_256(capsys):
-    from perfmodel.plan_command import main
+    from reports.commands.plan import main
 
     assert main(["--model", "llama-2-70b", "--gpu", "h100", "--tp", "8"]) == 0
     out = capsys.readouterr().out

@@ -18,9 +18,9 @@ from perfmodel.latency.eagle import EagleStep, StaticTreeDraft, draft_points
 from perfmodel.latency.roofline import RooflineLatency
 from perfmodel.latency.step import StepModel
 from perfmodel.models.config import load_model
-from perfmodel.validate import main
 from profilers.closed_loop.config import ValidateConfig
 from profilers.closed_loop.eagle import PROBE_TREES, DraftHost, draft_work
+from reports.commands.validate import main
 
 TREE = Tree(((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)))  # passes: (1, 1), (3, 2), (6, 1)
 LLAMA = load_model("llama-7b")

@@ -33,7 +33,7 @@ from perfmodel.models.operators import Matmul, op_kernels
 from perfmodel.planning.drafter_choice import best_drafters
 from perfmodel.planning.drafters import DraftModelStep, drafters_for
 from perfmodel.planning.simulations import SIMULATION_BATCHES, device_table, optima, speedup_table
-from perfmodel.speedup import build_parser, main
+from reports.commands.speedup import build_parser, main
 from tests.conftest import deploy
 
 LLAMA = load_model("llama-7b")

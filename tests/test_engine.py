@@ -26,7 +26,6 @@ from perfmodel.serving.engine_check import (
     run_pricing,
 )
 from perfmodel.serving.engine_drafting import decoder_drafting
-from perfmodel.validate import main as validate_main
 from profilers.engine.__main__ import main as engine_main
 from profilers.engine.export import export_medusa_heads
 from profilers.engine.install import engine_python, installed
@@ -34,6 +33,7 @@ from profilers.engine.load import Played, request_rows, tokens_in
 from profilers.engine.measure import Plan, speculative_config
 from profilers.engine.scrape import accepted_per_position, histogram_counts, parse, value
 from profilers.engine.server import EngineServer, ServerConfig
+from reports.commands.validate import main as validate_main
 
 PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

@@ -10,9 +10,9 @@ from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder
 from decoder.runs import heldout_prompts
 from perfmodel.acceptance.trees import Tree
-from perfmodel.validate import main as validate_main
 from profilers.closed_loop.in_step import HOST, REST_OPS, beside_priced, in_step_profile
 from profilers.closed_loop.tree_kind import TreeKind
+from reports.commands.validate import main as validate_main
 
 LEAVES = ("q", "k", "v", "o", "gate", "up", "down", "norm", "embed", "lm_head")
 

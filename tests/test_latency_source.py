@@ -11,7 +11,7 @@ from perfmodel.latency.source import latency_source
 from perfmodel.latency_check import leave_one_model_out, oracle_bounds, summary
 from perfmodel.measured.store import stored_profiles
 from perfmodel.models.config import load_model
-from perfmodel.speedup import main as speedup_main
+from reports.commands.speedup import main as speedup_main
 
 LLAMA = load_model("llama-7b")
 

@@ -14,9 +14,9 @@ from perfmodel.measured.contract import read_table, write_table
 from perfmodel.measured.store import HOME_VARIABLE, meta_path, user_measurements_dir
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import DEFAULT_OPS
-from perfmodel.roofline import main
 from profilers.device import cpu_info
 from profilers.store import write_meta
+from reports.commands.roofline import main
 from tests.helpers import assert_png_shows_a_plot, time_quickly
 
 GRID = ["--batch", "1", "2", "--seq", "32", "--candidates", "1", "8", "--jobs", "1"]

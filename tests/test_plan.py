@@ -16,11 +16,11 @@ from perfmodel.latency.step import StepModel
 from perfmodel.latency.tensor_parallel import tensor_parallel_steps
 from perfmodel.measured.device_view import resolve_view
 from perfmodel.models.config import load_model
-from perfmodel.plan_command import benchmark, main
 from perfmodel.planning.capacity import plan
 from perfmodel.planning.lengths import Lengths
 from perfmodel.planning.memory import head_params, kv_bytes_per_token, weight_params
 from perfmodel.planning.result import BAND_COLUMNS
+from reports.commands.plan import benchmark, main
 
 ROOT = Path(__file__).resolve().parents[1]
 

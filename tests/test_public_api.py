@@ -63,9 +63,9 @@ def test_the_readme_import_paths_keep_working():
 
 
 def test_plan_is_the_planner_whatever_the_command_imports():
-    # the command's code is perfmodel.plan_command; perfmodel/plan.py only runs it (python -m)
+    # the command's code is reports.commands.plan; perfmodel/plan.py only runs it (python -m)
     code = (
-        "import perfmodel.plan_command as command\n"
+        "import reports.commands.plan as command\n"
         "from perfmodel import plan\n"
         "from perfmodel.planning.capacity import plan as planner\n"
         "try:\n"
@@ -76,4 +76,4 @@ def test_plan_is_the_planner_whatever_the_command_imports():
         "assert plan is planner and after is planner and callable(command.main)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert "perfmodel.plan is the planner function" in out and "perfmodel.plan_command" in out
+    assert "perfmodel.plan is the planner function" in out and "reports.commands.plan" in out

@@ -11,7 +11,7 @@ from hw_specs import SPEC_DIR
 from perfmodel.cli import run
 from perfmodel.measured.contract import read_table, write_table
 from perfmodel.models.operators import DEFAULT_OPS
-from perfmodel.roofline import main
+from reports.commands.roofline import main
 from tests.helpers import assert_png_shows_a_plot, number, parse_page, run_here
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from perfmodel import search_benchmark
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli.wall_time import interpreter_seconds
-from perfmodel.search_benchmark import main, search_parts
+from reports.commands import search_benchmark
+from reports.commands.search_benchmark import main, search_parts
 
 SMALL = "python -m perfmodel.plan --model llama-7b --gpu a100 --rate 2 --prompt-len 128 --response-len 32 --tpot-ms 50"
 

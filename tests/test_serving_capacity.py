@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-import perfmodel.plan_command as plan_cli
+import reports.commands.plan as plan_cli
 from perfmodel.acceptance.rates import resolve_acceptance
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run

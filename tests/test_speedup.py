@@ -26,7 +26,7 @@ from perfmodel.planning.simulations import (
     speedup_table,
     verdict,
 )
-from perfmodel.speedup import main
+from reports.commands.speedup import main
 from tests.helpers import assert_png_shows_a_plot
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -47,7 +47,7 @@ def test_a_failing_command_is_an_error_naming_it(tmp_path):
 def test_drawing_and_reporting_import_no_torch_and_no_sweeper():
     # Nothing is measured unless --measure asks: the commands leave torch (about a second) unloaded.
     code = (
-        "import sys, perfmodel.roofline, reports.__main__\n"
+        "import sys, reports.commands.roofline, reports.__main__\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('profilers.sweep', 'decoder.'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -55,7 +55,7 @@ def test_drawing_and_reporting_import_no_torch_and_no_sweeper():
 
 
 def test_the_measure_option_finds_its_sweeper():
-    for command in ("perfmodel/roofline.py", "reports/build.py"):
+    for command in ("reports/commands/roofline.py", "reports/build.py"):
         tree = ast.parse((ROOT / command).read_text())
         lazy = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module.startswith("profilers.")]
         assert lazy, command

@@ -12,7 +12,7 @@ from perfmodel.latency.source import latency_source
 from perfmodel.latency.traced import TRACE_COLUMNS, kind_shares, price_trace
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import Matmul
-from perfmodel.speedup import main as speedup
+from reports.commands.speedup import main as speedup
 from tests.helpers import one_line_error
 
 LLAMA = load_model("llama-7b")

@@ -18,7 +18,7 @@ from perfmodel.latency.source import latency_source, view_latency
 from perfmodel.latency.traced import CAPTURED_PARTS, TRACE_COLUMNS, TracedStep, launch_costs, price_trace
 from perfmodel.measured.device_view import resolve_view
 from perfmodel.models.config import load_model
-from perfmodel.speedup import main as speedup
+from reports.commands.speedup import main as speedup
 from tests.helpers import custom_spec, one_line_error
 
 LLAMA = load_model("llama-7b")

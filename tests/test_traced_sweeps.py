@@ -10,17 +10,17 @@ import pytest
 
 import decoder.trace
 from decoder.trace import StepTracer
-from perfmodel import speedup
 from perfmodel.acceptance.rates import resolve_acceptance
 from perfmodel.latency.traced import TracedStep
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
-from perfmodel.plan_command import main as plan_main
 from perfmodel.planning import simulations
 from perfmodel.planning.capacity import plan
 from perfmodel.planning.simulations import Simulation
 from perfmodel.planning.step_models import flavor_steps
 from reports.__main__ import main as reports_main
+from reports.commands import speedup
+from reports.commands.plan import main as plan_main
 from tests.conftest import deploy
 from tests.helpers import one_line_error
 

@@ -19,9 +19,9 @@ from perfmodel.acceptance.trees import greedy_tree
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
 from perfmodel.models.config import load_model
-from perfmodel.validate import main as validate_main
 from profilers.closed_loop.twin import HOST, kernel_class
 from profilers.closed_loop.twin_results import main as twin_results_main
+from reports.commands.validate import main as validate_main
 
 TINYLLAMA = "decoder/assets/configs/tinyllama-1.1b"
 

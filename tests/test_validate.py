@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.validate import main
 from profilers.closed_loop.config import ValidateConfig
+from reports.commands.validate import main
 
 
 def test_validate_writes_predicted_and_measured_speedup_per_tree(tmp_path, capsys):

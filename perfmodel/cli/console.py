@@ -8,10 +8,13 @@ is imported until a command is asked for, and `medusa-perfkit --help` imports no
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import runpy
 import sys
+from typing import NoReturn
 
-from perfmodel.cli.parser import Parser
+from perfmodel.cli.parser import Parser, run
 
 # name -> (module run as __main__, its one-line summary). tests/test_cli_options.py checks
 # that this lists exactly the modules with a `__main__` block.
@@ -57,14 +60,32 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "search-benchmark": ("perfmodel.search_benchmark", "time the README's serving search beside the import floor"),
 }
 
-# A command whose module only runs another module's main: the name perfmodel.plan is the
-# planner function, so perfmodel/plan.py runs perfmodel.plan_command (and is never imported).
-COMMAND_CODE = {"perfmodel.plan": "perfmodel.plan_command"}
+# The commands whose code runs the decoder, the profilers or the reports: their code is on
+# the floor above the analytic core (reports.commands), and perfmodel's module of the
+# command's name only runs it, by name (run_command_code), so the core imports nothing above
+# it. perfmodel.plan is also the planner function, so that module is never imported.
+COMMAND_CODE = {
+    "perfmodel.plan": "reports.commands.plan",
+    "perfmodel.roofline": "reports.commands.roofline",
+    "perfmodel.speedup": "reports.commands.speedup",
+    "perfmodel.validate": "reports.commands.validate",
+    "perfmodel.search_benchmark": "reports.commands.search_benchmark",
+}
 
 
 def command_code(module: str) -> str:
     """The module holding a command's main and build_parser (`module` itself, mostly)."""
     return COMMAND_CODE.get(module, module)
+
+
+def run_command_code(module: str) -> NoReturn:
+    """`python -m module` for a command whose code is elsewhere (COMMAND_CODE): its main, run
+    as perfmodel.cli.run runs every command; the process then ends without a last garbage
+    collection, which would scan every object the run made (pandas, matplotlib) for a fifth of
+    a second to free memory the exit frees anyway."""
+    status = run(importlib.import_module(COMMAND_CODE[module]).main)
+    gc.freeze()
+    sys.exit(status)
 
 
 def build_parser() -> Parser:

@@ -4,8 +4,10 @@ The command of perfmodel.planning.capacity (which holds the planning model and i
 documentation), run as `python -m perfmodel.plan` (perfmodel/plan.py runs this module's main):
 `python -m perfmodel.plan --model llama-7b --gpu a100 h100 --latency-ms 30` prints the devices
 table, the bands per device and the plan in words; `--benchmark` times plan() over more than
-10,000 configurations. Its name is not perfmodel.plan: that is the planner function
-(`from perfmodel import plan`), and a module of that name would shadow it once imported.
+10,000 configurations. It lives on the command floor (reports.commands) because it can trace
+the decoder's step (--step traced). Its name is not perfmodel.plan: that is the planner
+function (`from perfmodel import plan`), and a module of that name would shadow it once
+imported.
 """
 
 from __future__ import annotations

@@ -1,0 +1,263 @@
+"""python -m perfmodel.speedup: the paper's three simulations (Appendix G.3) and the
+draft-model comparison on any device, drawn (PNG) and written (CSV), for the Medusa heads,
+EAGLE or a draft model (--drafter), or the best of them per batch and context (--drafter
+all). The model is perfmodel.planning.simulations (the drafters: perfmodel.planning.drafters,
+drafter_choice); the figures (Medusa's) are reports.speedup_figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from contextlib import ExitStack
+
+import pandas as pd
+
+from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
+from perfmodel.base.dtypes import check_dtype, default_dtype
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
+from perfmodel.base.output_locks import claimed_dir
+from perfmodel.base.outputs import write_csv, write_file
+from perfmodel.cli import Parser
+from perfmodel.cli.fields import add_options, read_options
+from perfmodel.cli.speedup_options import DEFAULT_OUT, SpeedupOptions
+from perfmodel.latency.attention_table import write_measured_attention
+from perfmodel.latency.choice import LatencyMode
+from perfmodel.latency.pipeline import HostCosts
+from perfmodel.latency.source import decoder_latency, view_latency
+from perfmodel.latency.step import StepFlavor
+from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives
+from perfmodel.latency.traced import TracedStep
+from perfmodel.models.config import load_model
+from perfmodel.planning.capacity import PlanRequest, serving_plan
+from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
+from perfmodel.planning.drafter_choice import choice_lines
+from perfmodel.planning.drafters import drafters_for
+from perfmodel.planning.simulation_summary import best_trees, optima_side_by_side, summary_lines
+from perfmodel.planning.simulations import choose_devices, device_table, draft_model_table, optima
+from perfmodel.planning.step_point import POINT_COLUMNS, point_lines, step_point
+from reports.figure_cache import figure_cache
+from reports.render import Renderer
+from reports.speedup_figures import submit_speedup_figures
+
+
+def build_parser() -> Parser:
+    p = Parser(
+        prog="python -m perfmodel.speedup",
+        description="Medusa speedup and the best tree size: the paper's three simulations (Appendix G.3) on any "
+        "device, and the draft-model comparison.",
+    )
+    add_options(p, SpeedupOptions)
+    return p
+
+
+def tp_line(asked: int | None, tp: int) -> str:
+    """Which tensor-parallel degree the numbers are of, and who chose it."""
+    split = f"{tp} devices per replica, each running 1/{tp} of the query heads and MLP, 2 all-reduces per layer"
+    if asked is None:
+        return (
+            f"  tensor parallel: --tp auto chose {tp} (the capacity plan's choice: the most tokens/s per device "
+            f"among the degrees that fit); " + (split if tp > 1 else "one device")
+        )
+    return f"  tensor parallel: {split}"
+
+
+def point_steps(deployment: Deployment, flavors, cuda_graph: bool = False, regime=None, host=None) -> dict:
+    """Step models of each flavour for a deployment; a traced one traces the reference
+    decoder's steps, its forward replayed from a CUDA graph with cuda_graph, or the step of a
+    launch regime priced end to end (perfmodel.latency.traced.TracedStep.regime)."""
+    device, model, dtype, tp, latency = (
+        deployment.view,
+        deployment.model,
+        deployment.dtype,
+        deployment.tp,
+        deployment.latency,
+    )
+    untraced = [f for f in flavors if f != StepFlavor.TRACED]
+    steps = deployment.steps(untraced) if untraced else {}
+    if StepFlavor.TRACED in flavors:
+        from decoder.trace import trace_step  # torch loads only when a step is traced
+
+        shard = model.shard(tp)
+        source = decoder_latency(device, shard, dtype, latency)
+        regime = None if regime is None else Launch.parse(regime)
+        tracer = trace_step if regime is None else functools.partial(trace_step, launch=regime)
+        traced = TracedStep(shard, source, dtype, tracer, cuda_graph=cuda_graph, regime=regime, host=host)
+        comm = step_collectives(device.spec, tp, dtype, source.stack)
+        steps["traced"] = TensorParallelStep(traced, tp, comm.all_reduce, dtype, comm.gather)
+    return steps
+
+
+def answer_point(args, model, devices, flavors) -> int:
+    """--tree-size: one tree at one batch and context, on every device asked for."""
+    if args.acceleration is None:
+        raise PerfkitError("--tree-size needs --acceleration (tokens accepted per step with that tree)")
+    model.check_context(args.context, args.tree_size)  # every step flavour, as the traced one already refuses
+    for given, option in ((args.cuda_graph, "--cuda-graph"), (args.launch, "--launch")):
+        if given and StepFlavor.TRACED not in flavors:
+            raise PerfkitError(
+                f"{option} prices the traced step's launches: use --step traced or all (not {args.step})"
+            )
+    if args.host_dispatch is not None and args.launch not in (Launch.EAGER, Launch.STATIC):
+        raise PerfkitError("--host-dispatch prices an eager or static step's host queue: give --launch eager or static")
+    host = HostCosts.from_json(args.host_dispatch) if args.host_dispatch is not None else None
+    frames = []
+    for device in devices:
+        dtype = args.dtype or default_dtype("cpu" if device.is_cpu else "cuda")
+        device.spec.peak_flops(dtype)
+        tp = args.tp or 1
+        (deployment,) = resolve(model, [device], DeploymentChoices(dtype, tp, args.latency))
+        steps = point_steps(deployment, flavors, args.cuda_graph, args.launch, host)
+        rows = step_point(steps, args.batch, args.context, args.tree_size, args.acceleration)
+        rows = rows.assign(device=device.spec.key, model=model.name, dtype=dtype)[list(POINT_COLUMNS)]
+        print(
+            f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted, batch {args.batch}, context "
+            f"{args.context}, a {args.tree_size}-token tree at acceleration {args.acceleration:g}"
+            + (f", tensor parallel {tp}" if tp > 1 else "")
+        )
+        print(f"  latency: {rows['latency_model'].iloc[0]}")
+        for line in point_lines(steps, rows):
+            print(line)
+        frames.append(rows)
+    table = pd.concat(frames, ignore_index=True)
+    if args.csv:
+        write_csv(table, args.csv)
+        print(f"csv: {args.csv} ({len(table)} rows)")
+    return 0
+
+
+def sweep_tracer():
+    """The decoder's tracer for the traced simulations: each point traced once, contexts past
+    the model's trained one too (simulation (c) runs to 8192 and marks them)."""
+    from decoder.trace import StepTracer  # torch loads only when a step is traced
+
+    return StepTracer(beyond_context=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    args = read_options(SpeedupOptions, build_parser().parse_args(argv))
+    model = load_model(args.model)
+    if args.dtype:
+        check_dtype(args.dtype)
+    if args.acceleration is not None and args.tree_size is None:
+        raise PerfkitError("--acceleration is the tokens per step of one tree: give its size with --tree-size")
+    if args.tree_size is not None and args.drafter != DrafterKind.MEDUSA:
+        raise PerfkitError(f"--tree-size prices one Medusa tree; --drafter {args.drafter} runs the simulations only")
+    if args.drafter == DrafterKind.MEDUSA:
+        model.require_heads("there is no tree to price, plain decoding is its only step (--drafter eagle or draft)")
+    drafters = drafters_for(args.drafter, args.acceptance_rates, args.draft_alpha, args.draft_cost)
+    acceptance = drafters[0].choice  # None for the draft model alone
+    devices = choose_devices(args.gpu, args.spec, args.all)
+    flavors = {"both": ("paper", "full"), "all": ("paper", "full", "traced")}.get(args.step, (args.step,))
+    if args.tree_size is not None:
+        return answer_point(args, model, devices, flavors)
+    for given, option in (
+        (args.cuda_graph, "--cuda-graph"),
+        (args.launch, "--launch"),
+        (args.host_dispatch, "--host-dispatch"),
+    ):
+        if given:
+            raise PerfkitError(f"{option} prices one point's traced step: give --tree-size and --acceleration")
+    draft = draft_model_table(cost_ratio=args.draft_cost)
+    tracer = sweep_tracer() if StepFlavor.TRACED in flavors else None  # one for every device: a shard is traced once
+
+    # Each output folder is claimed before the simulations fill it, and held to the end: a
+    # second run into it is refused (perfmodel.base.output_locks.claimed_dir).
+    with ExitStack() as held:
+        planned, skipped, claimed = [], [], set()
+        for device in devices:
+            dtype = args.dtype or default_dtype("cpu" if device.is_cpu else "cuda")
+            if args.all and dtype not in device.spec.peak_tflops:
+                skipped.append(f"{device.spec.key} (no {dtype} peak)")
+                continue
+            device.spec.peak_flops(dtype)  # one clear line when the device lacks the dtype
+            try:
+                choices = DeploymentChoices(dtype=dtype, tensor_parallel=args.tp, latency=args.latency, tracer=tracer)
+                deployment = resolve(model, [device], choices)[0]
+                tp, planned_here = serving_plan(deployment, PlanRequest(acceptance=drafters[0].acceptance))
+            except PerfkitError as exc:  # another --tp would hold the model: with --all, one device less
+                if not args.all:
+                    raise
+                skipped.append(f"{device.spec.key} ({exc})")
+                continue
+            folder = f"{device.spec.key}-{model.name}-{dtype}" + (f"-tp{tp}" if tp > 1 else "")
+            out = args.out if args.out and len(devices) == 1 else (args.out or DEFAULT_OUT) / folder
+            root = args.out or out  # --out holds every device's folder
+            if root not in claimed:
+                held.enter_context(claimed_dir(root))
+                claimed.add(root)
+            deployment = deployment.at(tp)
+            table = device_table(deployment, flavors, drafters)
+            split = [tp_line(args.tp, tp)] if args.tp is None or tp > 1 else []
+            if isinstance(planned_here, str):  # nothing to advise: say so above steps priced as if it fitted
+                split.append(f"  note: {planned_here}; the speedups below time its steps as if it fitted")
+            compared = []
+            # one drafter's optima against the datasheet's; the three drafters' would bury the choice
+            if (
+                len(drafters) == 1
+                and view_latency(device, model.shard(tp), dtype, args.latency).mode != LatencyMode.DATASHEET
+            ):
+                datasheet = device_table(dataclasses.replace(deployment, latency="datasheet"), flavors, drafters)
+                compared = optima_side_by_side(table, datasheet)
+            planned.append((device, dtype, out, table, split, compared))
+
+        if not planned:
+            asked = f" in {args.dtype}" if args.dtype else ""
+            raise PerfkitError(f"no device can run {model.name}{asked}; skipped: {', '.join(skipped)}")
+
+        medusa = args.drafter == DrafterKind.MEDUSA  # the figures and best trees are Medusa's
+        with Renderer(args.jobs, figure_cache()) as renderer:
+            figures = [
+                submit_speedup_figures(renderer, d, model, dtype, table, draft, acceptance) if medusa else {}
+                for d, dtype, _, table, _, _ in planned
+            ]
+            for (device, dtype, out, table, split, compared), pngs in zip(planned, figures):
+                out.mkdir(parents=True, exist_ok=True)
+                what = (
+                    "the best drafter and tree per batch and context"
+                    if args.drafter == DrafterChoice.ALL
+                    else f"acceptance {drafters[0].describe()}"
+                )
+                print(f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted; {what}")
+                print(f"  latency: {table['latency_model'].iloc[0]}")
+                if args.drafter == DrafterChoice.ALL:
+                    found = choice_lines(table, drafters)
+                else:
+                    found = summary_lines(device, dtype, table, draft)
+                for line in split + found + compared:
+                    print(line)
+                written = []
+                for name, png in pngs.items():
+                    write_file(png(), out / f"{name}.png")
+                    written.append(f"{name}.png")
+                write_csv(draft, out / "draft-model.csv")
+                written.append("draft-model.csv")
+                if not device.is_cpu:
+                    line = write_measured_attention(out, device.spec.key, model.shard(tp), dtype, args.latency.stack)
+                    if line:
+                        print(line)
+                if not args.csv:
+                    write_csv(table, out / "speedup.csv")
+                    written.append(f"speedup.csv ({len(table)} rows)")
+                if medusa and acceptance.trees is not None:
+                    trees = best_trees(optima(table), acceptance)
+                    # one optimum per line: paths of top-ranks, the format engines read
+                    lines = ",\n".join(f"  {json.dumps(t)}" for t in trees)
+                    write_file(
+                        f'{{"tree_model": {json.dumps(acceptance.trees.describe())},\n "optima": [\n{lines}\n ]}}\n',
+                        out / "best-trees.json",
+                    )
+                    written.append("best-trees.json")
+                print(f"  wrote {out}/: {', '.join(written)}")
+        if args.csv:
+            rows = pd.concat([t for _, _, _, t, _, _ in planned], ignore_index=True)
+            write_csv(rows, args.csv)
+            print(f"csv: {args.csv} ({len(rows)} rows)")
+        if skipped:
+            print(f"skipped: {', '.join(skipped)}")
+        print(f"done in {time.perf_counter() - started:.1f} s")
+        return 0
