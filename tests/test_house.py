@@ -26,16 +26,47 @@ def test_no_module_is_over_400_lines():
     assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {long}"
 
 
-def test_no_function_of_the_analytic_core_takes_more_than_8_parameters():
-    wide = []
-    for path in sources("perfmodel"):
+# Functions above the core with more than MAX_PARAMETERS parameters, as issue 58 found them: the
+# debt is named so that it only shrinks (a new one fails, and so does one fixed but still listed).
+WIDE_DEBT = {
+    "decoder/static_step.py static_generate": 12,
+    "decoder/medusa.py generate": 11,
+    "decoder/trace_run.py record_step": 10,
+    "decoder/static_step.py __init__": 10,
+    "decoder/eagle.py dynamic_eagle_tree": 10,
+    "decoder/eagle.py draft_batch": 9,
+    "decoder/auto_tree.py step_profile": 9,
+    "profilers/engine/measure.py serve_and_measure": 9,
+    "profilers/closed_loop/runs.py operator_timing": 9,
+    "profilers/campaign_plan.py twin_stage": 9,
+    "profilers/campaign_gemm.py run_gemm_grid": 9,
+}
+
+
+def wide_functions(*layers: str) -> dict[str, int]:
+    wide = {}
+    for path in sources(*layers):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 a = node.args
                 names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs) if x.arg not in ("self", "cls")]
+                names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
                 if len(names) > MAX_PARAMETERS:
-                    wide.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({len(names)})")
+                    wide[f"{path.relative_to(ROOT)} {node.name}"] = len(names)
+    return wide
+
+
+def test_no_function_of_the_analytic_core_takes_more_than_8_parameters():
+    wide = wide_functions("perfmodel")
     assert not wide, f"functions over {MAX_PARAMETERS} parameters: {wide}"
+
+
+def test_no_function_anywhere_takes_more_than_8_parameters_beyond_the_named_debt():
+    wide = wide_functions("profilers", "decoder", "reports")
+    new = {name: n for name, n in wide.items() if n > WIDE_DEBT.get(name, MAX_PARAMETERS)}
+    paid = sorted(set(WIDE_DEBT) - set(wide))
+    assert not new, f"functions over {MAX_PARAMETERS} parameters (a settings dataclass is waiting to be named): {new}"
+    assert not paid, f"no longer over {MAX_PARAMETERS} parameters: take them out of WIDE_DEBT: {paid}"
 
 
 # What looks a model, device or latency source up, module by module.
