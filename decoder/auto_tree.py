@@ -31,6 +31,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
@@ -258,6 +259,19 @@ CHOICE_MARGIN = 0.05
 CALIBRATION_ATTEMPTS = 2
 
 
+class Measuring(Enum):
+    """When a run measures the calibration: never (a kept one or none: generate without
+    --tree), where none kept fits (--tree auto), or again whatever is kept (--recalibrate)."""
+
+    NEVER = "never"
+    IF_NEEDED = "if needed"
+    AGAIN = "again"
+
+    @classmethod
+    def asked(cls, recalibrate: bool, may_calibrate: bool) -> Measuring:
+        return cls.AGAIN if recalibrate else cls.IF_NEEDED if may_calibrate else cls.NEVER
+
+
 def step_profile(
     decoder: Decoder,
     ckpt: Checkpoint,
@@ -266,16 +280,16 @@ def step_profile(
     new_tokens: int,
     accuracy,
     log=print,
-    recalibrate: bool = False,
-    may_calibrate: bool = True,
+    measuring: Measuring = Measuring.IF_NEEDED,
 ) -> tuple[StepProfile | None, str]:
     """This decoder's step times by tree size, as (the profile, where it is kept): the cached
     calibration where it passes the plausibility checks against a fresh probe of the plain
-    step, else, with `may_calibrate` or `recalibrate`, measured now and kept where the new one
-    passes them. (None, why) where no kept calibration passes them: one that is not kept is
-    not used."""
+    step, else, unless `measuring` is NEVER, measured now and kept where the new one passes
+    them (AGAIN: measured whatever is kept). (None, why) where no kept calibration passes them:
+    one that is not kept is not used."""
     calibration = calibration_for(ckpt, decoder, batch, prompt_len, new_tokens)
-    may_calibrate = may_calibrate or recalibrate
+    recalibrate = measuring is Measuring.AGAIN
+    may_calibrate = measuring is not Measuring.NEVER
     length = calibration_prompt_len(ckpt, prompt_len, new_tokens)
     cached = None if recalibrate else calibration.load(log)
     if cached is None and not may_calibrate:
@@ -353,9 +367,8 @@ def auto_tree(
             f"--tree auto needs the heads' accuracies; {ckpt.folder} records none "
             "(python -m decoder.measure --out FOLDER/acceptance-greedy.json measures them)"
         )
-    profile, basis = step_profile(
-        decoder, ckpt, batch, prompt_len, new_tokens, accuracy, log, recalibrate, may_calibrate
-    )
+    measuring = Measuring.asked(recalibrate, may_calibrate)
+    profile, basis = step_profile(decoder, ckpt, batch, prompt_len, new_tokens, accuracy, log, measuring)
     if profile is None:
         tree = resolve_tree("default", ckpt)
         log(f"no speedup predicted: {basis}; running the checkpoint's default tree of {tree.size} tokens")

@@ -35,7 +35,6 @@ WIDE_DEBT = {
     "decoder/static_step.py __init__": 10,
     "decoder/eagle.py dynamic_eagle_tree": 10,
     "decoder/eagle.py draft_batch": 9,
-    "decoder/auto_tree.py step_profile": 9,
     "profilers/engine/measure.py serve_and_measure": 9,
     "profilers/closed_loop/runs.py operator_timing": 9,
     "profilers/campaign_plan.py twin_stage": 9,
