@@ -32,7 +32,7 @@ _HOMES = {
     "load_model": "perfmodel.models.config",
     "op_cost": "perfmodel.models.operators",
     # latency
-    "LATENCY_CHOICES": "perfmodel.latency.source",
+    "LATENCY_CHOICES": "perfmodel.latency.choice",
     "LatencyModel": "perfmodel.latency.source",
     "latency_source": "perfmodel.latency.source",
     "view_latency": "perfmodel.latency.source",

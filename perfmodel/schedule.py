@@ -30,6 +30,7 @@ from perfmodel.base.output_locks import claimed_dir
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, run, token_count, workload_options
 from perfmodel.cli.fields import add_options, option, read_options, shared
+from perfmodel.latency.choice import LatencyChoice
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import PlanRequest, serving_plan
@@ -63,7 +64,7 @@ class ScheduleOptions:
     dtype: str | None = field(default=None, metadata=shared(options.dtype))
     tp: int | None = field(default=1, metadata=shared(options.tp))
     acceptance_rates: str | None = field(default=None, metadata=shared(options.acceptance_rates))
-    latency: object = field(default="auto", metadata=shared(options.latency))  # a LatencyChoice once parsed
+    latency: str | LatencyChoice = field(default="auto", metadata=shared(options.latency))  # parsed: a choice
     medusa: str = field(default="auto", metadata=shared(workload_options.medusa))
     drafter: str = field(default="medusa", metadata=shared(options.drafter, choices=tuple(SCHEDULE_DRAFTERS)))
     batch: tuple[int, ...] | None = field(

@@ -11,6 +11,7 @@ from perfmodel.base.dtypes import check_dtype
 from perfmodel.cli import Parser, options, run
 from perfmodel.cli.fields import add_options, nested, option, read_options, shared
 from perfmodel.cli.workload_options import WorkloadOptions
+from perfmodel.latency.choice import LatencyChoice
 from perfmodel.models.config import load_model
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS
 from reports.build import BuildConfig, build
@@ -87,7 +88,7 @@ class BuildOptions:
     )
     jobs: int | None = field(default=None, metadata=shared(options.jobs))
     workload: WorkloadOptions = field(default_factory=WorkloadOptions, metadata=nested(WorkloadOptions))
-    latency: object = field(default="auto", metadata=shared(options.latency))
+    latency: str | LatencyChoice = field(default="auto", metadata=shared(options.latency))  # parsed: a choice
 
     def config(self) -> BuildConfig:
         if self.dtype:
@@ -117,7 +118,7 @@ class CompareOptions:
     jobs: int | None = field(default=None, metadata=shared(options.jobs))
     tp: int | None = field(default=1, metadata=shared(options.tp))
     workload: WorkloadOptions = field(default_factory=WorkloadOptions, metadata=nested(WorkloadOptions))
-    latency: object = field(default="auto", metadata=shared(options.latency))
+    latency: str | LatencyChoice = field(default="auto", metadata=shared(options.latency))  # parsed: a choice
 
     def config(self) -> CompareConfig:
         out = self.out or DEFAULT_OUT / "compare" / model_name(self.model)

@@ -88,7 +88,7 @@ def whole_step(
     """The whole-model step the page is priced at: the shard at degree tp, timed by the page's
     one latency source, plus its all-reduces (none at tp 1); its operator inventory (full) or
     the decoder's traced kernels (traced, with `tracer`)."""
-    comm = step_collectives(view.spec, tp, dtype, latency.stack)
+    comm = step_collectives(view.evidence, tp, dtype, latency.stack)
     shard = model.shard(tp)
     step = (
         TracedStep(shard, latency, dtype, tracer) if flavor == StepFlavor.TRACED else StepModel(shard, latency, flavor)

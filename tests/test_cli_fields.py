@@ -11,6 +11,7 @@ from perfmodel.cli import Parser
 from perfmodel.cli.fields import add_options, option, read_options
 from perfmodel.cli.parser import positive_int
 from perfmodel.cli.workload_options import WorkloadOptions
+from perfmodel.latency.choice import LatencyChoice
 from reports.commands.plan import PlanOptions
 from reports.commands.plan import build_parser as plan_parser
 
@@ -75,5 +76,5 @@ def test_a_command_is_its_options_dataclass():
     options = read_options(PlanOptions, args)
     assert options.gpu == ["h100", "a100"] and options.tp is None and options.batch == (1, 8)
     assert options.workload == WorkloadOptions(rate=5.0)
-    assert options.latency == "auto" and options.latency.stack is None  # --latency and --stack, one choice
+    assert options.latency == LatencyChoice()  # --latency and --stack, one choice: auto, the default stack
     assert (options.model, options.step, options.reserve, options.json) == ("llama-7b", "full", 0.1, False)

@@ -32,7 +32,7 @@ H100 = resolve_view("h100-sxm", None, [])
 
 
 def step(model, tp, stack, view=H100, flavor="full", dtype="bf16"):
-    return tensor_parallel_steps(view, model, dtype, tp, LatencyChoice("auto", stack), [flavor])[flavor]
+    return tensor_parallel_steps(view, model, dtype, tp, LatencyChoice.of("auto", stack), [flavor])[flavor]
 
 
 def floor(matmul: Matmul, spec) -> float:

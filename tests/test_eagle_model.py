@@ -26,6 +26,7 @@ from perfmodel.hardware.specs import resolve_spec
 from perfmodel.latency.eagle import DraftShape, EagleStep, draft_pass_ops
 from perfmodel.latency.roofline import RooflineLatency
 from perfmodel.latency.step import StepModel
+from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.latency.traced import TRACE_COLUMNS, TracedStep
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
@@ -118,8 +119,8 @@ def test_tensor_parallel_adds_two_all_reduces_and_a_logits_gather_per_pass():
     latency = RooflineLatency(resolve_spec("a100"), shard, "fp16")
     verify = StepModel(shard, latency, "full", with_heads=False)
     steps = [
-        EagleStep(verify, shard, latency, "full", DraftShape(), tp, FlatAllReduce(), gather=FlatAllReduce())
-        for tp in (1, 2)
+        EagleStep(split, shard, latency, "full", DraftShape())
+        for split in (verify, TensorParallelStep(verify, 2, FlatAllReduce(), "fp16", FlatAllReduce()))
     ]
     extra = steps[1].draft_time(1, 1024, [60, 4]) - steps[0].draft_time(1, 1024, [60, 4])
     # each pass: its two all-reduces, and the gather of the expanded nodes' logits (every pass expands some)

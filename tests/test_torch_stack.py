@@ -151,7 +151,7 @@ def test_the_decoders_own_step_is_priced_on_the_torch_stack_by_default():
     model = load_model("llama-7b")
     h100 = gpu_view("h100", None, [])
     assert decoder_latency(h100, model, "fp16").stack == "torch-2.11.0"
-    assert decoder_latency(h100, model, "fp16", LatencyChoice("auto", "vllm")).stack == "vllm-0.24.0"
+    assert decoder_latency(h100, model, "fp16", LatencyChoice.of("auto", "vllm")).stack == "vllm-0.24.0"
     assert decoder_latency(h100, model, "fp16", "datasheet").mode == "datasheet"
     assert view_latency(h100, model, "fp16").stack == "vidur"  # engines' steps keep their default
     a100 = gpu_view("a100", None, [])

@@ -21,6 +21,7 @@ root, the model's own next token, is always accepted.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,10 @@ PAPER_LOG_SLOPE = 0.477  # Medusa paper, Appendix G.3: acc_rate = 0.477 log(num_
 # The paper names no base. log2 is the reading its measurements support (docs/acceptance.md):
 # 0.477 log2(64) = 2.86 tokens/step against 2.3-2.5 (Medusa-1) and 3.47 (Medusa-2) measured.
 PAPER_LOG_BASE = 2.0
+
+# An acceptance model: tree sizes, root included (an int or an array of them) -> tokens per step;
+# a LogAcceptance, a HeadAccuracyAcceptance, a planner's table of one, or any callable given.
+AcceptanceModel = Callable[[int | np.ndarray], np.ndarray]
 
 
 def check_sizes(n) -> np.ndarray:
@@ -246,10 +251,10 @@ class AcceptanceChoice:
     HeadAccuracyAcceptance from a measured record; None for the paper's preset), and the
     log curve a + b log n (the paper's preset, or the record's fit)."""
 
-    model: object
+    model: AcceptanceModel
     label: str
-    trees: object | None = None
-    log: object | None = None
+    trees: HeadAccuracyAcceptance | None = None
+    log: LogAcceptance | None = None
     record: AcceptanceRecord | None = field(default=None, repr=False, compare=False)  # the decoder.measure record
     drafter: str = "medusa"  # whose trees it describes (RECORD_DRAFTERS): the Medusa heads' or EAGLE's
 
@@ -257,6 +262,11 @@ class AcceptanceChoice:
     def curve(self):
         """The log curve, whether or not the speedups use it."""
         return self.log if self.log is not None else self.model
+
+
+# What an acceptance setting may be (resolve_acceptance reads each): a preset's name or a
+# decoder.measure record's path, an acceptance model, a choice already made, or None (the preset).
+AcceptanceSetting = str | Path | AcceptanceModel | AcceptanceChoice | None
 
 
 def describe_acceptance(model) -> str:

@@ -22,7 +22,7 @@ class Parser(argparse.ArgumentParser):
         parsed, rest = super().parse_known_args(args, namespace)
         # --latency and --stack are one choice (perfmodel.latency.choice.LatencyChoice).
         if isinstance(getattr(parsed, "latency", None), str) and hasattr(parsed, "stack"):
-            parsed.latency = LatencyChoice(parsed.latency, parsed.stack)
+            parsed.latency = LatencyChoice.of(parsed.latency, parsed.stack)
         return parsed, rest
 
 

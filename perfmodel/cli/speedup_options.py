@@ -10,6 +10,7 @@ from pathlib import Path
 from perfmodel.cli import options
 from perfmodel.cli.fields import along, option, shared
 from perfmodel.cli.parser import number_in
+from perfmodel.latency.choice import LatencyChoice
 from perfmodel.planning.drafters import DEFAULT_DRAFT_ALPHA
 from perfmodel.planning.simulations import DEFAULT_DRAFT_COST
 
@@ -39,7 +40,7 @@ class SpeedupOptions:
         default="both",
         metadata=shared(options.step, choices=("paper", "full", "traced", "both", "all"), default="both"),
     )
-    latency: object = field(default="auto", metadata=shared(options.latency))  # a LatencyChoice once parsed
+    latency: str | LatencyChoice = field(default="auto", metadata=shared(options.latency))  # parsed: a choice
     acceptance_rates: str | None = field(default=None, metadata=shared(options.acceptance_rates))
     draft_cost: float = field(
         default=DEFAULT_DRAFT_COST,

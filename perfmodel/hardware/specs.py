@@ -6,6 +6,7 @@ carry a source, so a roofline can always say where its ceilings come from.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import math
@@ -319,8 +320,21 @@ def parsed_yaml(text: str) -> object:
 
 
 def load_all_specs(spec_dir: Path = SPEC_DIR) -> dict[str, HardwareSpec]:
-    """Every shipped spec by key, sorted by key."""
-    return {s.key: s for s in sorted((load_spec_file(p) for p in spec_dir.glob("*.yaml")), key=lambda s: s.key)}
+    """Every shipped spec by key, sorted by key: each file read once per process while it stays
+    as it is (its name, modification time and size), each call given its own copies."""
+    stamps = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(spec_dir.glob("*.yaml")))
+    return {key: own_copy(spec) for key, spec in _specs_in(spec_dir, stamps).items()}
+
+
+@functools.lru_cache(maxsize=8)
+def _specs_in(spec_dir: Path, stamps: tuple) -> dict[str, HardwareSpec]:
+    specs = (load_spec_file(spec_dir / name) for name, _, _ in stamps)
+    return {s.key: s for s in sorted(specs, key=lambda s: s.key)}
+
+
+def own_copy(spec: HardwareSpec) -> HardwareSpec:
+    """A spec whose containers are the caller's: changing them cannot change the next load."""
+    return dataclasses.replace(spec, peak_tflops=dict(spec.peak_tflops), sources=dict(spec.sources))
 
 
 def name_index(specs: dict[str, HardwareSpec]) -> dict[str, str]:

@@ -52,6 +52,7 @@ from perfmodel.latency.allreduce_tables import (
     ENGINE_NAMES,
     TOPOLOGY_TEXT,
     VIDUR,
+    Device,
     MeasuredAllReduce,
     engine_all_reduce_stack,
     engine_tables,
@@ -67,10 +68,12 @@ from perfmodel.measured.collectives import (
     STACK_PREFIX,
 )
 from perfmodel.measured.device_view import device_key, is_cpu_name
+from perfmodel.measured.evidence import DeviceEvidence, device_evidence
 from perfmodel.measured.vidur import SHIPPED_TABLES
 from perfmodel.models.config import ModelConfig
 
 RING = "ring"
+AllReduceSource = MeasuredAllReduce | RingAllReduce  # what all_reduce_source gives
 TOPOLOGIES = (*TOPOLOGY_TEXT, RING)
 
 
@@ -79,14 +82,21 @@ TOPOLOGIES = (*TOPOLOGY_TEXT, RING)
 DECODE_BYTES = (8 * 1024, 64 * 1024**2)
 
 
-def _device(device: str | HardwareSpec) -> tuple[str, HardwareSpec | None]:
-    """The device's key and spec; a CPU named `cpu` or `cpu-...` has no spec to find."""
+def _device(device: str | HardwareSpec | DeviceEvidence) -> tuple[Device, HardwareSpec | None]:
+    """The device's evidence (its key where it has no spec: a CPU named `cpu` or `cpu-...`)
+    and its spec, None for such a CPU."""
+    if isinstance(device, DeviceEvidence):
+        return device, device.spec
     if isinstance(device, HardwareSpec):
-        return device.key, device
+        return device_evidence(device), device
     if is_cpu_name(str(device)):
         return device_key(str(device), None), None
     spec = find_spec(device)
-    return spec.key, spec
+    return device_evidence(spec), spec
+
+
+def _key(device: Device) -> str:
+    return device.key if isinstance(device, DeviceEvidence) else device
 
 
 def _ring(key: str, spec: HardwareSpec | None) -> RingAllReduce:
@@ -98,22 +108,28 @@ def _ring(key: str, spec: HardwareSpec | None) -> RingAllReduce:
     return RingAllReduce.for_spec(spec)
 
 
-def default_source(key: str, spec: HardwareSpec | None, dtype: str | None = None) -> MeasuredAllReduce | RingAllReduce:
+def default_source(
+    device: Device, spec: HardwareSpec | None, dtype: str | None = None
+) -> MeasuredAllReduce | RingAllReduce:
     """For each worker count the device's own measurements where there are some, else the
     tables of its first imported stack (nccl, else vidur); the ring model where it has none.
 
     Own rows come first: they time the stack and machine the deployment runs. The ring model
     does not fill in worker counts a measurement lacks (a label names one source per count)."""
-    imported = [n for n in stack_names(key) if not n.startswith(STACK_PREFIX)]
-    base = {} if not imported else vidur_tables(key) if imported[0] == VIDUR else nccl_tables(key)
+    key = _key(device)
+    imported = [n for n in stack_names(device) if not n.startswith(STACK_PREFIX)]
+    base = {} if not imported else vidur_tables(device) if imported[0] == VIDUR else nccl_tables(device)
     tables = {**base, **own_tables(key, dtype=dtype)}
     return MeasuredAllReduce.of(tables) if tables else _ring(key, spec)
 
 
 def all_reduce_source(
-    device: str | HardwareSpec, topology: str | None = None, stack: str | None = None, dtype: str | None = None
+    device: str | HardwareSpec | DeviceEvidence,
+    topology: str | None = None,
+    stack: str | None = None,
+    dtype: str | None = None,
 ) -> MeasuredAllReduce | RingAllReduce:
-    """How to time all-reduces on `device` (a name, key or spec; `cpu` is this machine's CPU).
+    """How to time all-reduces on `device` (its evidence, a name, key or spec; `cpu` is this machine's CPU).
 
     stack None (the default): per worker count, the device's own torch.distributed
     measurements (python -m profilers.allreduce) where stored, else its NCCL tables where
@@ -130,7 +146,8 @@ def all_reduce_source(
     """
     if topology is not None and topology not in TOPOLOGIES:
         raise PerfkitError(f"unknown all-reduce topology {topology!r}; choose one of: {', '.join(TOPOLOGIES)}")
-    key, spec = _device(device)
+    device, spec = _device(device)
+    key = _key(device)
     if topology == RING:
         if stack is not None:
             raise PerfkitError(f"topology='ring' is the ring model, from the spec: it takes no stack, got {stack!r}")
@@ -144,19 +161,19 @@ def all_reduce_source(
                 f"no measured {topology} all-reduce table for {key}; measured: {shipped}; "
                 "topology='ring' models it from the spec's interconnect"
             )
-        return measured_source(key, topology)
+        return measured_source(device, topology)
     if stack is None:
-        return default_source(key, spec, dtype)
-    names = stack_names(key)
-    stack = engine_all_reduce_stack(key, stack) or stack  # an engine's name: its stack here
+        return default_source(device, spec, dtype)
+    names = stack_names(device)
+    stack = engine_all_reduce_stack(device, stack) or stack  # an engine's name: its stack here
     if stack not in names:
         raise PerfkitError(_unknown_stack(key, stack, names))
     if stack.startswith(STACK_PREFIX):
         return MeasuredAllReduce.of(own_tables(key, stack, dtype))
     if stack.split("-")[0] in ENGINE_NAMES:
-        table = next(t for t in engine_tables(key) if t.stack == stack)
+        table = next(t for t in engine_tables(device) if t.stack == stack)
         return MeasuredAllReduce.of(dict.fromkeys(table.curves(), table))
-    return measured_source(key) if stack == VIDUR else nccl_source(key, stack)
+    return measured_source(device) if stack == VIDUR else nccl_source(device, stack)
 
 
 def _unknown_stack(device_key: str, stack, names: list[str]) -> str:

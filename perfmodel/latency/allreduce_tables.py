@@ -22,6 +22,7 @@ from perfmodel.measured.collectives import (
     collective_table,
     measured_collectives,
 )
+from perfmodel.measured.evidence import DeviceEvidence
 from perfmodel.measured.vidur import SHIPPED_TABLES, read_table, table_path
 
 TOPOLOGY_TEXT = {
@@ -96,24 +97,36 @@ class MeasuredTable:
         return _own_curves(self.collective, self.path.stat().st_mtime_ns)
 
 
-def measured_tables(device_key: str) -> list[MeasuredTable]:
+Device = str | DeviceEvidence  # a device's evidence, or its key (a CPU's too: cpu-...)
+
+
+def device_stacks(device: Device) -> tuple[str, list[ShippedStack]]:
+    """A device's key and shipped stacks: its evidence's, or those stored under a key."""
+    if isinstance(device, DeviceEvidence):
+        return device.key, list(device.stacks)
+    return device, shipped_stacks(device)
+
+
+def measured_tables(device: Device) -> list[MeasuredTable]:
     """The device's shipped all-reduce tables: Vidur's (DGX first), NCCL's (oldest version
     first), then the engines' own (engine_tables)."""
+    device_key, stacks = device_stacks(device)
     out = []
     for topology, name in SHIPPED_TABLES.get(device_key, {}).items():
         origin = f"Vidur {name} table ({TOPOLOGY_TEXT[topology]})"
         out.append(MeasuredTable(VIDUR, topology, table_path(device_key, topology), origin))
-    nccl = sorted((s for s in shipped_stacks(device_key) if s.has("all_reduce")), key=lambda s: version_key(s.version))
+    nccl = sorted((s for s in stacks if s.has("all_reduce")), key=lambda s: version_key(s.version))
     for shipped in nccl:
         system = shipped.provenance.get("system", device_key)
         origin = f"NCCL {shipped.version} all_reduce_perf (nccl-tests) on {system}, from {shipped.package}"
         out.append(MeasuredTable(shipped.stack, system, shipped.folder / "all_reduce.parquet", origin))
-    return out + engine_tables(device_key)
+    return out + engine_tables(device)
 
 
-def engine_tables(device_key: str) -> list[MeasuredTable]:
+def engine_tables(device: Device) -> list[MeasuredTable]:
     """The engines' own all-reduce tables shipped in their stacks' folders, one per stack."""
-    return [engine_table(s) for s in shipped_stacks(device_key) if s.engine in ENGINE_NAMES and s.has(ENGINE_TABLE)]
+    _, stacks = device_stacks(device)
+    return [engine_table(s) for s in stacks if s.engine in ENGINE_NAMES and s.has(ENGINE_TABLE)]
 
 
 def engine_table(shipped: ShippedStack) -> MeasuredTable:
@@ -123,20 +136,21 @@ def engine_table(shipped: ShippedStack) -> MeasuredTable:
     return MeasuredTable(shipped.stack, system, shipped.folder / f"{ENGINE_TABLE}.parquet", origin)
 
 
-def engine_all_reduce_stack(device_key: str, stack: str | None) -> str | None:
+def engine_all_reduce_stack(device: Device, stack: str | None) -> str | None:
     """The all-reduce stack of an engine stack (`vllm`, `trtllm-1.3.0rc20`, ...): its own
     all-reduce table where the device has one, else None (the device's default collective)."""
     if not stack:
         return None
-    names = [t.stack for t in engine_tables(device_key)]
+    names = [t.stack for t in engine_tables(device)]
     matches = [n for n in names if n == stack or n.split("-")[0] == stack]
     return matches[0] if matches else None
 
 
-def stack_names(device_key: str) -> list[str]:
+def stack_names(device: Device) -> list[str]:
     """The all-reduce stacks a device was measured in: our own torch-<backend> (nccl's first),
     nccl and each nccl-<version>, the engines' own (<engine>-<version>), vidur."""
-    tables = measured_tables(device_key)
+    device_key, _ = device_stacks(device)
+    tables = measured_tables(device)
     nccl = [t.stack for t in tables if t.stack.startswith(NCCL + "-")]
     engines = [t.stack for t in tables if t.stack.split("-")[0] in ENGINE_NAMES]
     return (
@@ -269,16 +283,18 @@ def _interpolate(sizes: np.ndarray, times: np.ndarray, slope: float, b: np.ndarr
     return np.where(b > sizes[-1], times[-1] + slope * (b - sizes[-1]), out)
 
 
-def vidur_tables(device_key: str, topology: str = "dgx") -> dict[int, MeasuredTable]:
-    table = next((t for t in measured_tables(device_key) if t.stack == VIDUR and t.topology == topology), None)
+def vidur_tables(device: Device, topology: str = "dgx") -> dict[int, MeasuredTable]:
+    device_key, _ = device_stacks(device)
+    table = next((t for t in measured_tables(device) if t.stack == VIDUR and t.topology == topology), None)
     if table is None:
         raise PerfkitError(f"no Vidur {topology} all-reduce table for {device_key}")
     return dict.fromkeys(_curves(table.path), table)
 
 
-def nccl_tables(device_key: str, stack: str = NCCL) -> dict[int, MeasuredTable]:
+def nccl_tables(device: Device, stack: str = NCCL) -> dict[int, MeasuredTable]:
+    device_key, _ = device_stacks(device)
     chosen: dict[int, MeasuredTable] = {}
-    for table in measured_tables(device_key):  # oldest first: a newer version overwrites
+    for table in measured_tables(device):  # oldest first: a newer version overwrites
         if table.stack.startswith(NCCL + "-") and stack in (NCCL, table.stack):
             chosen.update(dict.fromkeys(_curves(table.path), table))
     if not chosen:
@@ -286,12 +302,12 @@ def nccl_tables(device_key: str, stack: str = NCCL) -> dict[int, MeasuredTable]:
     return chosen
 
 
-def measured_source(device_key: str, topology: str = "dgx") -> MeasuredAllReduce:
+def measured_source(device: Device, topology: str = "dgx") -> MeasuredAllReduce:
     """Vidur's shipped table of a device and topology, ready to interpolate."""
-    return MeasuredAllReduce.of(vidur_tables(device_key, topology))
+    return MeasuredAllReduce.of(vidur_tables(device, topology))
 
 
-def nccl_source(device_key: str, stack: str = NCCL) -> MeasuredAllReduce:
+def nccl_source(device: Device, stack: str = NCCL) -> MeasuredAllReduce:
     """The device's NCCL tables: `nccl-<version>` that version's; `nccl` for each worker count
     the newest version that measured it (a later NCCL release is what a deployment runs)."""
-    return MeasuredAllReduce.of(nccl_tables(device_key, stack))
+    return MeasuredAllReduce.of(nccl_tables(device, stack))

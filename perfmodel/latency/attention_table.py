@@ -78,7 +78,6 @@ exists: same element size and the same tensor-core peak on every imported device
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -88,12 +87,14 @@ import pandas as pd
 from perfmodel.base.dtypes import check_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import write_csv
+from perfmodel.base.stacks import SERVING_ENGINES
 from perfmodel.hardware.efficiencies import RooflineParams
-from perfmodel.hardware.specs import find_spec, load_all_specs
+from perfmodel.hardware.specs import load_all_specs
 from perfmodel.latency.attention_grid import HEAD_DIM, SWITCH, KernelTable, attention_floor
 from perfmodel.latency.roofline import op_time
-from perfmodel.measured.aiconfigurator import ShippedStack, contract_rows, shipped_stacks, version_key
+from perfmodel.measured.aiconfigurator import ShippedStack, contract_rows, version_key
 from perfmodel.measured.contract import COLUMNS
+from perfmodel.measured.evidence import DeviceEvidence, as_evidence, device_evidence
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.operators import ATTENTION_OPS, Phase, check_point, op_kernels
 
@@ -102,7 +103,7 @@ PHASES = (Phase.DECODE, Phase.TREE, Phase.PREFILL)
 OPS = (*ATTENTION_OPS, "sdpa")
 # Without a stack named: vLLM first (the harness the issue compares with Vidur's profiles,
 # and the most used open engine), then SGLang, then TRT-LLM.
-ENGINE_ORDER = ("vllm", "sglang", "trtllm")
+ENGINE_ORDER = SERVING_ENGINES
 # What a 16-bit dtype may be served by when its own table is missing (see the module doc).
 SUBSTITUTES = {"fp16": "bf16", "bf16": "fp16"}
 EXTRA_COLUMNS = ["num_heads", "num_kv_heads", "head_dim"]
@@ -256,22 +257,22 @@ def attention_op_time(
     return fused * np.asarray((qk if op == "qk" else pv) / (qk + pv), dtype=float)
 
 
-def _attention_stacks(device_key: str) -> list[ShippedStack]:
+def _attention_stacks(evidence: DeviceEvidence) -> list[ShippedStack]:
     """The device's stacks with decode attention tables (prefill ones are optional: module doc)."""
-    found = [s for s in shipped_stacks(device_key) if s.has(TABLES["decode"])]
+    found = evidence.with_table(TABLES["decode"])
     rank = {engine: i for i, engine in enumerate(ENGINE_ORDER)}
     return sorted(found, key=lambda s: (rank.get(s.engine, len(rank)), s.engine, version_key(s.version)))
 
 
-def attention_stacks(device: str) -> list[str]:
+def attention_stacks(device: str | DeviceEvidence) -> list[str]:
     """The stacks with shipped attention tables on a device, default order first (newest
     version of an engine last among its own)."""
-    return [s.stack for s in _attention_stacks(find_spec(device).key)]
+    return [s.stack for s in _attention_stacks(as_evidence(device))]
 
 
 def attention_devices() -> list[str]:
     """Every device spec with shipped attention tables."""
-    return [key for key in load_all_specs() if _attention_stacks(key)]
+    return [key for key, spec in load_all_specs().items() if _attention_stacks(device_evidence(spec))]
 
 
 def _pick(stacks: list[ShippedStack], stack_name: str | None, device: str) -> ShippedStack:
@@ -287,22 +288,29 @@ def _pick(stacks: list[ShippedStack], stack_name: str | None, device: str) -> Sh
     return chosen[-1]
 
 
-@functools.lru_cache(maxsize=None)
-def attention_table(device_key: str, stack_name: str | None = None, dtype: str = "bf16") -> AttentionTable | None:
-    """The measured attention of a device (spec key or alias) in one stack: an engine
-    (vllm, sglang, trtllm: its newest version), engine-version (vllm-0.24.0), or None for
-    the first of ENGINE_ORDER the device has. None where the device has no shipped
-    attention tables or none in (or standing for) `dtype`."""
+def attention_table(
+    device: str | DeviceEvidence, stack_name: str | None = None, dtype: str = "bf16"
+) -> AttentionTable | None:
+    """The measured attention of a device (its evidence, or a spec key or alias) in one stack:
+    an engine (vllm, sglang, trtllm: its newest version), engine-version (vllm-0.24.0), or
+    None for the first of ENGINE_ORDER the device has; built once per evidence. None where the
+    device has no shipped attention tables (a device hw_specs does not hold, a CPU) or none in
+    (or standing for) `dtype`."""
     check_dtype(dtype)
-    if not _attention_stacks(device_key):
-        try:  # an alias (h100) of a device with tables, or a device hw_specs does not hold (a CPU)
-            device_key = find_spec(device_key).key
+    if not isinstance(device, DeviceEvidence):
+        try:
+            device = as_evidence(device)
         except PerfkitError:
             return None
-    stacks = _attention_stacks(device_key)
+    evidence = device
+    return evidence.derived(("attention", stack_name, dtype), lambda: _attention_table(evidence, stack_name, dtype))
+
+
+def _attention_table(evidence: DeviceEvidence, stack_name: str | None, dtype: str) -> AttentionTable | None:
+    stacks = _attention_stacks(evidence)
     if not stacks:
         return None
-    spec = find_spec(device_key)
+    spec = evidence.spec
     stack = _pick(stacks, stack_name, spec.key)
     frames = {phase: stack.table(name) for phase, name in TABLES.items() if stack.has(name)}
     have = set(frames["decode"]["dtype"])
@@ -325,12 +333,12 @@ def attention_table(device_key: str, stack_name: str | None = None, dtype: str =
 
 
 def measured_attention_rows(
-    device_key: str, model: ModelConfig, dtype: str, stack_name: str | None = None
+    device: str | DeviceEvidence, model: ModelConfig, dtype: str, stack_name: str | None = None
 ) -> pd.DataFrame:
     """Data-contract rows (op sdpa, decode and prefill) of the measured points whose head
     configuration is exactly the model's, `model` set to its name; an empty frame where
     the tables have none. The dtype column says what they were measured in."""
-    table = attention_table(device_key, stack_name, dtype)
+    table = attention_table(device, stack_name, dtype)
     empty = pd.DataFrame(columns=COLUMNS + EXTRA_COLUMNS)
     if table is None:
         return empty
@@ -346,15 +354,17 @@ def measured_attention_rows(
     return rows.assign(model=model.name) if len(rows) else empty
 
 
-def write_measured_attention(out: Path, device_key: str, model: ModelConfig, dtype: str, stack_name=None) -> str | None:
+def write_measured_attention(
+    out: Path, device: str | DeviceEvidence, model: ModelConfig, dtype: str, stack_name=None
+) -> str | None:
     """Write the measured attention points of the model's head configuration to
     out/measured-attention-<model>.csv (the roofline and speedup commands show them beside their
     predictions) and return the line that says so; None where the device has none."""
-    rows = measured_attention_rows(device_key, model, dtype, stack_name)
+    rows = measured_attention_rows(device, model, dtype, stack_name)
     if not len(rows):
         return None
     path = out / f"measured-attention-{model.name}.csv"
     write_csv(rows, path)
     phases = ", ".join(f"{(rows['phase'] == p).sum()} {p}" for p in ("decode", "prefill"))
-    source = attention_table(device_key, stack_name, dtype).label
+    source = attention_table(device, stack_name, dtype).label
     return f"  measured attention of {model.name}'s heads: {phases} points ({source}) -> {path}"

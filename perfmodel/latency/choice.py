@@ -4,7 +4,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from enum import StrEnum
+
+from perfmodel.base.errors import PerfkitError
 
 
 class LatencySetting(StrEnum):
@@ -20,21 +24,27 @@ class LatencySetting(StrEnum):
 LATENCY_CHOICES = tuple(setting.value for setting in LatencySetting)
 
 
-class LatencyChoice(str):
-    """A latency choice (LATENCY_CHOICES) with the stack whose measurements it rests on
-    (`stack`, None for the device's default). It is the choice's text wherever a choice is
-    compared, printed or handed down, so the planners, tables and reports that pass a choice
-    on to view_latency carry the stack without a second argument at every level."""
+@dataclass(frozen=True)
+class LatencyChoice:
+    """The latency source asked for (`setting`) and the stack whose measurements it rests on
+    (`stack`, None for the device's default): what a command's --latency and --stack make
+    together, handed down as one choice. Printed, it is the setting's name."""
 
-    stack: str | None
+    setting: LatencySetting = LatencySetting.AUTO
+    stack: str | None = None
 
-    def __new__(cls, source: str = "auto", stack: str | None = None) -> LatencyChoice:
-        choice = super().__new__(cls, source)
-        choice.stack = stack
-        return choice
+    @classmethod
+    def of(cls, choice: str | LatencyChoice = LatencySetting.AUTO, stack: str | None = None) -> LatencyChoice:
+        """A choice from a setting's name or a choice, with `stack` in place of its own where
+        given; an unknown setting is refused in one line naming those there are."""
+        if isinstance(choice, LatencyChoice):
+            return choice if stack is None else dataclasses.replace(choice, stack=stack)
+        if choice not in LATENCY_CHOICES:
+            raise PerfkitError(f"unknown latency source {choice!r}; choose from: {', '.join(LATENCY_CHOICES)}")
+        return cls(LatencySetting(choice), stack)
 
-    def __reduce__(self):  # worker processes get the stack too
-        return (LatencyChoice, (str(self), self.stack))
+    def __str__(self) -> str:
+        return self.setting.value
 
 
 class LatencyMode(StrEnum):

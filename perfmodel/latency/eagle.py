@@ -52,10 +52,8 @@ import numpy as np
 from perfmodel.acceptance.trees import Tree
 from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
-from perfmodel.latency.allreduce import tp_comm_time_per_step
-from perfmodel.latency.logits_gather import gather_time
 from perfmodel.latency.step import LatencySource, StepFlavor, StepOp, check_flavor, distinct_points, layer_ops
-from perfmodel.latency.step_cost import DraftsThenVerifies
+from perfmodel.latency.step_cost import DraftsThenVerifies, StepCost
 from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.models.config import ModelConfig
 
@@ -236,17 +234,15 @@ class EagleStep(DraftsThenVerifies):
     Medusa step. verify: the step model verifying the tree (with_heads=False), its
     all-reduces included; model and latency: the shard the draft layer is a layer of and
     its latency source; flavor: the draft's inventory (paper, full or reference); shape: the
-    trees drafted (DraftShape, EAGLE-2's; StaticTreeDraft, the reference decoder's)."""
+    trees drafted (DraftShape, EAGLE-2's; StaticTreeDraft, the reference decoder's). Split
+    over devices (a TensorParallelStep verifying), the draft layer runs on the same devices:
+    its passes take the verification's collectives."""
 
-    verify: object
+    verify: StepCost
     model: ModelConfig
     latency: LatencySource
     flavor: str = "full"
-    shape: object = EAGLE2_SHAPE
-    tp: int = 1
-    all_reduce: object | None = None  # perfmodel.latency.allreduce source; None when tp == 1
-    dtype: str = "fp16"
-    gather: object | None = None  # perfmodel.latency.logits_gather source; None when tp == 1
+    shape: DraftShape | StaticTreeDraft = EAGLE2_SHAPE
 
     def __post_init__(self) -> None:
         check_flavor(self.flavor)
@@ -265,15 +261,13 @@ class EagleStep(DraftsThenVerifies):
         calls = draft_calls(self.model, self.flavor, self.shape, batch, seq_len, candidates, depth)
         for index, item, phase, bb, s, q, where in calls:
             times[index][where] += item.count * np.asarray(self.latency.op_time(item.op, phase, bb, s, q), float)
-        if self.tp > 1:
-            one_layer = dataclasses.replace(self.model, num_layers=1)
+        split = self.verify if isinstance(self.verify, TensorParallelStep) and self.verify.tp > 1 else None
+        if split is not None:
             for index, draft in enumerate(work):
                 on = draft.tokens > 0
-                tokens = b[on] * draft.tokens[on]
-                times[index][on] += tp_comm_time_per_step(one_layer, self.tp, tokens, self.dtype, self.all_reduce)
+                times[index][on] += split.layers_comm_time(b[on] * draft.tokens[on], layers=1)
                 # the LM head's logits of the expanded nodes, split over the vocabulary
-                rows = b[on] * draft.expanded[on]
-                times[index][on] += gather_time(rows, self.model.vocab_size, self.tp, self.dtype, self.gather)
+                times[index][on] += split.rows_gather_time(b[on] * draft.expanded[on])
         return times
 
     def draft_time(self, batch, seq_len, candidates, depth=None) -> np.ndarray:
@@ -306,6 +300,4 @@ def eagle_step(step: TensorParallelStep, shape: DraftShape = EAGLE2_SHAPE) -> Ea
     shard = step.shard_step
     flavor = StepFlavor.FULL if shard.flavor == StepFlavor.TRACED else shard.flavor
     verify = without_heads(step)
-    return EagleStep(
-        verify, shard.model, shard.latency, flavor, shape, step.tp, step.all_reduce, step.dtype, step.gather
-    )
+    return EagleStep(verify, shard.model, shard.latency, flavor, shape)

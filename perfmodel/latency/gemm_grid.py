@@ -36,18 +36,17 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.stacks import SERVING_ENGINES, Engine
 from perfmodel.latency.calibration import fill_holes
 from perfmodel.latency.monotone import non_decreasing
-from perfmodel.measured.aiconfigurator import ShippedStack, shipped_stacks
-from perfmodel.measured.store import stored_profiles
+from perfmodel.measured.aiconfigurator import ShippedStack
+from perfmodel.measured.evidence import DeviceEvidence, as_evidence
 
 AUTO_STACK = "auto"  # --stack auto: the device's default stack
 
-# The engines' grids, in the order `auto` prefers them: vLLM first (the most used serving
-# engine, and the harness closest to Vidur's, which was built on vLLM's kernels).
-ENGINES = ("vllm", "sglang", "trtllm")
-VIDUR = "vidur"
-TORCH = "torch"  # this project's own campaigns (perfmodel.measured.aiconfigurator.TORCH_ENGINE)
+ENGINES = SERVING_ENGINES  # the engines' grids, in the order `auto` prefers them
+VIDUR = Engine.VIDUR
+TORCH = Engine.TORCH  # this project's own campaigns (perfmodel.measured.aiconfigurator.TORCH_ENGINE)
 # 16-bit GEMMs run on the same tensor cores at the same rate in fp16 and bf16; the grids hold bf16.
 SIXTEEN_BIT = ("fp16", "bf16")
 
@@ -123,51 +122,58 @@ class GemmGrid:
         return f"GEMM grid of the {self.stack.describe()}"
 
 
-def stack_names(device_key: str) -> list[str]:
+def stack_names(device: str | DeviceEvidence) -> list[str]:
     """The stacks with GEMM measurements of a device: vidur (per-model profiles) first, then
     the engines' grids in ENGINES order, then this project's own (torch-<version>)."""
-    names = [VIDUR] if stored_profiles(device_key) else []
-    grids = [s.stack for s in shipped_stacks(device_key) if s.has("gemm")]
+    evidence = as_evidence(device)
+    names = [VIDUR] if evidence.profiles else []
+    grids = [s.stack for s in evidence.with_table("gemm")]
     return names + sorted(grids, key=lambda s: (ENGINES.index(s.split("-")[0]) if s.split("-")[0] in ENGINES else 9, s))
 
 
-def torch_stack(device_key: str) -> str | None:
+def torch_stack(device: str | DeviceEvidence) -> str | None:
     """The device's newest torch stack (this project's own campaign: the reference decoder's
     kernels), None without one."""
-    own = [n for n in stack_names(device_key) if n.split("-")[0] == TORCH]
+    own = [n for n in stack_names(device) if n.split("-")[0] == TORCH]
     return own[-1] if own else None
 
 
-def resolve_stack(device_key: str, stack: str | None) -> str | None:
+def resolve_stack(device: str | DeviceEvidence, stack: str | None) -> str | None:
     """The stack a latency rests on: the one asked for (an engine or engine-version), or by
     default the device's per-model profiles (vidur), else its first engine grid; None where
     the device has no GEMM measurements (and none was asked for)."""
-    names = stack_names(device_key)
+    evidence = as_evidence(device)
+    names = stack_names(evidence)
     if stack in (None, AUTO_STACK):
         return names[0] if names else None
     matches = [n for n in names if n == stack or n.split("-")[0] == stack]
     if not matches:
         have = ", ".join(names) if names else "none"
-        raise PerfkitError(f"--stack {stack}: {device_key} has no GEMM measurements of that stack; it has: {have}")
+        raise PerfkitError(f"--stack {stack}: {evidence.key} has no GEMM measurements of that stack; it has: {have}")
     return matches[0]
 
 
-@functools.lru_cache(maxsize=16)
-def gemm_grid(device_key: str, stack: str, dtype: str) -> GemmGrid | None:
-    """The grid of a device and engine stack (e.g. vllm-0.24.0) for a 16-bit dtype, read once
-    per process; None for another dtype."""
+def gemm_grid(device: str | DeviceEvidence, stack: str, dtype: str) -> GemmGrid | None:
+    """The grid of a device and engine stack (e.g. vllm-0.24.0) for a 16-bit dtype, built once
+    per evidence; None for another dtype."""
     if dtype not in SIXTEEN_BIT:
         return None
-    for shipped in shipped_stacks(device_key):
+    evidence = as_evidence(device)
+    return evidence.derived(("gemm_grid", stack, dtype), lambda: _grid(evidence, stack, dtype))
+
+
+def _grid(evidence: DeviceEvidence, stack: str, dtype: str) -> GemmGrid | None:
+    for shipped in evidence.with_table("gemm"):
         # a torch stack holds the GEMMs a campaign timed, not a grid (its latency is a GemmTable)
-        if shipped.stack == stack and shipped.has("gemm") and not shipped.is_torch:
+        if shipped.stack == stack and not shipped.is_torch:
             table = shipped.table("gemm")
             wanted = dtype if (table["dtype"] == dtype).any() else "bf16"
             return GemmGrid.of(shipped, wanted)
     return None
 
 
-def default_grid(device_key: str, dtype: str) -> GemmGrid | None:
+def default_grid(device: str | DeviceEvidence, dtype: str) -> GemmGrid | None:
     """The device's first engine grid (ENGINES order), for combining with per-model profiles."""
-    engines = [n for n in stack_names(device_key) if n.split("-")[0] in ENGINES]
-    return gemm_grid(device_key, engines[0], dtype) if engines else None
+    evidence = as_evidence(device)
+    engines = [n for n in stack_names(evidence) if n.split("-")[0] in ENGINES]
+    return gemm_grid(evidence, engines[0], dtype) if engines else None

@@ -5,8 +5,8 @@ two predict any shape).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,11 +14,12 @@ import pandas as pd
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.provenance import Provenance
 from perfmodel.hardware.efficiencies import RooflineParams
-from perfmodel.hardware.specs import HardwareSpec, resolve_spec
+from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.latency.fit import GEMM_BOUNDS, fit_key, fit_roofline_params, remembered_fit
 from perfmodel.latency.roofline import kernel_time
-from perfmodel.measured.aiconfigurator import contract_rows, shipped_stacks
-from perfmodel.measured.store import stored_profiles, user_fits_dir
+from perfmodel.measured.aiconfigurator import contract_rows
+from perfmodel.measured.evidence import DeviceEvidence, as_evidence
+from perfmodel.measured.store import user_fits_dir
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, Matmul, op_kernels, query_len
 
@@ -185,27 +186,30 @@ class GemmTable:
         return float(np.median(g["time_s"].to_numpy() / grid.time(g["k"], g["n"], g["m"])))
 
 
-def stored_calibration(spec: HardwareSpec, dtype: str) -> GemmTable | None:
-    """The calibration on a device's stored profiles (None without any)."""
-    return calibration_of(spec.key, dtype) if stored_profiles(spec.key) else None
+def stored_calibration(device: str | DeviceEvidence, dtype: str) -> GemmTable | None:
+    """The calibration on a device's stored profiles (None without any), fitted once per
+    evidence: a plan asks once per device and tensor-parallel degree."""
+    evidence = as_evidence(device)
+    return evidence.derived(("calibration", dtype), lambda: _calibration(evidence, dtype))
 
 
-@functools.lru_cache(maxsize=16)
-def calibration_of(device_key: str, dtype: str) -> GemmTable | None:
-    """Fitted once per process and device: the stored files do not change while it runs, and
-    a plan asks once per device and tensor-parallel degree."""
-    rows, origin = profile_rows(device_key)
+def _calibration(evidence: DeviceEvidence, dtype: str) -> GemmTable | None:
+    rows, origin = profile_rows(evidence)
     if rows is None or not (rows["dtype"] == dtype).any():
         return None
-    return GemmTable.of(rows[rows["dtype"] == dtype], resolve_spec(device_key, None), dtype, origin)
+    return GemmTable.of(rows[rows["dtype"] == dtype], evidence.spec, dtype, origin)
 
 
-@functools.lru_cache(maxsize=16)
-def stack_calibration(device_key: str, stack: str, dtype: str) -> GemmTable | None:
+def stack_calibration(device: str | DeviceEvidence, stack: str, dtype: str) -> GemmTable | None:
     """The calibration on a torch stack's GEMMs (a campaign's, perfmodel.measured.aiconfigurator
-    reads them), fitted once per process; None where the stack holds no GEMMs in `dtype` or
+    reads them), fitted once per evidence; None where the stack holds no GEMMs in `dtype` or
     its 16-bit twin (the same tensor-core rate)."""
-    shipped = [s for s in shipped_stacks(device_key) if s.stack == stack and s.has("gemm")]
+    evidence = as_evidence(device)
+    return evidence.derived(("stack_calibration", stack, dtype), lambda: _stack_calibration(evidence, stack, dtype))
+
+
+def _stack_calibration(evidence: DeviceEvidence, stack: str, dtype: str) -> GemmTable | None:
+    shipped = [s for s in evidence.with_table("gemm") if s.stack == stack]
     if not shipped:
         return None
     rows = contract_rows(shipped[0], "gemm")
@@ -213,13 +217,17 @@ def stack_calibration(device_key: str, stack: str, dtype: str) -> GemmTable | No
     wanted = dtype if (rows["dtype"] == dtype).any() else twin
     if wanted is None or not (rows["dtype"] == wanted).any():
         return None
-    spec = resolve_spec(device_key, None)
-    return GemmTable.of(rows[rows["dtype"] == wanted], spec, dtype, shipped[0].describe())
+    return GemmTable.of(rows[rows["dtype"] == wanted], evidence.spec, dtype, shipped[0].describe())
 
 
-def profile_rows(device_key: str) -> tuple[pd.DataFrame | None, str]:
-    """A device's measured profiles (imported, under profilers/measurements/<device>/imported/)."""
-    paths = stored_profiles(device_key)
+def profile_rows(device: str | DeviceEvidence) -> tuple[pd.DataFrame | None, str]:
+    """A device's measured profiles (imported, under profilers/measurements/<device>/imported/),
+    read once per evidence."""
+    evidence = as_evidence(device)
+    return evidence.derived(("profiles",), lambda: _profile_rows(evidence.profiles))
+
+
+def _profile_rows(paths: tuple[Path, ...]) -> tuple[pd.DataFrame | None, str]:
     if not paths:
         return None, ""
     rows = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)

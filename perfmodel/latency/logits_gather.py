@@ -8,7 +8,7 @@ TensorRT-LLM's LM head is a ColumnLinear with gather_output). A step gathers row
 element bytes: one row per token the LM head runs on, and one per sequence and head for the
 Medusa heads' logits.
 
-`gather_source(device_key, all_reduce)` times it: the device's NCCL all_gather tables
+`gather_source(device, all_reduce)` times it: the device's NCCL all_gather tables
 (aiconfigurator-core's nccl_perf, `<device>/aiconfigurator/nccl-<version>/all_gather.parquet`,
 bytes = the gathered buffer, nccl-tests' convention; per GPU count the newest NCCL version),
 else half the device's all-reduce of the same bytes (a ring all-reduce is a reduce-scatter and
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmodel.base.dtypes import element_bytes
-from perfmodel.latency.allreduce_tables import MeasuredAllReduce, MeasuredTable
-from perfmodel.measured.aiconfigurator import shipped_stacks, version_key
+from perfmodel.latency.allreduce import AllReduceSource
+from perfmodel.latency.allreduce_tables import Device, MeasuredAllReduce, MeasuredTable, device_stacks
+from perfmodel.measured.aiconfigurator import version_key
 
 GATHER_TABLE = "all_gather"
 
@@ -32,7 +33,7 @@ GATHER_TABLE = "all_gather"
 class HalfAllReduce:
     """An all-gather modelled as half an all-reduce of the same bytes, where none was measured."""
 
-    all_reduce: object
+    all_reduce: AllReduceSource
     kind: str = "modelled"
 
     def time(self, nbytes, workers):
@@ -42,10 +43,14 @@ class HalfAllReduce:
         return f"modelled as half an all-reduce of the same bytes ({self.all_reduce.label_for(workers)})"
 
 
-def gather_source(device_key: str, all_reduce):
+GatherSource = MeasuredAllReduce | HalfAllReduce  # what gather_source gives
+
+
+def gather_source(device: Device, all_reduce: AllReduceSource) -> GatherSource:
     """The device's NCCL all_gather tables where shipped, else half its all-reduce."""
+    device_key, stacks = device_stacks(device)
     tables: dict[int, MeasuredTable] = {}
-    found = sorted((s for s in shipped_stacks(device_key) if s.has(GATHER_TABLE)), key=lambda s: version_key(s.version))
+    found = sorted((s for s in stacks if s.has(GATHER_TABLE)), key=lambda s: version_key(s.version))
     for shipped in found:  # oldest first: a newer version overwrites
         system = shipped.provenance.get("system", device_key)
         origin = f"NCCL {shipped.version} all_gather_perf (nccl-tests) on {system}, from {shipped.package}"
@@ -54,7 +59,7 @@ def gather_source(device_key: str, all_reduce):
     return MeasuredAllReduce.of(tables) if tables else HalfAllReduce(all_reduce)
 
 
-def gather_time(rows, vocab: int, tp: int, dtype: str, source) -> np.ndarray:
+def gather_time(rows, vocab: int, tp: int, dtype: str, source: GatherSource) -> np.ndarray:
     """Seconds to gather `rows` rows of logits over the whole vocabulary from tp devices."""
     nbytes = np.asarray(rows, dtype=float) * vocab * element_bytes(dtype)
     if tp == 1:

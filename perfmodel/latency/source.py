@@ -51,11 +51,11 @@ import pandas as pd
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.efficiencies import RooflineParams
-from perfmodel.hardware.specs import HardwareSpec, load_all_specs, resolve_spec
+from perfmodel.hardware.specs import HardwareSpec, load_all_specs
 from perfmodel.latency.attention_grid import HEAD_DIM
 from perfmodel.latency.attention_table import OPS as MEASURED_ATTENTION_OPS
 from perfmodel.latency.attention_table import AttentionTable, attention_op_time, attention_table
-from perfmodel.latency.choice import LATENCY_CHOICES, LatencyMode, LatencySetting
+from perfmodel.latency.choice import LatencyChoice, LatencyMode, LatencySetting
 from perfmodel.latency.gemm_grid import (
     AUTO_STACK,
     ENGINES,
@@ -79,6 +79,7 @@ from perfmodel.latency.gemm_table import (
 from perfmodel.latency.roofline import RooflineLatency, speed_of_light
 from perfmodel.latency.transfer import TransferredGemm, transferred_gemm
 from perfmodel.measured.device_view import DeviceView
+from perfmodel.measured.evidence import DeviceEvidence, as_evidence, device_evidence
 from perfmodel.measured.store import stored_profiles
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, WEIGHT_OPS, Matmul, Phase, op_kernels
@@ -211,26 +212,26 @@ class LatencyModel:
         return self.roofline.op_time(op, phase, batch, seq_len, candidates)
 
 
-def borrowable(spec: HardwareSpec) -> str | None:
-    """A measured device of the same architecture (its key), if any."""
+def borrowable(spec: HardwareSpec) -> DeviceEvidence | None:
+    """The evidence of a device of the same architecture with per-model profiles, if any."""
     if not getattr(spec, "architecture", None):
         return None
     for key, other in sorted(load_all_specs().items()):
         if key != spec.key and getattr(other, "architecture", None) == spec.architecture and stored_profiles(key):
-            return key
+            return device_evidence(other)
     return None
 
 
 def latency_source(
-    device: str | HardwareSpec,
+    device: str | HardwareSpec | DeviceEvidence,
     model: str | ModelConfig,
     dtype: str | None = None,
-    source: str = "auto",
+    source: str | LatencyChoice = "auto",
     measurements: pd.DataFrame | None = None,
     params: RooflineParams | None = None,
     stack: str | None = None,
 ) -> LatencyModel:
-    """The latency source for `model` on `device` (a name, alias or HardwareSpec).
+    """The latency source for `model` on `device` (its evidence, a name, alias or HardwareSpec).
 
     source: auto (measured > calibrated > borrowed > datasheet, as the data allow), or one
     of measured / calibrated / datasheet to force it; forcing what the data cannot give is
@@ -240,70 +241,70 @@ def latency_source(
     (vidur, vllm, sglang, trtllm, or an engine-version such as vllm-0.24.0); None: the
     device's per-model profiles (vidur) where it has them, else its first engine grid.
     """
-    if source not in LATENCY_CHOICES:
-        raise PerfkitError(f"unknown latency source {source!r}; choose from: {', '.join(LATENCY_CHOICES)}")
-    stack = stack or getattr(source, "stack", None)
-    source = str(source)
-    spec = device if isinstance(device, HardwareSpec) else resolve_spec(device, None)
+    choice = LatencyChoice.of(source, stack)
+    source, stack = choice.setting, choice.stack
+    evidence = as_evidence(device)
+    spec = evidence.spec
     dtype = check_dtype(dtype) if dtype else default_dtype(spec.key)
     model = model if isinstance(model, ModelConfig) else load_model(model)
     datasheet = LatencyModel(spec, model, dtype, "datasheet", params=params or RooflineParams())
     if source == LatencySetting.DATASHEET:
         return datasheet
     given = measurements is not None and len(measurements) and (measurements["dtype"] == dtype).any()
-    if not given and not stack_names(spec.key):
-        return unmeasured_source(spec, model, dtype, source, stack, datasheet)
-    chosen = None if given else resolve_stack(spec.key, stack)
+    if not given and not stack_names(evidence):
+        return unmeasured_source(evidence, model, dtype, source, stack, datasheet)
+    chosen = None if given else resolve_stack(evidence, stack)
     if given:
-        rows, origin = profile_rows(spec.key)
+        rows, origin = profile_rows(evidence)
         # where given rows and a profile time the same shape and token count, the median of both counts
         rows = measurements if rows is None else pd.concat([measurements, rows], ignore_index=True)
         rows = rows[rows["dtype"] == dtype]
         table = GemmTable.of(rows, spec, dtype, "given measurements" + (f" + {origin}" if origin else ""))
     elif chosen is not None and chosen.split("-")[0] == TORCH:
-        table = stack_calibration(spec.key, chosen, dtype)
+        table = stack_calibration(evidence, chosen, dtype)
         if table is not None:
-            attention = attention_table(spec.key, chosen, dtype)
+            attention = attention_table(evidence, chosen, dtype)
             mode = LatencyMode.CALIBRATED if source == LatencySetting.CALIBRATED else LatencyMode.MEASURED
             return LatencyModel(spec, model, dtype, mode, table, None, table.params, chosen, None, attention)
     elif chosen not in (None, VIDUR):
-        grid = gemm_grid(spec.key, chosen, dtype)
+        grid = gemm_grid(evidence, chosen, dtype)
         if grid is not None:
-            attention = attention_table(spec.key, chosen, dtype)
+            attention = attention_table(evidence, chosen, dtype)
             params = grid_params(grid, spec)
             return LatencyModel(spec, model, dtype, "grid", params=params, stack=chosen, grid=grid, attention=attention)
         table = None
     else:
-        table = stored_calibration(spec, dtype)
+        table = stored_calibration(evidence, dtype)
     if table is not None:
         rows = table.rows
         mode = LatencyMode.CALIBRATED if source == LatencySetting.CALIBRATED else LatencyMode.MEASURED
-        grid = None if given else default_grid(spec.key, dtype)
-        attention = None if given else attention_table(spec.key, None, dtype)
+        grid = None if given else default_grid(evidence, dtype)
+        attention = None if given else attention_table(evidence, None, dtype)
         elementwise = same_shard(rows, model)
         return LatencyModel(
             spec, model, dtype, mode, table, elementwise, table.params, chosen or "given", grid, attention
         )
-    fallback = unmeasured_source(spec, model, dtype, source, stack, datasheet)
-    stacks = len(stack_names(spec.key))
+    fallback = unmeasured_source(evidence, model, dtype, source, stack, datasheet)
+    stacks = len(stack_names(evidence))
     fallback.unmeasured = f"no {dtype} measurements of {spec.key} (its {stacks} measured stack(s) time other dtypes)"
     return fallback
 
 
 def unmeasured_source(
-    spec: HardwareSpec, model: ModelConfig, dtype: str, source: str, stack: str | None, datasheet: LatencyModel
+    evidence: DeviceEvidence, model: ModelConfig, dtype: str, source: str, stack: str | None, datasheet: LatencyModel
 ) -> LatencyModel:
     """A device without measurements (of this dtype): the calibration of a measured device of
     its architecture (the vidur stack) where there is one and no engine was asked for, else
     an engine's GEMMs transferred from the measured devices (vllm unless asked), else the
     datasheet."""
+    spec = evidence.spec
     if source != LatencySetting.AUTO:
         raise PerfkitError(
             f"no {dtype} measurements of {spec.key} to give a {source} latency; measured devices: "
             f"{', '.join(measured_devices()) or 'none'} (or use --latency datasheet)"
         )
     lender = borrowable(spec) if stack in (None, AUTO_STACK, VIDUR) else None
-    table = stored_calibration(resolve_spec(lender, None), dtype) if lender else None
+    table = stored_calibration(lender, dtype) if lender else None
     if table is not None:
         return LatencyModel(spec, model, dtype, "borrowed", table, None, table.params, stack=VIDUR)
     if stack == VIDUR:
@@ -316,10 +317,12 @@ def unmeasured_source(
     engine = ENGINES[0] if stack in (None, AUTO_STACK) else stack.split("-")[0]
     if engine not in ENGINES:
         raise PerfkitError(f"--stack {stack}: choose from {', '.join((VIDUR, *ENGINES, TORCH))} (or a stack-version)")
-    transfer = transferred_gemm(spec, engine, dtype)
+    transfer = evidence.derived(("transferred", engine, dtype), lambda: transferred_gemm(spec, engine, dtype))
     if transfer is None:
         return datasheet
-    params = fit_params(transfer.gemms(), spec, dtype, kind="transferred")
+    params = evidence.derived(
+        ("transferred_params", engine, dtype), lambda: fit_params(transfer.gemms(), spec, dtype, kind="transferred")
+    )
     return LatencyModel(spec, model, dtype, "transferred", params=params, stack=engine, grid=transfer)
 
 
@@ -334,35 +337,35 @@ def grid_params(grid: GemmGrid, spec: HardwareSpec) -> RooflineParams:
 
 def measured_devices() -> list[str]:
     """Every device with GEMM measurements of some stack (per-model profiles or a grid)."""
-    return [key for key in sorted(load_all_specs()) if stack_names(key)]
+    return [key for key, spec in sorted(load_all_specs().items()) if stack_names(device_evidence(spec))]
 
 
-def decoder_latency(view: DeviceView, model: ModelConfig, dtype: str, source: str = "auto") -> LatencyModel:
+def decoder_latency(
+    view: DeviceView, model: ModelConfig, dtype: str, source: str | LatencyChoice = "auto"
+) -> LatencyModel:
     """The latency of the reference decoder's own kernels (its traced step): the device's
     torch stack, this project's campaign of torch's GEMMs and masked attention, where it has
     one and neither a stack, the datasheet nor this machine's own sweep was asked for; else
     view_latency's. Engine stacks price engines, whose kernels the decoder does not run."""
-    stack = getattr(source, "stack", None)
+    choice = LatencyChoice.of(source)
     given = view.measured is not None and len(view.measured)
-    if stack is None and str(source) != LatencySetting.DATASHEET and not view.is_cpu and not given:
-        stack = torch_stack(view.spec.key)
-    return view_latency(view, model, dtype, source, stack)
+    if choice.stack is None and choice.setting != LatencySetting.DATASHEET and not view.is_cpu and not given:
+        choice = LatencyChoice.of(choice, torch_stack(view.evidence))
+    return view_latency(view, model, dtype, choice)
 
 
 def view_latency(
-    view: DeviceView, model: ModelConfig, dtype: str, source: str = "auto", stack: str | None = None
+    view: DeviceView, model: ModelConfig, dtype: str, source: str | LatencyChoice = "auto", stack: str | None = None
 ) -> LatencyModel:
     """The latency source of a resolved device (perfmodel.measured.device_view): a CPU is its measured
     ceilings' roofline (its own sweep when measured or calibrated is asked for); a GPU
     goes through latency_source with the view's efficiencies as its datasheet fallback."""
-    if source not in LATENCY_CHOICES:
-        raise PerfkitError(f"unknown latency source {source!r}; choose from: {', '.join(LATENCY_CHOICES)}")
-    stack = stack or getattr(source, "stack", None)
+    choice = LatencyChoice.of(source, stack)
     if not view.is_cpu:
         measured = view.measured if view.measured is not None and len(view.measured) else None
-        return latency_source(view.spec, model, dtype, source, measured, view.params, stack)
-    if source in (LatencySetting.AUTO, LatencySetting.DATASHEET):
+        return latency_source(view.evidence, model, dtype, choice, measured, view.params)
+    if choice.setting in (LatencySetting.AUTO, LatencySetting.DATASHEET):
         return LatencyModel(view.spec, model, dtype, "datasheet", params=view.params)
     if view.measured is None or not len(view.measured):
-        raise PerfkitError(f"{view.spec.key} has no measured sweep to give a {source} latency")
-    return latency_source(view.spec, model, dtype, source, view.measured, view.params)
+        raise PerfkitError(f"{view.spec.key} has no measured sweep to give a {choice} latency")
+    return latency_source(view.evidence, model, dtype, choice, view.measured, view.params)

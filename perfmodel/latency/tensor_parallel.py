@@ -22,12 +22,13 @@ import numpy as np
 from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.specs import HardwareSpec
-from perfmodel.latency.allreduce import all_reduce_source, tp_comm_time_per_step
+from perfmodel.latency.allreduce import AllReduceSource, all_reduce_source, tp_comm_time_per_step
 from perfmodel.latency.allreduce_tables import engine_all_reduce_stack
-from perfmodel.latency.logits_gather import gather_source, gather_time
+from perfmodel.latency.logits_gather import GatherSource, gather_source, gather_time
 from perfmodel.latency.source import view_latency
 from perfmodel.latency.step import StepFlavor, StepModel
 from perfmodel.measured.device_view import DeviceView
+from perfmodel.measured.evidence import DeviceEvidence, as_evidence
 from perfmodel.models.config import ModelConfig
 
 
@@ -38,9 +39,9 @@ class TensorParallelStep:
 
     shard_step: StepModel
     tp: int
-    all_reduce: object | None  # perfmodel.latency.allreduce source; None when tp == 1
+    all_reduce: AllReduceSource | None  # None when tp == 1
     dtype: str
-    gather: object | None = None  # perfmodel.latency.logits_gather source; None when tp == 1
+    gather: GatherSource | None = None  # None when tp == 1
 
     def __post_init__(self) -> None:
         if self.tp > 1 and (self.all_reduce is None or self.gather is None):
@@ -49,12 +50,17 @@ class TensorParallelStep:
     def comm_time(self, batch, tokens_per_seq) -> np.ndarray:
         """All-reduce seconds of a step over `tokens_per_seq` query tokens per sequence (the
         tree's tokens in a Medusa step, the prompt in a prefill)."""
-        if self.tp == 1:
-            return np.zeros(np.broadcast(batch, tokens_per_seq).shape)
         tokens = np.asarray(batch) * np.asarray(tokens_per_seq)
-        model = self.shard_step.model
-        if self.shard_step.flavor == StepFlavor.PAPER:  # the paper's step is one layer: its two all-reduces only
-            model = dataclasses.replace(model, num_layers=1)
+        # the paper's step is one layer: its two all-reduces only
+        layers = 1 if self.shard_step.flavor == StepFlavor.PAPER else self.shard_step.model.num_layers
+        return self.layers_comm_time(tokens, layers)
+
+    def layers_comm_time(self, tokens, layers: int) -> np.ndarray:
+        """All-reduce seconds of `layers` of the shard's layers over `tokens` tokens (two per
+        layer; 0 at tp 1): the step's, or a drafter's own layers run on the same devices."""
+        if self.tp == 1:
+            return np.zeros(np.shape(tokens))
+        model = dataclasses.replace(self.shard_step.model, num_layers=layers)
         return tp_comm_time_per_step(model, self.tp, tokens, self.dtype, self.all_reduce)
 
     def logits_rows(self, batch, tokens_per_seq, medusa) -> np.ndarray:
@@ -69,7 +75,10 @@ class TensorParallelStep:
 
     def gather_time(self, batch, tokens_per_seq, medusa) -> np.ndarray:
         """Seconds to gather the step's logits from the tp devices (0 at tp 1)."""
-        rows = self.logits_rows(batch, tokens_per_seq, medusa)
+        return self.rows_gather_time(self.logits_rows(batch, tokens_per_seq, medusa))
+
+    def rows_gather_time(self, rows) -> np.ndarray:
+        """Seconds to gather `rows` rows of vocabulary-split logits from the tp devices (0 at tp 1)."""
         return gather_time(rows, self.shard_step.model.vocab_size, self.tp, self.dtype, self.gather)
 
     def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
@@ -110,28 +119,34 @@ class TensorParallelStep:
 class Collectives:
     """How a tp-way step's collectives are timed: its all-reduces and its logits gather."""
 
-    all_reduce: object | None
-    gather: object | None
+    all_reduce: AllReduceSource | None
+    gather: GatherSource | None
+
+
+# A device as the collectives take it: its evidence, or a spec (resolved to its evidence).
+Device = HardwareSpec | DeviceEvidence
 
 
 def step_collectives(
-    spec: HardwareSpec, tp: int, dtype: str, stack: str | None = None, all_reduce_stack: str | None = None
+    device: Device, tp: int, dtype: str, stack: str | None = None, all_reduce_stack: str | None = None
 ) -> Collectives:
-    """The collectives of a step split tp ways on `spec` whose latency rests on `stack`'s
+    """The collectives of a step split tp ways on `device` whose latency rests on `stack`'s
     measurements (perfmodel.latency.source.LatencyModel.stack): the all-reduce stack asked
     for (perfmodel.latency.allreduce.all_reduce_source), else an engine stack's own all-reduce
     where the device has its table, else the device's default collective; none at tp 1."""
     if tp == 1:
         return Collectives(None, None)
-    own = all_reduce_stack or engine_all_reduce_stack(spec.key, stack)
-    all_reduce = all_reduce_source(spec, stack=own, dtype=dtype)
-    return Collectives(all_reduce, step_gather(spec, dtype))
+    evidence = as_evidence(device)
+    own = all_reduce_stack or engine_all_reduce_stack(evidence, stack)
+    all_reduce = all_reduce_source(evidence, stack=own, dtype=dtype)
+    return Collectives(all_reduce, step_gather(evidence, dtype))
 
 
-def step_gather(spec: HardwareSpec, dtype: str | None = None):
+def step_gather(device: Device, dtype: str | None = None) -> GatherSource:
     """What gathers a step's vocabulary-split logits: the device's NCCL all_gather tables, else
     half its default all-reduce (perfmodel.latency.logits_gather.gather_source)."""
-    return gather_source(spec.key, all_reduce_source(spec, dtype=dtype))
+    evidence = as_evidence(device)
+    return gather_source(evidence, all_reduce_source(evidence, dtype=dtype))
 
 
 def tensor_parallel_steps(
@@ -149,22 +164,23 @@ def tensor_parallel_steps(
     latency source's stack, or the all-reduce stack asked for)."""
     shard = model.shard(tp)
     source = view_latency(view, shard, dtype, latency)
-    comm = step_collectives(view.spec, tp, dtype, source.stack, all_reduce_stack)
+    comm = step_collectives(view.evidence, tp, dtype, source.stack, all_reduce_stack)
     return {
         f: TensorParallelStep(StepModel(shard, source, f), tp, comm.all_reduce, dtype, comm.gather) for f in flavors
     }
 
 
-def usable_degrees(model: ModelConfig, spec: HardwareSpec, all_reduce_stack: str | None = None) -> list[int]:
+def usable_degrees(model: ModelConfig, device: Device, all_reduce_stack: str | None = None) -> list[int]:
     """The tensor-parallel degrees that split the model (ModelConfig.tensor_parallel_degrees,
     the rule --tp is checked by) and over which the device's all-reduce and logits gather can
     be timed (a measured table holds some worker counts only: 2, 4 and 8 GPUs of one node in
     most shipped ones, 2 and 4 on the GB200 and GB300 trays, the rank counts measured by
     python -m profilers.allreduce in ours; a device without an interconnect or measurements,
     such as an unmeasured CPU, none): 1 always."""
+    evidence = as_evidence(device)
     try:
-        source = all_reduce_source(spec, stack=all_reduce_stack)
-        gather = step_gather(spec)
+        source = all_reduce_source(evidence, stack=all_reduce_stack)
+        gather = step_gather(evidence)
     except PerfkitError:
         if all_reduce_stack is not None:  # a stack asked for and not there is the caller's error
             raise
@@ -180,14 +196,15 @@ def usable_degrees(model: ModelConfig, spec: HardwareSpec, all_reduce_stack: str
     return out
 
 
-def check_degree(model: ModelConfig, spec: HardwareSpec, tp: int) -> None:
-    """One line where tensor parallelism of degree `tp` is not among usable_degrees on `spec`:
+def check_degree(model: ModelConfig, device: Device, tp: int) -> None:
+    """One line where tensor parallelism of degree `tp` is not among usable_degrees on `device`:
     why (it does not split the model, or the device's collectives cannot be timed over tp
     devices: no measured table holds that count and the interconnect joins fewer), and the
     largest degree the device can serve."""
     if not is_count(tp):
         raise PerfkitError(f"tensor parallel degree must be a positive integer, got {tp!r}")
-    usable = usable_degrees(model, spec)
+    evidence = as_evidence(device)
+    usable = usable_degrees(model, evidence)
     if tp in usable:
         return
     if tp not in model.tensor_parallel_degrees(tp):
@@ -197,12 +214,12 @@ def check_degree(model: ModelConfig, spec: HardwareSpec, tp: int) -> None:
         )
     else:
         try:
-            all_reduce_source(spec).time(1024, tp)
-            step_gather(spec).time(1024, tp)
+            all_reduce_source(evidence).time(1024, tp)
+            step_gather(evidence).time(1024, tp)
             why = "its collectives cannot be timed over that many devices"
         except PerfkitError as exc:
             why = str(exc)
     raise PerfkitError(
-        f"tensor parallel {tp} cannot be served on {spec.key} ({why}); the largest degree it can serve for "
+        f"tensor parallel {tp} cannot be served on {evidence.key} ({why}); the largest degree it can serve for "
         f"{model.name} is {max(usable)} (usable: {', '.join(map(str, usable))})"
     )

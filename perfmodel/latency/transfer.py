@@ -55,6 +55,7 @@ from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec, find_spec, load_all_specs
 from perfmodel.latency.gemm_grid import ENGINES, SIXTEEN_BIT, GemmGrid, gemm_grid, stack_names
 from perfmodel.latency.roofline import kernel_time
+from perfmodel.measured.evidence import DeviceEvidence, device_evidence
 from perfmodel.models.operators import Matmul
 
 TILE = 128  # output tile edge (rows and columns) for the wave count
@@ -210,48 +211,56 @@ def similarity(target: HardwareSpec, donor: HardwareSpec) -> float:
     return math.exp(-penalty)
 
 
-@functools.lru_cache(maxsize=64)
-def measured_points(device_key: str, stack: str, dtype: str) -> pd.DataFrame:
+def measured_points(evidence: DeviceEvidence, stack: str, dtype: str) -> pd.DataFrame:
     """The grid's measured rows (m, n, k, time_s; the faster kernel where two were timed),
-    without the holes GemmGrid fills: what a check may compare against."""
-    grid = gemm_grid(device_key, stack, dtype)
-    table = grid.stack.table("gemm")
-    table = table[table["dtype"] == grid.dtype]
-    return table.groupby(["m", "n", "k"], as_index=False)["time_s"].min()
+    without the holes GemmGrid fills: what a check may compare against. Kept on the evidence."""
+
+    def points() -> pd.DataFrame:
+        grid = gemm_grid(evidence, stack, dtype)
+        table = grid.stack.table("gemm")
+        table = table[table["dtype"] == grid.dtype]
+        return table.groupby(["m", "n", "k"], as_index=False)["time_s"].min()
+
+    return evidence.derived(("grid_points", stack, dtype), points)
 
 
-@functools.lru_cache(maxsize=64)
-def bandwidth_share(device_key: str, stack: str, dtype: str) -> float:
+def bandwidth_share(evidence: DeviceEvidence, stack: str, dtype: str) -> float:
     """The median share of the datasheet bandwidth the grid's memory-bound GEMMs reach."""
-    rows = measured_points(device_key, stack, dtype)
+    rows = measured_points(evidence, stack, dtype)
     rows = rows[(rows["m"] <= SHARE_MAX_M) & (rows["n"] >= SHARE_MIN_NK) & (rows["k"] >= SHARE_MIN_NK)]
     if not len(rows):
-        raise PerfkitError(f"{device_key} {stack}: no memory-bound GEMMs (m <= {SHARE_MAX_M}) to measure a share on")
+        raise PerfkitError(f"{evidence.key} {stack}: no memory-bound GEMMs (m <= {SHARE_MAX_M}) to measure a share on")
     m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
     achieved = ELEMENT_BYTES * (m * k + k * n + m * n) / rows["time_s"].to_numpy(dtype=float)
-    return float(np.median(achieved)) / find_spec(device_key).bandwidth
+    return float(np.median(achieved)) / evidence.spec.bandwidth
 
 
-@functools.lru_cache(maxsize=64)
-def kernel_floor(device_key: str, stack: str, dtype: str) -> float:
+def kernel_floor(evidence: DeviceEvidence, stack: str, dtype: str) -> float:
     """The median time of the grid's tiny GEMMs (m <= 16, n and k <= 1024): the per-kernel floor."""
-    rows = measured_points(device_key, stack, dtype)
+    rows = measured_points(evidence, stack, dtype)
     rows = rows[(rows["m"] <= FLOOR_MAX_M) & (rows["n"] <= FLOOR_MAX_NK) & (rows["k"] <= FLOOR_MAX_NK)]
     if not len(rows):
-        raise PerfkitError(f"{device_key} {stack}: no GEMMs with m <= {FLOOR_MAX_M}, n and k <= {FLOOR_MAX_NK}")
+        raise PerfkitError(f"{evidence.key} {stack}: no GEMMs with m <= {FLOOR_MAX_M}, n and k <= {FLOOR_MAX_NK}")
     return float(rows["time_s"].median())
+
+
+def donor_stacks(engine: str) -> dict[str, tuple[DeviceEvidence, str]]:
+    """Device key -> its evidence and stack of `engine` (e.g. vllm-0.24.0), for every device
+    with a grid of it."""
+    if engine not in ENGINES:
+        raise PerfkitError(f"engine {engine!r}: no grids of it; choose from: {', '.join(ENGINES)}")
+    found = {}
+    for key, spec in load_all_specs().items():
+        evidence = device_evidence(spec)
+        stacks = [s for s in stack_names(evidence) if s.split("-")[0] == engine]
+        if stacks:
+            found[key] = (evidence, stacks[0])
+    return found
 
 
 def engine_stacks(engine: str) -> dict[str, str]:
     """Device key -> its stack of `engine` (e.g. vllm-0.24.0), for every device with a grid of it."""
-    if engine not in ENGINES:
-        raise PerfkitError(f"engine {engine!r}: no grids of it; choose from: {', '.join(ENGINES)}")
-    found = {}
-    for key in load_all_specs():
-        stacks = [s for s in stack_names(key) if s.split("-")[0] == engine]
-        if stacks:
-            found[key] = stacks[0]
-    return found
+    return {key: stack for key, (_, stack) in donor_stacks(engine).items()}
 
 
 def transferred_gemm(
@@ -264,26 +273,27 @@ def transferred_gemm(
     if dtype not in SIXTEEN_BIT:
         return None
     left_out = {spec.key, *(find_spec(name).key for name in exclude)}
-    stacks = engine_stacks(engine)
-    specs = {key: find_spec(key) for key in stacks if key not in left_out}
-    grids = {key: gemm_grid(key, stacks[key], dtype) for key in specs}
-    specs = {key: s for key, s in specs.items() if grids[key] is not None}
-    if not specs:
+    donors = {key: found for key, found in donor_stacks(engine).items() if key not in left_out}
+    grids = {key: gemm_grid(evidence, stack, dtype) for key, (evidence, stack) in donors.items()}
+    donors = {key: found for key, found in donors.items() if grids[key] is not None}
+    if not donors:
         return None
+    specs = {key: evidence.spec for key, (evidence, _) in donors.items()}
     raw = {key: similarity(spec, s) if method.weights == "similarity" else 1.0 for key, s in specs.items()}
-    shares = {key: bandwidth_share(key, grids[key].stack.stack, dtype) for key in specs}
     total = sum(raw.values())
-    donors = tuple(
-        sorted(
-            (
-                Donor(specs[key], grids[key], raw[key] / total, shares[key], kernel_floor(key, stacks[key], dtype))
-                for key in specs
-            ),
-            key=lambda d: -d.weight,
+    weighted = (
+        Donor(
+            specs[key],
+            grids[key],
+            raw[key] / total,
+            bandwidth_share(evidence, grids[key].stack.stack, dtype),
+            kernel_floor(evidence, stack, dtype),
         )
+        for key, (evidence, stack) in donors.items()
     )
-    share, basis = target_share(spec, donors)
-    return TransferredGemm(spec, engine, dtype, donors, share, basis, method)
+    ordered = tuple(sorted(weighted, key=lambda d: -d.weight))
+    share, basis = target_share(spec, ordered)
+    return TransferredGemm(spec, engine, dtype, ordered, share, basis, method)
 
 
 def target_share(spec: HardwareSpec, donors: tuple[Donor, ...]) -> tuple[float, str]:
@@ -322,13 +332,14 @@ class DeviceError:
 
 def held_out_error(device_key: str, engine: str, dtype: str = "bf16", method: Method = METHOD) -> DeviceError:
     """Predict one measured device from the others only, on its measured grid points."""
-    stack = engine_stacks(engine).get(device_key)
-    if stack is None:
+    found = donor_stacks(engine).get(device_key)
+    if found is None:
         raise PerfkitError(f"{device_key} has no {engine} grid to check against")
-    transfer = transferred_gemm(device_key, engine, dtype, method=method)
+    evidence, stack = found
+    transfer = transferred_gemm(evidence.spec, engine, dtype, method=method)
     if transfer is None:
         raise PerfkitError(f"{device_key}: no other device has a {engine} grid to transfer from")
-    rows = measured_points(device_key, stack, dtype)
+    rows = measured_points(evidence, stack, dtype)
     rows = rows[
         (rows["m"] <= CHECK_MAX_M)
         & rows["n"].between(CHECK_MIN_NK, CHECK_MAX_NK)

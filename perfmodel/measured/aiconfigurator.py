@@ -38,8 +38,10 @@ software stack measured a number is part of its provenance.
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +49,7 @@ import pandas as pd
 
 from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.stacks import Engine
 from perfmodel.measured.contract import COLUMNS, significant
 from perfmodel.measured.store import measurement_roots
 from perfmodel.measured.vidur import TABLE_COLUMNS as ALL_REDUCE_COLUMNS
@@ -90,7 +93,7 @@ TABLE_COLUMNS = {
 FOLDER = "aiconfigurator"
 # This project's own GPU campaigns, kept in the same table format as a stack named
 # torch-<version> (profilers.campaign_stack): the reference decoder's kernels.
-TORCH_ENGINE = "torch"
+TORCH_ENGINE = Engine.TORCH
 TORCH_FOLDER = "torch"
 STACK_FOLDERS = (FOLDER, TORCH_FOLDER)
 
@@ -107,21 +110,30 @@ def run_id(system: str, stack: str, table: str, kernel_source, package_version: 
 # ----------------------------------------------------------------------------- shipped tables
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ShippedStack:
-    """One shipped folder: the tables one software stack measured on one device."""
+    """One shipped folder: the tables one software stack measured on one device.
+
+    Read once per process while its files stay as they are (shipped_stacks): its provenance
+    when found, each table when first asked for; pandas' copy-on-write keeps a caller's
+    changes to a table its own."""
 
     device: str
     folder: Path
     provenance: dict
+    tables: frozenset[str] = frozenset()  # the parquet tables the folder holds, by name
+    _read: dict = field(default_factory=dict, init=False, repr=False)
 
     @property
     def stack(self) -> str:
         return self.folder.name  # e.g. vllm-0.24.0
 
     @property
-    def engine(self) -> str:
-        return self.provenance.get("engine", self.stack.split("-")[0])
+    def engine(self) -> Engine:
+        name = self.provenance.get("engine", self.stack.split("-")[0])
+        if name not in Engine._value2member_map_:
+            raise PerfkitError(f"{self.folder}/provenance.json: engine {name!r} is none of {', '.join(Engine)}")
+        return Engine(name)
 
     @property
     def version(self) -> str:
@@ -137,10 +149,15 @@ class ShippedStack:
         return self.engine == TORCH_ENGINE
 
     def has(self, table: str) -> bool:
-        return (self.folder / f"{table}.parquet").is_file()
+        return table in self.tables
 
     def table(self, table: str) -> pd.DataFrame:
-        """A shipped table, its columns checked."""
+        """A shipped table, its columns checked; read once."""
+        if table not in self._read:
+            self._read[table] = self._load(table)
+        return self._read[table]
+
+    def _load(self, table: str) -> pd.DataFrame:
         path = self.folder / f"{table}.parquet"
         try:
             frame = pd.read_parquet(path)
@@ -156,22 +173,50 @@ class ShippedStack:
         return f"{self.engine} {self.version} harness, {self.provenance.get('system', self.device)} ({self.package})"
 
 
+# A folder's state: each file's name, modification time and size. A stack is read again when
+# any of them changes (an import rewrites its folder), else its first reading is kept.
+FolderStamp = tuple[str, tuple[tuple[str, int, int], ...]]
+
+
+def folder_stamp(folder: Path) -> FolderStamp:
+    files = sorted((e for e in os.scandir(folder) if e.is_file()), key=lambda e: e.name)
+    return str(folder), tuple((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in files)
+
+
+def stack_stamps(device_key: str, roots: list[Path] | None = None) -> tuple[FolderStamp, ...]:
+    """The state of every stack folder of a device, the user's root first."""
+    return tuple(
+        folder_stamp(folder)
+        for root in roots or measurement_roots()
+        for folder in sorted(f for parent in STACK_FOLDERS for f in (root / device_key / parent).glob("*"))
+        if folder.is_dir()
+    )
+
+
 def shipped_stacks(device_key: str, roots: list[Path] | None = None) -> list[ShippedStack]:
     """The stacks of a device: aiconfigurator's imported ones (<root>/<device>/aiconfigurator/
     <stack>/) and this project's campaigns (<root>/<device>/torch/torch-<version>/), the
-    user's first; a stack shipped in two roots is the user's."""
+    user's first; a stack shipped in two roots is the user's. Read once per process while
+    the folders stay as they are (as aiconfigurator keeps one database per system)."""
+    return list(_read_stacks(device_key, stack_stamps(device_key, roots)))
+
+
+@functools.lru_cache(maxsize=64)
+def _read_stacks(device_key: str, stamps: tuple[FolderStamp, ...]) -> tuple[ShippedStack, ...]:
     found: dict[str, ShippedStack] = {}
-    for root in roots or measurement_roots():
-        for folder in sorted(f for parent in STACK_FOLDERS for f in (root / device_key / parent).glob("*")):
-            provenance_path = folder / "provenance.json"
-            if folder.name in found or not provenance_path.is_file():
-                continue
-            try:
-                provenance = json.loads(provenance_path.read_text())
-            except (OSError, ValueError) as exc:
-                raise PerfkitError(f"{provenance_path}: not readable JSON ({exc})") from None
-            found[folder.name] = ShippedStack(device_key, folder, provenance)
-    return list(found.values())
+    for folder_name, files in stamps:
+        folder = Path(folder_name)
+        names = {name for name, _, _ in files}
+        if folder.name in found or "provenance.json" not in names:
+            continue
+        provenance_path = folder / "provenance.json"
+        try:
+            provenance = json.loads(provenance_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise PerfkitError(f"{provenance_path}: not readable JSON ({exc})") from None
+        tables = frozenset(name.removesuffix(".parquet") for name in names if name.endswith(".parquet"))
+        found[folder.name] = ShippedStack(device_key, folder, provenance, tables)
+    return tuple(found.values())
 
 
 def contract_rows(stack: ShippedStack, table: str) -> pd.DataFrame:

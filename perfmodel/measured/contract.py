@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
@@ -43,6 +44,8 @@ SIGNIFICANT = 6
 # A grid point, and a row's identity (the same point on another device is another row).
 POINT_COLUMNS = ["model", "dtype", "op", "phase", "batch", "seq_len", "candidates"]
 KEY_COLUMNS = ["device", *POINT_COLUMNS]
+# A count of a grid point (batch, seq_len, candidates): one row's, or a column of them for many rows.
+Counts = int | np.ndarray
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,9 @@ class ContractPoint:
     dtype: str
     op: str
     phase: str
-    batch: object
-    seq_len: object
-    candidates: object = 1
+    batch: Counts
+    seq_len: Counts
+    candidates: Counts = 1
 
 
 def contract_fields(point: ContractPoint, cost, time_s, source: str, noise=None, run_id: str = "") -> dict:

@@ -26,6 +26,7 @@ from perfmodel.hardware.specs import (
     normalize_name,
     resolve_spec,
 )
+from perfmodel.measured.evidence import DeviceEvidence, device_evidence
 from perfmodel.measured.store import latest_run_with_ceilings, measured_rows, stored_devices, stored_sweeps
 
 
@@ -38,6 +39,12 @@ class DeviceView:
     sources: tuple[Path, ...] = field(default_factory=tuple)  # measurement files behind them
     is_cpu: bool = False
     stand_in_for: str | None = None  # this machine's CPU key, when another CPU's stored data stands in for it
+    # Its stacks and profiles (perfmodel.measured.evidence), resolved with the view when not given.
+    evidence: DeviceEvidence | None = None
+
+    def __post_init__(self) -> None:
+        if self.evidence is None or self.evidence.spec is not self.spec:
+            object.__setattr__(self, "evidence", device_evidence(self.spec))
 
     def models(self) -> list[str]:
         return sorted(set(self.measured["model"])) if self.measured is not None and len(self.measured) else []

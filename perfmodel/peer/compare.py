@@ -67,7 +67,7 @@ def project_step(device: str, stack: str, model: str, tp: int):
     """The project's full step of the model split tp ways, priced on the stack's measurements."""
     config = from_hf_config(model_config_path(model))
     view = resolve_view(device, None, [], log=lambda _: None)
-    return tensor_parallel_steps(view, config, DTYPE, tp, LatencyChoice("auto", stack))["full"]
+    return tensor_parallel_steps(view, config, DTYPE, tp, LatencyChoice.of("auto", stack))["full"]
 
 
 def compare(point: Point, prompt_len: int, response_len: int) -> dict:

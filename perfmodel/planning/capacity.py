@@ -49,13 +49,20 @@ plan() over more than 10,000 of them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, describe_acceptance, medusa_acceptance
+from perfmodel.acceptance.rates import (
+    PAPER_ACCEPTANCE,
+    AcceptanceModel,
+    AcceptanceSetting,
+    describe_acceptance,
+    medusa_acceptance,
+)
 from perfmodel.base.checks import is_real, split_options
 from perfmodel.base.errors import PerfkitError
 from perfmodel.models.config import ModelConfig
@@ -70,6 +77,11 @@ from perfmodel.planning.workload import Targets, Workload, positive
 
 # batches=None plans every power of two up to the device's max batch, and that batch.
 DEFAULT_BATCHES = None
+# One positive integer or several (a list, tuple or array), as positive_ints reads them: batches,
+# tree sizes, a schedule's contexts.
+Ints = int | Sequence[int] | np.ndarray
+# A length as a request gives it (Lengths.of reads each): tokens, a (mean, p95) pair, samples or a Lengths.
+LengthSetting = float | tuple[float, float] | Sequence[float] | np.ndarray | Lengths
 
 
 @dataclass(frozen=True)
@@ -87,13 +99,13 @@ class PlanRequest:
     medusa: "auto" (the best tree or none per batch), "on" (the best tree per batch even
     where plain decoding is faster) or "off" (plain decoding)."""
 
-    prompt_len: object = DEFAULT_PROMPT_LEN
-    response_len: object = DEFAULT_RESPONSE_LEN
+    prompt_len: LengthSetting = DEFAULT_PROMPT_LEN
+    response_len: LengthSetting = DEFAULT_RESPONSE_LEN
     latency_target_s: float | None = None
     throughput_target: float | None = None
-    acceptance: object = PAPER_ACCEPTANCE
-    batches: object = DEFAULT_BATCHES
-    sizes: object = CANDIDATE_SIZES
+    acceptance: AcceptanceSetting = PAPER_ACCEPTANCE
+    batches: Ints | None = DEFAULT_BATCHES
+    sizes: Ints = CANDIDATE_SIZES
     memory_reserve: float = DEFAULT_RESERVE
     medusa: str = MedusaSetting.AUTO
 
@@ -197,7 +209,7 @@ def serving_plan(deployment: Deployment, request: PlanRequest | None = None) -> 
     return int(result.devices["tensor_parallel"].iloc[0]), result
 
 
-def tabulated(acceptance, sizes: np.ndarray):
+def tabulated(acceptance: AcceptanceModel, sizes: np.ndarray) -> AcceptanceModel:
     """The acceptance model evaluated once per tree size, looked up afterwards (the
     head-accuracy model builds a tree per call, too slow to call per configuration)."""
     values = np.asarray(acceptance(sizes), dtype=float)
@@ -208,7 +220,7 @@ def tabulated(acceptance, sizes: np.ndarray):
     return lookup
 
 
-def positive_ints(values, name: str) -> np.ndarray:
+def positive_ints(values: Ints, name: str) -> np.ndarray:
     array = np.atleast_1d(np.asarray(values))
     if array.size == 0 or array.dtype.kind not in "iu" or (array < 1).any():
         raise PerfkitError(f"{name} must be positive integers, got {np.ravel(values)[:5].tolist()}")

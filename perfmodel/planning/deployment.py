@@ -20,7 +20,7 @@ from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.hardware.efficiencies import RooflineParams
-from perfmodel.latency.choice import LATENCY_CHOICES, LatencyChoice
+from perfmodel.latency.choice import LatencyChoice
 from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.tensor_parallel import TensorParallelStep, check_degree
 from perfmodel.latency.traced import Tracer
@@ -42,7 +42,7 @@ class DeploymentChoices:
     dtype: the weights' and KV cache's type, None for each device's default (fp32 on a CPU,
     fp16 on a GPU). tensor_parallel: devices per replica, None for the planner's choice (the
     degree with the most tokens/s per device). latency: the latency source (auto, measured,
-    calibrated, datasheet; a LatencyChoice carries its stack). step: the step flavour, full
+    calibrated, datasheet, or a LatencyChoice with its stack). step: the step flavour, full
     (the whole model's operators) or traced (every kernel of the reference decoder's step,
     traced by `tracer`, decoder.trace.StepTracer). launch: the regime the traced step is
     priced in end to end (eager, static, graph; None: its kernels' sum). params: the datasheet
@@ -50,7 +50,7 @@ class DeploymentChoices:
 
     dtype: str | None = None
     tensor_parallel: int | None = 1
-    latency: str = "auto"
+    latency: str | LatencyChoice = "auto"
     step: StepFlavor | str = StepFlavor.FULL
     tracer: Tracer | None = None
     launch: Launch | str | None = None
@@ -66,7 +66,7 @@ class Deployment:
     view: DeviceView
     dtype: str
     tp: int | None = 1
-    latency: str = "auto"
+    latency: LatencyChoice = LatencyChoice()
     step: StepFlavor = StepFlavor.FULL
     tracer: Tracer | None = None
     launch: Launch | None = None
@@ -122,8 +122,7 @@ def resolve(
         raise PerfkitError(
             f"tensor_parallel must be a positive integer or None (auto), got {choices.tensor_parallel!r}"
         )
-    if choices.latency not in LATENCY_CHOICES:
-        raise PerfkitError(f"unknown latency source {choices.latency!r}; choose from: {', '.join(LATENCY_CHOICES)}")
+    latency = LatencyChoice.of(choices.latency)
     (step,) = check_flavors([choices.step], WHOLE_STEP_FLAVORS)
     check_tracer([step], choices.tracer)
     launch = check_launch_step(choices.launch, step)
@@ -131,10 +130,9 @@ def resolve(
     views = resolve_devices(devices)
     if choices.tensor_parallel is not None:
         for view in views:
-            check_degree(model, view.spec, choices.tensor_parallel)
+            check_degree(model, view.evidence, choices.tensor_parallel)
     if choices.params is not None:
         views = [dataclasses.replace(view, params=choices.params) for view in views]
-    latency = choices.latency if isinstance(choices.latency, LatencyChoice) else LatencyChoice(choices.latency)
     return tuple(
         Deployment(
             model,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from perfmodel.acceptance.rates import AcceptanceModel
 from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.tensor_parallel import usable_degrees
@@ -33,7 +34,7 @@ class Setting:
     deployment: Deployment
     workload: Workload
     targets: Targets
-    accept: object
+    accept: AcceptanceModel  # tokens per step by tree size, tabulated once (capacity.tabulated)
     batches: np.ndarray | None
     sizes: np.ndarray
     reserve: float
@@ -59,7 +60,7 @@ AUTO_TP = (1, 2, 4, 8)
 def plan_device_auto_tp(setting: Setting):
     """The tensor-parallel degree with the most tokens/s per device (meeting the latency
     target where one is set) among those that fit; the smallest that fits when none does."""
-    usable = usable_degrees(setting.model, setting.view.spec)
+    usable = usable_degrees(setting.model, setting.view.evidence)
     degrees = [tp for tp in AUTO_TP if tp in usable]
     tried = [plan_device(setting, tp) for tp in degrees]
     fitting = [t for t in tried if t[0]["fits"]]
@@ -122,7 +123,7 @@ def does_not_fit(model: ModelConfig, setting: Setting, fit: MemoryFit) -> tuple[
     why = f"does not fit: {why} ({spec.memory_gb:g} GB each, less the {reserve:.0%} reserve)"
     degree = fit_degree(model, spec, setting.dtype, w.kv_tokens, reserve, runs_heads(setting))
     if degree is None:
-        usable = usable_degrees(model, spec)
+        usable = usable_degrees(model, setting.view.evidence)
         return (
             f"{why}; no tensor-parallel degree holds it: {spec.key} can use {', '.join(map(str, usable))} (the degrees "
             f"that split {model.name} and over which its all-reduces can be timed), and {max(usable)} device(s) hold "

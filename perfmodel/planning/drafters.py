@@ -23,11 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perfmodel.acceptance.rates import AcceptanceChoice, draft_model_tokens, drafter_acceptances
+from perfmodel.acceptance.rates import AcceptanceChoice, AcceptanceModel, draft_model_tokens, drafter_acceptances
 from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.eagle import EAGLE2_SHAPE, DraftShape, eagle_step, without_heads
-from perfmodel.latency.step_cost import DraftsThenVerifies
+from perfmodel.latency.step_cost import DraftsThenVerifies, StepCost
 
 DRAFTERS = tuple(DrafterKind)
 DRAFTER_NAMES = {DrafterKind.MEDUSA: "Medusa", DrafterKind.EAGLE: "EAGLE", DrafterKind.DRAFT: "draft model"}
@@ -51,7 +51,7 @@ class DraftModelStep(DraftsThenVerifies):
     """A draft-model step (module doc): the target verifying n = gamma + 1 tokens (`verify`,
     a step without heads) plus gamma draft steps of cost_ratio x its plain step."""
 
-    verify: object
+    verify: StepCost
     cost_ratio: float
 
     @property
@@ -85,7 +85,7 @@ class DraftModelAcceptance:
 class EagleAcceptance:
     """An EAGLE curve acc(n) held to what a tree of its depth can accept: depth + 1 tokens."""
 
-    curve: object
+    curve: AcceptanceModel
     shape: DraftShape
 
     def __call__(self, n) -> np.ndarray:
@@ -100,7 +100,7 @@ class Drafter:
     came from (None for the draft model)."""
 
     name: str
-    acceptance: object
+    acceptance: AcceptanceModel
     label: str
     sizes: tuple[int, ...] | None = None
     shape: DraftShape | None = None

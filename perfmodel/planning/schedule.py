@@ -54,12 +54,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from perfmodel.acceptance.rates import AcceptanceSetting
 from perfmodel.base.checks import split_options
 from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
 from perfmodel.latency.choice import LatencyMode
 from perfmodel.latency.eagle import DraftShape
 from perfmodel.models.config import ModelConfig
-from perfmodel.planning.capacity import positive_ints
+from perfmodel.planning.capacity import Ints, positive_ints
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.drafters import (
     DEFAULT_DRAFT_ALPHA,
@@ -181,11 +182,11 @@ class ScheduleRequest:
     head or EAGLE pass, the trees vLLM drafts). drafter: medusa, eagle, draft or best
     (SCHEDULE_DRAFTERS); alpha and cost_ratio: the draft model's (perfmodel.planning.drafters)."""
 
-    acceptance: object = None
-    batches: object = None
-    contexts: object = None
+    acceptance: AcceptanceSetting = None
+    batches: Ints | None = None
+    contexts: Ints | None = None
     medusa: str = MedusaSetting.AUTO
-    sizes: object = CANDIDATE_SIZES
+    sizes: Ints = CANDIDATE_SIZES
     family: str = "tree"
     drafter: str = "medusa"
     alpha: float = DEFAULT_DRAFT_ALPHA

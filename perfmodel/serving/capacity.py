@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from perfmodel.acceptance.rates import AcceptanceChoice, medusa_acceptance
+from perfmodel.acceptance.rates import AcceptanceChoice, AcceptanceSetting, medusa_acceptance
 from perfmodel.base.checks import split_options
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.step import StepFlavor
@@ -285,7 +285,7 @@ class ServeRequest:
     the Medusa setting searched beside plain decoding (off: plain decoding only), the engine's
     scheduling limits, and the fraction of each device's memory kept free."""
 
-    acceptance: object = "paper"
+    acceptance: AcceptanceSetting = "paper"
     medusa: str = MedusaSetting.AUTO
     engine: EngineConfig | None = None
     reserve: float = 0.1
@@ -334,10 +334,9 @@ def serve_deployments(
         target_rate = max(target_rate or 0.0, targets.tokens_s / float(np.mean(requests.output)))
     options = []
     for deployment in deployments:
-        spec = deployment.view.spec
-        usable = usable_degrees(model, spec)
+        usable = usable_degrees(model, deployment.view.evidence)
         if deployment.tp is not None:
-            check_degree(model, spec, deployment.tp)
+            check_degree(model, deployment.view.evidence, deployment.tp)
         degrees = [deployment.tp] if deployment.tp is not None else [tp for tp in (1, 2, 4, 8) if tp in usable]
         for mode in modes:
             for tp in degrees:

@@ -26,6 +26,7 @@ from perfmodel.cli import Parser, batch_size, options
 from perfmodel.cli.fields import add_options, nested, option, read_options, shared
 from perfmodel.cli.workload_options import WorkloadOptions, WorkloadSettings
 from perfmodel.hardware.specs import load_all_specs
+from perfmodel.latency.choice import LatencyChoice
 from perfmodel.latency.step import StepFlavor
 from perfmodel.planning.capacity import DEFAULT_BATCHES, PlanRequest, plan, plan_deployments
 from perfmodel.planning.deployment import DeploymentChoices, resolve
@@ -122,7 +123,7 @@ class PlanOptions:
             "--reserve", "memory kept free per device (default %(default)s)", type=number, metavar="FRACTION"
         ),
     )
-    latency: object = field(default="auto", metadata=shared(options.latency))  # a LatencyChoice once parsed
+    latency: str | LatencyChoice = field(default="auto", metadata=shared(options.latency))  # parsed: a choice
     step: str = field(default="full", metadata=shared(options.step, choices=WHOLE_STEP_FLAVORS, default="full"))
     launch: str | None = field(default=None, metadata=shared(options.launch, default=None))
     csv: Path | None = field(default=None, metadata=shared(options.csv, what="the bands table (device x batch)"))

@@ -23,6 +23,7 @@ from perfmodel.base.provenance import Provenance
 from perfmodel.cli import Parser, batch_size, options, positive_int, token_count
 from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.latency.attention_table import write_measured_attention
+from perfmodel.latency.choice import LatencyChoice
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.measured.contract import write_table
 from perfmodel.measured.device_view import device_key, is_cpu_name, resolve_view
@@ -103,7 +104,7 @@ class RooflineOptions:
         ),
     )
     jobs: int | None = field(default=None, metadata=shared(options.jobs))
-    latency: object = field(default="auto", metadata=shared(options.latency))  # a LatencyChoice once parsed
+    latency: str | LatencyChoice = field(default="auto", metadata=shared(options.latency))  # parsed: a choice
 
 
 def build_parser() -> Parser:
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             html_path = out / write_page(folder, view, dtype, figures, errors).name
             attention = [
-                write_measured_attention(folder, view.spec.key, model, dtype, getattr(args.latency, "stack", None))
+                write_measured_attention(folder, view.evidence, model, dtype, LatencyChoice.of(args.latency).stack)
                 for model in ([] if view.is_cpu else models)
             ]
         measured = sum((t["source"] == Provenance.MEASURED).sum() for t in tables)

@@ -86,7 +86,7 @@ def point_steps(deployment: Deployment, flavors, cuda_graph: bool = False, regim
         regime = None if regime is None else Launch.parse(regime)
         tracer = trace_step if regime is None else functools.partial(trace_step, launch=regime)
         traced = TracedStep(shard, source, dtype, tracer, cuda_graph=cuda_graph, regime=regime, host=host)
-        comm = step_collectives(device.spec, tp, dtype, source.stack)
+        comm = step_collectives(device.evidence, tp, dtype, source.stack)
         steps["traced"] = TensorParallelStep(traced, tp, comm.all_reduce, dtype, comm.gather)
     return steps
 
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_csv(draft, out / "draft-model.csv")
                 written.append("draft-model.csv")
                 if not device.is_cpu:
-                    line = write_measured_attention(out, device.spec.key, model.shard(tp), dtype, args.latency.stack)
+                    line = write_measured_attention(out, device.evidence, model.shard(tp), dtype, args.latency.stack)
                     if line:
                         print(line)
                 if not args.csv:
