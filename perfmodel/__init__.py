@@ -33,7 +33,7 @@ _HOMES = {
     "op_cost": "perfmodel.models.operators",
     # latency
     "LATENCY_CHOICES": "perfmodel.latency.choice",
-    "LatencyModel": "perfmodel.latency.source",
+    "LatencyModel": "perfmodel.latency.latency_model",
     "latency_source": "perfmodel.latency.source",
     "view_latency": "perfmodel.latency.source",
     "RooflineLatency": "perfmodel.latency.roofline",

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.cli.workload_options import WorkloadOptions, WorkloadSettings
-from perfmodel.latency.source import LatencyModel
+from perfmodel.latency.latency_model import LatencyModel
 from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.measured.device_view import DeviceView

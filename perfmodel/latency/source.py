@@ -43,18 +43,17 @@ elementwise ops (norm, act, ...) are used where the profile is of the same model
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.stacks import SERVING_ENGINES, Engine, engine_of
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec, load_all_specs
-from perfmodel.latency.attention_grid import HEAD_DIM
-from perfmodel.latency.attention_table import OPS as MEASURED_ATTENTION_OPS
-from perfmodel.latency.attention_table import AttentionTable, attention_op_time, attention_table
+from perfmodel.latency.attention_table import attention_table
 from perfmodel.latency.choice import LatencyChoice, LatencyMode, LatencySetting
 from perfmodel.latency.gemm_grid import (
     AUTO_STACK,
@@ -76,150 +75,134 @@ from perfmodel.latency.gemm_table import (
     stack_calibration,
     stored_calibration,
 )
-from perfmodel.latency.roofline import RooflineLatency, speed_of_light
-from perfmodel.latency.transfer import TransferredGemm, transferred_gemm
+from perfmodel.latency.latency_model import LatencyModel
+from perfmodel.latency.transfer import transferred_gemm
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.measured.evidence import DeviceEvidence, as_evidence, device_evidence
 from perfmodel.measured.store import stored_profiles
 from perfmodel.models.config import ModelConfig, load_model
-from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, WEIGHT_OPS, Matmul, Phase, op_kernels
 
-# ----------------------------------------------------------------------------- the source
+# ----------------------------------------------------------------------------- what is asked
 
 
-@dataclass
-class LatencyModel:
-    """A latency source (perfmodel.latency.step.LatencySource) that says where its numbers come from.
+@dataclass(frozen=True)
+class SourceRequest:
+    """One latency source to build: `model` in `dtype` on the device of `evidence`, as the
+    choice `setting` and `stack` asks (the stack as asked: None, auto, an engine or an
+    engine-version); `measurements`: rows given instead of the stored ones (None: none);
+    `params`: the datasheet roofline's efficiencies."""
 
-    mode: measured | calibrated | grid | borrowed | datasheet (what `auto` resolved to, or
-    what was forced). label: one line for figures, tables and CSVs. stack: whose measurements
-    (perfmodel.latency.gemm_grid), None for the datasheet."""
-
-    spec: HardwareSpec
+    evidence: DeviceEvidence
     model: ModelConfig
     dtype: str
-    mode: LatencyMode
-    table: GemmTable | None = None
-    elementwise: pd.DataFrame | None = None  # measured step-op rows of this very model shard
-    params: RooflineParams = field(default_factory=RooflineParams)
-    stack: str | None = None
-    grid: GemmGrid | TransferredGemm | None = None  # grid/transferred GEMMs, or the shape dependence beside Vidur's
-    attention: AttentionTable | None = None  # measured attention of this device, where it has tables
-    # Why a measured device is priced without its measurements (none in this dtype): the label
-    # says so first, so an fp8 answer on an H100 is not read as resting on its bf16 tables.
-    unmeasured: str | None = None
-
-    def __post_init__(self) -> None:
-        self.mode = LatencyMode(self.mode)
-        self.roofline = RooflineLatency(self.spec, self.model, self.dtype, self.params)
+    setting: LatencySetting
+    stack: str | None
+    measurements: pd.DataFrame | None
+    params: RooflineParams
 
     @property
-    def label(self) -> str:
-        attention = self.attention_label
-        return self.gemm_label + (f"; attention: {attention}" if attention else "")
+    def spec(self) -> HardwareSpec:
+        return self.evidence.spec
 
     @property
-    def attention_label(self) -> str | None:
-        """Where attention times come from, when not the roofline the label already names."""
-        if self.attention is None or self.model.head_dim != HEAD_DIM:
-            return (
-                "roofline"
-                if self.mode
-                in (LatencyMode.GRID, LatencyMode.MEASURED, LatencyMode.CALIBRATED, LatencyMode.TRANSFERRED)
-                else None
-            )
-        return self.attention.label
+    def measured_mode(self) -> LatencyMode:
+        """What a source resting on the device's own rows is: calibrated where forced, else measured."""
+        return LatencyMode.CALIBRATED if self.setting == LatencySetting.CALIBRATED else LatencyMode.MEASURED
 
     @property
-    def gemm_label(self) -> str:
-        label = self.source_label
-        return f"{self.unmeasured}: {label}" if self.unmeasured else label
+    def given(self) -> bool:
+        """Whether rows of this dtype were given."""
+        rows = self.measurements
+        return rows is not None and bool(len(rows)) and bool((rows["dtype"] == self.dtype).any())
 
-    @property
-    def source_label(self) -> str:
-        if self.mode == LatencyMode.DATASHEET:
-            p = self.params
-            return (
-                f"roofline latency, {p.label} (x{p.compute_efficiency:g} compute, x{p.memory_efficiency:g} bandwidth, "
-                f"{p.kernel_overhead_s * 1e6:g} us per kernel)"
-            )
-        if self.mode == LatencyMode.BORROWED:
-            return (
-                f"borrowed: {self.table.spec.key}'s calibration ({self.table.origin}) on {self.spec.key}'s datasheet "
-                "roofline"
-            )
-        if self.mode == LatencyMode.GRID:
-            return (
-                f"measured on {self.spec.key}: the {self.grid.label}, fitted non-decreasing in m, n and k, "
-                "interpolated in n and k, staircase in m kept, none under its speed of light"
-            )
-        if self.mode == LatencyMode.TRANSFERRED:
-            return self.grid.label
-        measured = sorted(op for op in (*LINEAR_OPS, "medusa_heads") if self.linear_kind(op) == LatencyMode.MEASURED)
-        beside = f"; other shapes also from the {self.grid.stack.stack} grid at this level" if self.grid else ""
-        if self.mode == LatencyMode.MEASURED and measured:
-            shapes = ", ".join(measured)
-            return f"measured on {self.spec.key} ({self.table.origin}; {shapes}), calibrated elsewhere{beside}"
-        return f"calibrated on {self.spec.key}'s measurements ({self.table.origin}){beside}"
-
-    def linear_kind(self, op: str) -> LatencyMode:
-        """How this op's GEMMs are timed: measured, calibrated, grid, transferred, borrowed or
-        datasheet."""
-        if op not in (*LINEAR_OPS, "medusa_heads"):
-            return LatencyMode.DATASHEET
-        if self.mode in (LatencyMode.GRID, LatencyMode.TRANSFERRED):
-            return self.mode
-        if self.table is None:
-            return LatencyMode.DATASHEET
-        if self.mode == LatencyMode.BORROWED:
-            return LatencyMode.BORROWED
-        kernels = op_kernels(op, "decode", self.model, 1, 1, 1)
-        every = all(self.table.measured(m.k, m.n) for m in kernels)
-        return LatencyMode.MEASURED if self.mode == LatencyMode.MEASURED and every else LatencyMode.CALIBRATED
-
-    def gemm_time(self, matmul: Matmul) -> np.ndarray:
-        """The grid's time (grid mode), else the fitted roofline x the measured staircase. In
-        `calibrated` mode a measured shape is predicted from its neighbours only, as an
-        unmeasured one would be; with a grid beside the rows, an unmeasured shape also takes
-        the grid's shape dependence (the geometric mean of the two). Never under the GEMM's
-        speed-of-light floor (its bytes at the datasheet bandwidth, its FLOPs at the peak)."""
-        return np.maximum(self._gemm_time(matmul), speed_of_light(matmul, self.dtype, self.spec))
-
-    def _gemm_time(self, matmul: Matmul) -> np.ndarray:
-        m = np.asarray(matmul.m, dtype=float)
-        k, n = int(matmul.k), int(matmul.n)
-        if self.mode in (LatencyMode.GRID, LatencyMode.TRANSFERRED):
-            return self.grid.time(k, n, m)
-        table = self.table if self.mode != LatencyMode.CALIBRATED else self.table.without(k, n)
-        calibrated = table.predict(k, n, m, self.spec, self.dtype)
-        if self.grid is None or table.measured(k, n) or self.mode == LatencyMode.BORROWED:
-            return calibrated
-        return np.sqrt(calibrated * table.grid_predict(k, n, m, self.grid))
-
-    def op_time(self, op: str, phase: str, batch, seq_len, candidates) -> np.ndarray:
-        if self.attention is not None and op in MEASURED_ATTENTION_OPS:
-            measured = attention_op_time(self.attention, op, phase, self.model, batch, seq_len, candidates)
-            if measured is not None:
-                return measured
-        kernels = op_kernels(op, phase, self.model, np.asarray(batch), np.asarray(seq_len), np.asarray(candidates))
-        if (self.table is not None or self.grid is not None) and op in WEIGHT_OPS:
-            return np.asarray(sum(self.gemm_time(k) for k in kernels), dtype=float)
-        if self.elementwise is not None and op in STEP_OPS and op in set(self.elementwise["op"]):
-            part = self.elementwise[self.elementwise["op"] == op]
-            b, s, q = np.broadcast_arrays(*(np.asarray(x) for x in (batch, seq_len, candidates)))
-            tokens = b * (s if phase == Phase.PREFILL else (q if phase == Phase.TREE else 1))
-            return np.interp(tokens, part["seq_len"].to_numpy(dtype=float), part["time_s"].to_numpy(dtype=float))
-        return self.roofline.op_time(op, phase, batch, seq_len, candidates)
+    def datasheet(self) -> LatencyModel:
+        return LatencyModel(self.spec, self.model, self.dtype, LatencyMode.DATASHEET, params=self.params)
 
 
-def borrowable(spec: HardwareSpec) -> DeviceEvidence | None:
-    """The evidence of a device of the same architecture with per-model profiles, if any."""
-    if not getattr(spec, "architecture", None):
+# ----------------------------------------------------------------------------- measured devices
+
+
+def from_given(request: SourceRequest) -> LatencyModel:
+    """Rows given (a sweep of this machine, --measurements), with the device's profiles beside them."""
+    rows, origin = profile_rows(request.evidence)
+    # where given rows and a profile time the same shape and token count, the median of both counts
+    rows = request.measurements if rows is None else pd.concat([request.measurements, rows], ignore_index=True)
+    rows = rows[rows["dtype"] == request.dtype]
+    origin = "given measurements" + (f" + {origin}" if origin else "")
+    table = GemmTable.of(rows, request.spec, request.dtype, origin)
+    elementwise = same_shard(table.rows, request.model)
+    return LatencyModel(
+        request.spec, request.model, request.dtype, request.measured_mode, table, elementwise, table.params, "given"
+    )
+
+
+def from_profiles(request: SourceRequest, stack: str) -> LatencyModel | None:
+    """Vidur's per-model profiles, calibrated; an engine's grid beside them for shapes they lack."""
+    evidence, dtype = request.evidence, request.dtype
+    table = stored_calibration(evidence, dtype)
+    if table is None:
         return None
-    for key, other in sorted(load_all_specs().items()):
-        if key != spec.key and getattr(other, "architecture", None) == spec.architecture and stored_profiles(key):
-            return device_evidence(other)
-    return None
+    grid, attention = default_grid(evidence, dtype), attention_table(evidence, None, dtype)
+    elementwise = same_shard(table.rows, request.model)
+    return LatencyModel(
+        request.spec,
+        request.model,
+        dtype,
+        request.measured_mode,
+        table,
+        elementwise,
+        table.params,
+        stack,
+        grid,
+        attention,
+    )
+
+
+def from_campaign(request: SourceRequest, stack: str) -> LatencyModel | None:
+    """This project's own GPU campaign (a torch stack): its GEMMs calibrated, its attention."""
+    table = stack_calibration(request.evidence, stack, request.dtype)
+    if table is None:
+        return None
+    attention = attention_table(request.evidence, stack, request.dtype)
+    return LatencyModel(
+        request.spec,
+        request.model,
+        request.dtype,
+        request.measured_mode,
+        table,
+        None,
+        table.params,
+        stack,
+        None,
+        attention,
+    )
+
+
+def from_grid(request: SourceRequest, stack: str) -> LatencyModel | None:
+    """An engine's device-wide GEMM grid and its attention tables."""
+    grid = gemm_grid(request.evidence, stack, request.dtype)
+    if grid is None:
+        return None
+    attention = attention_table(request.evidence, stack, request.dtype)
+    params = grid_params(grid, request.spec)
+    return LatencyModel(
+        request.spec,
+        request.model,
+        request.dtype,
+        LatencyMode.GRID,
+        params=params,
+        stack=stack,
+        grid=grid,
+        attention=attention,
+    )
+
+
+# What each measured stack's engine builds (None: nothing in this dtype): a new harness is one entry.
+MEASURED_SOURCES: dict[Engine, Callable[[SourceRequest, str], LatencyModel | None]] = {
+    Engine.VIDUR: from_profiles,
+    Engine.TORCH: from_campaign,
+    **dict.fromkeys(SERVING_ENGINES, from_grid),
+}
 
 
 def latency_source(
@@ -242,71 +225,64 @@ def latency_source(
     device's per-model profiles (vidur) where it has them, else its first engine grid.
     """
     choice = LatencyChoice.of(source, stack)
-    source, stack = choice.setting, choice.stack
     evidence = as_evidence(device)
-    spec = evidence.spec
-    dtype = check_dtype(dtype) if dtype else default_dtype(spec.key)
-    model = model if isinstance(model, ModelConfig) else load_model(model)
-    datasheet = LatencyModel(spec, model, dtype, "datasheet", params=params or RooflineParams())
-    if source == LatencySetting.DATASHEET:
-        return datasheet
-    given = measurements is not None and len(measurements) and (measurements["dtype"] == dtype).any()
-    if not given and not stack_names(evidence):
-        return unmeasured_source(evidence, model, dtype, source, stack, datasheet)
-    chosen = None if given else resolve_stack(evidence, stack)
-    if given:
-        rows, origin = profile_rows(evidence)
-        # where given rows and a profile time the same shape and token count, the median of both counts
-        rows = measurements if rows is None else pd.concat([measurements, rows], ignore_index=True)
-        rows = rows[rows["dtype"] == dtype]
-        table = GemmTable.of(rows, spec, dtype, "given measurements" + (f" + {origin}" if origin else ""))
-    elif chosen is not None and chosen.split("-")[0] == TORCH:
-        table = stack_calibration(evidence, chosen, dtype)
-        if table is not None:
-            attention = attention_table(evidence, chosen, dtype)
-            mode = LatencyMode.CALIBRATED if source == LatencySetting.CALIBRATED else LatencyMode.MEASURED
-            return LatencyModel(spec, model, dtype, mode, table, None, table.params, chosen, None, attention)
-    elif chosen not in (None, VIDUR):
-        grid = gemm_grid(evidence, chosen, dtype)
-        if grid is not None:
-            attention = attention_table(evidence, chosen, dtype)
-            params = grid_params(grid, spec)
-            return LatencyModel(spec, model, dtype, "grid", params=params, stack=chosen, grid=grid, attention=attention)
-        table = None
-    else:
-        table = stored_calibration(evidence, dtype)
-    if table is not None:
-        rows = table.rows
-        mode = LatencyMode.CALIBRATED if source == LatencySetting.CALIBRATED else LatencyMode.MEASURED
-        grid = None if given else default_grid(evidence, dtype)
-        attention = None if given else attention_table(evidence, None, dtype)
-        elementwise = same_shard(rows, model)
-        return LatencyModel(
-            spec, model, dtype, mode, table, elementwise, table.params, chosen or "given", grid, attention
-        )
-    fallback = unmeasured_source(evidence, model, dtype, source, stack, datasheet)
+    request = SourceRequest(
+        evidence,
+        model if isinstance(model, ModelConfig) else load_model(model),
+        check_dtype(dtype) if dtype else default_dtype(evidence.key),
+        choice.setting,
+        choice.stack,
+        measurements,
+        params or RooflineParams(),
+    )
+    if request.setting == LatencySetting.DATASHEET:
+        return request.datasheet()
+    if request.given:
+        return from_given(request)
+    if not stack_names(evidence):
+        return unmeasured_source(request)
+    chosen = resolve_stack(evidence, request.stack)
+    built = MEASURED_SOURCES.get(engine_of(chosen), from_grid)(request, chosen)
+    if built is not None:
+        return built
+    fallback = unmeasured_source(request)
     stacks = len(stack_names(evidence))
-    fallback.unmeasured = f"no {dtype} measurements of {spec.key} (its {stacks} measured stack(s) time other dtypes)"
+    fallback.unmeasured = (
+        f"no {request.dtype} measurements of {evidence.key} (its {stacks} measured stack(s) time other dtypes)"
+    )
     return fallback
 
 
-def unmeasured_source(
-    evidence: DeviceEvidence, model: ModelConfig, dtype: str, source: str, stack: str | None, datasheet: LatencyModel
-) -> LatencyModel:
-    """A device without measurements (of this dtype): the calibration of a measured device of
-    its architecture (the vidur stack) where there is one and no engine was asked for, else
-    an engine's GEMMs transferred from the measured devices (vllm unless asked), else the
-    datasheet."""
-    spec = evidence.spec
-    if source != LatencySetting.AUTO:
-        raise PerfkitError(
-            f"no {dtype} measurements of {spec.key} to give a {source} latency; measured devices: "
-            f"{', '.join(measured_devices()) or 'none'} (or use --latency datasheet)"
-        )
-    lender = borrowable(spec) if stack in (None, AUTO_STACK, VIDUR) else None
-    table = stored_calibration(lender, dtype) if lender else None
-    if table is not None:
-        return LatencyModel(spec, model, dtype, "borrowed", table, None, table.params, stack=VIDUR)
+# ----------------------------------------------------------------------------- unmeasured devices
+
+
+def borrowable(spec: HardwareSpec) -> DeviceEvidence | None:
+    """The evidence of a device of the same architecture with per-model profiles, if any."""
+    if not getattr(spec, "architecture", None):
+        return None
+    for key, other in sorted(load_all_specs().items()):
+        if key != spec.key and getattr(other, "architecture", None) == spec.architecture and stored_profiles(key):
+            return device_evidence(other)
+    return None
+
+
+def borrowed(request: SourceRequest) -> LatencyModel | None:
+    """The calibration of a measured device of its architecture (Vidur's profiles), where no
+    engine was asked for."""
+    if request.stack not in (None, AUTO_STACK, VIDUR):
+        return None
+    lender = borrowable(request.spec)
+    table = stored_calibration(lender, request.dtype) if lender else None
+    if table is None:
+        return None
+    return LatencyModel(
+        request.spec, request.model, request.dtype, LatencyMode.BORROWED, table, None, table.params, stack=VIDUR
+    )
+
+
+def transferred(request: SourceRequest) -> LatencyModel | None:
+    """An engine's GEMMs transferred from every device measured in it (vllm unless asked)."""
+    spec, stack, dtype = request.spec, request.stack, request.dtype
     if stack == VIDUR:
         raise PerfkitError(f"--stack vidur: no device of {spec.key}'s architecture has Vidur's profiles")
     if stack is not None and stack.split("-")[0] == TORCH:
@@ -317,13 +293,34 @@ def unmeasured_source(
     engine = ENGINES[0] if stack in (None, AUTO_STACK) else stack.split("-")[0]
     if engine not in ENGINES:
         raise PerfkitError(f"--stack {stack}: choose from {', '.join((VIDUR, *ENGINES, TORCH))} (or a stack-version)")
+    evidence = request.evidence
     transfer = evidence.derived(("transferred", engine, dtype), lambda: transferred_gemm(spec, engine, dtype))
     if transfer is None:
-        return datasheet
+        return None
     params = evidence.derived(
         ("transferred_params", engine, dtype), lambda: fit_params(transfer.gemms(), spec, dtype, kind="transferred")
     )
-    return LatencyModel(spec, model, dtype, "transferred", params=params, stack=engine, grid=transfer)
+    return LatencyModel(spec, request.model, dtype, LatencyMode.TRANSFERRED, params=params, stack=engine, grid=transfer)
+
+
+# Who lends a device without measurements (of this dtype) its GEMM times, in the order auto
+# tries them; the datasheet when none does. A new lender is one entry.
+LENDERS: tuple[Callable[[SourceRequest], LatencyModel | None], ...] = (borrowed, transferred)
+
+
+def unmeasured_source(request: SourceRequest) -> LatencyModel:
+    """A device without measurements (of this dtype): the first of LENDERS that lends, else
+    the datasheet; only `auto` may rest on another device's measurements."""
+    if request.setting != LatencySetting.AUTO:
+        raise PerfkitError(
+            f"no {request.dtype} measurements of {request.spec.key} to give a {request.setting} latency; measured "
+            f"devices: {', '.join(measured_devices()) or 'none'} (or use --latency datasheet)"
+        )
+    for lender in LENDERS:
+        lent = lender(request)
+        if lent is not None:
+            return lent
+    return request.datasheet()
 
 
 def grid_params(grid: GemmGrid, spec: HardwareSpec) -> RooflineParams:

@@ -27,6 +27,7 @@ from perfmodel.latency.allreduce_tables import engine_all_reduce_stack
 from perfmodel.latency.logits_gather import GatherSource, gather_source, gather_time
 from perfmodel.latency.source import view_latency
 from perfmodel.latency.step import StepFlavor, StepModel
+from perfmodel.latency.traced import TracedStep
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.measured.evidence import DeviceEvidence, as_evidence
 from perfmodel.models.config import ModelConfig
@@ -37,7 +38,7 @@ class TensorParallelStep:
     """step_time of one shard's step plus its all-reduces and logits gather (the shape of a
     StepModel that perfmodel.planning.simulations.speedup_table reads)."""
 
-    shard_step: StepModel
+    shard_step: StepModel | TracedStep  # one device's step, priced by its own latency source
     tp: int
     all_reduce: AllReduceSource | None  # None when tp == 1
     dtype: str
@@ -131,7 +132,7 @@ def step_collectives(
     device: Device, tp: int, dtype: str, stack: str | None = None, all_reduce_stack: str | None = None
 ) -> Collectives:
     """The collectives of a step split tp ways on `device` whose latency rests on `stack`'s
-    measurements (perfmodel.latency.source.LatencyModel.stack): the all-reduce stack asked
+    measurements (perfmodel.latency.latency_model.LatencyModel.stack): the all-reduce stack asked
     for (perfmodel.latency.allreduce.all_reduce_source), else an engine stack's own all-reduce
     where the device has its table, else the device's default collective; none at tp 1."""
     if tp == 1:

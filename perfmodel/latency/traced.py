@@ -62,7 +62,7 @@ from perfmodel.latency.graph_node import measured_graph_node
 from perfmodel.latency.kinds import HOST_ONLY_KINDS, KINDS, TRACE_KINDS
 from perfmodel.latency.pipeline import HOST_KINDS, HostCosts, price_pipeline
 from perfmodel.latency.roofline import kernel_time
-from perfmodel.latency.step import StepFlavor, StepModel
+from perfmodel.latency.step import LatencySource, StepFlavor, StepModel
 from perfmodel.latency.step_cost import PricedBySource
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.operators import FusedAttention, Matmul
@@ -297,7 +297,7 @@ class TracedStep(PricedBySource):
     another drafter drafted (EAGLE, a draft model): the trace less its DRAFT_PARTS."""
 
     model: ModelConfig
-    latency: object
+    latency: LatencySource
     dtype: str
     tracer: Tracer
     flavor: str = "traced"

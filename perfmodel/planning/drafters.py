@@ -18,6 +18,7 @@ tree sizes it is searched over, so the speedup simulations price them alike
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.eagle import EAGLE2_SHAPE, DraftShape, eagle_step, without_heads
 from perfmodel.latency.step_cost import DraftsThenVerifies, StepCost
+from perfmodel.latency.tensor_parallel import TensorParallelStep
 
 DRAFTERS = tuple(DrafterKind)
 DRAFTER_NAMES = {DrafterKind.MEDUSA: "Medusa", DrafterKind.EAGLE: "EAGLE", DrafterKind.DRAFT: "draft model"}
@@ -107,32 +109,52 @@ class Drafter:
     cost_ratio: float | None = None
     choice: AcceptanceChoice | None = None
 
-    def step(self, step):
+    def step(self, step: TensorParallelStep) -> StepCost:
         """This drafter's step model over a step flavour (perfmodel.planning.step_models)."""
-        if self.name == DrafterKind.MEDUSA:
-            return step
-        if self.name == DrafterKind.EAGLE:
-            return eagle_step(step, self.shape)
-        return DraftModelStep(without_heads(step), self.cost_ratio)
+        return DRAFTER_RULES[DrafterKind(self.name)].step(self, step)
 
     def depths(self, sizes) -> pd.arrays.IntegerArray:
         """The tree's depth per size (draft passes; gamma for the draft model's chain), NA for
         Medusa's trees, whose depth the tree built decides."""
         n = np.asarray(sizes, dtype=np.int64)
-        if self.name == DrafterKind.MEDUSA:
-            return pd.array([pd.NA] * len(n), dtype="Int64")
-        return pd.array(self.shape.depths(n) if self.name == DrafterKind.EAGLE else n - 1, dtype="Int64")
+        depths = DRAFTER_RULES[DrafterKind(self.name)].depths(self, n)
+        return pd.array([pd.NA] * len(n) if depths is None else depths, dtype="Int64")
 
     def describe(self) -> str:
         """What it assumes, in one line."""
-        if self.name == DrafterKind.EAGLE:
-            return f"{self.label}, at most depth + 1; tree: {self.shape.describe()}"
-        if self.name == DrafterKind.DRAFT:
-            return (
-                f"tokens/step {self.label}; gamma draft steps of c = {self.cost_ratio:g} x the plain step (draft step "
-                "/ target step), then the target verifies gamma + 1 tokens"
-            )
-        return self.label
+        return DRAFTER_RULES[DrafterKind(self.name)].describe(self)
+
+
+@dataclass(frozen=True)
+class DrafterRule:
+    """How one kind of drafter is priced: its step over a step flavour (the flavour itself
+    where the drafter runs inside it), its trees' depths per size (None: the tree's own), and
+    what it assumes in words."""
+
+    step: Callable[[Drafter, TensorParallelStep], StepCost]
+    depths: Callable[[Drafter, np.ndarray], np.ndarray | None]
+    describe: Callable[[Drafter], str]
+
+
+def draft_model_words(drafter: Drafter) -> str:
+    return (
+        f"tokens/step {drafter.label}; gamma draft steps of c = {drafter.cost_ratio:g} x the plain step (draft step "
+        "/ target step), then the target verifies gamma + 1 tokens"
+    )
+
+
+# Every drafter kind the simulations price: a new drafter is one entry and its tests.
+DRAFTER_RULES: dict[DrafterKind, DrafterRule] = {
+    DrafterKind.MEDUSA: DrafterRule(lambda d, step: step, lambda d, n: None, lambda d: d.label),
+    DrafterKind.EAGLE: DrafterRule(
+        lambda d, step: eagle_step(step, d.shape),
+        lambda d, n: d.shape.depths(n),
+        lambda d: f"{d.label}, at most depth + 1; tree: {d.shape.describe()}",
+    ),
+    DrafterKind.DRAFT: DrafterRule(
+        lambda d, step: DraftModelStep(without_heads(step), d.cost_ratio), lambda d, n: n - 1, draft_model_words
+    ),
+}
 
 
 def medusa_drafter(choice: AcceptanceChoice) -> Drafter:

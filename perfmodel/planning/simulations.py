@@ -20,10 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perfmodel.acceptance.rates import AcceptanceChoice, draft_model_improvement, draft_model_tokens
+from perfmodel.acceptance.rates import AcceptanceChoice, AcceptanceModel, draft_model_improvement, draft_model_tokens
 from perfmodel.base.errors import PerfkitError
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.latency.step import StepModel
+from perfmodel.latency.step_cost import StepCost
 from perfmodel.measured.device_view import DeviceView, resolve_devices
 from perfmodel.planning.deployment import Deployment
 from perfmodel.planning.drafters import (
@@ -38,7 +39,7 @@ from perfmodel.planning.drafters import (
 CANDIDATE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
-def speedup_table(step: StepModel, acceptance, batch, seq_len, sizes=CANDIDATE_SIZES) -> pd.DataFrame:
+def speedup_table(step: StepCost, acceptance: AcceptanceModel, batch, seq_len, sizes=CANDIDATE_SIZES) -> pd.DataFrame:
     """One row per (batch, seq_len, tree size): step times, overhead, acceptance, speedup.
 
     batch and seq_len are ints or 1-D sequences; every combination with every size is

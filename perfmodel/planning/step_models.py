@@ -11,8 +11,13 @@ so that the analytic core prices trace tables without importing the decoder.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
+from perfmodel.latency.choice import LatencyChoice
 from perfmodel.latency.source import decoder_latency
 from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.tensor_parallel import TensorParallelStep, tensor_parallel_steps
@@ -54,34 +59,66 @@ def check_launch_step(launch: Launch | str | None, step: str) -> Launch | None:
     return launch
 
 
+@dataclass(frozen=True)
+class StepSetting:
+    """What every flavour of one deployment's step shares: `model` split `tp` ways on `view`
+    in `dtype`, priced as `latency` asks; `tracer` and `launch` for the traced flavour."""
+
+    view: DeviceView
+    model: ModelConfig
+    dtype: str
+    tp: int
+    latency: str | LatencyChoice
+    tracer: Tracer | None
+    launch: Launch | None
+
+
+def source_priced(setting: StepSetting, full: TensorParallelStep, flavor: StepFlavor) -> TensorParallelStep:
+    """A step priced op by op from the shard's latency source (the paper's, the full step)."""
+    shard = full.shard_step
+    return (
+        full
+        if flavor == shard.flavor
+        else dataclasses.replace(full, shard_step=dataclasses.replace(shard, flavor=flavor))
+    )
+
+
+def traced_priced(setting: StepSetting, full: TensorParallelStep, flavor: StepFlavor) -> TensorParallelStep:
+    """The reference decoder's step on its own kernels (the device's torch stack where it has
+    one, perfmodel.latency.source.decoder_latency), the full step's collectives around it."""
+    own = decoder_latency(setting.view, full.model, setting.dtype, setting.latency)
+    traced = TracedStep(full.model, own, setting.dtype, setting.tracer, regime=setting.launch)
+    return TensorParallelStep(traced, setting.tp, full.all_reduce, setting.dtype, full.gather)
+
+
+# How each flavour is built over the full step (its shard, latency source and collectives):
+# a new flavour is one entry here and one in STEP_FLAVORS.
+FLAVOR_BUILDERS: dict[StepFlavor, Callable[[StepSetting, TensorParallelStep, StepFlavor], TensorParallelStep]] = {
+    StepFlavor.PAPER: source_priced,
+    StepFlavor.FULL: source_priced,
+    StepFlavor.TRACED: traced_priced,
+}
+
+
 def flavor_steps(
     view: DeviceView,
     model: ModelConfig,
     dtype: str,
     tp: int = 1,
-    latency: str = "auto",
+    latency: str | LatencyChoice = "auto",
     flavors=("full",),
     tracer: Tracer | None = None,
     launch: Launch | None = None,
 ) -> dict[str, TensorParallelStep]:
     """One step model per flavour, in the order asked, for `model` split tp ways on `view`:
-    the shard timed by the view's latency source (one source for every flavour but the
-    traced one, which is the reference decoder's step on its own kernels: the device's torch
-    stack where it has one, perfmodel.latency.source.decoder_latency) plus its all-reduces
-    where tp > 1 (perfmodel.latency.tensor_parallel). tracer: (model, batch, context,
-    candidates, dtype) -> trace table, needed by the traced flavour. launch: the regime the
-    traced step is priced in end to end (perfmodel.latency.traced.TracedStep.regime; None: its
-    kernels' sum), its tracer tracing that regime's step."""
+    the shard timed by the view's latency source plus its all-reduces where tp > 1
+    (perfmodel.latency.tensor_parallel), each flavour built over that full step by its
+    FLAVOR_BUILDERS entry. tracer: (model, batch, context, candidates, dtype) -> trace table,
+    needed by the traced flavour. launch: the regime the traced step is priced in end to end
+    (perfmodel.latency.traced.TracedStep.regime; None: its kernels' sum), its tracer tracing
+    that regime's step."""
     flavors = check_flavors(flavors)
     check_tracer(flavors, tracer)
-    # The shard, its latency source and all-reduces as tensor_parallel_steps chooses them
-    # for every flavour; a traced step takes the full step's.
-    priced = tensor_parallel_steps(
-        view, model, dtype, tp, latency, [*(f for f in flavors if f != StepFlavor.TRACED), StepFlavor.FULL]
-    )
-    if StepFlavor.TRACED in flavors:
-        full = priced[StepFlavor.FULL]
-        own = decoder_latency(view, full.model, dtype, latency)
-        traced = TracedStep(full.model, own, dtype, tracer, regime=launch)
-        priced["traced"] = TensorParallelStep(traced, tp, full.all_reduce, dtype, full.gather)
-    return {f: priced[f] for f in flavors}
+    setting = StepSetting(view, model, dtype, tp, latency, tracer, launch)
+    full = tensor_parallel_steps(view, model, dtype, tp, latency)[StepFlavor.FULL]
+    return {f: FLAVOR_BUILDERS[f](setting, full, f) for f in flavors}
