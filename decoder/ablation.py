@@ -32,6 +32,7 @@ from decoder.checkpoint import load_checkpoint
 from decoder.measure import head_accuracy
 from decoder.medusa import Decoder
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
+from decoder.tree import Drafting
 from perfmodel.acceptance.ablation import dense_against_sparse
 from perfmodel.acceptance.batching import acceptance_survival, batch_acceptance, simulated_tokens
 from perfmodel.acceptance.trees import dense_tree, greedy_tree, random_dense_settings
@@ -110,7 +111,7 @@ def ablation(config: AblationConfig, log=print) -> pd.DataFrame:
         raise PerfkitError(f"{ckpt.folder} has no Medusa heads to build trees from")
     torch.manual_seed(config.seed)
     decoder = Decoder(ckpt)
-    kwargs = dict(acceptance=AcceptanceConfig("greedy"), topk=HEAD_TOP_K)
+    kwargs = dict(acceptance=AcceptanceConfig("greedy"))
     prompts = heldout_prompts(ckpt, config.prompts, config.prompt_len, config.seed)
     decoder.generate(prompts[: config.batch], 8, **kwargs)  # warm-up, not timed
     log(f"plain decoding of {len(prompts)} held-out prompts for the heads' accuracies ...")
@@ -128,7 +129,7 @@ def ablation(config: AblationConfig, log=print) -> pd.DataFrame:
     sizes = np.array(sorted(step_s))
     predicted_step = lambda n: float(np.interp(n, sizes, [step_s[s] for s in sizes]))  # noqa: E731
 
-    settings = {"plain": {}} | {key: {"tree": tree} for key, tree in trees.items()}
+    settings = {"plain": {}} | {key: {"drafting": Drafting(tree)} for key, tree in trees.items()}
     chunks = -(-len(prompts) // config.batch) * config.rounds
     log(f"decoding with plain decoding and {len(trees)} trees in turn, {config.rounds} round(s) ...")
     with tqdm(total=chunks, desc="trees", unit="batch", disable=None, file=sys.stderr) as bar:

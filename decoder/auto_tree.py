@@ -44,7 +44,7 @@ from decoder.manifest import sha256, weight_files
 from decoder.medusa import Decoder
 from decoder.runs import decode_interleaved, heldout_prompts, warm_up
 from decoder.step_profile import PLAIN_STEP_FACTOR, StepProfile, profile_problems, unsteady_rounds
-from decoder.tree import resolve_tree
+from decoder.tree import Drafting, resolve_tree
 from perfmodel.acceptance.record import own_record
 from perfmodel.acceptance.trees import Tree, greedy_tree
 from perfmodel.base.drafter_kind import DrafterKind
@@ -201,7 +201,7 @@ def calibrate(
         sizes = [n for n in CALIBRATION_SIZES if n == 1 or n - 1 <= heads * HEAD_TOP_K]
     elif 1 not in sizes:
         raise PerfkitError(f"calibration sizes need plain decoding (size 1); got {list(sizes)}")
-    settings = {n: {"tree": greedy_tree(accuracy, n - 1) if n > 1 else None} for n in sizes}
+    settings = {n: {"drafting": Drafting(greedy_tree(accuracy, n - 1) if n > 1 else None)} for n in sizes}
     decoded = min(new_tokens, CALIBRATION_TOKENS)
     room = ckpt.config.max_position_embeddings - decoded
     length = min(calibration_prompt_len(ckpt, prompt_len, new_tokens) + (new_tokens - decoded) // 2, room)
@@ -210,7 +210,7 @@ def calibrate(
         f"calibrating the decoder's step time on this machine (batch {batch}, prompts of {length} tokens, "
         f"tree sizes {', '.join(map(str, sizes))})"
     )
-    kwargs = dict(acceptance=AcceptanceConfig("greedy"), topk=HEAD_TOP_K)
+    kwargs = dict(acceptance=AcceptanceConfig("greedy"))
     # every size warm at the shapes it is timed at, untimed: the first plain run of a cold
     # calibration took 3x the rest and condemned it (decoder.runs.warm_up)
     warm_up(decoder, prompts, batch, decoded, settings, **kwargs)

@@ -176,6 +176,15 @@ def run_nodes(drafter, embed, context, paths: list[TreePath], info: dict, positi
     return out[0, c:]
 
 
+@dataclass(frozen=True)
+class DynamicDraft:
+    """EAGLE-2's dynamic tree: the nodes it keeps, the expansions it drafts, and the top-k of each expansion."""
+
+    nodes: int
+    depth: int
+    topk: int
+
+
 def dynamic_eagle_tree(
     drafter: EagleDrafter,
     embed: nn.Embedding,
@@ -184,36 +193,34 @@ def dynamic_eagle_tree(
     root_feature: torch.Tensor,
     history: tuple[list[torch.Tensor], list[int]],
     position: int,
-    nodes: int,
-    depth: int,
-    topk: int,
+    draft: DynamicDraft,
 ) -> tuple[Tree, torch.Tensor]:
-    """EAGLE-2's dynamic tree for one sequence: `depth` expansions, each drafting the children
-    of the `topk` most confident nodes of the depth above (confidence: the product of drafted
-    probabilities along the path), keeping each one's top-k children; then the `nodes` most
-    confident nodes of all drafted are the tree (a child is never more confident than its
-    parent, so they form one). Returns the tree (paths of child ranks) and its tokens, root
-    first, in the tree's order."""
+    """EAGLE-2's dynamic tree for one sequence, as `draft` sizes it: `depth` expansions, each
+    drafting the children of the `topk` most confident nodes of the depth above (confidence:
+    the product of drafted probabilities along the path), keeping each one's top-k children;
+    then the `nodes` most confident nodes of all drafted are the tree (a child is never more
+    confident than its parent, so they form one). Returns the tree (paths of child ranks) and
+    its tokens, root first, in the tree's order."""
     device = root_feature.device
     context = context_of(history, root_feature)
     info: dict[TreePath, tuple[int, torch.Tensor]] = {(): (root, root_feature)}
     score: dict[TreePath, float] = {(): 1.0}
     frontier: list[TreePath] = [()]
-    for _ in range(depth):
+    for _ in range(draft.depth):
         needed = sorted({p[:cut] for p in frontier for cut in range(len(p) + 1)}, key=lambda p: (len(p), p))
         out = run_nodes(drafter, embed, context, needed, info, position)
         drafted = dict(zip(needed, out))
         children = []
         for parent in frontier:
             probs = torch.softmax(lm_head(drafted[parent]).float(), dim=-1)
-            top = probs.topk(topk)
+            top = probs.topk(draft.topk)
             for rank, (p, token) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
                 child = parent + (rank,)
                 info[child] = (token, drafted[parent])
                 score[child] = score[parent] * p
                 children.append(child)
-        frontier = sorted(children, key=lambda p: -score[p])[:topk]
-    chosen = sorted((p for p in score if p), key=lambda p: (-score[p], len(p), p))[:nodes]
+        frontier = sorted(children, key=lambda p: -score[p])[: draft.topk]
+    chosen = sorted((p for p in score if p), key=lambda p: (-score[p], len(p), p))[: draft.nodes]
     tree = Tree(tuple(chosen))
     tokens = torch.tensor([root] + [info[p][0] for p in tree.paths], dtype=torch.long, device=device)
     return tree, tokens
@@ -326,18 +333,15 @@ def draft_batch(
     plan: DraftPlan,
     roots: torch.Tensor,
     root_features: torch.Tensor,
-    histories: list[tuple[list[torch.Tensor], list[int]]] | None,
     positions: torch.Tensor,
-    window: Window | None = None,
+    window: Window,
 ) -> torch.Tensor:
     """Candidate tokens (B, T) of every sequence's static tree, drafted together: per depth one
     drafter pass over the batch (context windows left-padded and masked), one LM head over the
     nodes expanded (each parent once) and one gather of the children's ranks. roots (B,),
-    root_features (B, h), positions (B,) the roots' positions; the context windows from the
-    histories, or given (`window`: the static step keeps them as tensors). The same tokens as
-    draft_tree, sequence by sequence."""
-    if window is None:
-        window = Window.of(histories, root_features, positions)
+    root_features (B, h), positions (B,) the roots' positions; `window` the sequences' context
+    windows (Window.of a batch's histories; the static step keeps them as tensors). The same
+    tokens as draft_tree, sequence by sequence."""
     size = plan.tree.size
     tokens = roots[:, None].repeat(1, size)
     feats = root_features[:, None, :].repeat(1, size, 1)

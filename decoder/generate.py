@@ -10,7 +10,7 @@ from decoder.auto_tree import auto_tree, default_tree_name
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import DRAFTERS, Decoder, check_context
 from decoder.static_step import check_launch
-from decoder.tree import TREE_NAMES, resolve_tree
+from decoder.tree import TREE_NAMES, Drafting, resolve_tree
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
@@ -141,11 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     result = decoder.generate(
         [ids],
         args.max_new_tokens,
-        tree=tree,
+        Drafting(tree, drafter=args.drafter),
         acceptance=AcceptanceConfig(args.acceptance, temperature=args.temperature, seed=args.seed),
         eos=ckpt.config.eos_token_id,
         on_tokens=Streamer(ckpt.tokenizer),
-        drafter=args.drafter,
         launch=args.launch,
     )
     print()

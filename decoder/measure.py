@@ -9,6 +9,7 @@ whether greedy Medusa reproduced greedy decoding exactly.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -27,7 +28,7 @@ from decoder.medusa import DRAFTERS, Decoder, check_context
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
 from decoder.static_step import check_launch
 from decoder.trace_ops import TORCH_DTYPES
-from decoder.tree import TREE_NAMES, resolve_tree
+from decoder.tree import TREE_NAMES, Drafting, resolve_tree
 from decoder.twin import ReplayRecord, dummy_checkpoint, native_dtype, random_prompts
 from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import expected_acceptance, greedy_tree
@@ -104,11 +105,11 @@ def measure_twin(args: MeasureOptions) -> dict:
     batch = batch_run(args.batch, args.prompts, lambda text: print(text, file=sys.stderr))
     launch = {"launch": args.launch}
     settings = {"plain": launch} | {
-        f"size-{n}": {"tree": record.tree(n), "replay": record.replay(n), **launch} for n in wanted
+        f"size-{n}": {"drafting": Drafting(record.tree(n)), "replay": record.replay(n), **launch} for n in wanted
     }
     for setting in settings.values():  # warm-up, untimed
         decoder.generate(prompts[:batch], 2, **{**setting, "replay": None})
-    runs = decode_interleaved(decoder, prompts, batch, args.new_tokens, settings, args.rounds, topk=HEAD_TOP_K)
+    runs = decode_interleaved(decoder, prompts, batch, args.new_tokens, settings, args.rounds)
     baseline = runs["plain"]
     sizes = [
         {
@@ -157,14 +158,14 @@ def measure(args: MeasureOptions) -> dict:
     acceptance = AcceptanceConfig(args.acceptance, temperature=args.temperature, seed=args.seed)
     prompts = heldout_prompts(ckpt, args.prompts, args.prompt_len, args.seed)
     eos = ckpt.config.eos_token_id
-    run_kwargs = dict(acceptance=acceptance, topk=HEAD_TOP_K, drafter=args.drafter, launch=args.launch)
+    run_kwargs = dict(acceptance=acceptance, launch=args.launch)
+    drafted = functools.partial(Drafting, drafter=args.drafter)  # plain decoding drafts nothing, whoever is asked
 
     # Warm-up: the first calls of every kernel are slow; none of this is timed.
     warm = min(8, args.new_tokens)  # within the context the check above allowed
     decoder.generate(prompts[:batch], warm, **run_kwargs)
-    decoder.generate(
-        prompts[:batch], warm, tree=greedy_tree(np.full((len(ckpt.heads), HEAD_TOP_K), 0.5), 8), **run_kwargs
-    )
+    warm_tree = greedy_tree(np.full((len(ckpt.heads), HEAD_TOP_K), 0.5), 8)
+    decoder.generate(prompts[:batch], warm, drafted(warm_tree), **run_kwargs)
     # The head accuracies choose the trees, so a first plain pass (not timed) comes before the runs compared.
     accuracy = head_accuracy(
         decoder, prompts, decode_batches(decoder, prompts, batch, args.new_tokens, **run_kwargs).tokens
@@ -188,12 +189,10 @@ def measure(args: MeasureOptions) -> dict:
     # Where the run's tree is plain decoding (--tree auto found no tree faster), it is the plain
     # run: a second plain run beside it measured only the machine's noise (x0.945 at batch 4).
     plainly = tree is None and not nodes
-    settings = {"plain": {}} | (
-        {} if plainly else {"medusa": {"tree": None if nodes else tree, "dynamic_nodes": nodes}}
-    )
+    settings = {"plain": {}} | ({} if plainly else {"medusa": {"drafting": drafted(None if nodes else tree, nodes)}})
     for size, sized in sized_trees.items():
         if size > 1 and (nodes or sized != tree):
-            settings[f"size-{size}"] = {"tree": sized}
+            settings[f"size-{size}"] = {"drafting": drafted(sized)}
     runs = decode_interleaved(decoder, prompts, batch, args.new_tokens, settings, args.rounds, **run_kwargs)
     baseline = runs["plain"]
     medusa = baseline if plainly else runs["medusa"]

@@ -15,25 +15,35 @@ Plain decoding is the same step with a one-token tree and no heads.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
 
 from decoder.acceptance import ACCEPT, AcceptanceConfig, next_token
 from decoder.checkpoint import Checkpoint
-from decoder.eagle import EAGLE_DEPTH, EAGLE_FILE, DraftPlan, History, draft_batch, dynamic_eagle_tree
+from decoder.eagle import (
+    EAGLE_DEPTH,
+    EAGLE_FILE,
+    DraftPlan,
+    DynamicDraft,
+    History,
+    Window,
+    draft_batch,
+    dynamic_eagle_tree,
+)
 from decoder.model import KVCache
-from decoder.result import STEP_PARTS, DecodeResult
+from decoder.result import STEP_PARTS, DecodeResult, Emission
 from decoder.static_step import check_launch, static_generate
-from decoder.tree import TreeBuffers, path_of_length, tree_attention_mask, tree_buffers
+from decoder.tree import Drafting, TreeBuffers, path_of_length, tree_attention_mask, tree_buffers
 from perfmodel.acceptance.trees import Tree, greedy_tree
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
-from perfmodel.models.operators import HEAD_TOP_K
 
 DRAFTERS = ("medusa", "eagle")
 ROOT_ONLY = Tree(())
+PLAIN = Drafting()  # no tree: one token a step
 
 
 def check_context(config, prompt_tokens: int, new_tokens: int, option: str = "max_new_tokens") -> None:
@@ -143,26 +153,24 @@ class Decoder:
         self,
         prompts: list[list[int]],
         max_new_tokens: int,
-        tree: Tree | None = None,
+        drafting: Drafting = PLAIN,
         acceptance: AcceptanceConfig = AcceptanceConfig(),
-        dynamic_nodes: int = 0,
-        topk: int = HEAD_TOP_K,
         eos: int | None = None,
         on_tokens=None,
         replay=None,
-        drafter: str = "medusa",
         launch: Launch | str = Launch.EAGER,
     ) -> DecodeResult:
-        """Decode every prompt. `tree=None` is plain decoding; a Tree is Medusa with that
-        tree; `dynamic_nodes > 0` is Medusa with a per-step dynamic tree of that many nodes.
+        """Decode every prompt, drafting as `drafting` says: no tree is plain decoding, a Tree
+        is Medusa with that tree, `dynamic_nodes > 0` is Medusa with a per-step dynamic tree of
+        that many nodes; its drafter "medusa" (the heads draft the tree) or "eagle" (the
+        checkpoint's EAGLE drafter drafts a static `tree` depth by depth, decoder.eagle).
         `on_tokens(batch_index, tokens)` is called as tokens are accepted (streaming).
         `replay` (decoder.twin.Replay): every step verifies as the scheme does, then keeps
         a path of the length a recorded run accepted there (its `take(batch)` gives each
         sequence's lengths), so a model with dummy weights does a real run's work.
-        drafter: "medusa" (the heads draft the tree) or "eagle" (the checkpoint's EAGLE drafter
-        drafts a static `tree` depth by depth, decoder.eagle).
         launch: eager (this loop, sequence by sequence) or a static regime (decoder.static_step:
         the batch's step as tensor ops; static, graph or compiled; Medusa with a fixed tree)."""
+        tree, dynamic_nodes, topk, drafter = drafting.tree, drafting.dynamic_nodes, drafting.topk, drafting.drafter
         if max_new_tokens < 1:
             raise PerfkitError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if prompts:
@@ -194,24 +202,13 @@ class Decoder:
         generator = torch.Generator().manual_seed(acceptance.seed)
         accept = ACCEPT[acceptance.scheme]
         batch = len(prompts)
-        result = DecodeResult([[] for _ in prompts], [[] for _ in prompts], [], path_lengths=[[] for _ in prompts])
+        emission = Emission(max_new_tokens, eos, on_tokens)
         replayed = replay.take(batch) if replay is not None else None
         if launch.static:
-            static_generate(
-                self,
-                prompts,
-                max_new_tokens,
-                static,
-                acceptance,
-                topk,
-                launch,
-                result,
-                eos,
-                on_tokens,
-                replayed,
-                "eagle" if eagle else "medusa",
-            )
-            return result
+            # "eagle" only where there is a tree to draft: a plain step keeps no drafting context
+            drafted = dataclasses.replace(drafting, drafter="eagle" if eagle else "medusa")
+            return static_generate(self, prompts, emission, static, acceptance, drafted, launch, replayed)
+        result = DecodeResult.empty(batch)
         cache = KVCache(
             self.model.config,
             batch,
@@ -220,6 +217,7 @@ class Decoder:
             next(self.model.parameters()).dtype,
         )
         done = [False] * batch
+        dynamic = DynamicDraft(dynamic_nodes, EAGLE_DEPTH, topk)
 
         with torch.inference_mode():
             started = time.perf_counter()
@@ -234,9 +232,7 @@ class Decoder:
             while not all(done):
                 t0 = time.perf_counter()
                 if eagle:
-                    buffers, candidates = self.eagle_candidates(
-                        roots, last_hidden, static, history, lengths, dynamic_nodes, topk
-                    )
+                    buffers, candidates = self.eagle_candidates(roots, last_hidden, static, history, lengths, dynamic)
                 else:
                     buffers, candidates = self._candidates(roots, last_hidden, static, dynamic_nodes, topk)
                 self._sync()
@@ -258,7 +254,7 @@ class Decoder:
                     history.push(b, hidden[b, path], new)
                     result.path_lengths[b].append(len(path))
                     roots[b] = next_root
-                    done[b] = result.emit(b, new, max_new_tokens, eos, on_tokens)
+                    done[b] = result.emit(b, new, emission)
                 self._sync()
                 t4 = time.perf_counter()
                 result.tree_sizes.append(size)
@@ -275,12 +271,11 @@ class Decoder:
         static: TreeBuffers | None,
         history: History,
         lengths: list[int],
-        nodes: int,
-        topk: int,
+        dynamic: DynamicDraft,
     ):
         """Per-sequence buffers and candidate tokens (B, T) drafted by the EAGLE drafter: a
-        static tree's, or EAGLE-2's dynamic tree of `nodes` nodes (decoder.eagle). What a
-        step's candidates part runs with EAGLE, so the closed loop times it as it runs."""
+        static tree's, or EAGLE-2's `dynamic` tree (decoder.eagle). What a step's candidates
+        part runs with EAGLE, so the closed loop times it as it runs."""
         embed, lm_head = self.model.model.embed_tokens, self.model.lm_head
         histories = [history.inputs(b) for b in range(len(roots))]
         if static is not None:  # one tree for all: drafted together
@@ -289,13 +284,14 @@ class Decoder:
             plan = self._plans.get(static.tree)
             if plan is None:  # worked out once per tree, not every step
                 plan = self._plans[static.tree] = DraftPlan.of(static.tree, self.device)
-            candidates = draft_batch(self.eagle, embed, lm_head, plan, roots_t, last_hidden, histories, positions)
+            window = Window.of(histories, last_hidden, positions)
+            candidates = draft_batch(self.eagle, embed, lm_head, plan, roots_t, last_hidden, positions, window)
             return [static] * len(roots), candidates
         buffers, rows = [], []
         for b in range(len(roots)):
             where = (roots[b], last_hidden[b], histories[b], lengths[b])
-            tree, tokens = dynamic_eagle_tree(self.eagle, embed, lm_head, *where, nodes, EAGLE_DEPTH, topk)
-            buffers.append(tree_buffers(tree, tree.depth, topk, self.device))
+            tree, tokens = dynamic_eagle_tree(self.eagle, embed, lm_head, *where, dynamic)
+            buffers.append(tree_buffers(tree, tree.depth, dynamic.topk, self.device))
             rows.append(tokens)
         return buffers, torch.stack(rows)
 

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from decoder.model import KVCache
 
 # Where an eager Medusa step's time goes (timed per step); not the operator phases prefill/decode/tree.
 STEP_PARTS = ("candidates", "forward", "verification", "kv_update")
+
+
+@dataclass(frozen=True)
+class Emission:
+    """Where each sequence's tokens stop (its budget, an end-of-sequence token) and who hears them as they come."""
+
+    max_new_tokens: int
+    eos: int | None = None
+    on_tokens: Callable[[int, list[int]], object] | None = None  # on_tokens(batch_index, tokens): streaming
 
 
 @dataclass
@@ -27,6 +37,10 @@ class DecodeResult:
     cache: KVCache | None = None  # the final cache, slots [0, cache_lengths[b]) valid
     cache_lengths: list[int] | None = None
 
+    @classmethod
+    def empty(cls, batch: int) -> DecodeResult:
+        return cls([[] for _ in range(batch)], [[] for _ in range(batch)], [], path_lengths=[[] for _ in range(batch)])
+
     @property
     def new_tokens(self) -> int:
         return sum(len(t) for t in self.tokens)
@@ -39,15 +53,16 @@ class DecodeResult:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.decode_s if self.decode_s else float("nan")
 
-    def emit(self, row: int, new: list[int], max_new_tokens: int, eos: int | None, on_tokens=None) -> bool:
+    def emit(self, row: int, new: list[int], emission: Emission) -> bool:
         """Append sequence `row`'s accepted tokens, cut at its token budget and after an
         end-of-sequence token, stream them to `on_tokens(row, tokens)`; whether it is done."""
-        room = max_new_tokens - len(self.tokens[row])
+        eos = emission.eos
+        room = emission.max_new_tokens - len(self.tokens[row])
         if eos is not None and eos in new[:room]:
             room = new.index(eos) + 1
         new = new[:room]
         self.tokens[row] += new
         self.accepted[row].append(len(new))
-        if on_tokens is not None:
-            on_tokens(row, new)
-        return len(self.tokens[row]) >= max_new_tokens or (eos is not None and new[-1:] == [eos])
+        if emission.on_tokens is not None:
+            emission.on_tokens(row, new)
+        return len(self.tokens[row]) >= emission.max_new_tokens or (eos is not None and new[-1:] == [eos])

@@ -35,8 +35,8 @@ from decoder.batched_acceptance import VERIFY, StaticTree, Verdict, last_node, s
 from decoder.eagle import CONTEXT, DraftPlan, Window, draft_batch, window_mask
 from decoder.fused import FusedForward
 from decoder.model import KVCache
-from decoder.result import DecodeResult
-from decoder.tree import TreeBuffers, tree_attention_mask
+from decoder.result import DecodeResult, Emission
+from decoder.tree import Drafting, TreeBuffers, tree_attention_mask
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
@@ -70,6 +70,15 @@ def move_accepted(cache: KVCache, src: torch.Tensor, dst: torch.Tensor) -> None:
     put = dst[None, :, None, :, None].expand(layers, batch, heads, width, dim)
     for tensor in (cache.k, cache.v):
         tensor.scatter_(3, put, tensor.gather(3, take))
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a step runs: its launch regime, and whether a static step's forward is decoder.fused's (or the model's)."""
+
+    launch: Launch
+    # False: the static step as it ran before decoder.fused, to price data measured so
+    fused: bool = True
 
 
 @dataclass
@@ -110,19 +119,17 @@ class StaticStep:
         batch: int,
         max_len: int,
         acceptance: AcceptanceConfig,
-        topk: int,
-        launch: Launch,
+        drafting: Drafting,
+        execution: Execution,
         generator: torch.Generator | None,
-        drafter: str = "medusa",
-        fused: bool = True,
     ):
+        """Of `drafting`, the top-k and the drafter: the tree is the one `buffers` hold."""
         self.model, self.heads = decoder.model, decoder.heads
-        # the forward pass: decoder.fused's (every static regime runs it), or the reference
-        # model's (fused=False: the static step as it ran before, to price data measured so)
-        self.forward_pass = FusedForward.of(self.model) if fused else self.model
-        self.eagle = decoder.eagle if drafter == DrafterKind.EAGLE else None
+        self.forward_pass = FusedForward.of(self.model) if execution.fused else self.model
+        self.eagle = decoder.eagle if drafting.drafter == DrafterKind.EAGLE else None
         self.tree = StaticTree.of(buffers)
-        self.acceptance, self.topk, self.launch, self.generator = acceptance, topk, launch, generator
+        launch = execution.launch
+        self.acceptance, self.topk, self.launch, self.generator = acceptance, drafting.topk, launch, generator
         self.scheme = VERIFY[acceptance.scheme]
         device = buffers.mask.device
         dtype = next(self.model.parameters()).dtype
@@ -170,7 +177,7 @@ class StaticStep:
         if self.eagle is not None:
             embed, lm_head = self.model.model.embed_tokens, self.model.lm_head
             window = self.window()
-            return draft_batch(self.eagle, embed, lm_head, self.plan, b.roots, b.last_hidden, None, b.lengths, window)
+            return draft_batch(self.eagle, embed, lm_head, self.plan, b.roots, b.last_hidden, b.lengths, window)
         top = self.heads(b.last_hidden).topk(self.topk, dim=-1).indices.transpose(0, 1)  # (B, K, topk)
         drafted = top[:, self.node_head, self.node_rank]  # (B, T)
         return torch.cat([b.roots[:, None], drafted[:, 1:]], dim=1)
@@ -323,32 +330,29 @@ def side_stream():
 def static_generate(
     decoder,
     prompts: list[list[int]],
-    max_new_tokens: int,
+    emission: Emission,
     buffers: TreeBuffers,
     acceptance: AcceptanceConfig,
-    topk: int,
+    drafting: Drafting,
     launch: Launch,
-    result: DecodeResult,
-    eos: int | None = None,
-    on_tokens=None,
     replayed: list[list[int]] | None = None,
-    drafter: str = "medusa",
-) -> None:
-    """Decode `prompts` with the static step, filling `result`; drafter: who drafts the
-    tree (Medusa's heads, or the EAGLE drafter)."""
+) -> DecodeResult:
+    """Decode `prompts` with the static step over the tree of `buffers`, drafted by
+    `drafting.drafter` (Medusa's heads, or the EAGLE drafter)."""
     batch, device = len(prompts), decoder.device
-    max_len = decoder._max_len(prompts, max_new_tokens, buffers.size)
+    max_len = decoder._max_len(prompts, emission.max_new_tokens, buffers.size)
     generator = torch.Generator(device=device).manual_seed(acceptance.seed)
-    key = (buffers.tree, batch, max_len, acceptance, topk, launch, drafter)
+    key = (buffers.tree, batch, max_len, acceptance, drafting.topk, launch, drafting.drafter)
     step = decoder._static_steps.get(key)
     if step is None:
-        step = StaticStep(decoder, buffers, batch, max_len, acceptance, topk, launch, generator, drafter)
+        step = StaticStep(decoder, buffers, batch, max_len, acceptance, drafting, Execution(launch), generator)
         if launch in (Launch.GRAPH, Launch.COMPILED):
             # kept per shape, so that a captured graph or a compiled step is reused across calls
             # (their results' caches are then that step's, overwritten by the next call)
             decoder._static_steps[key] = step
     else:
         step.generator.manual_seed(acceptance.seed)
+    result = DecodeResult.empty(batch)
     result.times = dict.fromkeys(STATIC_PARTS, 0.0)
     done = [False] * batch
     with torch.inference_mode():
@@ -377,7 +381,7 @@ def static_generate(
                     continue
                 length = row[0]
                 result.path_lengths[b].append(length)
-                done[b] = result.emit(b, row[1 : 1 + length], max_new_tokens, eos, on_tokens)
+                done[b] = result.emit(b, row[1 : 1 + length], emission)
                 finished |= done[b]
             if finished:
                 step.buffers.active.copy_(torch.tensor([not d for d in done]))
@@ -386,3 +390,4 @@ def static_generate(
             result.times["readback"] += time.perf_counter() - t1
         result.decode_s = time.perf_counter() - started
     result.cache, result.cache_lengths = step.buffers.cache, step.buffers.lengths.tolist()
+    return result

@@ -39,6 +39,7 @@ import pandas as pd
 
 from decoder.acceptance import SCHEMES
 from decoder.medusa import Decoder
+from decoder.static_step import Execution
 from decoder.trace_ops import TORCH_DTYPES
 from decoder.trace_recorder import ROW_VALUES, StepRecorder
 from decoder.trace_run import check_step, record_step, weightless_decoder
@@ -115,7 +116,7 @@ def trace_unrolled(
     verification and commit (the reference trace_step's repetition is checked against)."""
     check_step(config, batch, context, candidates, dtype, acceptance)
     decoder = weightless_decoder(config, TORCH_DTYPES[dtype], candidates > 1)
-    recorder = record_step(decoder, batch, context, candidates, acceptance, None, launch, fused=fused)
+    recorder = record_step(decoder, batch, context, candidates, acceptance, None, Execution(launch, fused))
     return trace_table([([ROW_VALUES(row) for row in recorder.rows], 1)], recorder.unclassified)
 
 
@@ -151,20 +152,12 @@ class StepTracer:
             check_step(*point, self.acceptance)
             decoder = self._decoder(config, dtype, candidates > 1)
             if self.launch.static:  # the batch at once; its KV move spans the whole model's cache
+                execution = Execution(self.launch, self.fused)
                 recorder = record_step(
-                    decoder,
-                    batch,
-                    context,
-                    candidates,
-                    self.acceptance,
-                    None,
-                    self.launch,
-                    None,
-                    config.num_layers,
-                    self.fused,
+                    decoder, batch, context, candidates, self.acceptance, None, execution, config.num_layers
                 )
             else:
-                recorder = record_step(decoder, batch, context, candidates, self.acceptance, 1, self.launch)
+                recorder = record_step(decoder, batch, context, candidates, self.acceptance, 1, Execution(self.launch))
             runs = repeated_runs(recorder, config.num_layers, batch)
             self._runs[point] = runs, recorder.unclassified
         return trace_table(*self._runs[point])

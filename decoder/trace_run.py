@@ -15,10 +15,10 @@ from decoder.checkpoint import Checkpoint
 from decoder.heads import MedusaHeads
 from decoder.medusa import ROOT_ONLY, Decoder, commit_path
 from decoder.model import KVCache, LlamaConfig, Transformer
-from decoder.static_step import StaticStep
+from decoder.static_step import Execution, StaticStep
 from decoder.trace_ops import META, TORCH_DTYPES, weight_storages
 from decoder.trace_recorder import HostLists, StepRecorder, module_calls
-from decoder.tree import TreeBuffers, tree_buffers
+from decoder.tree import Drafting, TreeBuffers, tree_buffers
 from perfmodel.acceptance.trees import Tree, greedy_tree, max_nodes
 from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
@@ -144,7 +144,8 @@ def run_static_step(
     settings = AcceptanceConfig(scheme=acceptance)
     max_len = context + 2 * static.size + 1
     before = weight_storages((decoder.model,))
-    step = StaticStep(decoder, static, batch, max_len, settings, topk, Launch.STATIC, None, fused=fused)
+    drafting, execution = Drafting(topk=topk), Execution(Launch.STATIC, fused)
+    step = StaticStep(decoder, static, batch, max_len, settings, drafting, execution, None)
     # The fused forward joined q/k/v and gate/up (decoder.fused.joined_weight): the weights are
     # read cold where they now live, and the storages they left are freed (their ids reused)
     recorder.cold = (recorder.cold - before) | weight_storages((decoder.model,))
@@ -172,22 +173,19 @@ def record_step(
     candidates: int,
     acceptance: str,
     sequences: int | None,
-    launch: Launch = Launch.EAGER,
-    recorder: StepRecorder | None = None,
+    execution: Execution,
     cache_layers: int | None = None,
-    fused: bool = True,
 ) -> StepRecorder:
     """The recorder of one step of `decoder` (built for the step: with heads for a tree), as
     the eager loop runs it or, for a static launch regime, as the static step does (over a KV
-    cache of `cache_layers` layers where given, its forward fused unless `fused` is False:
-    run_static_step)."""
+    cache of `cache_layers` layers where given, its forward fused unless the execution's
+    `fused` is False: run_static_step)."""
     medusa = candidates > 1
     heads, topk = (len(decoder.heads), HEAD_TOP_K) if medusa else (0, 1)
     static = tree_buffers(step_tree(candidates, heads, topk), heads, topk, str(META))
-    if recorder is None:
-        recorder = StepRecorder("medusa" if medusa else "plain", weight_storages((decoder.model, decoder.heads)))
-    if launch.static:
-        run_static_step(decoder, recorder, static, batch, context, acceptance, cache_layers, fused)
+    recorder = StepRecorder("medusa" if medusa else "plain", weight_storages((decoder.model, decoder.heads)))
+    if execution.launch.static:
+        run_static_step(decoder, recorder, static, batch, context, acceptance, cache_layers, execution.fused)
     else:
         run_step(decoder, recorder, static, batch, context, acceptance, sequences)
     return recorder

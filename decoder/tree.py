@@ -7,6 +7,7 @@ For a Tree (perfmodel.acceptance.trees) of T tokens (root first, then nodes by d
   (the node -> candidate gather); -1 for the root, whose token the model itself chose;
 - retrieve (P, D + 1): token indices of each root-to-leaf path, padded with -1;
 - children: each token's children, in rank order (for rejection sampling).
+Drafting names the tree a decoding run's steps draft, before any buffers are built for it.
 """
 
 from __future__ import annotations
@@ -19,10 +20,21 @@ import torch
 from perfmodel.acceptance.reference_trees import MC_SIM_7B_63_TREE, VICUNA_7B_TREE
 from perfmodel.acceptance.trees import Tree, greedy_tree, load_tree
 from perfmodel.base.errors import PerfkitError
+from perfmodel.models.operators import HEAD_TOP_K
 
 TREE_NAMES = "default, vicuna-7b, mc-sim-7b-63, greedy-N, chain-N, or a file/list of paths"
 # The reference implementation's published trees, by name (vicuna-7b is its vicuna_7b_stage2).
 NAMED_TREES = {"vicuna-7b": VICUNA_7B_TREE, "vicuna-7b-stage2": VICUNA_7B_TREE, "mc-sim-7b-63": MC_SIM_7B_63_TREE}
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """What each step drafts: a static tree or a dynamic one (neither: plain decoding), its top-k, and who drafts."""
+
+    tree: Tree | None = None
+    dynamic_nodes: int = 0  # > 0: a tree of that many nodes besides the root, chosen each step
+    topk: int = HEAD_TOP_K
+    drafter: str = "medusa"  # decoder.medusa.DRAFTERS: Medusa's heads, or the checkpoint's EAGLE drafter
 
 
 @dataclass(frozen=True)

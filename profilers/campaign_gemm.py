@@ -19,12 +19,11 @@ from perfmodel.measured.contract import ContractPoint, contract_fields
 from perfmodel.models.grid import Grid
 from perfmodel.models.operators import Matmul, cost_of
 from profilers.benchmarks import OpBenchmark
-from profilers.campaign_plan import GemmStage
+from profilers.campaign_plan import GemmStage, Plan
 from profilers.device import DeviceInfo
 from profilers.store import Journal, output_lock, record_run
 from profilers.sweep_runs import new_run_id, progress_bar, torch_set_up
 from profilers.sweeper import SweepConfig, Sweeper, worst_state
-from profilers.timer import TimerConfig
 
 OP, PHASE = "gemm", "prefill"
 SHAPE_COLUMNS = ("n", "k")
@@ -90,14 +89,15 @@ def run_gemm_grid(
     out: Path,
     info: DeviceInfo,
     nvml,
-    dtype: str,
-    timer: TimerConfig,
+    plan: Plan,
     ceilings: dict | None,
     log=print,
     progress: bool = True,
 ) -> GemmResult:
     """Time what `out` lacks of the stage's GEMMs, shape by shape (a shape's weight is made
-    once), each row appended as soon as it is measured; the file's lock held throughout."""
+    once), each row appended as soon as it is measured; the file's lock held throughout.
+    The grid is timed in the plan's dtype with its timer."""
+    dtype, timer = plan.dtype, plan.timer
     writable_file(out, "GEMM grid output")
     with output_lock(out), torch_set_up(info.kind):
         journal = open_journal(out)

@@ -73,6 +73,15 @@ TWIN_RECORD = (
 TWIN_SIZES = (4, 16, 64)
 
 
+@dataclass(frozen=True)
+class TwinTiming:
+    """How a twin stage runs and times its steps: the launch regime, the kernel-class profile, the rounds."""
+
+    launch: Launch = Launch.EAGER
+    profile: bool = True
+    rounds: int = 1
+
+
 def twin_stage(
     model: str,
     dtype: str,
@@ -80,15 +89,13 @@ def twin_stage(
     prompts: int,
     new_tokens: int = 32,
     sizes: tuple[int, ...] | None = None,
-    launch: Launch = Launch.EAGER,
-    profile: bool = True,
-    rounds: int = 1,
+    timing: TwinTiming = TwinTiming(),
 ) -> TwinStage:
     """The twin of `model` (a folder of decoder/assets/configs, or `bundled`); a launch
     regime other than eager in files and a stage name of its own."""
     path = "bundled" if model == "bundled" else str(CONFIGS / model)
     default_sizes, prompt_len = ((4,), 16) if model == "bundled" else (TWIN_SIZES, 128)
-    regime = "" if launch is Launch.EAGER else f"-{launch}"
+    regime = "" if timing.launch is Launch.EAGER else f"-{timing.launch}"
     return TwinStage(
         f"twin-{model}{regime}",
         path,
@@ -99,9 +106,9 @@ def twin_stage(
         prompt_len,
         new_tokens,
         f"twin/{model}-{dtype}{regime}.csv",
-        launch,
-        profile,
-        rounds,
+        timing.launch,
+        timing.profile,
+        timing.rounds,
     )
 
 
@@ -301,6 +308,9 @@ CHECK_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 CHECK_BATCHES = (1, 4, 16)
 CHECK_SIZES = (16, 64)
 CHECK_ATTENTION = Grid(batches=CHECK_BATCHES, seq_lens=(128,), candidates=(1, 16, 64))
+# Eager steps over two rounds: one round's first settings ran 1.7-3x slower on a lent H200
+# (profilers/measurements/h200/gpu-check-2026-11-27); a graph is timed after its capture.
+CHECK_TWINS = (TwinTiming(Launch.EAGER, profile=False, rounds=2), TwinTiming(Launch.GRAPH, profile=False, rounds=1))
 
 
 def short_linear(model: ModelConfig, dtype: str, grid: Grid) -> SweepStage:
@@ -325,19 +335,8 @@ def gpu_check_stages(device: str, dtype: str) -> list[Stage]:
                 f"check/{model.name}-{dtype}-attention.csv",
             ),
             *(
-                # eager steps over two rounds: one round's first settings ran 1.7-3x slower on a lent H200
-                # (profilers/measurements/h200/gpu-check-2026-11-27); a graph is timed after its capture
-                twin_stage(
-                    "llama-2-7b",
-                    dtype,
-                    CHECK_BATCHES,
-                    4,
-                    sizes=CHECK_SIZES,
-                    launch=launch,
-                    profile=False,
-                    rounds=1 if launch is Launch.GRAPH else 2,
-                )
-                for launch in (Launch.EAGER, Launch.GRAPH)
+                twin_stage("llama-2-7b", dtype, CHECK_BATCHES, 4, sizes=CHECK_SIZES, timing=timing)
+                for timing in CHECK_TWINS
             ),
         ]
     model = load_model(QUICK_MODEL)
@@ -345,7 +344,7 @@ def gpu_check_stages(device: str, dtype: str) -> list[Stage]:
         HostDispatchStage("host-dispatch", quick=True),
         short_linear(model, dtype, linear_grid((16,), QUICK_TOKENS)),
         *(
-            twin_stage(QUICK_MODEL, dtype, (1,), prompts=1, new_tokens=8, launch=launch)
+            twin_stage(QUICK_MODEL, dtype, (1,), prompts=1, new_tokens=8, timing=TwinTiming(launch))
             for launch in (Launch.EAGER, Launch.STATIC)
         ),
     ]

@@ -159,14 +159,12 @@ def run_sweep_stage(stage: SweepStage, session: Session) -> StageDone:
 
 def run_gemm_stage(stage: GemmStage, session: Session) -> StageDone:
     started = time.perf_counter()
-    plan = session.plan
     result = run_gemm_grid(
         stage,
         session.path(stage),
         session.info,
         session.nvml,
-        plan.dtype,
-        plan.timer,
+        session.plan,
         session.ceilings(),
         session.log,
         session.progress,

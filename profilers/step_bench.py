@@ -41,6 +41,7 @@ from decoder.medusa import Decoder
 from decoder.model import LlamaConfig
 from decoder.trace_ops import NO_KERNEL
 from decoder.trace_run import llama_config, step_tree
+from decoder.tree import Drafting
 from decoder.twin import Replay, dummy_checkpoint_of, random_prompts
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
@@ -107,7 +108,7 @@ class Point:
                     marks.append((time.perf_counter(), clock.inside_s, clock.kernels))
 
             self.decoder.generate(
-                prompts, steps * self.accepted, tree=self.tree, replay=replay, launch=self.launch, on_tokens=mark
+                prompts, steps * self.accepted, Drafting(self.tree), replay=replay, launch=self.launch, on_tokens=mark
             )
         wall, inside, kernels = np.diff(np.array(marks), axis=0).T
         return np.stack([wall - inside, inside, kernels], axis=1)

@@ -6,6 +6,7 @@ from decoder.checkpoint import load_checkpoint
 from decoder.corpus import sample_prompts, split_corpus
 from decoder.medusa import Decoder
 from decoder.runs import heldout_prompts
+from decoder.tree import Drafting
 
 
 @pytest.fixture(scope="module")
@@ -20,13 +21,13 @@ def test_greedy_medusa_reproduces_greedy_decoding_on_heldout_prompts(bundled, ba
     for start in range(0, len(prompts), batch):
         chunk = prompts[start : start + batch]
         plain = decoder.generate(chunk, 48)
-        medusa = decoder.generate(chunk, 48, tree=ckpt.tree)
+        medusa = decoder.generate(chunk, 48, drafting=Drafting(ckpt.tree))
         assert medusa.tokens == plain.tokens
 
 
 def test_default_tree_accepts_over_two_tokens_per_step(bundled):
     ckpt, decoder, prompts = bundled
-    result = decoder.generate(prompts, 48, tree=ckpt.tree)
+    result = decoder.generate(prompts, 48, drafting=Drafting(ckpt.tree))
     steps = [a for row in result.accepted for a in row]
     assert sum(steps) / len(steps) >= 2.0
 

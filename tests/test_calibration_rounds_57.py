@@ -12,6 +12,7 @@ from decoder.auto_tree import CALIBRATION_TOKENS, calibrate, checkpoint_accuracy
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder
 from decoder.step_profile import unsteady_rounds
+from decoder.tree import Drafting
 from perfmodel.cli import run
 
 SIZES = (1, 2, 4)
@@ -31,7 +32,7 @@ def spying(monkeypatch, stretch_rounds=frozenset()):
     real_interleaved = auto_tree_module.decode_interleaved
 
     def generate(self, prompts, max_new, **kwargs):
-        tree = kwargs.get("tree")
+        tree = kwargs.get("drafting", Drafting()).tree
         calls.append((bool(rounds), max_new, 1 if tree is None else len(tree.paths) + 1))
         return real_generate(self, prompts, max_new, **kwargs)
 

@@ -14,8 +14,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from decoder.acceptance import AcceptanceConfig
-from decoder.static_step import StaticStep
-from decoder.tree import tree_buffers
+from decoder.static_step import Execution, StaticStep
+from decoder.tree import Drafting, tree_buffers
 from perfmodel.acceptance.reference_trees import VICUNA_7B_TREE
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
@@ -51,9 +51,9 @@ def counting_steps(monkeypatch) -> list[str]:
 
 
 def test_the_static_step_warms_up_before_the_timer_and_undoes_it(decoder, monkeypatch):
-    eager = decoder.generate(PROMPTS[:2], 16, tree=VICUNA_7B_TREE)
+    eager = decoder.generate(PROMPTS[:2], 16, drafting=Drafting(VICUNA_7B_TREE))
     seen = counting_steps(monkeypatch)
-    static = decoder.generate(PROMPTS[:2], 16, tree=VICUNA_7B_TREE, launch="static")
+    static = decoder.generate(PROMPTS[:2], 16, drafting=Drafting(VICUNA_7B_TREE), launch="static")
     assert seen == ["warm-up"] + ["timed"] * static.steps  # one step before the timer, none inside it
     assert static.warmup_s > 0 and static.decode_s > 0
     assert static.tokens == eager.tokens and static.path_lengths == eager.path_lengths  # the warm-up left no trace
@@ -75,11 +75,11 @@ def test_the_compiled_step_compiles_in_its_warm_up_and_a_second_call_reuses_it(d
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     monkeypatch.setattr(decoder, "_static_steps", {})  # the session's decoder keeps no step of this test
     before = counters["stats"]["unique_graphs"]
-    first = decoder.generate(prompts, 12, tree=VICUNA_7B_TREE, launch="compiled")
+    first = decoder.generate(prompts, 12, drafting=Drafting(VICUNA_7B_TREE), launch="compiled")
     assert counters["stats"]["unique_graphs"] > before and set(calls) == {0}  # compiled in the warm-up
     assert first.warmup_s > 0 and first.tokens == plain.tokens
     kept = dict(decoder._static_steps)
-    second = decoder.generate(prompts, 12, tree=VICUNA_7B_TREE, launch="compiled")
+    second = decoder.generate(prompts, 12, drafting=Drafting(VICUNA_7B_TREE), launch="compiled")
     assert decoder._static_steps == kept  # the same step, at the same shape
     assert second.warmup_s == 0.0 and second.tokens == plain.tokens
 
@@ -88,7 +88,8 @@ def test_warm_up_steps_are_undone_whatever_they_drew(decoder):
     # the code every regime's warm-up runs through, the graph's capture too (it needs CUDA)
     buffers = tree_buffers(VICUNA_7B_TREE, len(decoder.heads), HEAD_TOP_K, "cpu")
     sampling = AcceptanceConfig("rejection", 1.0)
-    step = StaticStep(decoder, buffers, 2, 96, sampling, HEAD_TOP_K, Launch.STATIC, torch.Generator().manual_seed(3))
+    generator = torch.Generator().manual_seed(3)
+    step = StaticStep(decoder, buffers, 2, 96, sampling, Drafting(), Execution(Launch.STATIC), generator)
     with torch.inference_mode():
         step.start(decoder, PROMPTS[:2])
         before, rng = step.buffers.snapshot(), step.generator.get_state()
@@ -101,7 +102,7 @@ def test_warm_up_steps_are_undone_whatever_they_drew(decoder):
 def test_a_graph_step_off_cuda_is_refused_when_it_is_built(decoder):
     buffers = tree_buffers(VICUNA_7B_TREE, len(decoder.heads), HEAD_TOP_K, "cpu")
     with pytest.raises(PerfkitError, match="captures a CUDA graph: it needs a CUDA device, not 'cpu'"):
-        StaticStep(decoder, buffers, 1, 64, AcceptanceConfig(), HEAD_TOP_K, Launch.GRAPH, torch.Generator())
+        StaticStep(decoder, buffers, 1, 64, AcceptanceConfig(), Drafting(), Execution(Launch.GRAPH), torch.Generator())
 
 
 def test_the_twins_table_has_the_warm_up_apart_from_the_step_time(capsys):

@@ -9,7 +9,7 @@ from decoder.checkpoint import load_checkpoint, save_checkpoint
 from decoder.heads import MedusaHeads, medusa_loss
 from decoder.medusa import dynamic_tree
 from decoder.model import KVCache, Transformer
-from decoder.tree import tree_buffers
+from decoder.tree import Drafting, tree_buffers
 from perfmodel.acceptance.reference_trees import VICUNA_7B_TREE
 from perfmodel.acceptance.trees import Tree, expected_acceptance, greedy_tree
 from perfmodel.base.errors import PerfkitError
@@ -118,7 +118,11 @@ def test_heads_in_the_reference_layout_load(tmp_path):
 def test_greedy_medusa_is_greedy_decoding(decoder, batch):
     prompts = PROMPTS[:batch]
     plain = decoder.generate(prompts, 40)
-    for kwargs in ({"tree": VICUNA_7B_TREE}, {"tree": Tree.breadth_first(20, 3)}, {"dynamic_nodes": 12}):
+    for kwargs in (
+        {"drafting": Drafting(VICUNA_7B_TREE)},
+        {"drafting": Drafting(Tree.breadth_first(20, 3))},
+        {"drafting": Drafting(dynamic_nodes=12)},
+    ):
         medusa = decoder.generate(prompts, 40, **kwargs)
         assert medusa.tokens == plain.tokens
         assert medusa.steps < plain.steps  # it did accept more than one token per step
@@ -127,7 +131,7 @@ def test_greedy_medusa_is_greedy_decoding(decoder, batch):
 
 @pytest.mark.parametrize("launch", ["eager", "static"])
 def test_cache_after_accepting_paths_equals_a_full_recompute(decoder, launch):
-    result = decoder.generate(PROMPTS, 30, tree=VICUNA_7B_TREE, launch=launch)
+    result = decoder.generate(PROMPTS, 30, drafting=Drafting(VICUNA_7B_TREE), launch=launch)
     assert max(max(a) for a in result.accepted) > 1
     for b, prompt in enumerate(PROMPTS):
         sequence = prompt + result.tokens[b]
@@ -203,7 +207,7 @@ def test_interleaved_decoding_gives_every_setting_every_prompt_in_every_round(de
     from decoder.runs import decode_batches, decode_interleaved
 
     tree = greedy_tree(np.full((4, 10), 0.3), 6)
-    settings = {"plain": {}, "tree": {"tree": tree}}
+    settings = {"plain": {}, "tree": {"drafting": Drafting(tree)}}
     results = decode_interleaved(decoder, PROMPTS, 2, 10, settings, rounds=2)
     plain = decode_batches(decoder, PROMPTS, 2, 10)
     assert set(results) == {"plain", "tree"}

@@ -19,7 +19,7 @@ from decoder.checkpoint import Checkpoint, load_checkpoint
 from decoder.medusa import Decoder
 from decoder.model import LlamaConfig, Transformer
 from decoder.runs import heldout_prompts
-from decoder.tree import resolve_tree, tree_buffers
+from decoder.tree import Drafting, resolve_tree, tree_buffers
 from perfmodel.acceptance.trees import Tree
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
@@ -266,7 +266,7 @@ def test_rejection_sampling_decodes_on_cuda(bundled):
     cuda = Decoder(load_checkpoint("bundled"), device="cuda")
     prompts = heldout_prompts(ckpt, 2, 16, seed=0)
     config = AcceptanceConfig("rejection", seed=5)
-    result = cuda.generate(prompts, 8, tree=resolve_tree("mc-sim-7b-63", ckpt), acceptance=config)
+    result = cuda.generate(prompts, 8, drafting=Drafting(resolve_tree("mc-sim-7b-63", ckpt)), acceptance=config)
     assert [len(t) for t in result.tokens] == [8, 8]
     assert [len(t) for t in cuda.generate(prompts, 8, acceptance=config).tokens] == [8, 8]
 

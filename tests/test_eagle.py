@@ -12,11 +12,20 @@ import torch
 
 from decoder.acceptance import AcceptanceConfig
 from decoder.checkpoint import Checkpoint, load_checkpoint
-from decoder.eagle import EAGLE_FILE, DraftPlan, EagleDrafter, draft_batch, draft_tree, dynamic_eagle_tree
+from decoder.eagle import (
+    EAGLE_FILE,
+    DraftPlan,
+    DynamicDraft,
+    EagleDrafter,
+    Window,
+    draft_batch,
+    draft_tree,
+    dynamic_eagle_tree,
+)
 from decoder.medusa import Decoder
 from decoder.model import Transformer
 from decoder.train import main as train_main
-from decoder.tree import resolve_tree
+from decoder.tree import Drafting, resolve_tree
 from perfmodel.acceptance.trees import Tree
 from perfmodel.base.errors import PerfkitError
 from tests.distilled import CONFIG
@@ -50,12 +59,14 @@ def test_greedy_eagle_decoding_is_lossless(trained):
     decoder = Decoder(trained)
     prompts = [trained.tokenizer.encode(t).ids for t in ("def parse_args(argv):\n", "import os\n\nclass A:\n")]
     plain = decoder.generate(prompts, 48)
-    eagle = decoder.generate(prompts, 48, tree=resolve_tree("default", trained), drafter="eagle")
+    eagle = decoder.generate(prompts, 48, drafting=Drafting(resolve_tree("default", trained), drafter="eagle"))
     assert eagle.tokens == plain.tokens
     assert eagle.steps < 48  # it drafts more than the root somewhere
     assert all(n >= 1 for row in eagle.accepted for n in row)
     # the static step drafts the same trees from its history kept as tensors
-    static = decoder.generate(prompts, 48, tree=resolve_tree("default", trained), drafter="eagle", launch="static")
+    static = decoder.generate(
+        prompts, 48, drafting=Drafting(resolve_tree("default", trained), drafter="eagle"), launch="static"
+    )
     assert static.tokens == plain.tokens and static.path_lengths == eagle.path_lengths
 
 
@@ -63,14 +74,15 @@ def test_eagle_2_dynamic_trees_are_lossless_trees_of_the_budget(trained):
     decoder = Decoder(trained)
     prompts = [trained.tokenizer.encode(t).ids for t in ("def parse_args(argv):\n", "import os\n\nclass A:\n")]
     plain = decoder.generate(prompts, 32)
-    eagle = decoder.generate(prompts, 32, dynamic_nodes=12, drafter="eagle")
+    eagle = decoder.generate(prompts, 32, drafting=Drafting(dynamic_nodes=12, drafter="eagle"))
     assert eagle.tokens == plain.tokens and set(eagle.tree_sizes) == {13}
     torch.manual_seed(2)
     model, drafter = Transformer(TINY).eval(), EagleDrafter(TINY).eval()
     with torch.no_grad():
         feature = model.hidden(torch.tensor([[1, 2, 3]]))[0, -1]
+        draft = DynamicDraft(nodes=6, depth=3, topk=3)
         tree, tokens = dynamic_eagle_tree(
-            drafter, model.model.embed_tokens, model.lm_head, 5, feature, ([], []), 3, nodes=6, depth=3, topk=3
+            drafter, model.model.embed_tokens, model.lm_head, 5, feature, ([], []), 3, draft
         )
     assert tree.size == 7 and tree.depth <= 3 and tree.max_rank < 3 and len(tokens) == 7 and tokens[0] == 5
     # the drafted tokens are those the static drafting of the same tree gives
@@ -92,8 +104,7 @@ def test_rejection_sampling_with_eagle_drafts_keeps_the_models_distribution(laun
         result = decoder.generate(
             [prompt] * 200,
             2,
-            tree=TREE,
-            drafter="eagle",
+            Drafting(TREE, drafter="eagle"),
             acceptance=AcceptanceConfig("rejection", 1.0, seed=seed),
             launch=launch,
         )
@@ -138,8 +149,9 @@ def test_a_batch_drafts_each_sequence_as_it_drafts_alone():
         hidden = model.hidden(torch.tensor([[1, 2, 3, 4, 5, 6, 7]]))[0]
         histories = [([], []), ([hidden[1]], [3]), ([hidden[2], hidden[3], hidden[4]], [4, 5, 6])]
         roots, features, positions = torch.tensor([5, 6, 7]), hidden[[0, 2, 5]], torch.tensor([3, 4, 6])
+        window = Window.of(histories, features, positions)
         batched = draft_batch(
-            drafter, model.model.embed_tokens, model.lm_head, plan, roots, features, histories, positions
+            drafter, model.model.embed_tokens, model.lm_head, plan, roots, features, positions, window
         )
         alone = [
             draft_tree(drafter, model.model.embed_tokens, model.lm_head, tree, int(r), f, h, int(p))
@@ -151,10 +163,10 @@ def test_a_batch_drafts_each_sequence_as_it_drafts_alone():
 def test_eagle_is_refused_where_it_cannot_run(trained):
     decoder = Decoder(trained)
     with pytest.raises(PerfkitError, match="unknown drafter 'heads'; choose one of: medusa, eagle"):
-        decoder.generate([[1, 2]], 4, tree=TREE, drafter="heads")
+        decoder.generate([[1, 2]], 4, drafting=Drafting(TREE, drafter="heads"))
     bare = Decoder(Checkpoint(None, trained.config, trained.model, trained.heads, None, None, {}))
     with pytest.raises(PerfkitError, match="has no EAGLE drafter .*python -m decoder.train --eagle"):
-        bare.generate([[1, 2]], 4, tree=TREE, drafter="eagle")
+        bare.generate([[1, 2]], 4, drafting=Drafting(TREE, drafter="eagle"))
 
 
 def test_measure_and_generate_draft_the_default_tree_with_eagle_when_no_tree_is_named(tmp_path, capsys):

@@ -15,6 +15,7 @@ from decoder.lora import add_lora
 from decoder.medusa import Decoder
 from decoder.runs import heldout_prompts
 from decoder.trace import trace_step
+from decoder.tree import Drafting
 from decoder.twin import KernelList, Replay, dummy_checkpoint, random_prompts
 from perfmodel.acceptance.trees import greedy_tree
 from perfmodel.base.errors import PerfkitError
@@ -48,7 +49,7 @@ def tokens_and_operators(decoder: Decoder, prompts, new_tokens: int, **kwargs) -
 def test_the_fused_static_step_decodes_the_reference_greedy_tokens_of_the_bundled_model(bundled, batch):
     ckpt, prompts = bundled
     decoder = Decoder(ckpt)
-    for kwargs in ({}, {"tree": ckpt.tree}):
+    for kwargs in ({}, {"drafting": Drafting(ckpt.tree)}):
         reference = decoder.generate(prompts[:batch], 24, **kwargs)  # the eager loop: the unfused reference
         tokens, launched = tokens_and_operators(decoder, prompts[:batch], 24, launch="static", **kwargs)
         assert tokens == reference.tokens
@@ -58,7 +59,7 @@ def test_the_fused_static_step_decodes_the_reference_greedy_tokens_of_the_bundle
 def test_the_compiled_step_runs_the_fused_forward_and_decodes_the_same_tokens(bundled):
     ckpt, prompts = bundled
     decoder = Decoder(ckpt)
-    for batch, kwargs in ((1, {}), (3, {"tree": ckpt.tree})):
+    for batch, kwargs in ((1, {}), (3, {"drafting": Drafting(ckpt.tree)})):
         reference = decoder.generate(prompts[:batch], 24, **kwargs)
         assert decoder.generate(prompts[:batch], 24, launch="compiled", **kwargs).tokens == reference.tokens
     steps = list(decoder._static_steps.values())  # the compiled steps, kept per shape
@@ -71,8 +72,10 @@ def test_the_twin_replays_the_same_tokens_through_the_fused_step(dtype):
     prompts = random_prompts(twin.model.config.vocab_size, 3, 16, 0)
     tree = greedy_tree(np.full((4, 10), 0.5) / np.arange(1, 11), 15)
     lengths = [[3, 1, 2, 4], [2, 2, 1]]
-    eager = twin.generate(prompts, 16, tree=tree, replay=Replay(lengths))
-    tokens, launched = tokens_and_operators(twin, prompts, 16, tree=tree, replay=Replay(lengths), launch="static")
+    eager = twin.generate(prompts, 16, drafting=Drafting(tree), replay=Replay(lengths))
+    tokens, launched = tokens_and_operators(
+        twin, prompts, 16, drafting=Drafting(tree), replay=Replay(lengths), launch="static"
+    )
     assert tokens == eager.tokens and "index_put_" in launched
 
 
@@ -148,6 +151,8 @@ def test_on_a_gpu_the_fused_graph_step_decodes_the_eager_tokens_of_the_twin_in_f
     twin = Decoder(dummy_checkpoint("bundled", dtype=torch.float16, seed=1, device="cuda"), device="cuda")
     prompts = random_prompts(twin.model.config.vocab_size, 3, 16, 0)
     tree = greedy_tree(np.full((4, 10), 0.5) / np.arange(1, 11), 15)
-    eager = twin.generate(prompts, 16, tree=tree, replay=Replay([[3, 1, 2, 4], [2, 2, 1]]))
-    graph = twin.generate(prompts, 16, tree=tree, replay=Replay([[3, 1, 2, 4], [2, 2, 1]]), launch="graph")
+    eager = twin.generate(prompts, 16, drafting=Drafting(tree), replay=Replay([[3, 1, 2, 4], [2, 2, 1]]))
+    graph = twin.generate(
+        prompts, 16, drafting=Drafting(tree), replay=Replay([[3, 1, 2, 4], [2, 2, 1]]), launch="graph"
+    )
     assert graph.tokens == eager.tokens

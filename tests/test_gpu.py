@@ -17,7 +17,7 @@ from decoder.acceptance import AcceptanceConfig
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder
 from decoder.runs import heldout_prompts
-from decoder.tree import resolve_tree
+from decoder.tree import Drafting, resolve_tree
 from perfmodel.cli import run
 from perfmodel.hardware.specs import find_spec
 from perfmodel.measured.store import measured_rows
@@ -231,7 +231,7 @@ def test_greedy_decoding_on_cuda_gives_the_cpus_tokens(decoders):
     ckpt, cpu, cuda, prompts = decoders
     plain = cpu.generate(prompts, 16)
     assert cuda.generate(prompts, 16).tokens == plain.tokens
-    tree = cuda.generate(prompts, 16, tree=resolve_tree("mc-sim-7b-63", ckpt))
+    tree = cuda.generate(prompts, 16, drafting=Drafting(resolve_tree("mc-sim-7b-63", ckpt)))
     assert tree.tokens == plain.tokens  # greedy Medusa is lossless on CUDA too
     assert tree.steps < plain.steps
 
@@ -240,14 +240,16 @@ def test_rejection_sampling_on_cuda_draws_what_the_cpu_draws(decoders):
     ckpt, cpu, cuda, prompts = decoders
     tree = resolve_tree("mc-sim-7b-63", ckpt)
     sampling = AcceptanceConfig("rejection", temperature=1.0, seed=5)
-    on_cuda = cuda.generate(prompts, 16, tree=tree, acceptance=sampling)
+    on_cuda = cuda.generate(prompts, 16, drafting=Drafting(tree), acceptance=sampling)
     assert [len(t) for t in on_cuda.tokens] == [16, 16]
     assert all(0 <= t < ckpt.model.config.vocab_size for seq in on_cuda.tokens for t in seq)
     # One random stream on the CPU whatever the device: the same seed draws the same tokens.
-    assert on_cuda.tokens == cpu.generate(prompts, 16, tree=tree, acceptance=sampling).tokens
+    assert on_cuda.tokens == cpu.generate(prompts, 16, drafting=Drafting(tree), acceptance=sampling).tokens
     # At a temperature near zero the model's distribution is its argmax: rejection sampling is greedy.
     cold = AcceptanceConfig("rejection", temperature=1e-4, seed=5)
-    assert cuda.generate(prompts, 16, tree=tree, acceptance=cold).tokens == cpu.generate(prompts, 16).tokens
+    assert (
+        cuda.generate(prompts, 16, drafting=Drafting(tree), acceptance=cold).tokens == cpu.generate(prompts, 16).tokens
+    )
 
 
 def test_the_engine_kernels_are_timed_in_graphs_beside_their_predictions(tmp_path, capsys):
@@ -270,11 +272,15 @@ def test_the_static_step_from_a_cuda_graph_is_lossless_and_samples(decoders):
     tree = resolve_tree("mc-sim-7b-63", ckpt)
     for launch in ("static", "graph"):
         assert cuda.generate(prompts, 16, launch=launch).tokens == plain.tokens
-        medusa = cuda.generate(prompts, 16, tree=tree, launch=launch)
+        medusa = cuda.generate(prompts, 16, drafting=Drafting(tree), launch=launch)
         assert medusa.tokens == plain.tokens and medusa.steps < plain.steps
-    assert cuda.generate(prompts, 16, tree=tree, launch="graph").tokens == plain.tokens  # the captured graph replayed
-    sampled = cuda.generate(prompts, 16, tree=tree, launch="graph", acceptance=AcceptanceConfig("rejection", 1.0))
+    assert (
+        cuda.generate(prompts, 16, drafting=Drafting(tree), launch="graph").tokens == plain.tokens
+    )  # the captured graph replayed
+    sampled = cuda.generate(
+        prompts, 16, drafting=Drafting(tree), launch="graph", acceptance=AcceptanceConfig("rejection", 1.0)
+    )
     assert [len(t) for t in sampled.tokens] == [16, 16]
     assert all(0 <= t < ckpt.model.config.vocab_size for seq in sampled.tokens for t in seq)
     cold = AcceptanceConfig("rejection", temperature=1e-4, seed=5)
-    assert cuda.generate(prompts, 16, tree=tree, launch="graph", acceptance=cold).tokens == plain.tokens
+    assert cuda.generate(prompts, 16, drafting=Drafting(tree), launch="graph", acceptance=cold).tokens == plain.tokens

@@ -26,22 +26,6 @@ def test_no_module_is_over_400_lines():
     assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {long}"
 
 
-# Functions above the core with more than MAX_PARAMETERS parameters, as issue 58 found them: the
-# debt is named so that it only shrinks (a new one fails, and so does one fixed but still listed).
-WIDE_DEBT = {
-    "decoder/static_step.py static_generate": 12,
-    "decoder/medusa.py generate": 11,
-    "decoder/trace_run.py record_step": 10,
-    "decoder/static_step.py __init__": 10,
-    "decoder/eagle.py dynamic_eagle_tree": 10,
-    "decoder/eagle.py draft_batch": 9,
-    "profilers/engine/measure.py serve_and_measure": 9,
-    "profilers/closed_loop/runs.py operator_timing": 9,
-    "profilers/campaign_plan.py twin_stage": 9,
-    "profilers/campaign_gemm.py run_gemm_grid": 9,
-}
-
-
 def wide_functions(*layers: str) -> dict[str, int]:
     wide = {}
     for path in sources(*layers):
@@ -55,17 +39,10 @@ def wide_functions(*layers: str) -> dict[str, int]:
     return wide
 
 
-def test_no_function_of_the_analytic_core_takes_more_than_8_parameters():
-    wide = wide_functions("perfmodel")
+def test_no_function_anywhere_takes_more_than_8_parameters():
+    # More is a settings dataclass waiting to be named (issue 58 named the last ten).
+    wide = wide_functions(*LAYERS)
     assert not wide, f"functions over {MAX_PARAMETERS} parameters: {wide}"
-
-
-def test_no_function_anywhere_takes_more_than_8_parameters_beyond_the_named_debt():
-    wide = wide_functions("profilers", "decoder", "reports")
-    new = {name: n for name, n in wide.items() if n > WIDE_DEBT.get(name, MAX_PARAMETERS)}
-    paid = sorted(set(WIDE_DEBT) - set(wide))
-    assert not new, f"functions over {MAX_PARAMETERS} parameters (a settings dataclass is waiting to be named): {new}"
-    assert not paid, f"no longer over {MAX_PARAMETERS} parameters: take them out of WIDE_DEBT: {paid}"
 
 
 # What looks a model, device or latency source up, module by module.

@@ -9,6 +9,7 @@ import torch
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder
 from decoder.runs import heldout_prompts
+from decoder.tree import Drafting
 from perfmodel.acceptance.trees import Tree
 from profilers.closed_loop.in_step import HOST, REST_OPS, beside_priced, in_step_profile
 from profilers.closed_loop.tree_kind import TreeKind
@@ -25,7 +26,7 @@ def decoder():
 
 def test_every_operator_of_the_step_is_profiled_and_the_parts_add_up(decoder):
     prompts = heldout_prompts(decoder.ckpt, 1, 32, seed=0)
-    settings = {(TreeKind.PLAIN, 1): {}, (TreeKind.STATIC, 2): {"tree": Tree(((0,),))}}
+    settings = {(TreeKind.PLAIN, 1): {}, (TreeKind.STATIC, 2): {"drafting": Drafting(Tree(((0,),)))}}
     profile = in_step_profile(decoder, prompts, settings, new_tokens=6, rounds=1)
     for key, part in profile.groupby(["tree_kind", "tree_size"]):
         ops = dict(zip(part["op"], part["in_step_s"]))

@@ -13,6 +13,7 @@ from decoder.lora import adapters_off, add_lora, lora_parameters, merged
 from decoder.medusa import Decoder
 from decoder.model import LlamaConfig, Transformer
 from decoder.runs import heldout_prompts
+from decoder.tree import Drafting
 from perfmodel.cli import run
 from perfmodel.models.config import BUNDLED_MODEL, DRAFT_MODEL, MEDUSA2_MODEL
 from tests.conftest import quick_copy
@@ -201,4 +202,4 @@ def test_the_shipped_medusa2_model_is_the_bundled_one_jointly_trained_and_decode
     )
     decoder = Decoder(ckpt)
     prompts = heldout_prompts(ckpt, 4, 48, seed=3)
-    assert decoder.generate(prompts, 32, tree=ckpt.tree).tokens == decoder.generate(prompts, 32).tokens
+    assert decoder.generate(prompts, 32, drafting=Drafting(ckpt.tree)).tokens == decoder.generate(prompts, 32).tokens

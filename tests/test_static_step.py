@@ -13,7 +13,7 @@ import torch
 from decoder.acceptance import AcceptanceConfig
 from decoder.batched_acceptance import StaticTree, verify_greedy, verify_rejection
 from decoder.trace import trace_step
-from decoder.tree import tree_buffers
+from decoder.tree import Drafting, tree_buffers
 from decoder.twin import Replay
 from perfmodel.acceptance.reference_trees import VICUNA_7B_TREE
 from perfmodel.acceptance.trees import Tree
@@ -23,7 +23,7 @@ from perfmodel.models.config import load_model
 from profilers.step_bench import main as step_bench_main
 from tests.distilled import PROMPTS
 
-TREES = ({"tree": VICUNA_7B_TREE}, {"tree": Tree.breadth_first(20, 3)})
+TREES = ({"drafting": Drafting(VICUNA_7B_TREE)}, {"drafting": Drafting(Tree.breadth_first(20, 3))})
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -46,15 +46,17 @@ def test_the_static_step_decodes_greedy_exactly_as_the_eager_loop(decoder, batch
 def test_the_compiled_step_is_lossless_too(decoder):
     prompts = PROMPTS[:2]
     plain = decoder.generate(prompts, 24)
-    compiled = decoder.generate(prompts, 24, tree=VICUNA_7B_TREE, launch="compiled")
+    compiled = decoder.generate(prompts, 24, drafting=Drafting(VICUNA_7B_TREE), launch="compiled")
     assert compiled.tokens == plain.tokens
-    assert compiled.path_lengths == decoder.generate(prompts, 24, tree=VICUNA_7B_TREE).path_lengths
+    assert compiled.path_lengths == decoder.generate(prompts, 24, drafting=Drafting(VICUNA_7B_TREE)).path_lengths
 
 
 def test_a_replayed_static_run_keeps_the_recorded_lengths(decoder):
     recorded = [[3, 1, 2], [2, 2]]
-    result = decoder.generate(PROMPTS[:2], 12, tree=VICUNA_7B_TREE, replay=Replay(recorded), launch="static")
-    eager = decoder.generate(PROMPTS[:2], 12, tree=VICUNA_7B_TREE, replay=Replay(recorded))
+    result = decoder.generate(
+        PROMPTS[:2], 12, drafting=Drafting(VICUNA_7B_TREE), replay=Replay(recorded), launch="static"
+    )
+    eager = decoder.generate(PROMPTS[:2], 12, drafting=Drafting(VICUNA_7B_TREE), replay=Replay(recorded))
     assert result.path_lengths == eager.path_lengths
     assert result.path_lengths[0][:3] == [3, 1, 2] and result.path_lengths[1][:2] == [2, 2]
 
@@ -106,7 +108,7 @@ def test_the_static_step_launches_the_same_kernels_at_every_batch_and_reads_noth
     "kwargs, message",
     [
         ({"launch": "graph"}, "needs a CUDA device"),
-        ({"launch": "static", "dynamic_nodes": 6}, "dynamic tree"),
+        ({"launch": "static", "drafting": Drafting(dynamic_nodes=6)}, "dynamic tree"),
         ({"launch": "warp"}, "unknown launch regime 'warp'"),
     ],
 )

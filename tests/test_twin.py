@@ -12,7 +12,7 @@ import torch
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder
 from decoder.runs import heldout_prompts
-from decoder.tree import path_of_length, tree_buffers
+from decoder.tree import Drafting, path_of_length, tree_buffers
 from decoder.twin import KernelList, Replay, ReplayRecord, dummy_checkpoint, random_prompts, steps_to
 from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import greedy_tree
@@ -34,7 +34,7 @@ def real_run():
     prompts = heldout_prompts(ckpt, 2, 32, 0)
     kernels = KernelList()
     with kernels:
-        result = Decoder(ckpt).generate(prompts, 24, tree=tree)
+        result = Decoder(ckpt).generate(prompts, 24, drafting=Drafting(tree))
     return prompts, tree, result, kernels.kernels
 
 
@@ -48,7 +48,7 @@ def test_twin_step_does_the_real_steps_work(real_run, twin):
     assert max(max(r) for r in real.path_lengths) > 1, "the real run must accept drafts for the test to mean much"
     listed = KernelList()
     with listed:
-        replayed = twin.generate(prompts, 24, tree=tree, replay=Replay(real.path_lengths))
+        replayed = twin.generate(prompts, 24, drafting=Drafting(tree), replay=Replay(real.path_lengths))
     assert replayed.path_lengths == real.path_lengths
     assert replayed.steps == real.steps
     assert listed.kernels == kernels
@@ -58,7 +58,7 @@ def test_without_the_replay_dummy_weights_do_other_work(real_run, twin):
     prompts, tree, _, kernels = real_run
     listed = KernelList()
     with listed:
-        alone = twin.generate(prompts, 24, tree=tree)
+        alone = twin.generate(prompts, 24, drafting=Drafting(tree))
     assert all(n == 1 for row in alone.path_lengths for n in row)  # dummy heads guess nothing
     assert listed.kernels != kernels
 
@@ -85,7 +85,7 @@ def test_the_shipped_tinyllama_config_has_its_published_shapes():
 def test_replay_steps_are_known_before_the_run(real_run, twin):
     prompts, tree, real, _ = real_run
     replay = Replay(real.path_lengths)
-    result = twin.generate(prompts, 24, tree=tree, replay=Replay(real.path_lengths))
+    result = twin.generate(prompts, 24, drafting=Drafting(tree), replay=Replay(real.path_lengths))
     assert replay.steps(batch=2, new_tokens=24, batches=1) == result.steps
     assert steps_to([3, 1], 7) == 3  # 3, 4, 7 tokens after each step: the lengths wrap around
     assert Replay([[2], [1]]).take(3) == [[2], [1], [2]]

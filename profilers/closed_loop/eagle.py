@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from decoder.eagle import CONTEXT, EAGLE_DEPTH, History, chain_hits
+from decoder.eagle import CONTEXT, EAGLE_DEPTH, DynamicDraft, History, chain_hits
 from decoder.runs import decode_batches
-from decoder.tree import tree_buffers
+from decoder.tree import Drafting, tree_buffers
 from perfmodel.acceptance.batching import conditional_accuracy
 from perfmodel.acceptance.trees import Tree, greedy_tree
 from perfmodel.base.errors import PerfkitError
@@ -67,7 +67,10 @@ def eagle_untimed_passes(decoder, prompts, config: ValidateConfig, log) -> Untim
     hits = [prompt_hits(decoder, p, o) for p, o in zip(prompts, outputs)]
     accuracy = conditional_accuracy(np.concatenate(hits))
     per_prompt = [conditional_accuracy(h) for h in hits]
-    trees = {(TreeKind.STATIC, n): {"tree": greedy_tree(accuracy, n - 1), "drafter": "eagle"} for n in config.sizes}
+    trees = {
+        (TreeKind.STATIC, n): {"drafting": Drafting(greedy_tree(accuracy, n - 1), drafter="eagle")}
+        for n in config.sizes
+    }
     record = UntimedPasses(accuracy, per_prompt, hits, [], None, {(TreeKind.PLAIN, 1): {}} | trees)
     record.survivals = {key: prompt_survivals(*key, record) for key in trees}
     record.generations = {key: prompt_generations(*key, record, config) for key in trees}
@@ -85,7 +88,7 @@ def prompt_hits(decoder, prompt, output) -> np.ndarray:
 
 
 def run_trees(record: UntimedPasses) -> tuple[Tree, ...]:
-    return tuple(setting["tree"] for (kind, _), setting in record.settings.items() if kind == TreeKind.STATIC)
+    return tuple(setting["drafting"].tree for (kind, _), setting in record.settings.items() if kind == TreeKind.STATIC)
 
 
 def draft_shapes(record: UntimedPasses) -> tuple[StaticTreeDraft, StaticTreeDraft]:
@@ -116,13 +119,14 @@ def draft_probes(decoder, batch: int, features: torch.Tensor, seed: int) -> list
     roots = torch.randint(0, vocab, (batch,), generator=rng).tolist()
     last = features[CONTEXT][None].repeat(batch, 1)
     lengths = [len(features)] * batch
+    static_only = DynamicDraft(0, EAGLE_DEPTH, HEAD_TOP_K)
     calls = []
     for tree in PROBE_TREES:
         buffers = tree_buffers(tree, tree.depth, tree.max_rank + 1, decoder.device)
 
         def draft(buffers=buffers):
             with torch.inference_mode():
-                decoder.eagle_candidates(roots, last, buffers, history, lengths, 0, HEAD_TOP_K)
+                decoder.eagle_candidates(roots, last, buffers, history, lengths, static_only)
 
         calls.append(draft)
     return calls

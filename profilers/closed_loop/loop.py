@@ -20,6 +20,7 @@ from profilers.closed_loop.predict import Measured, priced_runs, step_contexts
 from profilers.closed_loop.runs import (
     PROBE_LEAD,
     PROBE_STEPS,
+    ExtraTimings,
     dynamic_build_s,
     operator_rows,
     operator_timing,
@@ -51,8 +52,8 @@ def validate(config: ValidateConfig, log=print) -> tuple[pd.DataFrame, pd.DataFr
         record = (eagle_untimed_passes if eagle else untimed_passes)(decoder, prompts, config, log)
         contexts = step_contexts(record, config)
         # with EAGLE, the drafts' ops and drafts timed alone (their host overhead) besides the step's
-        points, calls = drafting_to_time(model, config, record, decoder, probe_prompts[0]) if eagle else ((), ())
-        timing = operator_timing(model, config, dtype, decoder, probe_prompts, contexts, log, points, calls)
+        drafting = drafting_to_time(model, config, record, decoder, probe_prompts[0]) if eagle else ((), ())
+        timing = operator_timing(model, config, dtype, decoder, probe_prompts, contexts, log, ExtraTimings(*drafting))
         runs = timed_runs(decoder, prompts, config, record, log, between=timing.sample_share)
         rows, plain_step_s, drafts_s = operator_rows(timing)
         build_s = {

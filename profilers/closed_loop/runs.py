@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,14 @@ from profilers.sweeper import SweepConfig, Sweeper, default_timer
 PROBE_LEAD, PROBE_STEPS = 8, 32
 
 
+@dataclasses.dataclass(frozen=True)
+class ExtraTimings:
+    """More to time in the operator rounds: op points (a drafter's) and calls (its drafts timed alone)."""
+
+    points: Sequence = ()
+    calls: Sequence = ()
+
+
 def operator_timing(
     model: ModelConfig,
     config: ValidateConfig,
@@ -40,8 +49,7 @@ def operator_timing(
     probe_prompts,
     contexts: dict,
     log,
-    extra_points=(),
-    extra_calls=(),
+    extras: ExtraTimings = ExtraTimings(),
 ):
     """Every op call of the plain step and of each run's tree step (at the context its
     steps attend to, `contexts`: (kind, size) -> tokens), and the decoder's own plain step,
@@ -54,9 +62,8 @@ def operator_timing(
     same state as they do, so the host overhead (step minus its operators) carries no
     drift between the two measurements; and both are sampled between the batches of the
     decoding runs, so a machine whose speed wanders over minutes (a shared VM) is the same
-    machine for the prediction and for the speedups it is compared with. extra_points,
-    extra_calls: more op points (a drafter's) and calls (its drafts timed alone) to time in
-    the same rounds (operator_rows gives their medians)."""
+    machine for the prediction and for the speedups it is compared with. `extras` are timed
+    in the same rounds (operator_rows gives their calls' medians)."""
 
     info, nvml = (cpu_info(), None) if config.device == "cpu" else cuda_info()
     timer = default_timer(config.device, config.budget_s)
@@ -71,11 +78,10 @@ def operator_timing(
     points = op_points(
         model, STEP_FLAVOR, config.batch, seq_lens, sizes, with_heads=config.drafter == DrafterKind.MEDUSA
     )
-    points += [point for point in dict.fromkeys(extra_points) if point not in set(points)]
+    points += [point for point in dict.fromkeys(extras.points) if point not in set(points)]
     probes = [
-        functools.partial(decoder.generate, probe_prompts, tokens, topk=HEAD_TOP_K)
-        for tokens in (PROBE_LEAD, PROBE_LEAD + PROBE_STEPS)
-    ] + list(extra_calls)
+        functools.partial(decoder.generate, probe_prompts, tokens) for tokens in (PROBE_LEAD, PROBE_LEAD + PROBE_STEPS)
+    ] + list(extras.calls)
     log(
         f"timing {len(points)} operator points of the {model.name} step and the decoder's plain step on "
         f"{info.name}, interleaved with the decoding runs ..."

@@ -45,6 +45,7 @@ from decoder.runs import decode_interleaved, warm_up
 from decoder.static_step import check_launch
 from decoder.trace import trace_step
 from decoder.trace_ops import ATTENTION_BACKENDS, ATTENTIONS, KIND_OF, TORCH_DTYPES
+from decoder.tree import Drafting
 from decoder.twin import Replay, ReplayRecord, dummy_checkpoint, native_dtype, random_prompts
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
@@ -52,7 +53,6 @@ from perfmodel.hardware.specs import find_spec
 from perfmodel.latency.kinds import KINDS, kernel_rows
 from perfmodel.latency.pipeline import HostCosts, price_pipeline, run_pipeline
 from perfmodel.models.config import load_model
-from perfmodel.models.operators import HEAD_TOP_K
 from profilers.closed_loop.capture import WARMUP_COLUMN
 from profilers.closed_loop.config import TARGET_ERROR
 from profilers.closed_loop.streamed_bytes import plain_step_bytes
@@ -155,9 +155,9 @@ def profiled_classes(decoder: Decoder, prompts, settings: dict, config: TwinConf
         totals, steps = [], []
         for tokens in (PROFILED_TOKENS, config.new_tokens):
             if tokens == PROFILED_TOKENS:  # its shape warm too (the long run's is): a capture in one would not cancel
-                decoder.generate(prompts[: config.batch], tokens, topk=HEAD_TOP_K, **fresh(setting))
+                decoder.generate(prompts[: config.batch], tokens, **fresh(setting))
             with profile(activities=activities) as prof:
-                result = decoder.generate(prompts[: config.batch], tokens, topk=HEAD_TOP_K, **fresh(setting))
+                result = decoder.generate(prompts[: config.batch], tokens, **fresh(setting))
             seconds = dict.fromkeys((*KINDS, HOST), 0.0)
             for event in prof.key_averages():
                 own = event.self_device_time_total if gpu else event.self_cpu_time_total
@@ -185,7 +185,8 @@ def twin_loop(config: TwinConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame
     params = sum(p.numel() for p in (*ckpt.model.parameters(), *ckpt.heads.parameters()))
     launch = {"launch": config.launch}
     settings = {(TreeKind.PLAIN, 1): launch} | {
-        (TreeKind.STATIC, n): {"tree": record.tree(n), "replay": record.replay(n), **launch} for n in sizes
+        (TreeKind.STATIC, n): {"drafting": Drafting(record.tree(n)), "replay": record.replay(n), **launch}
+        for n in sizes
     }
     with torch_threads(config.threads):
         log(f"{model.name} twin, {params / 1e9:.2f} B parameters with heads, {config.dtype}, batch {config.batch}")
@@ -196,13 +197,11 @@ def twin_loop(config: TwinConfig, log=print) -> tuple[pd.DataFrame, pd.DataFrame
         info = cuda_info()[0] if config.device == "cuda" else cpu_info()
         kernels = KernelTimes.of(traces.values(), config.device, info.cache_bytes)
         log(f"{len(kernels.calls)} distinct kernel calls in the traced steps, replayed between decoding batches")
-        warm = warm_up(decoder, prompts, config.batch, config.new_tokens, settings, topk=HEAD_TOP_K)
+        warm = warm_up(decoder, prompts, config.batch, config.new_tokens, settings)
         log(f"timing plain decoding and trees of {', '.join(map(str, sizes))} tokens, {config.rounds} round(s) ...")
         between = kernels.round if config.device == "cpu" else None  # a GPU times its calls after, by CUDA events
         timed = {key: fresh(setting) for key, setting in settings.items()}
-        runs = decode_interleaved(
-            decoder, prompts, config.batch, config.new_tokens, timed, config.rounds, between, topk=HEAD_TOP_K
-        )
+        runs = decode_interleaved(decoder, prompts, config.batch, config.new_tokens, timed, config.rounds, between)
         replayed = kernels.times()
         classes = {}
         if config.profile:

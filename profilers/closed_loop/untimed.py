@@ -13,6 +13,7 @@ import torch
 from decoder.acceptance import AcceptanceConfig
 from decoder.measure import head_accuracy
 from decoder.runs import decode_batches
+from decoder.tree import Drafting
 from perfmodel.acceptance.batching import (
     acceptance_survival,
     accepted_lengths,
@@ -63,7 +64,7 @@ def head_predictions(decoder, prompt, output) -> tuple[np.ndarray, np.ndarray]:
 
 def decode_kwargs(config: ValidateConfig) -> dict:
     """decoder.generate's keyword arguments every pass of the run shares."""
-    return dict(topk=HEAD_TOP_K, acceptance=AcceptanceConfig(config.acceptance, seed=config.seed))
+    return dict(acceptance=AcceptanceConfig(config.acceptance, seed=config.seed))
 
 
 def untimed_passes(decoder, prompts, config: ValidateConfig, log) -> UntimedPasses:
@@ -79,12 +80,12 @@ def untimed_passes(decoder, prompts, config: ValidateConfig, log) -> UntimedPass
     accuracy = head_accuracy(decoder, prompts, outputs)
     if config.acceptance != "greedy":
         log(f"{config.acceptance} acceptance with the largest tree, for the scheme's own record ...")
-        largest = greedy_tree(accuracy, max(config.sizes) - 1)
-        outputs = decode_batches(decoder, prompts, config.batch, config.new_tokens, tree=largest, **kwargs).tokens
+        largest = Drafting(greedy_tree(accuracy, max(config.sizes) - 1))
+        outputs = decode_batches(decoder, prompts, config.batch, config.new_tokens, drafting=largest, **kwargs).tokens
         accuracy = head_accuracy(decoder, prompts, outputs)
     per_prompt = [head_accuracy(decoder, [p], [o]) for p, o in zip(prompts, outputs)]
     settings = {(TreeKind.PLAIN, 1): {}} | {
-        (TreeKind.STATIC, n): {"tree": greedy_tree(accuracy, n - 1)} for n in config.sizes
+        (TreeKind.STATIC, n): {"drafting": Drafting(greedy_tree(accuracy, n - 1))} for n in config.sizes
     }
     greedy = config.acceptance == "greedy"
     predictions = (
@@ -93,7 +94,7 @@ def untimed_passes(decoder, prompts, config: ValidateConfig, log) -> UntimedPass
     hits = [h for _, h in predictions] if greedy else []
     step_probs, calibrate = [], None
     if config.dynamic:  # only a dynamic tree is predicted from the heads' per-step probabilities
-        settings |= {(TreeKind.DYNAMIC, n): {"dynamic_nodes": n - 1} for n in config.sizes}
+        settings |= {(TreeKind.DYNAMIC, n): {"drafting": Drafting(dynamic_nodes=n - 1)} for n in config.sizes}
         step_probs = [probs for probs, _ in predictions]
         calibrate = probability_calibration(np.concatenate(step_probs), np.concatenate([h for _, h in predictions]))
     record = UntimedPasses(accuracy, per_prompt, hits, step_probs, calibrate, settings)
@@ -107,7 +108,7 @@ def prompt_survivals(kind: str, size: int, record: UntimedPasses) -> list[np.nda
     """Each prompt's s[d] (perfmodel.acceptance.batching) for one Medusa run: from its head accuracies
     for a static tree, from calibrated per-position probabilities for a dynamic one."""
     if kind == TreeKind.STATIC:
-        return [acceptance_survival(record.settings[kind, size]["tree"], a) for a in record.per_prompt]
+        return [acceptance_survival(record.settings[kind, size]["drafting"].tree, a) for a in record.per_prompt]
     return [dynamic_survival(p, size - 1, record.calibrate) for p in record.step_probs]
 
 
@@ -117,6 +118,6 @@ def prompt_generations(kind: str, size: int, record: UntimedPasses, config: Vali
     steps exactly: greedy verification is deterministic and lossless, so its text is the
     plain pass's); otherwise simulated from the prompt's survival curve."""
     if kind == TreeKind.STATIC and record.hits:
-        tree = record.settings[kind, size]["tree"]
+        tree = record.settings[kind, size]["drafting"].tree
         return replayed_tokens([accepted_lengths(tree, h) for h in record.hits], config.new_tokens)
     return simulated_tokens(record.survivals[kind, size], config.new_tokens, seed=config.seed)

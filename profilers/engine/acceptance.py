@@ -30,7 +30,7 @@ from decoder.eagle import EagleLayout
 from decoder.eagle_chain import chain_path_lengths
 from decoder.medusa import Decoder
 from decoder.runs import decode_batches
-from decoder.tree import resolve_tree
+from decoder.tree import Drafting, resolve_tree
 from perfmodel.base.engine_speculation import DRAFT_TOKENS, EngineSpeculation
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.engine_runs import (
@@ -100,7 +100,7 @@ def medusa_paths(checkpoint: Checkpoint, batch: int):
     tree, decoder = resolve_tree(f"chain-{depth}", checkpoint), Decoder(checkpoint)
 
     def paths(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-        return decode_batches(decoder, prompts, batch, new_tokens, tree=tree).path_lengths
+        return decode_batches(decoder, prompts, batch, new_tokens, drafting=Drafting(tree)).path_lengths
 
     return paths, depth
 

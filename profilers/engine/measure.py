@@ -76,6 +76,14 @@ class Plan:
         return {k: v for k, v in asdict(self).items() if k not in ("rates", "repeats")}
 
 
+@dataclass(frozen=True)
+class Exported:
+    """The plan's checkpoint as the engine loads it: the model's folder and its drafter's (None: none)."""
+
+    model: Path
+    drafter: Path | None = None
+
+
 def kv_cache_tokens(log: Path) -> int:
     found = KV_TOKENS.findall(log.read_text(errors="replace"))
     if not found:
@@ -118,8 +126,8 @@ def measure(plan: Plan, out: Path, python: Path, log: Callable[[str], None] = pr
         # The exported weights are a copy of the checkpoint's: made for the run, not kept.
         with tempfile.TemporaryDirectory(prefix="engine-model-") as scratch:
             model_folder = export_for_engine(plan.model, Path(scratch) / "model")
-            drafter = export_drafter(plan, Path(scratch) / "drafter")
-            serve_and_measure(plan, out, python, model_folder, version, done, log, port, drafter)
+            exported = Exported(model_folder, export_drafter(plan, Path(scratch) / "drafter"))
+            serve_and_measure(plan, out, python, exported, version, done, log, port)
         return with_decoder_acceptance(plan, out, log)
 
 
@@ -161,15 +169,15 @@ def serve_and_measure(
     plan: Plan,
     out: Path,
     python: Path,
-    model_folder: Path,
+    exported: Exported,
     version: str,
     done: set[tuple[float, int]],
     log: Callable[[str], None],
     port: int | None,
-    drafter: Path | None = None,
 ) -> None:
     """measure()'s work once the model is exported: the server up, the sweep's two passes
     around the load runs still missing, each written as it finishes."""
+    model_folder, drafter = exported.model, exported.drafter
     meta_file, runs_file = out / "meta.json", out / "runs.csv"
     wanted = plan.runs()
     vocab = int(read_config_json(model_folder)["vocab_size"])
