@@ -9,7 +9,7 @@ Every tree is measured: held-out prompts decoded plainly and with each tree in t
 by batch (decoder.runs.decode_interleaved), greedy acceptance. Every tree is also
 predicted by the performance model: its tokens per step from the heads' top-k accuracies
 on a first plain pass (each prompt's own, perfmodel.acceptance.batching), its step time from a
-separate calibration of this decoder's steps by tree size (decoder.auto_tree.calibrate,
+separate calibration of this decoder's steps by tree size (decoder.tree_calibration.calibrate,
 interpolated in the number of tokens), never from the runs it is compared with.
 """
 
@@ -27,12 +27,12 @@ import torch
 from tqdm import tqdm
 
 from decoder.acceptance import AcceptanceConfig
-from decoder.auto_tree import calibrate
 from decoder.checkpoint import load_checkpoint
 from decoder.measure import head_accuracy
 from decoder.medusa import Decoder
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
 from decoder.tree import Drafting
+from decoder.tree_calibration import calibrate
 from perfmodel.acceptance.ablation import dense_against_sparse
 from perfmodel.acceptance.batching import acceptance_survival, batch_acceptance, simulated_tokens
 from perfmodel.acceptance.trees import dense_tree, greedy_tree, random_dense_settings

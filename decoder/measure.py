@@ -14,21 +14,20 @@ import json
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from decoder.acceptance import SCHEMES, AcceptanceConfig
+from decoder.acceptance import AcceptanceConfig
 from decoder.auto_tree import auto_tree, default_tree_name
 from decoder.checkpoint import load_checkpoint
 from decoder.heads import topk_accuracy
-from decoder.medusa import DRAFTERS, Decoder, check_context
+from decoder.measure_options import MeasureOptions
+from decoder.medusa import Decoder, check_context
 from decoder.runs import decode_batches, decode_interleaved, heldout_prompts, mean_accepted
 from decoder.static_step import check_launch
 from decoder.trace_ops import TORCH_DTYPES
-from decoder.tree import TREE_NAMES, Drafting, resolve_tree
+from decoder.tree import Drafting, resolve_tree
 from decoder.twin import ReplayRecord, dummy_checkpoint, native_dtype, random_prompts
 from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import expected_acceptance, greedy_tree
@@ -36,11 +35,9 @@ from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import writable_file
-from perfmodel.cli import Parser, batch_size, options, positive_int, run
-from perfmodel.cli.fields import add_options, along, option, read_options, shared
+from perfmodel.cli import Parser, run
+from perfmodel.cli.fields import add_options, read_options
 from perfmodel.models.operators import HEAD_TOP_K
-
-DEFAULT_SIZES = (1, 4, 16, 64)  # plus the measured tree's own size
 
 
 def head_accuracy(decoder: Decoder, prompts, outputs) -> np.ndarray:
@@ -264,91 +261,6 @@ def measure(args: MeasureOptions) -> dict:
         "torch": torch.__version__,
     }
     return report
-
-
-@dataclass(frozen=True)
-class MeasureOptions:
-    """The command's options, each declared once (perfmodel.cli.fields)."""
-
-    model: str = field(default="bundled", metadata=shared(options.model, needs_weights=True))
-    heads: str | None = field(default=None, metadata=shared(options.heads))
-    tree: str | None = field(
-        default=None,
-        metadata=option(
-            "--tree",
-            "auto (the performance model's best tree for this machine, batch and context, or plain decoding where "
-            f"no tree beats it; the default where the checkpoint records head accuracies), {TREE_NAMES}",
-            metavar="auto|NAME|FILE",
-        ),
-    )
-    acceptance: str | None = field(default=None, metadata=shared(options.acceptance, choices=SCHEMES))
-    drafter: str = field(default=DrafterKind.MEDUSA, metadata=shared(options.drafter, choices=DRAFTERS))
-    temperature: float = field(
-        default=0.7,
-        metadata=option("--temperature", "for typical and rejection (default %(default)s)", type=float),
-    )
-    dynamic: int | None = field(
-        default=None,
-        metadata=option(
-            "--dynamic",
-            "dynamic tree of N nodes per step (default N 48)",
-            type=positive_int,
-            nargs="?",
-            const=48,
-            metavar="N",
-        ),
-    )
-    batch: int = field(
-        default=1,
-        metadata=option(
-            "--batch",
-            "prompts decoded together, each accepting its own tokens per step; at most --prompts (default %(default)s)",
-            type=batch_size,
-            metavar="B",
-        ),
-    )
-    prompts: int = field(
-        default=16, metadata=option("--prompts", "held-out prompts (default %(default)s)", type=positive_int)
-    )
-    prompt_len: int = field(
-        default=64, metadata=option("--prompt-len", "tokens per prompt (default %(default)s)", type=positive_int)
-    )
-    new_tokens: int = field(
-        default=96,
-        metadata=option("--new-tokens", "tokens to generate per prompt (default %(default)s)", type=positive_int),
-    )
-    sizes: tuple[int, ...] = field(
-        default=tuple(DEFAULT_SIZES),
-        metadata=option(
-            "--sizes",
-            "tree sizes (root + nodes) for the acceptance curve (default 1 4 16 64)",
-            type=positive_int,
-            nargs="+",
-            metavar="Q",
-        ),
-    )
-    rounds: int = field(
-        default=1,
-        metadata=option(
-            "--rounds", "times every run goes over the prompts, interleaved (default %(default)s)", type=positive_int
-        ),
-    )
-    seed: int = field(
-        default=0,
-        metadata=option(
-            "--seed", "random seed for prompt choice and sampling (default %(default)s)", type=int, metavar="N"
-        ),
-    )
-    recalibrate: bool = field(default=False, metadata=shared(options.recalibrate))
-    weights: str = field(default="real", metadata=shared(options.twin))
-    replay: Path | None = field(default=None, metadata=along("weights"))
-    out: Path = field(
-        default=None,
-        metadata=shared(
-            options.out, default=None, what="the acceptance record (JSON)", metavar="FILE.json", required=True
-        ),
-    )
-    launch: str = field(default="eager", metadata=shared(options.launch))
 
 
 def build_parser() -> Parser:

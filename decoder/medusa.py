@@ -22,19 +22,13 @@ import torch
 
 from decoder.acceptance import ACCEPT, AcceptanceConfig, next_token
 from decoder.checkpoint import Checkpoint
-from decoder.eagle import (
-    EAGLE_DEPTH,
-    EAGLE_FILE,
-    DraftPlan,
-    DynamicDraft,
-    History,
-    Window,
-    draft_batch,
-    dynamic_eagle_tree,
-)
+from decoder.eagle import EAGLE_DEPTH, EAGLE_FILE
+from decoder.eagle_batch import DraftPlan, Window, draft_batch
+from decoder.eagle_tree import DynamicDraft, History, dynamic_eagle_tree
 from decoder.model import KVCache
 from decoder.result import STEP_PARTS, DecodeResult, Emission
-from decoder.static_step import check_launch, static_generate
+from decoder.static_decode import static_generate
+from decoder.static_step import check_launch
 from decoder.tree import Drafting, TreeBuffers, path_of_length, tree_attention_mask, tree_buffers
 from perfmodel.acceptance.trees import Tree, greedy_tree
 from perfmodel.base.drafter_kind import DrafterKind
@@ -106,8 +100,8 @@ class Decoder:
         self.model = checkpoint.model.to(device)
         self.heads = checkpoint.heads.to(device) if checkpoint.heads is not None else None
         self.eagle = checkpoint.eagle.to(device) if checkpoint.eagle is not None else None
-        self._plans: dict = {}  # static tree -> its EAGLE draft plan (decoder.eagle.DraftPlan)
-        self._static_steps: dict = {}  # a compiled or captured static step per shape (decoder.static_step)
+        self._plans: dict = {}  # static tree -> its EAGLE draft plan (decoder.eagle_batch.DraftPlan)
+        self._static_steps: dict = {}  # a compiled or captured static step per shape (decoder.static_decode)
 
     # -- shared machinery --------------------------------------------------------------
 
@@ -163,7 +157,7 @@ class Decoder:
         """Decode every prompt, drafting as `drafting` says: no tree is plain decoding, a Tree
         is Medusa with that tree, `dynamic_nodes > 0` is Medusa with a per-step dynamic tree of
         that many nodes; its drafter "medusa" (the heads draft the tree) or "eagle" (the
-        checkpoint's EAGLE drafter drafts a static `tree` depth by depth, decoder.eagle).
+        checkpoint's EAGLE drafter drafts a static `tree` depth by depth, decoder.eagle_batch).
         `on_tokens(batch_index, tokens)` is called as tokens are accepted (streaming).
         `replay` (decoder.twin.Replay): every step verifies as the scheme does, then keeps
         a path of the length a recorded run accepted there (its `take(batch)` gives each
@@ -274,8 +268,8 @@ class Decoder:
         dynamic: DynamicDraft,
     ):
         """Per-sequence buffers and candidate tokens (B, T) drafted by the EAGLE drafter: a
-        static tree's, or EAGLE-2's `dynamic` tree (decoder.eagle). What a step's candidates
-        part runs with EAGLE, so the closed loop times it as it runs."""
+        static tree's (decoder.eagle_batch), or EAGLE-2's `dynamic` tree (decoder.eagle_tree).
+        What a step's candidates part runs with EAGLE, so the closed loop times it as it runs."""
         embed, lm_head = self.model.model.embed_tokens, self.model.lm_head
         histories = [history.inputs(b) for b in range(len(roots))]
         if static is not None:  # one tree for all: drafted together

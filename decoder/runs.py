@@ -70,7 +70,7 @@ def warm_up(decoder: Decoder, prompts, batch: int, max_new: int, settings: dict,
     """Decode the first `batch` prompts once with every setting (name -> generate() keyword
     arguments), untimed, at the token count the timed runs decode: each setting is then warm
     at the shapes it is timed at (its KV cache of the timed length, the attention lengths up
-    to it; a compiled step or CUDA graph, which decoder.static_step keeps per shape: a
+    to it; a compiled step or CUDA graph, which decoder.static_decode keeps per shape: a
     shorter warm-up run would leave the timed run's to its first call). Returns name -> that
     run's result, whose warmup_s is the setting's capture or compilation."""
     return {name: decoder.generate(prompts[:batch], max_new, **kwargs, **settings[name]) for name in settings}

@@ -20,30 +20,28 @@ captured a graph inside decode_s put some 0.1-0.2 s into the GPU checks' graph s
 (profilers.closed_loop.capture).
 The eager reference decoder stays the reference: greedy output is the same token for token,
 rejection sampling draws from the same distribution.
+
+Decoding prompts with the step (its warm-up and steps timed) is decoder.static_decode's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 
 import torch
 
 from decoder.acceptance import AcceptanceConfig
 from decoder.batched_acceptance import VERIFY, StaticTree, Verdict, last_node, sample
-from decoder.eagle import CONTEXT, DraftPlan, Window, draft_batch, window_mask
+from decoder.eagle import CONTEXT, window_mask
+from decoder.eagle_batch import DraftPlan, Window, draft_batch
 from decoder.fused import FusedForward
 from decoder.model import KVCache
-from decoder.result import DecodeResult, Emission
 from decoder.tree import Drafting, TreeBuffers, tree_attention_mask
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 
-# Where a static step's time goes: the step on the device, and the host's read of its verdict
-# with the bookkeeping after it (streaming, stopping finished sequences).
-STATIC_PARTS = ("step", "readback")
 WARMUP_STEPS = 2  # eager steps before a capture: lazy initialisation (cuBLAS handles) stays out of the graph
 
 
@@ -92,7 +90,7 @@ class StepBuffers:
     active: torch.Tensor  # (B,) bool: a finished sequence accepts nothing
     forced: torch.Tensor  # (B,) replay: the length to keep this step (0: the scheme's verdict)
     out: torch.Tensor  # (B, 1 + W) the step's accepted length, then its accepted tokens
-    # EAGLE's drafting context (decoder.eagle.History as tensors): each sequence's last
+    # EAGLE's drafting context (decoder.eagle_tree.History as tensors): each sequence's last
     # CONTEXT + 1 accepted (feature, token) pairs, right-aligned, and which slots hold one
     history_features: torch.Tensor | None = None  # (B, CONTEXT + 1, h)
     history_tokens: torch.Tensor | None = None  # (B, CONTEXT + 1)
@@ -183,7 +181,7 @@ class StaticStep:
         return torch.cat([b.roots[:, None], drafted[:, 1:]], dim=1)
 
     def window(self) -> Window:
-        """Every sequence's EAGLE context window (decoder.eagle.Window) from the history
+        """Every sequence's EAGLE context window (decoder.eagle_batch.Window) from the history
         buffers: the features of the CONTEXT positions before the root and the tokens after
         them, left-padded where a sequence has fewer."""
         b = self.buffers
@@ -325,69 +323,3 @@ def side_stream():
     with torch.cuda.stream(stream):
         yield
     torch.cuda.current_stream().wait_stream(stream)
-
-
-def static_generate(
-    decoder,
-    prompts: list[list[int]],
-    emission: Emission,
-    buffers: TreeBuffers,
-    acceptance: AcceptanceConfig,
-    drafting: Drafting,
-    launch: Launch,
-    replayed: list[list[int]] | None = None,
-) -> DecodeResult:
-    """Decode `prompts` with the static step over the tree of `buffers`, drafted by
-    `drafting.drafter` (Medusa's heads, or the EAGLE drafter)."""
-    batch, device = len(prompts), decoder.device
-    max_len = decoder._max_len(prompts, emission.max_new_tokens, buffers.size)
-    generator = torch.Generator(device=device).manual_seed(acceptance.seed)
-    key = (buffers.tree, batch, max_len, acceptance, drafting.topk, launch, drafting.drafter)
-    step = decoder._static_steps.get(key)
-    if step is None:
-        step = StaticStep(decoder, buffers, batch, max_len, acceptance, drafting, Execution(launch), generator)
-        if launch in (Launch.GRAPH, Launch.COMPILED):
-            # kept per shape, so that a captured graph or a compiled step is reused across calls
-            # (their results' caches are then that step's, overwritten by the next call)
-            decoder._static_steps[key] = step
-    else:
-        step.generator.manual_seed(acceptance.seed)
-    result = DecodeResult.empty(batch)
-    result.times = dict.fromkeys(STATIC_PARTS, 0.0)
-    done = [False] * batch
-    with torch.inference_mode():
-        started = time.perf_counter()
-        step.start(decoder, prompts)
-        decoder._sync()
-        result.prefill_s = time.perf_counter() - started
-        if not step.warm:  # at the timed shape, in the prefilled state; a kept step is warm from its first call
-            started = time.perf_counter()
-            step.warm_up()
-            decoder._sync()
-            result.warmup_s = time.perf_counter() - started
-        started = time.perf_counter()
-        while not all(done):
-            if replayed is not None:
-                at = [replayed[b][len(result.path_lengths[b]) % len(replayed[b])] for b in range(batch)]
-                step.buffers.forced.copy_(torch.tensor(at), non_blocking=False)
-            t0 = time.perf_counter()
-            step()
-            decoder._sync()
-            t1 = time.perf_counter()
-            rows = step.buffers.out.tolist()
-            finished = False
-            for b, row in enumerate(rows):
-                if done[b]:
-                    continue
-                length = row[0]
-                result.path_lengths[b].append(length)
-                done[b] = result.emit(b, row[1 : 1 + length], emission)
-                finished |= done[b]
-            if finished:
-                step.buffers.active.copy_(torch.tensor([not d for d in done]))
-            result.tree_sizes.append(buffers.size)
-            result.times["step"] += t1 - t0
-            result.times["readback"] += time.perf_counter() - t1
-        result.decode_s = time.perf_counter() - started
-    result.cache, result.cache_lengths = step.buffers.cache, step.buffers.lengths.tolist()
-    return result

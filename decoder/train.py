@@ -35,6 +35,7 @@ from decoder.checkpoint import BUNDLED, folder_in_the_way, load_checkpoint
 from decoder.draft_train import QUICK_DRAFT, DraftConfig, build_draft
 from decoder.eagle import EagleLayout
 from decoder.eagle_train import QUICK_EAGLE, EagleConfig, build_eagle
+from decoder.medusa2_build import build_medusa2
 from decoder.stages import (
     QUICK,
     TrainConfig,
@@ -237,7 +238,7 @@ def medusa2_main(parser: Parser, args: TrainOptions, argv: list[str] | None) -> 
     command = shlex.join(["python", "-m", "decoder.train", *(sys.argv[1:] if argv is None else argv)])
     check_output(out, work, args.force)
     started = time.perf_counter()
-    card = medusa2.build_medusa2(config, args.model or "bundled", out, work, command)
+    card = build_medusa2(config, args.model or "bundled", out, work, command)
     figures = card["medusa2"]
     default = next(
         r for r in figures["expected_tokens_per_step"] if r["tree_tokens"] == card["default_tree"]["nodes"] + 1

@@ -28,7 +28,7 @@ from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.output_locks import claimed_dir
 from perfmodel.base.outputs import write_csv
-from perfmodel.cli import Parser, batch_size, options, run, token_count, workload_options
+from perfmodel.cli import Parser, batch_size, options, pricing_options, run, token_count, workload_options
 from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.latency.choice import LatencyChoice
 from perfmodel.measured.device_view import resolve_devices
@@ -62,9 +62,9 @@ class ScheduleOptions:
     gpu: str | None = field(default=None, metadata=shared(options.gpu, exclusive=("device", True)))
     spec: Path | None = field(default=None, metadata=shared(options.spec, exclusive=("device", True)))
     dtype: str | None = field(default=None, metadata=shared(options.dtype))
-    tp: int | None = field(default=1, metadata=shared(options.tp))
+    tp: int | None = field(default=1, metadata=shared(pricing_options.tp))
     acceptance_rates: str | None = field(default=None, metadata=shared(options.acceptance_rates))
-    latency: str | LatencyChoice = field(default="auto", metadata=shared(options.latency))  # parsed: a choice
+    latency: str | LatencyChoice = field(default="auto", metadata=shared(pricing_options.latency))  # parsed: a choice
     medusa: str = field(default="auto", metadata=shared(workload_options.medusa))
     drafter: str = field(default="medusa", metadata=shared(options.drafter, choices=tuple(SCHEDULE_DRAFTERS)))
     batch: tuple[int, ...] | None = field(

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from decoder.acceptance import AcceptanceConfig, greedy
-from decoder.eagle import child_tokens
+from decoder.eagle_batch import child_tokens
 from decoder.heads import MedusaHeads
 from decoder.medusa import build_candidates, commit_path
 from decoder.model import KVCache, LlamaConfig, RMSNorm, apply_rope, rope_cos_sin

@@ -24,8 +24,8 @@ from perfmodel.cli import Parser, options, run
 from perfmodel.cli.fields import add_options, option, read_options, shared
 from profilers.benchmarks import BENCH_DTYPES
 from profilers.campaign_estimate import DEFAULT_GPU, dry_run_lines
-from profilers.campaign_plan import plan_for
 from profilers.campaign_run import run_campaign
+from profilers.campaign_variants import plan_for
 from profilers.device import check_device
 
 DEFAULT_OUT = Path("perf-reports") / "campaign"

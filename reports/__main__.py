@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.base.dtypes import check_dtype
-from perfmodel.cli import Parser, options, run
+from perfmodel.cli import Parser, options, pricing_options, run
 from perfmodel.cli.fields import add_options, nested, option, read_options, shared
 from perfmodel.cli.workload_options import WorkloadOptions
 from perfmodel.latency.choice import LatencyChoice
@@ -76,7 +76,7 @@ class BuildOptions:
             metavar="FILE",
         ),
     )
-    tp: int | None = field(default=1, metadata=shared(options.tp))
+    tp: int | None = field(default=1, metadata=shared(pricing_options.tp))
     step: str = field(
         default="full", metadata=shared(options.step, choices=WHOLE_STEP_FLAVORS, default="full", use=STEP_USE)
     )
@@ -88,7 +88,7 @@ class BuildOptions:
     )
     jobs: int | None = field(default=None, metadata=shared(options.jobs))
     workload: WorkloadOptions = field(default_factory=WorkloadOptions, metadata=nested(WorkloadOptions))
-    latency: str | LatencyChoice = field(default="auto", metadata=shared(options.latency))  # parsed: a choice
+    latency: str | LatencyChoice = field(default="auto", metadata=shared(pricing_options.latency))  # parsed: a choice
 
     def config(self) -> BuildConfig:
         if self.dtype:
@@ -116,9 +116,9 @@ class CompareOptions:
     acceptance_rates: str | None = field(default=None, metadata=shared(options.acceptance_rates))
     out: Path | None = field(default=None, metadata=shared(options.out, default=f"{DEFAULT_OUT}/compare/<model>"))
     jobs: int | None = field(default=None, metadata=shared(options.jobs))
-    tp: int | None = field(default=1, metadata=shared(options.tp))
+    tp: int | None = field(default=1, metadata=shared(pricing_options.tp))
     workload: WorkloadOptions = field(default_factory=WorkloadOptions, metadata=nested(WorkloadOptions))
-    latency: str | LatencyChoice = field(default="auto", metadata=shared(options.latency))  # parsed: a choice
+    latency: str | LatencyChoice = field(default="auto", metadata=shared(pricing_options.latency))  # parsed: a choice
 
     def config(self) -> CompareConfig:
         out = self.out or DEFAULT_OUT / "compare" / model_name(self.model)

@@ -25,7 +25,8 @@ from perfmodel.planning.deployment import Deployment
 from perfmodel.planning.schedule import ScheduleRequest, schedule_deployment
 from perfmodel.planning.schedule_bands import DEFAULT_MAX_BATCH, default_batches
 from perfmodel.planning.schedule_format import ScheduleBand, SpeculationSchedule
-from perfmodel.serving.capacity import ServeRequest, ServingAnswer, serve_deployments
+from perfmodel.serving.capacity import ServeRequest, serve_deployments
+from perfmodel.serving.capacity_answer import ServingAnswer
 from reports.html import Cell
 
 HEADING = "The answer"

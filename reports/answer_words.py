@@ -9,7 +9,7 @@ import pandas as pd
 
 from perfmodel.cli.workload_options import WorkloadSettings
 from perfmodel.planning.medusa_setting import MedusaSetting
-from perfmodel.serving.capacity import ServingAnswer, ServingOption
+from perfmodel.serving.capacity_answer import ServingAnswer, ServingOption
 from perfmodel.serving.summary import option_line
 from reports.answer import PageAnswer, band_labels, evidence, max_batch
 from reports.prose import capacity_fact, measured_pays_at, shown_path

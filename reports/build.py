@@ -28,7 +28,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.output_locks import claimed_dir
 from perfmodel.latency.step import StepFlavor, StepModel
 from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives
-from perfmodel.latency.traced import TracedStep
+from perfmodel.latency.traced_step import TracedStep
 from perfmodel.measured.device_view import DeviceView, is_cpu_name, resolve_view
 from perfmodel.measured.store import stored_closed_loops, stored_tree_ablations
 from perfmodel.models.config import ModelConfig, load_model

@@ -7,7 +7,7 @@ from __future__ import annotations
 from perfmodel.measured.store import stored_closed_loops
 from perfmodel.planning.capacity import PlanResult
 from perfmodel.planning.schedule import ScheduleRequest, schedule_deployment
-from perfmodel.serving.capacity import ServingAnswer
+from perfmodel.serving.capacity_answer import ServingAnswer
 from reports.answer import (
     EVIDENCE_CSS,
     HEADING,

@@ -6,13 +6,14 @@ import json
 
 import pytest
 
-import decoder.auto_tree as auto_tree_module
+import decoder.tree_calibration as tree_calibration_module
 from decoder import generate, measure
-from decoder.auto_tree import CALIBRATION_TOKENS, calibrate, checkpoint_accuracy
+from decoder.auto_tree import checkpoint_accuracy
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder
 from decoder.step_profile import unsteady_rounds
 from decoder.tree import Drafting
+from decoder.tree_calibration import CALIBRATION_TOKENS, calibrate
 from perfmodel.cli import run
 
 SIZES = (1, 2, 4)
@@ -29,7 +30,7 @@ def spying(monkeypatch, stretch_rounds=frozenset()):
     `stretch_rounds` (from 0), multiplies the 2-token tree's measured time by 5: a burst of load."""
     calls, rounds = [], []
     real_generate = Decoder.generate
-    real_interleaved = auto_tree_module.decode_interleaved
+    real_interleaved = tree_calibration_module.decode_interleaved
 
     def generate(self, prompts, max_new, **kwargs):
         tree = kwargs.get("drafting", Drafting()).tree
@@ -44,7 +45,7 @@ def spying(monkeypatch, stretch_rounds=frozenset()):
         return result
 
     monkeypatch.setattr(Decoder, "generate", generate)
-    monkeypatch.setattr(auto_tree_module, "decode_interleaved", interleaved)
+    monkeypatch.setattr(tree_calibration_module, "decode_interleaved", interleaved)
     return calls
 
 
@@ -60,7 +61,7 @@ def test_every_size_is_warm_at_its_timed_token_count_before_any_is_timed(bundled
 
 def test_one_round_in_five_caught_by_a_burst_leaves_the_step_where_the_others_are(bundled, monkeypatch):
     ckpt, decoder = bundled
-    monkeypatch.setattr(auto_tree_module, "CALIBRATION_ROUNDS", 5)
+    monkeypatch.setattr(tree_calibration_module, "CALIBRATION_ROUNDS", 5)
     accuracy = checkpoint_accuracy(ckpt)
     spying(monkeypatch, stretch_rounds={1})
     measured = calibrate(decoder, ckpt, 1, 16, 200, accuracy, log=lambda *_: None, sizes=SIZES)
@@ -72,7 +73,7 @@ def test_one_round_in_five_caught_by_a_burst_leaves_the_step_where_the_others_ar
 
 def test_bursts_in_two_rounds_of_five_still_condemn_the_calibration(bundled, monkeypatch):
     ckpt, decoder = bundled
-    monkeypatch.setattr(auto_tree_module, "CALIBRATION_ROUNDS", 5)
+    monkeypatch.setattr(tree_calibration_module, "CALIBRATION_ROUNDS", 5)
     spying(monkeypatch, stretch_rounds={1, 3})
     measured = calibrate(decoder, ckpt, 1, 16, 200, checkpoint_accuracy(ckpt), log=lambda *_: None, sizes=SIZES)
     assert unsteady_rounds(measured["spread"]).startswith("its rounds disagree by")
@@ -84,14 +85,14 @@ def test_the_calibrations_steps_are_centred_on_the_runs_mean_context(bundled, mo
     # ran at 160-192 tokens, on text whose batch efficiency was 0.875 against the run's 0.797.
     ckpt, decoder = bundled
     lengths = []
-    real = auto_tree_module.decode_interleaved
+    real = tree_calibration_module.decode_interleaved
 
     def spy(decoder_, prompts, batch, max_new, settings, rounds=1, **kwargs):
         lengths.extend(len(p) + max_new / 2 for p in prompts)
         return real(decoder_, prompts, batch, max_new, settings, rounds, **kwargs)
 
-    monkeypatch.setattr(auto_tree_module, "decode_interleaved", spy)
-    monkeypatch.setattr(auto_tree_module, "CALIBRATION_ROUNDS", 1)
+    monkeypatch.setattr(tree_calibration_module, "decode_interleaved", spy)
+    monkeypatch.setattr(tree_calibration_module, "CALIBRATION_ROUNDS", 1)
     calibrate(decoder, ckpt, 1, 64, 96, checkpoint_accuracy(ckpt), log=lambda *_: None, sizes=SIZES)
     assert set(lengths) == {64 + 96 / 2}
 
@@ -106,8 +107,8 @@ def test_the_commands_calibrate_at_their_prompt_length(command, monkeypatch, tmp
         step_s = {1: 1e-3, 2: 2e-3, 4: 2.2e-3}
         return {"step_s": step_s, "batch_efficiency": dict.fromkeys(step_s, 1.0)}
 
-    monkeypatch.setattr(auto_tree_module, "calibrate", stand_in)
-    monkeypatch.setattr(auto_tree_module, "probe_plain_step", lambda *_: 1e-3)
+    monkeypatch.setattr(tree_calibration_module, "calibrate", stand_in)
+    monkeypatch.setattr(tree_calibration_module, "probe_plain_step", lambda *_: 1e-3)
     if command == "measure":
         args = ["--prompts", "1", "--prompt-len", "16", "--new-tokens", "8", "--sizes", "1", "--tree", "auto"]
         assert run(measure.main, [*args, "--out", str(tmp_path / "acc.json")]) == 0
@@ -127,8 +128,8 @@ def test_a_run_whose_auto_tree_is_plain_decoding_is_the_plain_run(monkeypatch, t
         step_s = {1: 1e-3, 2: 2.9e-3, 4: 4.9e-3}
         return {"step_s": step_s, "batch_efficiency": dict.fromkeys(step_s, 1.0)}
 
-    monkeypatch.setattr(auto_tree_module, "calibrate", no_tree_pays)
-    monkeypatch.setattr(auto_tree_module, "probe_plain_step", lambda *_: 1e-3)
+    monkeypatch.setattr(tree_calibration_module, "calibrate", no_tree_pays)
+    monkeypatch.setattr(tree_calibration_module, "probe_plain_step", lambda *_: 1e-3)
     out = tmp_path / "acc.json"
     args = ["--prompts", "2", "--prompt-len", "16", "--new-tokens", "8", "--sizes", "1", "2", "--tree", "auto"]
     assert run(measure.main, [*args, "--out", str(out)]) == 0

@@ -20,7 +20,8 @@ from perfmodel.models.config import PRESETS
 from perfmodel.models.operators import PHASES
 from profilers import store
 from profilers.campaign import main
-from profilers.campaign_plan import GemmStage, SweepStage, TwinStage, plan_for
+from profilers.campaign_plan import GemmStage, SweepStage, TwinStage
+from profilers.campaign_variants import plan_for
 from profilers.closed_loop.twin_print import classes_path
 from profilers.device import cpu_info
 from profilers.store import output_lock

@@ -21,7 +21,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.cli import run
 from perfmodel.models.operators import HEAD_TOP_K
-from profilers.campaign_plan import TWIN_RECORD
+from profilers.campaign_variants import TWIN_RECORD
 from profilers.closed_loop import capture, regimes
 from profilers.closed_loop.twin import TwinConfig, twin_loop
 from profilers.closed_loop.twin_print import print_twin_batch

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from decoder import auto_tree, generate, measure, step_profile, train, training
+from decoder import generate, measure, step_profile, train, training, tree_calibration
 from decoder.checkpoint import load_checkpoint
 from perfmodel.cli import run
 from tests.conftest import quick_copy
@@ -156,12 +156,12 @@ def test_tree_auto_runs_the_models_choice_and_keeps_its_calibration(quick_model,
     out, _ = quick_model
     # Keeping and reusing is under test here, on whatever load this machine has; the plausibility checks that
     # refuse a calibration disturbed by load are tested in test_defects_decoder.py.
-    for module in (auto_tree, step_profile):
+    for module in (tree_calibration, step_profile):
         monkeypatch.setattr(module, "PLAIN_STEP_FACTOR", float("inf"))
     monkeypatch.setattr(step_profile, "MONOTONE_SLACK", 1.0)
     monkeypatch.setattr(step_profile, "ROUND_SPREAD", float("inf"))
     monkeypatch.setattr(step_profile, "costly_trees", lambda step_s: None)
-    monkeypatch.setattr(auto_tree, "CALIBRATION_SIZES", (1, 2, 4, 8))  # the keeping under test, not the sizes
+    monkeypatch.setattr(tree_calibration, "CALIBRATION_SIZES", (1, 2, 4, 8))  # the keeping under test, not the sizes
     args = ["--model", str(out), "--prompts", "4", "--batch", "2", "--new-tokens", "16", "--prompt-len", "16"]
     args += ["--sizes", "1", "3", "--tree", "auto"]
     assert run(measure.main, [*args, "--out", str(tmp_path / "first.json")]) == 0
@@ -181,7 +181,7 @@ def test_tree_auto_runs_the_models_choice_and_keeps_its_calibration(quick_model,
 
 def test_generate_says_which_tree_auto_chose(quick_model, capsys, monkeypatch):
     out, _ = quick_model
-    monkeypatch.setattr(auto_tree, "CALIBRATION_SIZES", (1, 2, 4))  # the choice said, not its quality
+    monkeypatch.setattr(tree_calibration, "CALIBRATION_SIZES", (1, 2, 4))  # the choice said, not its quality
     argv = ["--model", str(out), "--prompt", "def main(", "--max-new-tokens", "8", "--tree", "auto"]
     assert run(generate.main, argv) == 0
     err = capsys.readouterr().err

@@ -11,15 +11,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import decoder.auto_tree as auto_tree_module
+import decoder.tree_calibration as tree_calibration_module
 from decoder import generate, measure
 from decoder.acceptance import AcceptanceConfig, next_token, rejection, typical
-from decoder.auto_tree import CALIBRATION_ATTEMPTS, auto_tree, calibration_for, model_key
+from decoder.auto_tree import auto_tree
+from decoder.calibration_cache import calibration_for, model_key
 from decoder.checkpoint import Checkpoint, load_checkpoint
 from decoder.medusa import Decoder
 from decoder.model import LlamaConfig, Transformer
 from decoder.runs import heldout_prompts
 from decoder.tree import Drafting, resolve_tree, tree_buffers
+from decoder.tree_calibration import CALIBRATION_ATTEMPTS
 from perfmodel.acceptance.trees import Tree
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
@@ -67,7 +69,7 @@ def run_auto(ckpt, decoder, **kwargs) -> str:
 def test_a_cached_calibration_whose_step_falls_as_the_tree_grows_is_measured_again(bundled, monkeypatch):
     ckpt, decoder = bundled
     calls = Calls(1e-3)
-    monkeypatch.setattr(auto_tree_module, "calibrate", calls)
+    monkeypatch.setattr(tree_calibration_module, "calibrate", calls)
     # what a loaded CPU stored: a 4-token step at half the 2-token one (the probe is real: whatever this
     # machine's plain step now, the fall alone condemns it)
     write_cache(ckpt, decoder, {1: 1e-3, 2: 2e-3, 4: 1e-3})
@@ -80,7 +82,7 @@ def test_a_cached_calibration_whose_step_falls_as_the_tree_grows_is_measured_aga
 def test_a_cached_plain_step_far_above_this_machines_is_measured_again(bundled, monkeypatch):
     ckpt, decoder = bundled
     calls = Calls(1e-3)
-    monkeypatch.setattr(auto_tree_module, "calibrate", calls)
+    monkeypatch.setattr(tree_calibration_module, "calibrate", calls)
     # rising with the tree as it should, but 100 s a step: far above the real probe's, however busy the machine
     write_cache(ckpt, decoder, {1: 100.0, 2: 150.0, 4: 170.0})
     said = run_auto(ckpt, decoder)
@@ -93,9 +95,9 @@ def test_a_cached_plain_step_far_above_this_machines_is_measured_again(bundled, 
 def test_the_cached_plain_step_is_held_against_the_probe(probe_ms, used, bundled, monkeypatch):
     ckpt, decoder = bundled
     calls = Calls(1e-3)
-    monkeypatch.setattr(auto_tree_module, "calibrate", calls)
+    monkeypatch.setattr(tree_calibration_module, "calibrate", calls)
     # a probe of fixed time: the rule under test, not this machine's load
-    monkeypatch.setattr(auto_tree_module, "probe_plain_step", lambda *_: probe_ms * 1e-3, raising=False)
+    monkeypatch.setattr(tree_calibration_module, "probe_plain_step", lambda *_: probe_ms * 1e-3, raising=False)
     write_cache(ckpt, decoder, {1: 1e-3, 2: 2e-3, 4: 2.2e-3}, measured_at=time.time() - 7200)
     said = run_auto(ckpt, decoder)
     path = calibration_for(ckpt, decoder, BATCH, CONTEXT, NEW).path
@@ -111,8 +113,8 @@ def test_the_cached_plain_step_is_held_against_the_probe(probe_ms, used, bundled
 def test_recalibrate_measures_again_and_keeps_a_plausible_result(bundled, monkeypatch):
     ckpt, decoder = bundled
     calls = Calls(1e-3)
-    monkeypatch.setattr(auto_tree_module, "calibrate", calls)
-    monkeypatch.setattr(auto_tree_module, "probe_plain_step", lambda *_: 1e-3, raising=False)
+    monkeypatch.setattr(tree_calibration_module, "calibrate", calls)
+    monkeypatch.setattr(tree_calibration_module, "probe_plain_step", lambda *_: 1e-3, raising=False)
     write_cache(ckpt, decoder, {1: 1e-3, 2: 2e-3, 4: 2.2e-3}, measured_at=time.time() - 7200)
     said = run_auto(ckpt, decoder, recalibrate=True)
     assert calls.count == 1 and "kept the tree calibration" in said
@@ -124,8 +126,8 @@ def test_recalibrate_measures_again_and_keeps_a_plausible_result(bundled, monkey
 def test_a_new_calibration_that_disagrees_with_the_probe_is_neither_kept_nor_used(bundled, monkeypatch):
     ckpt, decoder = bundled
     calls = Calls(5e-3)  # the machine slowed 5x while it calibrated
-    monkeypatch.setattr(auto_tree_module, "calibrate", calls)
-    monkeypatch.setattr(auto_tree_module, "probe_plain_step", lambda *_: 1e-3, raising=False)
+    monkeypatch.setattr(tree_calibration_module, "calibrate", calls)
+    monkeypatch.setattr(tree_calibration_module, "probe_plain_step", lambda *_: 1e-3, raising=False)
     said = run_auto(ckpt, decoder)
     assert "is neither kept nor used" in said and "no speedup predicted" in said  # issue 56, item 8
     assert not calibration_for(ckpt, decoder, BATCH, CONTEXT, NEW).path.exists()
@@ -161,7 +163,7 @@ def test_an_unwritable_cache_is_an_error_before_calibrating(where, tmp_path, mon
         named = str(home / "tree-calibration")
     monkeypatch.setenv(HOME_VARIABLE, str(home))
     calls = Calls(1e-3)
-    monkeypatch.setattr(auto_tree_module, "calibrate", calls)
+    monkeypatch.setattr(tree_calibration_module, "calibrate", calls)
     assert run(generate.main, ["--prompt", "def f(", "--max-new-tokens", "4", "--tree", "auto"]) == 1
     err = capsys.readouterr().err.strip()
     assert calls.count == 0

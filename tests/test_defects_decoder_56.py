@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-import decoder.auto_tree as auto_tree_module
+import decoder.tree_calibration as tree_calibration_module
 from decoder import generate, measure
-from decoder.auto_tree import calibration_for
+from decoder.calibration_cache import calibration_for
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder
 from decoder.tree import resolve_tree
@@ -31,8 +31,8 @@ def stand_ins(monkeypatch, plain_s: float, probe_s: float) -> Calls:
     """A calibration (plain step `plain_s`, rising with the tree) and a probe of fixed times:
     the rule under test, not this machine's load."""
     calls = Calls(plain_s)
-    monkeypatch.setattr(auto_tree_module, "calibrate", calls)
-    monkeypatch.setattr(auto_tree_module, "probe_plain_step", lambda *_: probe_s)
+    monkeypatch.setattr(tree_calibration_module, "calibrate", calls)
+    monkeypatch.setattr(tree_calibration_module, "probe_plain_step", lambda *_: probe_s)
     return calls
 
 
@@ -46,7 +46,7 @@ def test_a_calibration_that_is_not_kept_predicts_nothing(bundled, monkeypatch, c
     assert run(generate.main, [*GENERATE, "--tree", "auto"]) == 0
     err = capsys.readouterr().err
     # measured twice (a burst of load spoils one), both implausible: neither kept nor used
-    assert calls.count == auto_tree_module.CALIBRATION_ATTEMPTS == 2
+    assert calls.count == tree_calibration_module.CALIBRATION_ATTEMPTS == 2
     assert "measuring it once more" in err and "neither kept nor used" in err
     assert "predicted" not in err.replace("no speedup predicted", "")
     said = [line for line in err.splitlines() if line.startswith("no speedup predicted")]
@@ -125,8 +125,8 @@ def test_a_second_calibration_that_is_plausible_is_kept_and_chooses(bundled, mon
             return super().__call__(*args, **kwargs)
 
     calls = SpoiledOnce(1e-3)
-    monkeypatch.setattr(auto_tree_module, "calibrate", calls)
-    monkeypatch.setattr(auto_tree_module, "probe_plain_step", lambda *_: 1e-3)
+    monkeypatch.setattr(tree_calibration_module, "calibrate", calls)
+    monkeypatch.setattr(tree_calibration_module, "probe_plain_step", lambda *_: 1e-3)
     assert run(generate.main, [*GENERATE, "--tree", "auto", "--recalibrate"]) == 0
     err = capsys.readouterr().err
     assert calls.count == 2 and "measuring it once more" in err and "kept the tree calibration" in err

@@ -17,7 +17,8 @@ from perfmodel.base.engine_speculation import EngineSpeculation
 from perfmodel.measured.engine_runs import ENGINE_FOLDER, read_engine_measurement, shipped
 from perfmodel.planning.workload import Requests
 from perfmodel.serving.costs import ServingCosts, context_grid
-from perfmodel.serving.engine_check import compare_runs, measurement_lines, not_predicted, predicted_run, run_pricing
+from perfmodel.serving.engine_check import compare_runs, measurement_lines, not_predicted, predicted_run
+from perfmodel.serving.engine_costs import run_pricing
 from perfmodel.serving.simulator import EngineConfig, simulate
 from reports.commands.validate import main as validate_main
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import decoder.auto_tree as auto_tree_module
+import decoder.tree_calibration as tree_calibration_module
 from decoder import generate
+from decoder.auto_tree import auto_tree
 from decoder.checkpoint import load_checkpoint
 from decoder.medusa import Decoder
 from decoder.step_profile import costly_trees
@@ -192,7 +193,7 @@ def test_a_refused_calibration_names_no_cache_file_and_the_calibration_is_short(
     ckpt = load_checkpoint("bundled")
     decoder = Decoder(ckpt)
     decoded = []
-    real = auto_tree_module.decode_interleaved
+    real = tree_calibration_module.decode_interleaved
 
     def spy(decoder, prompts, batch, max_new, settings, rounds=1, **kwargs):
         decoded.append(max_new)
@@ -200,13 +201,13 @@ def test_a_refused_calibration_names_no_cache_file_and_the_calibration_is_short(
         result[2].decode_s *= 5  # a burst of load while the 2-token tree ran: 5x its real time
         return result
 
-    monkeypatch.setattr(auto_tree_module, "decode_interleaved", spy)
+    monkeypatch.setattr(tree_calibration_module, "decode_interleaved", spy)
     # three tree sizes are enough for a refused calibration (the 2-token tree's burst makes its steps fall)
-    monkeypatch.setattr(auto_tree_module, "CALIBRATION_SIZES", (1, 2, 4))
-    monkeypatch.setattr(auto_tree_module, "CALIBRATION_ROUNDS", 2)  # a spread needs two; the burst is in each
+    monkeypatch.setattr(tree_calibration_module, "CALIBRATION_SIZES", (1, 2, 4))
+    monkeypatch.setattr(tree_calibration_module, "CALIBRATION_ROUNDS", 2)  # a spread needs two; the burst is in each
     said = []
-    choice, _ = auto_tree_module.auto_tree(decoder, ckpt, 1, 16, 200, log=said.append)
-    assert set(decoded) == {auto_tree_module.CALIBRATION_TOKENS}  # not the run's 200 tokens
+    choice, _ = auto_tree(decoder, ckpt, 1, 16, 200, log=said.append)
+    assert set(decoded) == {tree_calibration_module.CALIBRATION_TOKENS}  # not the run's 200 tokens
     assert any("is neither kept nor used" in line for line in said)
     assert choice is None and not any(".json" in line for line in said)  # issue 56, item 8: nothing predicted from it
 

@@ -12,16 +12,9 @@ import torch
 
 from decoder.acceptance import AcceptanceConfig
 from decoder.checkpoint import Checkpoint, load_checkpoint
-from decoder.eagle import (
-    EAGLE_FILE,
-    DraftPlan,
-    DynamicDraft,
-    EagleDrafter,
-    Window,
-    draft_batch,
-    draft_tree,
-    dynamic_eagle_tree,
-)
+from decoder.eagle import EAGLE_FILE, EagleDrafter
+from decoder.eagle_batch import DraftPlan, Window, draft_batch
+from decoder.eagle_tree import DynamicDraft, draft_tree, dynamic_eagle_tree
 from decoder.medusa import Decoder
 from decoder.model import Transformer
 from decoder.train import main as train_main

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from decoder.eagle import CONTEXT, History
+from decoder.eagle import CONTEXT
+from decoder.eagle_tree import History
 from perfmodel.acceptance.batching import conditional_accuracy
 from perfmodel.acceptance.trees import Tree
 from perfmodel.base.errors import PerfkitError

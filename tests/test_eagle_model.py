@@ -27,7 +27,8 @@ from perfmodel.latency.eagle import DraftShape, EagleStep, draft_pass_ops
 from perfmodel.latency.roofline import RooflineLatency
 from perfmodel.latency.step import StepModel
 from perfmodel.latency.tensor_parallel import TensorParallelStep
-from perfmodel.latency.traced import TRACE_COLUMNS, TracedStep
+from perfmodel.latency.traced import TRACE_COLUMNS
+from perfmodel.latency.traced_step import TracedStep
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.models.operators import Matmul, op_kernels

@@ -17,14 +17,8 @@ import pytest
 from perfmodel.base.errors import PerfkitError
 from perfmodel.measured.engine_runs import ENGINE_FOLDER, default_engine_folder, read_engine_measurement
 from perfmodel.measured.store import MEASUREMENTS_DIR
-from perfmodel.serving.engine_check import (
-    compare_runs,
-    comparison_lines,
-    engine_costs,
-    measurement_lines,
-    predicted_run,
-    run_pricing,
-)
+from perfmodel.serving.engine_check import compare_runs, comparison_lines, measurement_lines, predicted_run
+from perfmodel.serving.engine_costs import engine_costs, run_pricing
 from perfmodel.serving.engine_drafting import decoder_drafting
 from profilers.engine.__main__ import main as engine_main
 from profilers.engine.export import export_medusa_heads

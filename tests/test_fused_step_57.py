@@ -22,7 +22,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.latency.kinds import MEMORY_KINDS, kernel_rows
 from perfmodel.latency.source import decoder_latency
-from perfmodel.latency.traced import TracedStep
+from perfmodel.latency.traced_step import TracedStep
 from perfmodel.measured.device_view import gpu_view
 from perfmodel.models.config import load_model
 

@@ -23,7 +23,8 @@ from perfmodel.hardware.specs import find_spec
 from perfmodel.measured.store import measured_rows
 from perfmodel.models.grid import Grid
 from profilers.campaign import main as campaign_main
-from profilers.campaign_plan import TWIN_RECORD, TwinStage, plan_for
+from profilers.campaign_plan import TwinStage
+from profilers.campaign_variants import TWIN_RECORD, plan_for
 from profilers.ceilings import measure_ceilings
 from profilers.closed_loop.twin import TwinConfig, twin_loop
 from profilers.device import cuda_info, decode_clock_events

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.cli import Parser
-from perfmodel.cli import options as shared_options
+from perfmodel.cli import Parser, pricing_options
 from perfmodel.latency.choice import LatencyChoice, LatencySetting
 from perfmodel.latency.source import view_latency
 from perfmodel.measured.device_view import resolve_devices
@@ -24,7 +23,7 @@ def test_a_choice_is_its_setting_and_its_stack():
 
 def test_the_command_line_makes_one_choice_of_latency_and_stack():
     parser = Parser()
-    shared_options.latency(parser)
+    pricing_options.latency(parser)
     assert parser.parse_args(["--stack", "trtllm"]).latency == LatencyChoice(LatencySetting.AUTO, "trtllm")
 
 

@@ -11,6 +11,7 @@ from decoder.corpus import sample_prompts
 from decoder.heads import MedusaHeads
 from decoder.lora import adapters_off, add_lora, lora_parameters, merged
 from decoder.medusa import Decoder
+from decoder.medusa2_build import build_medusa2, fingerprint
 from decoder.model import LlamaConfig, Transformer
 from decoder.runs import heldout_prompts
 from decoder.tree import Drafting
@@ -152,10 +153,10 @@ def test_an_interrupted_run_resumes_to_the_same_weights(medusa2_model, tmp_path,
 
     monkeypatch.setattr(medusa2, "schedule", crash_at_step_3)
     with pytest.raises(RuntimeError, match="killed"):
-        medusa2.build_medusa2(medusa2.QUICK, base, tmp_path / "out", tmp_path / "work", "test", log=print)
+        build_medusa2(medusa2.QUICK, base, tmp_path / "out", tmp_path / "work", "test", log=print)
     monkeypatch.setattr(medusa2, "schedule", schedule)
     messages = []
-    medusa2.build_medusa2(medusa2.QUICK, base, tmp_path / "out", tmp_path / "work", "test", log=messages.append)
+    build_medusa2(medusa2.QUICK, base, tmp_path / "out", tmp_path / "work", "test", log=messages.append)
     assert "medusa-2: resuming at step 2/4" in messages
     for name in ("model.safetensors", "medusa_lm_head.safetensors"):
         resumed, straight = load_file(tmp_path / "out" / name), load_file(out / name)
@@ -193,7 +194,7 @@ def test_the_shipped_medusa2_model_is_the_bundled_one_jointly_trained_and_decode
     shipped = (BUNDLED_MODEL, MEDUSA2_MODEL, DRAFT_MODEL)
     assert sum(f.stat().st_size for d in shipped for f in d.iterdir()) < 28_000_000
     figures = ckpt.info["medusa2"]
-    assert figures["base"]["sha1"] == medusa2.fingerprint(BUNDLED_MODEL)  # rebuild it when the bundled model changes
+    assert figures["base"]["sha1"] == fingerprint(BUNDLED_MODEL)  # rebuild it when the bundled model changes
     assert ckpt.info["heldout_head_accuracy"] == figures["medusa2_heldout_head_accuracy"]
     assert (
         len(ckpt.tree.paths)

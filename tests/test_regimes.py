@@ -10,7 +10,7 @@ from decoder.trace import StepTracer
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
 from perfmodel.latency.source import decoder_latency
-from perfmodel.latency.traced import TracedStep
+from perfmodel.latency.traced_step import TracedStep
 from perfmodel.measured.device_view import gpu_view
 from perfmodel.models.config import load_model
 from profilers.closed_loop import regimes

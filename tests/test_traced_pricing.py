@@ -15,7 +15,8 @@ from perfmodel.hardware.specs import find_spec, load_all_specs, load_spec_file
 from perfmodel.latency.kinds import MEMORY_KINDS
 from perfmodel.latency.pipeline import HOST_KINDS, HostCosts
 from perfmodel.latency.source import latency_source, view_latency
-from perfmodel.latency.traced import CAPTURED_PARTS, TRACE_COLUMNS, TracedStep, launch_costs, price_trace
+from perfmodel.latency.traced import CAPTURED_PARTS, TRACE_COLUMNS, launch_costs, price_trace
+from perfmodel.latency.traced_step import TracedStep
 from perfmodel.measured.device_view import resolve_view
 from perfmodel.models.config import load_model
 from reports.commands.speedup import main as speedup

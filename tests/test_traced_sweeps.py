@@ -11,7 +11,7 @@ import pytest
 import decoder.trace
 from decoder.trace import StepTracer
 from perfmodel.acceptance.rates import resolve_acceptance
-from perfmodel.latency.traced import TracedStep
+from perfmodel.latency.traced_step import TracedStep
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning import simulations

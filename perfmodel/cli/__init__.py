@@ -1,6 +1,6 @@
 """What every command line of the toolkit shares: the parser and argument types (parser),
-the options each declared once (options; a workload's in workload_options), and the
-`medusa-perfkit` dispatcher (console)."""
+the options each declared once (options; how a step is priced in pricing_options, a
+workload's in workload_options), and the `medusa-perfkit` dispatcher (console)."""
 
 from perfmodel.cli.parser import (
     MAX_BATCH,

@@ -16,8 +16,10 @@ Flags with one meaning each:
   --drafter              who drafts the speculative tree: Medusa heads, EAGLE, a draft model, all (best)
   --batch, --context, --tree-size   one step's shape (step_point)
   --weights real|dummy, --replay RECORD   a performance twin (twin)
-  --cuda-graph           the traced step's forward replayed from a CUDA graph (cuda_graph)
   --out PATH / --csv FILE   where a command writes its output / its table
+
+How the performance model prices a step (--latency and --stack, --tp, --host-dispatch,
+--cuda-graph) is declared in perfmodel.cli.pricing_options.
 """
 
 from __future__ import annotations
@@ -31,9 +33,7 @@ from perfmodel.base.dtypes import DTYPES
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import preflight
-from perfmodel.cli.parser import TP_HELP, batch_size, job_count, token_count, tp_degree
-from perfmodel.latency.choice import LATENCY_CHOICES
-from perfmodel.latency.gemm_grid import ENGINES, TORCH, VIDUR
+from perfmodel.cli.parser import batch_size, job_count, token_count
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.models.config import PRESETS
 from perfmodel.planning.drafters import DRAFTERS
@@ -252,27 +252,6 @@ def jobs(target: Target) -> None:
     )
 
 
-def latency(target: Target) -> None:
-    target.add_argument(
-        "--latency",
-        choices=LATENCY_CHOICES,
-        default="auto",
-        help="latency source: auto (default) = measured where the device was measured (shipped profiles or given "
-        "sweeps), calibrated on its measurements for other shapes, borrowed from a measured device of the same "
-        "architecture, else the datasheet roofline; or force one",
-    )
-    # Read with --latency: the command line's parse makes args.latency a LatencyChoice carrying it.
-    target.add_argument(
-        "--stack",
-        metavar="STACK",
-        help=f"whose GPU measurements to predict: {', '.join((VIDUR, *ENGINES, TORCH))} (the harness of Vidur's "
-        "per-model profiles, an engine's device-wide GEMM grid from aiconfigurator-core, or this project's own GPU "
-        "campaign: torch's kernels, as the reference decoder runs them), or a stack-version such as vllm-0.24.0 "
-        "(default: the device's per-model profiles where it has them, else its first engine grid in that order; "
-        "the reference decoder's traced step: the device's torch stack where it has one); the latency label names it",
-    )
-
-
 def step_point(target: Target, *, tree_default: int | None = None, tree_use: str = "") -> None:
     """One step's shape: the batch, the cached context and the Medusa tree's size.
     `tree_default`: the command's tree when none is given (None: no tree unless asked);
@@ -347,17 +326,6 @@ def launch(target: Target, *, many: bool = False, default: tuple[str, ...] | Non
     )
 
 
-def host_dispatch(target: Target) -> None:
-    """--host-dispatch: the host's per-op issue costs (python -m profilers.host_dispatch)."""
-    target.add_argument(
-        "--host-dispatch",
-        type=Path,
-        metavar="FILE",
-        help="a python -m profilers.host_dispatch JSON of this GPU host: price each step as host and device queues "
-        "(perfmodel.latency.pipeline) instead of scaling its kernels by the plain step's in-step factor",
-    )
-
-
 def acceleration(target: Target) -> None:
     """A measured acceptance for one tree: the tokens a step yields."""
     target.add_argument(
@@ -366,21 +334,6 @@ def acceleration(target: Target) -> None:
         metavar="A",
         help="with --tree-size: tokens accepted per step with that tree (e.g. measured by python -m decoder.measure)",
     )
-
-
-def cuda_graph(target: Target) -> None:
-    """How the traced step launches its kernels: one by one (eager) or replayed from a CUDA graph."""
-    target.add_argument(
-        "--cuda-graph",
-        action="store_true",
-        help="price the traced step's forward pass replayed from a CUDA graph, as vLLM, SGLang and TensorRT-LLM run "
-        "decoding: each of its kernels costs the spec's graph_node_us instead of an eager kernel_launch_us (the "
-        "candidates, verification and KV update stay eager; perfmodel.latency.traced); a GPU only",
-    )
-
-
-def tp(target: Target) -> None:
-    target.add_argument("--tp", type=tp_degree, default=1, metavar="N|auto", help=TP_HELP)
 
 
 def json_output(target: Target, what: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfmodel.cli import options
+from perfmodel.cli import options, pricing_options
 from perfmodel.cli.fields import along, option, shared
 from perfmodel.cli.parser import number_in
 from perfmodel.latency.choice import LatencyChoice
@@ -40,7 +40,7 @@ class SpeedupOptions:
         default="both",
         metadata=shared(options.step, choices=("paper", "full", "traced", "both", "all"), default="both"),
     )
-    latency: str | LatencyChoice = field(default="auto", metadata=shared(options.latency))  # parsed: a choice
+    latency: str | LatencyChoice = field(default="auto", metadata=shared(pricing_options.latency))  # parsed: a choice
     acceptance_rates: str | None = field(default=None, metadata=shared(options.acceptance_rates))
     draft_cost: float = field(
         default=DEFAULT_DRAFT_COST,
@@ -84,8 +84,8 @@ class SpeedupOptions:
     batch: int = field(default=1, metadata=along("tree_size"))
     context: int = field(default=512, metadata=along("tree_size"))
     acceleration: float | None = field(default=None, metadata=shared(options.acceleration))
-    cuda_graph: bool = field(default=False, metadata=shared(options.cuda_graph))
+    cuda_graph: bool = field(default=False, metadata=shared(pricing_options.cuda_graph))
     launch: str | None = field(default=None, metadata=shared(options.launch, default=None))
-    host_dispatch: Path | None = field(default=None, metadata=shared(options.host_dispatch))
-    tp: int | None = field(default=1, metadata=shared(options.tp))
+    host_dispatch: Path | None = field(default=None, metadata=shared(pricing_options.host_dispatch))
+    tp: int | None = field(default=1, metadata=shared(pricing_options.tp))
     jobs: int | None = field(default=None, metadata=shared(options.jobs))

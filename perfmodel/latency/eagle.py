@@ -25,7 +25,7 @@ heads. Every op goes through the step's latency source (op_time, phase "tree", c
 = the pass's tokens). Not counted: pass 1 also runs over the tokens the last step accepted
 (the draft's KV cache catches up): it is priced as the root's one token.
 
-This toolkit's reference decoder drafts differently (decoder.eagle.draft_batch), and
+This toolkit's reference decoder drafts differently (decoder.eagle_batch.draft_batch), and
 `StaticTreeDraft` prices what it runs: a static tree, no draft KV cache, so pass j runs the
 last W accepted positions (its context window) and every node down to depth j again, its
 attention over those tokens only, and the LM head reads the nodes pass j expands, each once
@@ -121,7 +121,7 @@ EAGLE2_SHAPE = DraftShape()
 @dataclass(frozen=True)
 class StaticTreeDraft:
     """Static trees drafted without a draft KV cache, as the reference decoder drafts them
-    (decoder.eagle.draft_batch): pass j runs the `window` last accepted positions and every
+    (decoder.eagle_batch.draft_batch): pass j runs the `window` last accepted positions and every
     node down to depth j (Tree.draft_passes), attending among those alone, and expands the
     parents of depth j + 1 (module doc). trees: the tree of every size priced."""
 

@@ -2,7 +2,7 @@
 
 A step model prices one decoding step of a deployment: the whole model from its operator
 inventory (perfmodel.latency.step.StepModel), the reference decoder's traced kernels
-(perfmodel.latency.traced.TracedStep), a shard with its all-reduces
+(perfmodel.latency.traced_step.TracedStep), a shard with its all-reduces
 (perfmodel.latency.tensor_parallel.TensorParallelStep), an EAGLE or draft-model step that
 drafts and verifies (perfmodel.latency.eagle.EagleStep, perfmodel.planning.drafters), or
 decoding and prefill priced by two flavours (perfmodel.serving.capacity.ComposedStep). The

@@ -27,7 +27,7 @@ from perfmodel.latency.allreduce_tables import engine_all_reduce_stack
 from perfmodel.latency.logits_gather import GatherSource, gather_source, gather_time
 from perfmodel.latency.source import view_latency
 from perfmodel.latency.step import StepFlavor, StepModel
-from perfmodel.latency.traced import TracedStep
+from perfmodel.latency.traced_step import TracedStep
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.measured.evidence import DeviceEvidence, as_evidence
 from perfmodel.models.config import ModelConfig

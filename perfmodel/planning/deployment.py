@@ -28,10 +28,11 @@ from perfmodel.measured.device_view import DeviceView, resolve_devices
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.planning.step_models import (
     WHOLE_STEP_FLAVORS,
+    StepSetting,
     check_flavors,
     check_launch_step,
     check_tracer,
-    flavor_steps,
+    setting_steps,
 )
 
 
@@ -88,18 +89,19 @@ class Deployment:
 
     def steps(self, flavors: Iterable[str] | None = None) -> dict[StepFlavor, TensorParallelStep]:
         """One step model per flavour (default: the deployment's own), priced once per
-        instance (perfmodel.planning.step_models.flavor_steps)."""
+        instance (perfmodel.planning.step_models.setting_steps)."""
         if self.tp is None:
             raise PerfkitError("a deployment's steps need its tensor-parallel degree: price deployment.at(tp)")
         wanted = check_flavors(dict.fromkeys(flavors or (self.step,)))
         missing = [f for f in wanted if f not in self._steps]
         if missing:
-            self._steps.update(
-                flavor_steps(
-                    self.view, self.model, self.dtype, self.tp, self.latency, missing, self.tracer, self.launch
-                )
-            )
+            self._steps.update(setting_steps(self.step_setting, missing))
         return {f: self._steps[f] for f in wanted}
+
+    @property
+    def step_setting(self) -> StepSetting:
+        """What every flavour of this deployment's step shares (perfmodel.planning.step_models)."""
+        return StepSetting(self.view, self.model, self.dtype, self.tp, self.latency, self.tracer, self.launch)
 
     def step_model(self, flavor: str | None = None) -> TensorParallelStep:
         """The step model of one flavour (default: the deployment's own)."""

@@ -3,7 +3,7 @@
 - `paper`: the Medusa paper's simplified Llama block (Appendix G.3; perfmodel.latency.step);
 - `full`: the whole model step from its operator inventory (perfmodel.latency.step);
 - `traced`: every kernel the reference decoder's step launches, from a trace table, each
-  priced (perfmodel.latency.traced.TracedStep).
+  priced (perfmodel.latency.traced_step.TracedStep).
 
 A traced step needs a tracer: the command hands in the decoder's (decoder.trace.StepTracer),
 so that the analytic core prices trace tables without importing the decoder.
@@ -21,7 +21,8 @@ from perfmodel.latency.choice import LatencyChoice
 from perfmodel.latency.source import decoder_latency
 from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.tensor_parallel import TensorParallelStep, tensor_parallel_steps
-from perfmodel.latency.traced import TracedStep, Tracer
+from perfmodel.latency.traced import Tracer
+from perfmodel.latency.traced_step import TracedStep
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
 
@@ -110,15 +111,19 @@ def flavor_steps(
     tracer: Tracer | None = None,
     launch: Launch | None = None,
 ) -> dict[str, TensorParallelStep]:
-    """One step model per flavour, in the order asked, for `model` split tp ways on `view`:
-    the shard timed by the view's latency source plus its all-reduces where tp > 1
-    (perfmodel.latency.tensor_parallel), each flavour built over that full step by its
-    FLAVOR_BUILDERS entry. tracer: (model, batch, context, candidates, dtype) -> trace table,
-    needed by the traced flavour. launch: the regime the traced step is priced in end to end
-    (perfmodel.latency.traced.TracedStep.regime; None: its kernels' sum), its tracer tracing
-    that regime's step."""
+    """One step model per flavour, in the order asked, for `model` split tp ways on `view`
+    (setting_steps, its arguments spelled out). tracer: (model, batch, context, candidates,
+    dtype) -> trace table, needed by the traced flavour. launch: the regime the traced step
+    is priced in end to end (perfmodel.latency.traced_step.TracedStep.regime; None: its kernels'
+    sum), its tracer tracing that regime's step."""
+    return setting_steps(StepSetting(view, model, dtype, tp, latency, tracer, launch), flavors)
+
+
+def setting_steps(setting: StepSetting, flavors=("full",)) -> dict[str, TensorParallelStep]:
+    """One step model per flavour, in the order asked: the shard timed by the view's latency
+    source plus its all-reduces where tp > 1 (perfmodel.latency.tensor_parallel), each flavour
+    built over that full step by its FLAVOR_BUILDERS entry."""
     flavors = check_flavors(flavors)
-    check_tracer(flavors, tracer)
-    setting = StepSetting(view, model, dtype, tp, latency, tracer, launch)
-    full = tensor_parallel_steps(view, model, dtype, tp, latency)[StepFlavor.FULL]
-    return {f: FLAVOR_BUILDERS[f](setting, full, f) for f in flavors}
+    check_tracer(flavors, setting.tracer)
+    full = tensor_parallel_steps(setting.view, setting.model, setting.dtype, setting.tp, setting.latency)
+    return {f: FLAVOR_BUILDERS[f](setting, full[StepFlavor.FULL], f) for f in flavors}

@@ -17,7 +17,8 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.latency.kinds import kernel_rows
 from perfmodel.latency.step import step_inventory
-from perfmodel.latency.traced import TracedStep, kind_shares
+from perfmodel.latency.traced import kind_shares
+from perfmodel.latency.traced_step import TracedStep
 
 POINT_COLUMNS = (
     "device",

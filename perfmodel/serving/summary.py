@@ -7,7 +7,7 @@ import math
 
 from perfmodel.measured.contract import plural
 from perfmodel.planning.medusa_setting import MedusaSetting
-from perfmodel.serving.capacity import ServingAnswer, ServingOption
+from perfmodel.serving.capacity_answer import ServingAnswer, ServingOption
 
 
 def ms(seconds: float) -> str:

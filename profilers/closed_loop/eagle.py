@@ -2,7 +2,7 @@
 differs from the Medusa heads' loop.
 
 - Acceptance by replay, as for the heads: along each prompt's plain continuation the drafter
-  drafts the chain of the tokens that came (decoder.eagle.chain_hits: every depth from its
+  drafts the chain of the tokens that came (decoder.eagle_batch.chain_hits: every depth from its
   parent's drafted feature, with the context window the decoder has there), which gives at
   every position the rank of each coming token at each depth. Greedy verification accepts a
   static tree's path exactly where those ranks lie along it, so every tree's steps replay
@@ -31,7 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from decoder.eagle import CONTEXT, EAGLE_DEPTH, DynamicDraft, History, chain_hits
+from decoder.eagle import CONTEXT, EAGLE_DEPTH
+from decoder.eagle_batch import chain_hits
+from decoder.eagle_tree import DynamicDraft, History
 from decoder.runs import decode_batches
 from decoder.tree import Drafting, tree_buffers
 from perfmodel.acceptance.batching import conditional_accuracy

@@ -35,11 +35,11 @@ import pandas as pd
 from decoder.trace import StepTracer
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
-from perfmodel.cli import Parser, options, run
+from perfmodel.cli import Parser, options, pricing_options, run
 from perfmodel.cli.fields import POSITIONAL, add_options, option, read_options, shared
 from perfmodel.latency.pipeline import HostCosts
 from perfmodel.latency.source import decoder_latency
-from perfmodel.latency.traced import TracedStep
+from perfmodel.latency.traced_step import TracedStep
 from perfmodel.measured.device_view import gpu_view
 from perfmodel.measured.store import MEASUREMENTS_DIR
 from perfmodel.models.config import load_model
@@ -201,7 +201,7 @@ class RegimesOptions:
         ),
     )
     gpu: str = field(default="", metadata=shared(options.gpu, required=True))
-    host_dispatch: Path | None = field(default=None, metadata=shared(options.host_dispatch))
+    host_dispatch: Path | None = field(default=None, metadata=shared(pricing_options.host_dispatch))
 
 
 def build_parser() -> Parser:

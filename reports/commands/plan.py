@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfmodel.base.outputs import write_csv
-from perfmodel.cli import Parser, batch_size, options
+from perfmodel.cli import Parser, batch_size, options, pricing_options
 from perfmodel.cli.fields import add_options, nested, option, read_options, shared
 from perfmodel.cli.workload_options import WorkloadOptions, WorkloadSettings
 from perfmodel.hardware.specs import load_all_specs
@@ -116,14 +116,14 @@ class PlanOptions:
             metavar="B",
         ),
     )
-    tp: int | None = field(default=1, metadata=shared(options.tp))
+    tp: int | None = field(default=1, metadata=shared(pricing_options.tp))
     reserve: float = field(
         default=DEFAULT_RESERVE,
         metadata=option(
             "--reserve", "memory kept free per device (default %(default)s)", type=number, metavar="FRACTION"
         ),
     )
-    latency: str | LatencyChoice = field(default="auto", metadata=shared(options.latency))  # parsed: a choice
+    latency: str | LatencyChoice = field(default="auto", metadata=shared(pricing_options.latency))  # parsed: a choice
     step: str = field(default="full", metadata=shared(options.step, choices=WHOLE_STEP_FLAVORS, default="full"))
     launch: str | None = field(default=None, metadata=shared(options.launch, default=None))
     csv: Path | None = field(default=None, metadata=shared(options.csv, what="the bands table (device x batch)"))

@@ -20,7 +20,7 @@ from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.output_locks import claimed_dir
 from perfmodel.base.outputs import writable_dir, writable_file
 from perfmodel.base.provenance import Provenance
-from perfmodel.cli import Parser, batch_size, options, positive_int, token_count
+from perfmodel.cli import Parser, batch_size, options, positive_int, pricing_options, token_count
 from perfmodel.cli.fields import add_options, option, read_options, shared
 from perfmodel.latency.attention_table import write_measured_attention
 from perfmodel.latency.choice import LatencyChoice
@@ -104,7 +104,7 @@ class RooflineOptions:
         ),
     )
     jobs: int | None = field(default=None, metadata=shared(options.jobs))
-    latency: str | LatencyChoice = field(default="auto", metadata=shared(options.latency))  # parsed: a choice
+    latency: str | LatencyChoice = field(default="auto", metadata=shared(pricing_options.latency))  # parsed: a choice
 
 
 def build_parser() -> Parser:

@@ -30,7 +30,7 @@ from perfmodel.latency.pipeline import HostCosts
 from perfmodel.latency.source import decoder_latency, view_latency
 from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives
-from perfmodel.latency.traced import TracedStep
+from perfmodel.latency.traced_step import TracedStep
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import PlanRequest, serving_plan
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
@@ -68,7 +68,7 @@ def tp_line(asked: int | None, tp: int) -> str:
 def point_steps(deployment: Deployment, flavors, cuda_graph: bool = False, regime=None, host=None) -> dict:
     """Step models of each flavour for a deployment; a traced one traces the reference
     decoder's steps, its forward replayed from a CUDA graph with cuda_graph, or the step of a
-    launch regime priced end to end (perfmodel.latency.traced.TracedStep.regime)."""
+    launch regime priced end to end (perfmodel.latency.traced_step.TracedStep.regime)."""
     device, model, dtype, tp, latency = (
         deployment.view,
         deployment.model,

@@ -15,7 +15,7 @@ from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import write_csv
-from perfmodel.cli import Parser, batch_size, options, positive_int, positive_number
+from perfmodel.cli import Parser, batch_size, options, positive_int, positive_number, pricing_options
 from perfmodel.cli.fields import add_options, along, option, read_options, shared
 from perfmodel.measured.engine_runs import ENGINES, default_engine_folder, read_engine_measurement
 from perfmodel.serving.engine_check import compare_runs, measurement_lines
@@ -127,7 +127,7 @@ class ValidateOptions:
     weights: str = field(default="real", metadata=shared(options.twin))
     replay: Path | None = field(default=None, metadata=along("weights"))
     launch: str = field(default=Launch.EAGER, metadata=shared(options.launch))
-    host_dispatch: Path | None = field(default=None, metadata=shared(options.host_dispatch))
+    host_dispatch: Path | None = field(default=None, metadata=shared(pricing_options.host_dispatch))
     dtype: str | None = field(
         default=None,
         metadata=shared(
