@@ -176,7 +176,7 @@ def package_data() -> dict[str, list[str]]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
 
 
-@pytest.mark.parametrize("folder", ["profilers/measurements", "decoder/assets", "hw_specs"])
+@pytest.mark.parametrize("folder", ["profilers/measurements", "decoder/assets", "hw_specs", "perfmodel/measured"])
 def test_package_data_ships_every_data_file(folder):
     """setuptools matches package data with glob(package / pattern, recursive=True): every
     data file under the folder must be matched, or a wheel install lacks it."""

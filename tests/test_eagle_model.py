@@ -249,5 +249,7 @@ def test_bad_drafter_input_is_a_one_line_error(capsys):
     assert run(main, ["--gpu", "a100", "--drafter", "medusa", "--acceptance-rates", "eagle"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "of the eagle drafter" in err
-    assert run(main, ["--gpu", "a100", "--drafter", "eagle", "--tree-size", "8", "--acceleration", "3"]) == 1
-    assert capsys.readouterr().err.count("\n") == 1
+    # one EAGLE tree is priced since issue 59; a chain of no drafts is not
+    assert run(main, ["--gpu", "a100", "--drafter", "eagle", "--chain", "0", "--acceleration", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--chain 0: a chain has at least one draft" in err

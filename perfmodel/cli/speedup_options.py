@@ -77,8 +77,19 @@ class SpeedupOptions:
         default=None,
         metadata=shared(
             options.step_point,
-            tree_use=": answer for that one tree instead of the simulations (plain and Medusa step times, overhead "
-            "and speedup); needs --acceleration",
+            tree_use=": answer for that one tree instead of the simulations (plain and speculative step times, "
+            "EAGLE's or a draft model's drafting and verification apart, overhead and speedup); with --drafter "
+            "eagle or draft, the drafter's own tree of that size; needs --acceleration",
+        ),
+    )
+    chain: int | None = field(
+        default=None,
+        metadata=option(
+            "--chain",
+            "answer for one chain of K drafts on one path (K + 1 tokens verified: vLLM's default shape) instead of "
+            "the simulations; for any --drafter, instead of --tree-size; needs --acceleration",
+            type=int,
+            metavar="K",
         ),
     )
     batch: int = field(default=1, metadata=along("tree_size"))

@@ -64,10 +64,14 @@ class DraftModelStep(DraftsThenVerifies):
         """The target's prefill, and the draft model's over the same prompt at cost_ratio of it."""
         return (1 + self.cost_ratio) * np.asarray(self.verify.prefill_time(batch, prompt_len, False), dtype=float)
 
-    def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
+    def draft_time(self, batch, seq_len, candidates) -> np.ndarray:
+        """Seconds of the gamma = candidates - 1 draft steps, each cost_ratio x the plain step."""
         plain = np.asarray(self.verify.step_time(batch, seq_len, 1), dtype=float)
+        return self.cost_ratio * (np.asarray(candidates) - 1) * plain
+
+    def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
         verify = np.asarray(self.verify.step_time(batch, seq_len, candidates), dtype=float)
-        return verify + self.cost_ratio * (np.asarray(candidates) - 1) * plain
+        return verify + self.draft_time(batch, seq_len, candidates)
 
 
 @dataclass(frozen=True)

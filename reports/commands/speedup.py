@@ -35,7 +35,8 @@ from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import PlanRequest, serving_plan
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.drafter_choice import choice_lines
-from perfmodel.planning.drafters import drafters_for
+from perfmodel.planning.drafter_point import DRAFTER_POINT_COLUMNS, DraftedShape, drafter_point, drafter_point_lines
+from perfmodel.planning.drafters import Drafter, drafters_for
 from perfmodel.planning.simulation_summary import best_trees, optima_side_by_side, summary_lines
 from perfmodel.planning.simulations import choose_devices, device_table, draft_model_table, optima
 from perfmodel.planning.step_point import POINT_COLUMNS, point_lines, step_point
@@ -91,11 +92,13 @@ def point_steps(deployment: Deployment, flavors, cuda_graph: bool = False, regim
     return steps
 
 
-def answer_point(args, model, devices, flavors) -> int:
-    """--tree-size: one tree at one batch and context, on every device asked for."""
+def answer_point(args, model, devices, flavors, drafter: Drafter) -> int:
+    """--tree-size or --chain: one tree or chain at one batch and context, on every device asked for."""
     if args.acceleration is None:
-        raise PerfkitError("--tree-size needs --acceleration (tokens accepted per step with that tree)")
-    model.check_context(args.context, args.tree_size)  # every step flavour, as the traced one already refuses
+        shape = "--tree-size" if args.tree_size is not None else "--chain"
+        raise PerfkitError(f"{shape} needs --acceleration (tokens accepted per step with that shape)")
+    shape = DraftedShape.of(args.tree_size, args.chain)
+    model.check_context(args.context, shape.tokens)  # every step flavour, as the traced one already refuses
     for given, option in ((args.cuda_graph, "--cuda-graph"), (args.launch, "--launch")):
         if given and StepFlavor.TRACED not in flavors:
             raise PerfkitError(
@@ -104,6 +107,7 @@ def answer_point(args, model, devices, flavors) -> int:
     if args.host_dispatch is not None and args.launch not in (Launch.EAGER, Launch.STATIC):
         raise PerfkitError("--host-dispatch prices an eager or static step's host queue: give --launch eager or static")
     host = HostCosts.from_json(args.host_dispatch) if args.host_dispatch is not None else None
+    medusa = drafter.name == DrafterKind.MEDUSA
     frames = []
     for device in devices:
         dtype = args.dtype or default_dtype("cpu" if device.is_cpu else "cuda")
@@ -111,15 +115,20 @@ def answer_point(args, model, devices, flavors) -> int:
         tp = args.tp or 1
         (deployment,) = resolve(model, [device], DeploymentChoices(dtype, tp, args.latency))
         steps = point_steps(deployment, flavors, args.cuda_graph, args.launch, host)
-        rows = step_point(steps, args.batch, args.context, args.tree_size, args.acceleration)
-        rows = rows.assign(device=device.spec.key, model=model.name, dtype=dtype)[list(POINT_COLUMNS)]
+        if medusa:  # the heads draft inside the step: one step of the tree's size
+            rows = step_point(steps, args.batch, args.context, shape.tokens, args.acceleration)
+            columns, what = POINT_COLUMNS, f"a {shape.tokens}-token tree"
+        else:
+            rows = drafter_point(steps, drafter, shape, args.batch, args.context, args.acceleration)
+            columns, what = DRAFTER_POINT_COLUMNS, f"{drafter.name} drafting {rows['shape'].iloc[0]}"
+        rows = rows.assign(device=device.spec.key, model=model.name, dtype=dtype)[list(columns)]
         print(
             f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted, batch {args.batch}, context "
-            f"{args.context}, a {args.tree_size}-token tree at acceleration {args.acceleration:g}"
+            f"{args.context}, {what} at acceleration {args.acceleration:g}"
             + (f", tensor parallel {tp}" if tp > 1 else "")
         )
         print(f"  latency: {rows['latency_model'].iloc[0]}")
-        for line in point_lines(steps, rows):
+        for line in point_lines(steps, rows) if medusa else drafter_point_lines(rows):
             print(line)
         frames.append(rows)
     table = pd.concat(frames, ignore_index=True)
@@ -143,25 +152,30 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model)
     if args.dtype:
         check_dtype(args.dtype)
-    if args.acceleration is not None and args.tree_size is None:
-        raise PerfkitError("--acceleration is the tokens per step of one tree: give its size with --tree-size")
-    if args.tree_size is not None and args.drafter != DrafterKind.MEDUSA:
-        raise PerfkitError(f"--tree-size prices one Medusa tree; --drafter {args.drafter} runs the simulations only")
+    point = args.tree_size is not None or args.chain is not None
+    if args.acceleration is not None and not point:
+        raise PerfkitError(
+            "--acceleration is the tokens per step of one tree or chain: give its shape with --tree-size or --chain"
+        )
+    if point and args.drafter in (DrafterChoice.ALL, DrafterChoice.BEST):
+        raise PerfkitError(f"--drafter {args.drafter}: one point is priced for one drafter (medusa, eagle or draft)")
     if args.drafter == DrafterKind.MEDUSA:
         model.require_heads("there is no tree to price, plain decoding is its only step (--drafter eagle or draft)")
     drafters = drafters_for(args.drafter, args.acceptance_rates, args.draft_alpha, args.draft_cost)
     acceptance = drafters[0].choice  # None for the draft model alone
     devices = choose_devices(args.gpu, args.spec, args.all)
     flavors = {"both": ("paper", "full"), "all": ("paper", "full", "traced")}.get(args.step, (args.step,))
-    if args.tree_size is not None:
-        return answer_point(args, model, devices, flavors)
+    if point:
+        return answer_point(args, model, devices, flavors, drafters[0])
     for given, option in (
         (args.cuda_graph, "--cuda-graph"),
         (args.launch, "--launch"),
         (args.host_dispatch, "--host-dispatch"),
     ):
         if given:
-            raise PerfkitError(f"{option} prices one point's traced step: give --tree-size and --acceleration")
+            raise PerfkitError(
+                f"{option} prices one point's traced step: give --tree-size (or --chain) and --acceleration"
+            )
     draft = draft_model_table(cost_ratio=args.draft_cost)
     tracer = sweep_tracer() if StepFlavor.TRACED in flavors else None  # one for every device: a shard is traced once
 

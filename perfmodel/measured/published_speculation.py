@@ -1,0 +1,73 @@
+"""Published measurements of speculative decoding on GPUs, as shipped with a source and date
+per row (perfmodel/measured/published_speculation.csv; docs/results/published-speculation.md
+says how they were collected and what each source's numbers mean).
+
+A row is one measured configuration: the GPU and its count, the target model, the engine or
+implementation, the drafter family (DRAFTER_FAMILIES; `drafter_detail` names the checkpoint or
+method), its shape as the source states it, the batch (a count, or `batch_text` where the
+source gives a load instead), the acceptance (mean accepted length, per-position rates), and
+what was measured: a speedup over plain decoding in the same harness, tokens/s (per user or in
+total) or ms per token. `read_published` checks every row before anything is compared with it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from perfmodel.base.errors import PerfkitError
+
+PUBLISHED = Path(__file__).with_name("published_speculation.csv")
+DRAFTER_FAMILIES = ("medusa", "eagle", "eagle3", "mtp", "draft", "ngram", "other")
+COLUMNS = (
+    "gpu", "num_gpus", "num_gpus_text", "model", "dtype", "engine", "drafter", "drafter_detail", "shape",
+    "tree_size", "chain_k", "batch", "batch_text", "dataset", "temperature", "accept_length",
+    "per_position_acceptance", "speedup", "tokens_per_s", "tokens_per_s_kind", "ms_per_token",
+    "source_url", "source_title", "source_date", "source_where", "notes",
+)  # fmt: skip
+COUNTS = ("num_gpus", "tree_size", "chain_k", "batch")
+NUMBERS = ("temperature", "accept_length", "speedup", "tokens_per_s", "ms_per_token")
+MEASURED = ("speedup", "tokens_per_s", "ms_per_token", "accept_length")  # at least one per row
+DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
+
+
+def read_published(path: Path = PUBLISHED) -> pd.DataFrame:
+    """The published rows, checked: the columns, a drafter family, a GPU, a source URL and a
+    date on every row, counts and numbers where given, something measured. A bad row is one
+    line naming the file, its row and what is wrong."""
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise PerfkitError(f"{path}: not a readable CSV ({exc})") from None
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise PerfkitError(f"{path}: missing column(s) {', '.join(missing)}")
+    for index, row in frame.iterrows():
+        where = f"{path.name} row {index + 2}"  # the header is line 1
+        if row["drafter"] not in DRAFTER_FAMILIES:
+            raise PerfkitError(f"{where}: drafter {row['drafter']!r} is none of {', '.join(DRAFTER_FAMILIES)}")
+        if not row["gpu"] or not row["source_url"].startswith(("http://", "https://")):
+            raise PerfkitError(f"{where}: every row names its GPU and its source's URL")
+        if not DATE.match(row["source_date"]):
+            raise PerfkitError(f"{where}: source_date {row['source_date']!r} is not YYYY-MM or YYYY-MM-DD")
+        bad = [c for c in COUNTS if row[c] and not row[c].isdigit()]
+        bad += [c for c in NUMBERS if row[c] and not _is_number(row[c])]
+        if bad:
+            raise PerfkitError(f"{where}: {', '.join(f'{c} {row[c]!r}' for c in bad)} not a number")
+        if not any(row[c] for c in MEASURED):
+            raise PerfkitError(f"{where}: nothing measured (one of {', '.join(MEASURED)})")
+    for column in COUNTS:
+        frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("Int64")
+    for column in NUMBERS:
+        frame[column] = pd.to_numeric(frame[column].replace("", None))
+    return frame
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,160 @@
+"""One point's answer for a drafter outside the step: EAGLE's draft layer or a draft model,
+drafting a tree or a chain, then the target verifying it.
+
+Practitioners who measured their drafter's acceptance (tokens per step) ask what its step
+costs against a plain step and what speedup that buys. The step is priced in two parts,
+drafting (EAGLE's sequential passes of one layer and the LM head, or gamma steps of the draft
+model) and verification (the target over the drafted tokens and the root, without heads),
+each by the drafter's step model over the flavour asked (perfmodel.planning.drafters):
+
+    overhead = (drafting + verification) / plain step,  speedup = acceleration / overhead,
+
+and the time per token is the step over the acceleration. A shape is the drafter's default
+tree of n tokens (EAGLE-2's top-k expansion; a draft model's chain of n - 1 drafts) or a chain
+of K drafts (K + 1 tokens verified, one path: vLLM's default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from perfmodel.base.drafter_kind import DrafterKind
+from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.eagle import DraftShape
+from perfmodel.latency.tensor_parallel import TensorParallelStep
+from perfmodel.planning.drafters import Drafter
+
+DRAFTER_POINT_COLUMNS = (
+    "device",
+    "model",
+    "dtype",
+    "step",
+    "drafter",
+    "shape",
+    "batch",
+    "context",
+    "tokens_verified",
+    "draft_passes",
+    "acceleration",
+    "plain_step_ms",
+    "draft_ms",
+    "verify_ms",
+    "step_ms",
+    "overhead",
+    "speedup",
+    "ms_per_token",
+    "latency_model",
+    "source",
+)
+
+
+@dataclass(frozen=True)
+class DraftedShape:
+    """What one speculative step drafts: `tokens` verified (root included), as the drafter's
+    default tree of that size or, with `chain`, one path of tokens - 1 drafts."""
+
+    tokens: int
+    chain: bool = False
+
+    @classmethod
+    def of(cls, tree_size: int | None, chain: int | None) -> DraftedShape:
+        """From --tree-size (tokens, root included) or --chain (drafts): exactly one of them."""
+        if (tree_size is None) == (chain is None):
+            raise PerfkitError("give the shape as one of --tree-size T (tokens, root included) or --chain K (drafts)")
+        if chain is not None:
+            if not isinstance(chain, int) or chain < 1:
+                raise PerfkitError(f"--chain {chain}: a chain has at least one draft (K >= 1)")
+            return cls(chain + 1, chain=True)
+        if tree_size < 2:
+            raise PerfkitError(
+                f"--tree-size {tree_size}: a speculative step verifies the root and at least one candidate (>= 2)"
+            )
+        return cls(tree_size)
+
+    def describe(self, drafter: Drafter) -> str:
+        if self.chain or drafter.name == DrafterKind.DRAFT:
+            return f"a chain of {self.tokens - 1} draft(s)"
+        tree = drafter.shape
+        return f"a {self.tokens}-token tree (EAGLE-2's top-{tree.top_k} expansion, at most {tree.depth} passes)"
+
+    def drafter(self, drafter: Drafter) -> Drafter:
+        """The drafter drafting this shape: EAGLE's chain is one node expanded per pass."""
+        if self.chain and drafter.name == DrafterKind.EAGLE:
+            return dataclasses.replace(drafter, shape=DraftShape(depth=self.tokens - 1, top_k=1))
+        return drafter
+
+
+def most_accepted(drafter: Drafter, tokens: int) -> int:
+    """The most tokens a step of `tokens` verified can yield: its deepest path accepted whole,
+    and the target's own token."""
+    passes = drafter.depths([tokens])[0]
+    return tokens if passes is pd.NA else int(passes) + 1
+
+
+def drafter_point(
+    steps: dict[str, TensorParallelStep],
+    drafter: Drafter,
+    shape: DraftedShape,
+    batch: int,
+    context: int,
+    acceleration: float,
+) -> pd.DataFrame:
+    """Rows (without the device columns) of each flavour's step in `steps` drafted by `drafter`."""
+    drafter = shape.drafter(drafter)
+    most = most_accepted(drafter, shape.tokens)
+    if not (math.isfinite(acceleration) and 1 <= acceleration <= most):
+        raise PerfkitError(
+            f"--acceleration {acceleration:g}: {shape.describe(drafter)} verified by {drafter.name} yields 1 to {most} "
+            f"tokens a step (its deepest path of {most - 1} draft(s), each accepted, and the target's own token)"
+        )
+    rows = []
+    for flavor, step in steps.items():
+        spec = drafter.step(step)
+        plain, total, draft = (
+            float(np.asarray(t).ravel()[0])
+            for t in (
+                spec.step_time(batch, context, 1),
+                spec.step_time(batch, context, shape.tokens),
+                spec.draft_time(batch, context, shape.tokens),
+            )
+        )
+        passes = drafter.depths([shape.tokens])[0]
+        rows.append(
+            {
+                "step": flavor,
+                "drafter": drafter.name,
+                "shape": shape.describe(drafter),
+                "batch": batch,
+                "context": context,
+                "tokens_verified": shape.tokens,
+                "draft_passes": shape.tokens - 1 if passes is pd.NA else int(passes),
+                "acceleration": acceleration,
+                "plain_step_ms": plain * 1e3,
+                "draft_ms": draft * 1e3,
+                "verify_ms": (total - draft) * 1e3,
+                "step_ms": total * 1e3,
+                "overhead": total / plain,
+                "speedup": acceleration * plain / total,
+                "ms_per_token": total / acceleration * 1e3,
+                "latency_model": spec.label,
+                "source": "predicted",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def drafter_point_lines(rows: pd.DataFrame) -> list[str]:
+    """What a person reads: per flavour the plain step, drafting and verification apart, the
+    overhead, the speedup and the time per token."""
+    return [
+        f"  {r.step}: plain step {r.plain_step_ms:.3f} ms; {r.drafter} step {r.step_ms:.3f} ms = drafting "
+        f"{r.draft_ms:.3f} ms ({r.draft_passes} pass(es)) + verification {r.verify_ms:.3f} ms ({r.tokens_verified} "
+        f"tokens): overhead {r.overhead:.3f}, speedup {r.speedup:.2f}x at acceleration {r.acceleration:g}, "
+        f"{r.ms_per_token:.3f} ms per token"
+        for r in rows.itertuples()
+    ]
