@@ -7,6 +7,7 @@ import csv
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from perfmodel.base.errors import PerfkitError
@@ -32,6 +33,19 @@ def test_the_results_page_counts_what_the_file_holds():
         assert table[family] == counted, family
 
 
+def shipped_rows() -> list[dict]:
+    with PUBLISHED.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def written(rows: list[dict], path: Path) -> Path:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 @pytest.mark.parametrize(
     "column, value, message",
     [
@@ -42,13 +56,34 @@ def test_the_results_page_counts_what_the_file_holds():
     ],
 )
 def test_a_bad_row_is_refused_naming_its_row(tmp_path, column, value, message):
-    with PUBLISHED.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = shipped_rows()
     rows[7][column] = value
-    bad = tmp_path / "published.csv"
-    with bad.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    bad = written(rows, tmp_path / "published.csv")
     with pytest.raises(PerfkitError, match=rf"published.csv row 9: {message}"):
+        read_published(bad)
+
+
+def test_the_check_predicts_the_priced_rows_from_their_own_acceptance(tmp_path, capsys):
+    from perfmodel.published_check import main as published_check
+
+    csv_path = tmp_path / "checked.csv"
+    assert published_check(["--drafter", "medusa", "eagle", "--csv", str(csv_path)]) == 0
+    out = capsys.readouterr().out
+    checked = pd.read_csv(csv_path)
+    assert len(checked) >= 6 and set(checked["drafter"]) == {"medusa", "eagle"}
+    # the prediction is the row's own accepted length over the priced step's overhead
+    row = checked.iloc[0]
+    assert row["predicted_speedup"] == pytest.approx(row["accept_length"] * row["plain_step_ms"] / row["step_ms"])
+    assert row["error"] == pytest.approx(row["predicted_speedup"] / row["speedup"] - 1)
+    line = next(line for line in out.splitlines() if "measured" in line and "predicted" in line and "->" in line)
+    assert line.index("measured") < line.index("predicted")  # measured evidence first
+    assert "mean |error| eagle" in out and "not predicted:" in out and "drafting is not priced yet" not in out
+
+
+def test_a_priced_row_says_all_of_how_it_is_priced(tmp_path):
+    rows = shipped_rows()
+    priced = next(i for i, row in enumerate(rows) if row["device"])
+    rows[priced]["priced_as"] = ""
+    bad = written(rows, tmp_path / "published.csv")
+    with pytest.raises(PerfkitError, match=rf"row {priced + 2}: a priced row gives all of device, preset"):
         read_published(bad)

@@ -36,6 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "transfer-check": ("perfmodel.transfer_check", "how well GEMM latency transfers to unmeasured devices"),
     "trace": ("decoder.trace", "the kernels of one decoding step, traced on the meta device"),
     "attention-check": ("perfmodel.attention_check", "how well measured attention predicts unmeasured head shapes"),
+    "published-check": (
+        "perfmodel.published_check",
+        "published GPU measurements of speculative decoding beside the predictions",
+    ),
     "peer-check": (
         "perfmodel.peer_check",
         "engine-regime TPOT and TTFT beside NVIDIA aiconfigurator's",

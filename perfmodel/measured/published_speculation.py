@@ -26,8 +26,12 @@ COLUMNS = (
     "tree_size", "chain_k", "batch", "batch_text", "dataset", "temperature", "accept_length",
     "per_position_acceptance", "speedup", "tokens_per_s", "tokens_per_s_kind", "ms_per_token",
     "source_url", "source_title", "source_date", "source_where", "notes",
+    "device", "preset", "tokens_verified", "draft_depth", "draft_top_k", "priced_as",
 )  # fmt: skip
-COUNTS = ("num_gpus", "tree_size", "chain_k", "batch")
+# How a row is priced, where it is: the device (a hw_specs key) and model preset it ran on,
+# the tokens each step verified, the draft's depth and top-k, and what that rests on.
+PRICED = ("device", "preset", "tokens_verified", "priced_as")
+COUNTS = ("num_gpus", "tree_size", "chain_k", "batch", "tokens_verified", "draft_depth", "draft_top_k")
 NUMBERS = ("temperature", "accept_length", "speedup", "tokens_per_s", "ms_per_token")
 MEASURED = ("speedup", "tokens_per_s", "ms_per_token", "accept_length")  # at least one per row
 DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
@@ -58,6 +62,8 @@ def read_published(path: Path = PUBLISHED) -> pd.DataFrame:
             raise PerfkitError(f"{where}: {', '.join(f'{c} {row[c]!r}' for c in bad)} not a number")
         if not any(row[c] for c in MEASURED):
             raise PerfkitError(f"{where}: nothing measured (one of {', '.join(MEASURED)})")
+        if any(row[c] for c in PRICED) and not all(row[c] for c in PRICED):
+            raise PerfkitError(f"{where}: a priced row gives all of {', '.join(PRICED)}")
     for column in COUNTS:
         frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("Int64")
     for column in NUMBERS:
