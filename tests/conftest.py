@@ -54,6 +54,13 @@ def pytest_cmdline_main(config):
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked long (a real engine serving a load: over a minute) start first: xdist hands
+    the first worker the front of the list, and the other runs the rest beside it instead of
+    one long test running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 def pytest_collection_finish(session):
     """What every test module imported (torch, pandas, matplotlib: most of a worker's objects)
     is left out of garbage collections from here on, and the first generation is collected

@@ -130,6 +130,7 @@ def engine_processes() -> list[str]:
     return found
 
 
+@pytest.mark.long
 def test_the_engine_serves_a_short_load_end_to_end_and_leaves_nothing_running(tmp_path, capsys):
     if not installed():
         if os.environ.get("CI"):
