@@ -59,11 +59,13 @@ def test_the_fused_static_step_decodes_the_reference_greedy_tokens_of_the_bundle
 def test_the_compiled_step_runs_the_fused_forward_and_decodes_the_same_tokens(bundled):
     ckpt, prompts = bundled
     decoder = Decoder(ckpt)
-    for batch, kwargs in ((1, {}), (3, {"drafting": Drafting(ckpt.tree)})):
-        reference = decoder.generate(prompts[:batch], 24, **kwargs)
-        assert decoder.generate(prompts[:batch], 24, launch="compiled", **kwargs).tokens == reference.tokens
+    # one compile, a tree step of two sequences: a compile takes seconds on a CPU, and the plain step
+    # runs the same fused forward (test_the_fused_static_step_decodes_the_reference_greedy_tokens...)
+    kwargs = {"drafting": Drafting(ckpt.tree)}
+    reference = decoder.generate(prompts[:2], 24, **kwargs)
+    assert decoder.generate(prompts[:2], 24, launch="compiled", **kwargs).tokens == reference.tokens
     steps = list(decoder._static_steps.values())  # the compiled steps, kept per shape
-    assert len(steps) == 2 and all(isinstance(step.forward_pass, FusedForward) for step in steps)
+    assert len(steps) == 1 and isinstance(steps[0].forward_pass, FusedForward)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
