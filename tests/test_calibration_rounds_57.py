@@ -19,13 +19,6 @@ from perfmodel.cli import run
 SIZES = (1, 2, 4)
 
 
-@pytest.fixture(autouse=True)
-def two_prompts_a_round(monkeypatch):
-    """Two prompts a round, not four: what these tests check is per round (a round is one call
-    over every prompt), and the suite has five minutes."""
-    monkeypatch.setattr(tree_calibration_module, "CALIBRATION_PROMPTS", 2)
-
-
 @pytest.fixture(scope="module")
 def bundled():
     ckpt = load_checkpoint("bundled")

@@ -8,7 +8,7 @@ import pytest
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.planning.deployment import resolve
-from perfmodel.planning.drafter_point import DraftedShape, drafter_point
+from perfmodel.planning.drafter_point import DraftedShape, drafter_point, tokens_per_step
 from perfmodel.planning.drafters import draft_model_drafter, drafters_for
 from reports.commands.speedup import main as speedup
 
@@ -73,3 +73,32 @@ def test_the_command_answers_for_eagle_with_drafting_and_verification_apart(tmp_
     assert list(rows[["drafter", "tokens_verified", "source"]].iloc[0]) == ["eagle", 26, "predicted"]
     with pytest.raises(PerfkitError, match="--drafter all: one point is priced for one drafter"):
         speedup(["--gpu", "a100-sxm", "--drafter", "all", "--chain", "3", "--acceleration", "2"])
+
+
+def test_per_position_rates_give_the_tokens_per_step_of_their_chain(tmp_path, capsys):
+    assert tokens_per_step([0.8, 0.6, 0.4]) == pytest.approx(2.8)
+    csv = tmp_path / "rates.csv"
+    base = ["--gpu", "h100", "--model", "vicuna-7b", "--drafter", "eagle", "--step", "full", "--csv", str(csv)]
+    assert speedup([*base, "--position-rates", "0.8", "0.6", "0.4"]) == 0
+    row = pd.read_csv(csv).iloc[0]
+    assert (row["tokens_verified"], row["draft_passes"], row["acceleration"]) == (4, 3, pytest.approx(2.8))
+
+
+@pytest.mark.parametrize(
+    "rates, extra, message",
+    [
+        (["0.6", "0.8"], [], "position 2's 0.8 exceeds position 1's 0.6"),
+        (["0.8", "0.6"], ["--acceleration", "2"], "give one of --acceleration or --position-rates"),
+        (["0.8", "0.6", "0.4"], ["--chain", "2"], "3 rate.s. for a chain of 2 draft.s."),
+    ],
+)
+def test_bad_position_rates_are_refused_in_one_line(rates, extra, message):
+    with pytest.raises(PerfkitError, match=message):
+        speedup(["--gpu", "h100", "--drafter", "eagle", "--position-rates", *rates, *extra])
+
+
+def test_a_rate_outside_0_to_1_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        speedup(["--gpu", "h100", "--drafter", "eagle", "--position-rates", "0.6", "1.2"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "must be a number from 0 to 1" in err

@@ -19,6 +19,7 @@ DEVICE = ("device", True)  # --gpu, --all or --spec: exactly one
 
 cost_ratio = number_in(0.0, 1e3, ">= 0 (draft step time / target step time)")
 acceptance_rate = number_in(0.0, 1.0, "from 0 to 1 (the share of drafts the target accepts)")
+position_rate = number_in(0.0, 1.0, "from 0 to 1 (the share of drafts accepted at that position)")
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,18 @@ class SpeedupOptions:
             "the simulations; for any --drafter, instead of --tree-size; needs --acceleration",
             type=int,
             metavar="K",
+        ),
+    )
+    position_rates: tuple[float, ...] | None = field(
+        default=None,
+        metadata=option(
+            "--position-rates",
+            "instead of --acceleration: a chain's acceptance rate at each draft position (vLLM's /metrics accepted "
+            "per position over drafts), tokens per step = 1 + their sum; the chain is one draft per rate unless "
+            "--chain or --tree-size says otherwise",
+            type=position_rate,
+            nargs="+",
+            metavar="R",
         ),
     )
     batch: int = field(default=1, metadata=along("tree_size"))

@@ -89,6 +89,26 @@ class DraftedShape:
         return drafter
 
 
+def tokens_per_step(rates) -> float:
+    """Tokens a step yields from per-position acceptance rates of a chain (as vLLM's /metrics
+    counts them: of the drafts, the share whose position j was accepted, every earlier one
+    accepted too): 1 + the sum of the rates. Rates must lie in [0, 1] and not rise with the
+    position, since a draft is accepted only after every draft before it."""
+    rates = [float(r) for r in rates]
+    if not rates:
+        raise PerfkitError("--position-rates: give one rate per draft position, the first position's first")
+    bad = [r for r in rates if not (math.isfinite(r) and 0 <= r <= 1)]
+    if bad:
+        raise PerfkitError(f"--position-rates {bad[0]:g}: a position's acceptance rate lies in [0, 1]")
+    rising = next((j for j in range(1, len(rates)) if rates[j] > rates[j - 1]), None)
+    if rising is not None:
+        raise PerfkitError(
+            f"--position-rates: position {rising + 1}'s {rates[rising]:g} exceeds position {rising}'s "
+            f"{rates[rising - 1]:g}; a draft is accepted only after every draft before it, so rates do not rise"
+        )
+    return 1.0 + sum(rates)
+
+
 def most_accepted(drafter: Drafter, tokens: int) -> int:
     """The most tokens a step of `tokens` verified can yield: its deepest path accepted whole,
     and the target's own token."""

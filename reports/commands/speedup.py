@@ -35,7 +35,13 @@ from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import PlanRequest, serving_plan
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.drafter_choice import choice_lines
-from perfmodel.planning.drafter_point import DRAFTER_POINT_COLUMNS, DraftedShape, drafter_point, drafter_point_lines
+from perfmodel.planning.drafter_point import (
+    DRAFTER_POINT_COLUMNS,
+    DraftedShape,
+    drafter_point,
+    drafter_point_lines,
+    tokens_per_step,
+)
 from perfmodel.planning.drafters import Drafter, drafters_for
 from perfmodel.planning.simulation_summary import best_trees, optima_side_by_side, summary_lines
 from perfmodel.planning.simulations import choose_devices, device_table, draft_model_table, optima
@@ -152,6 +158,17 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model)
     if args.dtype:
         check_dtype(args.dtype)
+    if args.position_rates is not None:
+        if args.acceleration is not None:
+            raise PerfkitError("give one of --acceleration or --position-rates: the rates give the tokens per step")
+        accelerated = tokens_per_step(args.position_rates)
+        if args.chain is not None and args.chain != len(args.position_rates):
+            raise PerfkitError(
+                f"--position-rates: {len(args.position_rates)} rate(s) for a chain of {args.chain} draft(s); give one "
+                "rate per draft position"
+            )
+        chain = len(args.position_rates) if args.tree_size is None and args.chain is None else args.chain
+        args = dataclasses.replace(args, acceleration=accelerated, chain=chain)
     point = args.tree_size is not None or args.chain is not None
     if args.acceleration is not None and not point:
         raise PerfkitError(
