@@ -118,6 +118,13 @@ class SourceRequest:
     def datasheet(self) -> LatencyModel:
         return LatencyModel(self.spec, self.model, self.dtype, LatencyMode.DATASHEET, params=self.params)
 
+    def on_rows(self, table: GemmTable, stack: str, **beside) -> LatencyModel:
+        """A source resting on the device's own GEMM rows (`table`, its fitted roofline for the
+        rest); `beside`: elementwise rows, a grid, attention tables where there are some."""
+        return LatencyModel(
+            self.spec, self.model, self.dtype, self.measured_mode, table, params=table.params, stack=stack, **beside
+        )
+
 
 # ----------------------------------------------------------------------------- measured devices
 
@@ -130,10 +137,7 @@ def from_given(request: SourceRequest) -> LatencyModel:
     rows = rows[rows["dtype"] == request.dtype]
     origin = "given measurements" + (f" + {origin}" if origin else "")
     table = GemmTable.of(rows, request.spec, request.dtype, origin)
-    elementwise = same_shard(table.rows, request.model)
-    return LatencyModel(
-        request.spec, request.model, request.dtype, request.measured_mode, table, elementwise, table.params, "given"
-    )
+    return request.on_rows(table, "given", elementwise=same_shard(table.rows, request.model))
 
 
 def from_profiles(request: SourceRequest, stack: str) -> LatencyModel | None:
@@ -142,19 +146,12 @@ def from_profiles(request: SourceRequest, stack: str) -> LatencyModel | None:
     table = stored_calibration(evidence, dtype)
     if table is None:
         return None
-    grid, attention = default_grid(evidence, dtype), attention_table(evidence, None, dtype)
-    elementwise = same_shard(table.rows, request.model)
-    return LatencyModel(
-        request.spec,
-        request.model,
-        dtype,
-        request.measured_mode,
+    return request.on_rows(
         table,
-        elementwise,
-        table.params,
         stack,
-        grid,
-        attention,
+        elementwise=same_shard(table.rows, request.model),
+        grid=default_grid(evidence, dtype),
+        attention=attention_table(evidence, None, dtype),
     )
 
 
@@ -163,19 +160,7 @@ def from_campaign(request: SourceRequest, stack: str) -> LatencyModel | None:
     table = stack_calibration(request.evidence, stack, request.dtype)
     if table is None:
         return None
-    attention = attention_table(request.evidence, stack, request.dtype)
-    return LatencyModel(
-        request.spec,
-        request.model,
-        request.dtype,
-        request.measured_mode,
-        table,
-        None,
-        table.params,
-        stack,
-        None,
-        attention,
-    )
+    return request.on_rows(table, stack, attention=attention_table(request.evidence, stack, request.dtype))
 
 
 def from_grid(request: SourceRequest, stack: str) -> LatencyModel | None:
