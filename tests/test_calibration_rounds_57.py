@@ -25,9 +25,10 @@ def bundled():
     return ckpt, Decoder(ckpt)
 
 
-def spying(monkeypatch, stretch_rounds=frozenset()):
+def spying(monkeypatch, stretch_rounds=frozenset(), factor=5):
     """Records every generate() call as (timed, max_new, tree size) and, in the rounds
-    `stretch_rounds` (from 0), multiplies the 2-token tree's measured time by 5: a burst of load."""
+    `stretch_rounds` (from 0), multiplies the 2-token tree's measured time by `factor`: a burst
+    of load."""
     calls, rounds = [], []
     real_generate = Decoder.generate
     real_interleaved = tree_calibration_module.decode_interleaved
@@ -41,7 +42,7 @@ def spying(monkeypatch, stretch_rounds=frozenset()):
         rounds.append(len(rounds))
         result = real_interleaved(decoder, prompts, batch, max_new, settings, rounds_, **kwargs)
         if rounds[-1] in stretch_rounds:
-            result[2].decode_s *= 5
+            result[2].decode_s *= factor
         return result
 
     monkeypatch.setattr(Decoder, "generate", generate)
@@ -63,11 +64,13 @@ def test_one_round_in_five_caught_by_a_burst_leaves_the_step_where_the_others_ar
     ckpt, decoder = bundled
     monkeypatch.setattr(tree_calibration_module, "CALIBRATION_ROUNDS", 5)
     accuracy = checkpoint_accuracy(ckpt)
-    spying(monkeypatch, stretch_rounds={1})
+    spying(monkeypatch, stretch_rounds={1}, factor=20)
     measured = calibrate(decoder, ckpt, 1, 16, 200, accuracy, log=lambda *_: None, sizes=SIZES)
-    # the 2-token tree's step is the median round's, not the mean's 1.8x; its spread is the
-    # quartiles', so the burst condemns nothing (slowest over fastest was 4)
-    assert measured["step_s"][2] < 1.5 * measured["step_s"][4]
+    # the 2-token tree's step is the median round's, not the mean's (4 + 20) / 5 = 4.8x: a
+    # bound of 2.5x the 4-token tree's leaves room for the suite's own noise in the other
+    # rounds; its spread is the quartiles', so the burst condemns nothing (slowest over fastest
+    # was 4)
+    assert measured["step_s"][2] < 2.5 * measured["step_s"][4]
     assert measured["spread"][2] < 1.0
 
 

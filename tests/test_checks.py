@@ -73,7 +73,7 @@ def test_a_records_drafter_is_typed_when_it_is_read():
 
     record = AcceptanceRecord.load(TOOLKIT_ROOT / "decoder" / "assets" / "bundled" / "acceptance-greedy.json")
     assert record.drafter is DrafterKind.MEDUSA and json.dumps(record.drafter) == '"medusa"'
-    assert tuple(DrafterKind) == ("medusa", "eagle", "draft")
+    assert tuple(DrafterKind) == ("medusa", "eagle", "draft", "eagle3", "mtp", "ngram")
 
 
 def test_a_phase_is_typed_and_reads_as_its_name():

@@ -64,10 +64,10 @@ def test_a_bad_row_is_refused_naming_its_row(tmp_path, column, value, message):
 
 
 def test_the_check_predicts_the_priced_rows_from_their_own_acceptance(tmp_path, capsys):
-    from perfmodel.published_check import main as published_check
+    from reports.commands.published_check import main as published_check
 
     csv_path = tmp_path / "checked.csv"
-    assert published_check(["--drafter", "medusa", "eagle", "--csv", str(csv_path)]) == 0
+    assert published_check(["--drafter", "medusa", "eagle", "--regime", "full", "--csv", str(csv_path)]) == 0
     out = capsys.readouterr().out
     checked = pd.read_csv(csv_path)
     assert len(checked) >= 6 and set(checked["drafter"]) == {"medusa", "eagle"}
@@ -87,3 +87,34 @@ def test_a_priced_row_says_all_of_how_it_is_priced(tmp_path):
     bad = written(rows, tmp_path / "published.csv")
     with pytest.raises(PerfkitError, match=rf"row {priced + 2}: a priced row gives all of device, preset"):
         read_published(bad)
+
+
+def test_draft_model_ngram_and_eagle3_rows_are_priced_with_their_own_drafting(tmp_path, capsys):
+    from reports.commands.published_check import main as published_check
+
+    csv_path = tmp_path / "checked.csv"
+    assert published_check(["--drafter", "draft", "ngram", "eagle3", "--regime", "full", "--csv", str(csv_path)]) == 0
+    checked = pd.read_csv(csv_path)
+    assert set(checked["drafter"]) == {"draft", "ngram", "eagle3"}
+    draft = checked[checked["drafter"] == "draft"]
+    # the draft model's own steps: vicuna-68m's two layers, named in what the step rests on
+    assert (draft["draft_config"] == "vicuna-68m").all() and draft["latency_model"].str.contains("vicuna-68m").all()
+    ngram = checked[checked["drafter"] == "ngram"]
+    # the host's lookup costs microseconds beside a step of milliseconds
+    assert (ngram["draft_ms"] < 0.01 * ngram["plain_step_ms"]).all() and (ngram["draft_ms"] > 0).all()
+    assert "mean |error| eagle3" in capsys.readouterr().out
+
+
+def test_an_eager_harness_row_is_priced_as_the_reference_decoders_eager_step(tmp_path, capsys):
+    from reports.commands.published_check import main as published_check
+
+    full, eager = tmp_path / "full.csv", tmp_path / "eager.csv"
+    assert published_check(["--drafter", "draft", "--regime", "full", "--csv", str(full)]) == 0
+    assert published_check(["--drafter", "draft", "--csv", str(eager)]) == 0
+    assert "eager rows: the reference decoder's eager step, " in capsys.readouterr().out
+    full, eager = pd.read_csv(full), pd.read_csv(eager)
+    assert (full["step"] == "full").all() and (eager["step"] == "traced").all()
+    assert (eager["launch"] == "eager").all()
+    # the host issues every kernel of the target's steps and of the draft model's: each draft
+    # step of a two-layer model costs more eager than its kernels alone
+    assert (eager["draft_ms"] / eager["draft_passes"] > full["draft_ms"] / full["draft_passes"]).all()

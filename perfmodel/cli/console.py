@@ -46,6 +46,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "engine-kernels": ("profilers.engine_kernels", "time on a GPU the LM head and fused norm the engine steps derive"),
     "host-dispatch": ("profilers.host_dispatch", "time what the host spends issuing one tiny op, per kernel kind"),
+    "ngram-lookup": (
+        "profilers.ngram_lookup",
+        "time n-gram (prompt-lookup) drafting's lookup on this host, per sequence per step",
+    ),
     "step-bench": ("profilers.step_bench", "kernels and Python time per decoding step, eager against static, by batch"),
     "allreduce-compare": ("perfmodel.allreduce_compare", "the ring all-reduce model against measured tables"),
     "allreduce": ("profilers.allreduce", "time all-reduce over processes (gloo on CPU, NCCL on GPUs) for tp plans"),
@@ -74,6 +78,7 @@ COMMAND_CODE = {
     "perfmodel.speedup": "reports.commands.speedup",
     "perfmodel.validate": "reports.commands.validate",
     "perfmodel.search_benchmark": "reports.commands.search_benchmark",
+    "perfmodel.published_check": "reports.commands.published_check",
 }
 
 

@@ -183,6 +183,9 @@ DRAFTER_MEANINGS = {
     "medusa": "the Medusa heads, in the step",
     "eagle": "EAGLE, one layer and the LM head per depth, then the tree verified",
     "draft": "a separate draft model, gamma draft steps then gamma + 1 tokens verified",
+    "eagle3": "EAGLE-3's head (3-layer feature fusion, its own vocabulary), at one point",
+    "mtp": "the checkpoint's own MTP module(s) (num_nextn_predict_layers), at one point",
+    "ngram": "n-gram lookup in the context on the host (prompt lookup), at one point",
     "all": "the three side by side and the best drafter and tree per batch and context",
     "best": "each band runs whichever of the three is best there, or off",
 }

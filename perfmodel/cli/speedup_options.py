@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.cli import options, pricing_options
 from perfmodel.cli.fields import along, option, shared
 from perfmodel.cli.parser import number_in
@@ -53,7 +54,18 @@ class SpeedupOptions:
             metavar="C",
         ),
     )
-    drafter: str = field(default="medusa", metadata=shared(options.drafter))
+    drafter: str = field(default="medusa", metadata=shared(options.drafter, choices=(*DrafterKind, "all")))
+    draft_config: Path | None = field(
+        default=None,
+        metadata=option(
+            "--draft-config",
+            "with --tree-size or --chain: the drafter's own config.json (a file or its folder): a draft model's "
+            "(--drafter draft: its own steps instead of --draft-cost), or an EAGLE / EAGLE-3 head's (its layer "
+            "shapes; EAGLE-3's draft_vocab_size); an MTP module's shapes are the target's own",
+            type=Path,
+            metavar="PATH",
+        ),
+    )
     draft_alpha: float = field(
         default=DEFAULT_DRAFT_ALPHA,
         metadata=option(
@@ -93,6 +105,17 @@ class SpeedupOptions:
             metavar="K",
         ),
     )
+    engine_tree: tuple[str, ...] | None = field(
+        default=None,
+        metadata=option(
+            "--engine-tree",
+            "instead of --tree-size: an engine's own tree, SGLang's num_steps=S eagle_topk=K num_draft_tokens=N "
+            "(--speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens) for eagle, eagle3 "
+            "or mtp; needs --acceleration",
+            nargs="+",
+            metavar="KEY=VALUE",
+        ),
+    )
     position_rates: tuple[float, ...] | None = field(
         default=None,
         metadata=option(
@@ -103,6 +126,15 @@ class SpeedupOptions:
             type=position_rate,
             nargs="+",
             metavar="R",
+        ),
+    )
+    best_chain: bool = field(
+        default=False,
+        metadata=option(
+            "--best-chain",
+            "with --position-rates: per batch (1 to 256) the chain of 1 to as many drafts as rates with the highest "
+            "speedup, and the batch from which speculation stops paying, instead of one point",
+            action="store_true",
         ),
     )
     batch: int = field(default=1, metadata=along("tree_size"))

@@ -40,6 +40,10 @@ layer by the same latency source (the decoder's EAGLE drafting is not traced).
 
 Tensor parallel: the draft layer is split as the model's layers are, with its two
 all-reduces per pass over the pass's tokens; its fc and the LM head as the target's.
+
+Other feature-level drafters draft the same way with other weights (DraftWeights,
+perfmodel.latency.draft_weights): EAGLE-3's head (a 3h fc on the first pass, 2h q/k/v, its own
+reduced vocabulary) and a checkpoint's MTP module (EAGLE's pass with the module's norms).
 """
 
 from __future__ import annotations
@@ -52,9 +56,12 @@ import numpy as np
 from perfmodel.acceptance.trees import Tree
 from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
-from perfmodel.latency.step import LatencySource, StepFlavor, StepOp, check_flavor, distinct_points, layer_ops
+from perfmodel.base.launch import Launch
+from perfmodel.latency.draft_weights import EAGLE_WEIGHTS, DraftWeights, latency_for
+from perfmodel.latency.step import LatencySource, StepFlavor, StepOp, check_flavor, distinct_points
 from perfmodel.latency.step_cost import DraftsThenVerifies, StepCost
 from perfmodel.latency.tensor_parallel import TensorParallelStep
+from perfmodel.latency.traced_step import TracedStep
 from perfmodel.models.config import ModelConfig
 
 # EAGLE-2's defaults in its reference code and in Spec-Bench's runs of it (top_k 10, depth 5
@@ -116,6 +123,9 @@ class DraftShape:
 
 
 EAGLE2_SHAPE = DraftShape()
+# A pass priced as a step of its own (EagleStep.pass_step) runs the embedding, the layer, the
+# final norm and the LM head in that step; the head's own ops beside it are priced apart.
+STEPPED_APART = ("eagle_fc", "eagle3_fc", "draft_topk")
 
 
 @dataclass(frozen=True)
@@ -169,24 +179,12 @@ class StaticTreeDraft:
         )
 
 
-def draft_pass_ops(model: ModelConfig, flavor: str, cached: bool = True) -> tuple[StepOp, ...]:
-    """The ops of one draft pass (module doc): the paper's layer, or one layer of the model's
-    shapes with the embedding, EAGLE's fc, and over the nodes expanded (tokens="expanded") the
-    LM head and the top-k. A drafter without a KV cache (cached=False) writes none, builds
-    its mask every pass and ends in a norm, as the reference decoder's does."""
-    check_flavor(flavor)
-    if flavor == StepFlavor.PAPER:
-        return layer_ops(model, "paper")
-    one_layer = dataclasses.replace(model, num_layers=1)
-    layer = layer_ops(one_layer, flavor)
-    if not cached:
-        layer = (
-            *(item for item in layer if item.op != "kv_write"),
-            StepOp("mask", kv=True),
-            StepOp("norm", label="final_norm"),
-        )
-    expanded = (StepOp("lm_head", tokens="expanded"), StepOp("draft_topk", tokens="expanded"))
-    return (*layer, StepOp("eagle_fc"), *expanded)
+def draft_pass_ops(
+    model: ModelConfig, flavor: str, cached: bool = True, weights: DraftWeights = EAGLE_WEIGHTS, first: bool = True
+) -> tuple[StepOp, ...]:
+    """The ops of one draft pass of the drafter `weights` over the target's shard `model`
+    (perfmodel.latency.draft_weights.DraftWeights.pass_ops: EAGLE's by default)."""
+    return weights.pass_ops(model, flavor, cached, first)
 
 
 def pass_calls(ops, cached: bool, batch, seq_len, work: DraftPass, drafted):
@@ -203,15 +201,17 @@ def pass_calls(ops, cached: bool, batch, seq_len, work: DraftPass, drafted):
         yield item, "tree", batch, keys, rows
 
 
-def draft_calls(model: ModelConfig, flavor: str, shape, batch, seq_len, candidates, depth=None):
+def draft_calls(model: ModelConfig, flavor: str, shape, points, depth=None, weights: DraftWeights = EAGLE_WEIGHTS):
     """(pass, step op, phase, batch, seq_len, candidates, where) of every op call of drafting
-    the trees at the points given (broadcast arrays): which points it runs at and a mask of
-    the points it belongs to. What drafting runs needs no latency source: the closed loop
-    lists the calls it must time from this, and EagleStep prices them."""
-    b, s, n = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (batch, seq_len, candidates)))
+    the trees at the points given ((batch, seq_len, candidates), broadcast arrays) by the
+    drafter `weights`: which points it runs at and a mask of the points it belongs to. What
+    drafting runs needs no latency source: the closed loop lists the calls it must time from
+    this, and EagleStep prices them."""
+    b, s, n = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in points))
     drafted = np.zeros(b.shape, dtype=np.int64)
-    ops = draft_pass_ops(model, flavor, shape.cached)
+    first, later = (draft_pass_ops(model, flavor, shape.cached, weights, first) for first in (True, False))
     for index, work in enumerate(shape.passes(n, None if depth is None else np.broadcast_to(depth, b.shape))):
+        ops = first if index == 0 else later
         drafted = drafted + work.tokens
         on = work.tokens > 0
         if not on.any():
@@ -224,7 +224,7 @@ def draft_calls(model: ModelConfig, flavor: str, shape, batch, seq_len, candidat
 def draft_points(model: ModelConfig, flavor: str, shape, batch, seq_len, candidates) -> list[tuple]:
     """The distinct (op, phase, batch, seq_len, candidates) points drafting runs its ops at, in
     order of first call: what timing the drafts takes."""
-    return distinct_points(call[1:] for call in draft_calls(model, flavor, shape, batch, seq_len, candidates))
+    return distinct_points(call[1:] for call in draft_calls(model, flavor, shape, (batch, seq_len, candidates)))
 
 
 @dataclass(frozen=True)
@@ -243,9 +243,23 @@ class EagleStep(DraftsThenVerifies):
     latency: LatencySource
     flavor: str = "full"
     shape: DraftShape | StaticTreeDraft = EAGLE2_SHAPE
+    weights: DraftWeights = EAGLE_WEIGHTS
+    # Where the verification is launched in a regime whose host time counts (a traced step's
+    # eager or static launches), each pass is priced as a step of its own: the reference
+    # decoder's plain step of the head's one-layer model over the pass's tokens, its kernels
+    # through the host and device queues, and the head's fc and top-k from their ops.
+    pass_step: StepCost | None = None
 
     def __post_init__(self) -> None:
         check_flavor(self.flavor)
+
+    @property
+    def pass_latency(self) -> LatencySource:
+        """The latency source pricing a draft pass: the target's, on the head's own shapes
+        where its config gives them (perfmodel.latency.draft_weights.latency_for)."""
+        if self.weights.layer is None:
+            return self.latency
+        return latency_for(self.latency, self.weights.pass_model(self.model))
 
     def prefill_time(self, batch, prompt_len, medusa: bool = False) -> np.ndarray:
         """The target's prefill (the drafter's one layer over the prompt is left out: under
@@ -258,17 +272,34 @@ class EagleStep(DraftsThenVerifies):
         b, n = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (batch, seq_len, candidates)))[::2]
         work = self.shape.passes(n, None if depth is None else np.broadcast_to(depth, n.shape))
         times = [np.zeros(n.shape) for _ in work]
-        calls = draft_calls(self.model, self.flavor, self.shape, batch, seq_len, candidates, depth)
+        calls = draft_calls(self.model, self.flavor, self.shape, (batch, seq_len, candidates), depth, self.weights)
+        latency = self.pass_latency
         for index, item, phase, bb, s, q, where in calls:
-            times[index][where] += item.count * np.asarray(self.latency.op_time(item.op, phase, bb, s, q), float)
+            if self.pass_step is None or item.op in STEPPED_APART:
+                times[index][where] += item.count * np.asarray(latency.op_time(item.op, phase, bb, s, q), float)
+        if self.pass_step is not None:
+            self.add_stepped_passes(times, work, b, np.broadcast_to(np.asarray(seq_len, dtype=np.int64), b.shape))
         split = self.verify if isinstance(self.verify, TensorParallelStep) and self.verify.tp > 1 else None
+        layers = self.weights.pass_model(self.model).num_layers
         if split is not None:
             for index, draft in enumerate(work):
                 on = draft.tokens > 0
-                times[index][on] += split.layers_comm_time(b[on] * draft.tokens[on], layers=1)
+                times[index][on] += split.layers_comm_time(b[on] * draft.tokens[on], layers=layers)
                 # the LM head's logits of the expanded nodes, split over the vocabulary
                 times[index][on] += split.rows_gather_time(b[on] * draft.expanded[on])
         return times
+
+    def add_stepped_passes(self, times, work, batch, seq_len) -> None:
+        """Each pass's step (pass_step) added to `times`: a pass of w tokens per sequence as
+        the head's step of w tokens (a tree step without heads where w > 1) over the context and
+        the drafts so far."""
+        drafted = np.zeros(batch.shape, dtype=np.int64)
+        for index, draft in enumerate(work):
+            on = draft.tokens > 0
+            if on.any():
+                step = self.pass_step.step_time(batch[on], seq_len[on] + drafted[on], draft.tokens[on])
+                times[index][on] += np.asarray(step, dtype=float)
+            drafted = drafted + draft.tokens
 
     def draft_time(self, batch, seq_len, candidates, depth=None) -> np.ndarray:
         """Seconds of drafting a tree of `candidates` tokens (root included) at the points
@@ -294,10 +325,17 @@ def without_heads(step: TensorParallelStep) -> TensorParallelStep:
     return dataclasses.replace(step, shard_step=dataclasses.replace(step.shard_step, with_heads=False))
 
 
-def eagle_step(step: TensorParallelStep, shape: DraftShape = EAGLE2_SHAPE) -> EagleStep:
-    """EAGLE's step on the shard, latency source and all-reduces of a step flavour (a
-    perfmodel.planning.step_models one): a traced flavour drafts with the full inventory."""
+def eagle_step(
+    step: TensorParallelStep, shape: DraftShape = EAGLE2_SHAPE, weights: DraftWeights = EAGLE_WEIGHTS
+) -> EagleStep:
+    """The step of a feature-level drafter (EAGLE's by default; `weights`: EAGLE-3's, an MTP
+    module's) on the shard, latency source and all-reduces of a step flavour (a
+    perfmodel.planning.step_models one): a traced flavour drafts with the full inventory, or,
+    launched eager or static, pass by pass as the head's own traced steps (EagleStep.pass_step)."""
     shard = step.shard_step
     flavor = StepFlavor.FULL if shard.flavor == StepFlavor.TRACED else shard.flavor
     verify = without_heads(step)
-    return EagleStep(verify, shard.model, shard.latency, flavor, shape)
+    passes = None
+    if isinstance(shard, TracedStep) and shard.regime in (Launch.EAGER, Launch.STATIC):
+        passes = dataclasses.replace(shard, model=weights.pass_model(shard.model), with_heads=False, _cache={})
+    return EagleStep(verify, shard.model, shard.latency, flavor, shape, weights, passes)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 
 PUBLISHED = Path(__file__).with_name("published_speculation.csv")
 DRAFTER_FAMILIES = ("medusa", "eagle", "eagle3", "mtp", "draft", "ngram", "other")
@@ -26,14 +27,18 @@ COLUMNS = (
     "tree_size", "chain_k", "batch", "batch_text", "dataset", "temperature", "accept_length",
     "per_position_acceptance", "speedup", "tokens_per_s", "tokens_per_s_kind", "ms_per_token",
     "source_url", "source_title", "source_date", "source_where", "notes",
-    "device", "preset", "tokens_verified", "draft_depth", "draft_top_k", "priced_as",
+    "device", "preset", "tokens_verified", "draft_depth", "draft_top_k", "priced_as", "draft_config", "launch",
 )  # fmt: skip
 # How a row is priced, where it is: the device (a hw_specs key) and model preset it ran on,
-# the tokens each step verified, the draft's depth and top-k, and what that rests on.
+# the tokens each step verified, the draft's depth and top-k, what that rests on, and a draft
+# model's shipped config (a folder of perfmodel/models/checkpoints), and the launch regime its
+# harness ran in (perfmodel.base.launch: eager for Hugging Face transformers' loop; empty: an
+# engine's, priced as the full step).
 PRICED = ("device", "preset", "tokens_verified", "priced_as")
 COUNTS = ("num_gpus", "tree_size", "chain_k", "batch", "tokens_verified", "draft_depth", "draft_top_k")
 NUMBERS = ("temperature", "accept_length", "speedup", "tokens_per_s", "ms_per_token")
 MEASURED = ("speedup", "tokens_per_s", "ms_per_token", "accept_length")  # at least one per row
+LAUNCHES = tuple(str(regime) for regime in Launch)
 DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 
 
@@ -62,6 +67,8 @@ def read_published(path: Path = PUBLISHED) -> pd.DataFrame:
             raise PerfkitError(f"{where}: {', '.join(f'{c} {row[c]!r}' for c in bad)} not a number")
         if not any(row[c] for c in MEASURED):
             raise PerfkitError(f"{where}: nothing measured (one of {', '.join(MEASURED)})")
+        if row["launch"] and row["launch"] not in LAUNCHES:
+            raise PerfkitError(f"{where}: launch {row['launch']!r} is none of {', '.join(LAUNCHES)} (or empty)")
         if any(row[c] for c in PRICED) and not all(row[c] for c in PRICED):
             raise PerfkitError(f"{where}: a priced row gives all of {', '.join(PRICED)}")
     for column in COUNTS:

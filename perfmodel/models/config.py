@@ -62,6 +62,10 @@ class ModelConfig:
     max_context: int | None = None
     # The tensor-parallel degree this is one device's shard of (shard()); 1: the whole model.
     tp: int = 1
+    # Multi-token-prediction modules the checkpoint carries (num_nextn_predict_layers): each an
+    # embedding norm, a feature norm, a 2h -> h projection and one decoder layer of the model's
+    # own shapes, drafting with the model's LM head (DeepSeek-V3's MTP, MiMo's). 0: none.
+    mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.tie_word_embeddings, bool):
@@ -77,8 +81,9 @@ class ModelConfig:
             value = getattr(self, f.name)
             if f.type != "int":
                 continue
-            smallest = 0 if f.name == "medusa_heads" else 1
-            largest = MAX_HEADS if f.name == "medusa_heads" else MAX_DIMENSION
+            counted = f.name in ("medusa_heads", "mtp_layers")
+            smallest = 0 if counted else 1
+            largest = MAX_HEADS if counted else MAX_DIMENSION
             if not is_count(value, smallest) or value > largest:
                 raise PerfkitError(
                     f"model {self.name}: {f.name} must be an integer from {smallest} to {largest:,}, got {value!r}"
@@ -322,11 +327,25 @@ def read_hf_config(path: str | Path) -> HFConfig:
     return parsed
 
 
+def mtp_modules(cfg: dict, source: object) -> int:
+    """The MTP modules a config.json declares (num_nextn_predict_layers: DeepSeek-V3's key, and
+    MiMo's); 0 where it declares none."""
+    value = cfg.get("num_nextn_predict_layers") or 0
+    if not is_count(value, 0) or value > MAX_HEADS:
+        raise PerfkitError(
+            f"{source}: num_nextn_predict_layers must be an integer from 0 to {MAX_HEADS}, got {value!r}"
+        )
+    return value
+
+
 def from_hf_config(path: str | Path) -> ModelConfig:
-    """Shapes from a Hugging Face `config.json` (a file, or a folder holding one)."""
+    """Shapes from a Hugging Face `config.json` (a file, or a folder holding one), its MTP
+    modules included."""
     path = Path(path)
     name = path.name if path.is_dir() else (path.parent.name or path.stem)
-    return read_hf_config(path).model_config(name)
+    file = path / "config.json" if path.is_dir() else path
+    model = read_hf_config(path).model_config(name)
+    return dataclasses.replace(model, mtp_layers=mtp_modules(read_config_json(path), file))
 
 
 def load_model(name_or_path: str | Path) -> ModelConfig:

@@ -47,9 +47,13 @@ STEP_OPS = (
     "kv_move",
     "draft_topk",
 )
-# Drafters' own weights beside the target's layer shapes: EAGLE's fc fuses the target's last
-# feature and the sampled token's embedding, [f; e] (2h) -> h, before its one decoder layer.
-DRAFTER_OPS = ("eagle_fc",)
+# Drafters' own weights beside the target's layer shapes: EAGLE's fc (and an MTP module's
+# eh_proj) fuses the target's last feature and the sampled token's embedding, [f; e] (2h) -> h,
+# before its one decoder layer. EAGLE-3 fuses three of the target's layers' features instead,
+# [f_low; f_mid; f_high] (3h) -> h (`eagle3_fc`, on the target's features only), and its layer's
+# q/k/v read the sampled token's embedding beside the feature, [e; f] (2h) (`eagle3_qkv`; vLLM's
+# llama_eagle3.py, SGLang's llama_eagle3.py).
+DRAFTER_OPS = ("eagle_fc", "eagle3_fc", "eagle3_qkv")
 ALL_OPS = OPS + FUSED_OPS + STEP_OPS + DRAFTER_OPS
 # Operators whose every kernel is a GEMM against a weight: latency sources time them as such.
 WEIGHT_OPS = (*LINEAR_OPS, "medusa_heads", *DRAFTER_OPS)
@@ -267,6 +271,8 @@ def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
         "down": (i, h),
         "lm_head": (h, v_device),
         "eagle_fc": (2 * h, h),
+        "eagle3_fc": (3 * h, h),
+        "eagle3_qkv": (2 * h, q_width + 2 * kv_width),
     }
     return (linear(*shapes[op]),)
 

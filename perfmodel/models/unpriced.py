@@ -24,8 +24,10 @@ from perfmodel.base.jsonfile import read_json
 
 # The decoders whose step is the Llama step the operators price (perfmodel.models.operators):
 # RMSNorm, rotary attention with grouped KV heads, a SwiGLU MLP. Qwen2 adds a bias to q/k/v and
-# Qwen3 a norm of q and k per head, both elementwise work next to the GEMMs they follow.
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+# Qwen3 a norm of q and k per head, both elementwise work next to the GEMMs they follow. MiMo
+# is Qwen2's decoder with MTP modules beside it (its MiMoConfig subclasses Qwen2Config and adds
+# num_nextn_predict_layers), priced as perfmodel.models.config.ModelConfig.mtp_layers says.
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "mimo")
 MOE_KEYS = (
     "num_local_experts",
     "num_experts",

@@ -1,17 +1,19 @@
-"""One point's answer for a drafter outside the step: EAGLE's draft layer or a draft model,
-drafting a tree or a chain, then the target verifying it.
+"""One point's answer for a drafter outside the step: EAGLE's or EAGLE-3's head, an MTP
+module, a draft model or n-gram lookup, drafting a tree or a chain, then the target verifying it.
 
 Practitioners who measured their drafter's acceptance (tokens per step) ask what its step
 costs against a plain step and what speedup that buys. The step is priced in two parts,
-drafting (EAGLE's sequential passes of one layer and the LM head, or gamma steps of the draft
-model) and verification (the target over the drafted tokens and the root, without heads),
-each by the drafter's step model over the flavour asked (perfmodel.planning.drafters):
+drafting (a feature-level drafter's sequential passes of one layer and an LM head, gamma steps
+of the draft model, or the host's n-gram lookup) and verification (the target over the drafted
+tokens and the root, without heads), each by the drafter's step model over the flavour asked
+(perfmodel.planning.drafters):
 
     overhead = (drafting + verification) / plain step,  speedup = acceleration / overhead,
 
 and the time per token is the step over the acceleration. A shape is the drafter's default
 tree of n tokens (EAGLE-2's top-k expansion; a draft model's chain of n - 1 drafts) or a chain
-of K drafts (K + 1 tokens verified, one path: vLLM's default).
+of K drafts (K + 1 tokens verified, one path: vLLM's default). A drafter proposing one path
+only (a draft model, n-gram lookup) drafts a chain of n - 1 for a size of n.
 """
 
 from __future__ import annotations
@@ -23,11 +25,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perfmodel.base.drafter_kind import DrafterKind
+from perfmodel.base.drafter_kind import CHAIN_DRAFTERS, FEATURE_DRAFTERS, DrafterKind
 from perfmodel.base.errors import PerfkitError
-from perfmodel.latency.eagle import DraftShape
+from perfmodel.latency.draft_weights import DraftWeights
+from perfmodel.latency.eagle import EAGLE2_SHAPE, DraftShape
+from perfmodel.latency.step_cost import StepCost
 from perfmodel.latency.tensor_parallel import TensorParallelStep
-from perfmodel.planning.drafters import Drafter
+from perfmodel.measured.ngram_host import NgramHostCost
+from perfmodel.models.config import ModelConfig
+from perfmodel.planning.drafters import DEFAULT_DRAFT_COST, Drafter, drafters_for
+from perfmodel.planning.engine_tree import engine_tree
 
 DRAFTER_POINT_COLUMNS = (
     "device",
@@ -60,6 +67,7 @@ class DraftedShape:
 
     tokens: int
     chain: bool = False
+    tree: DraftShape | None = None  # an engine's own tree (perfmodel.planning.engine_tree)
 
     @classmethod
     def of(cls, tree_size: int | None, chain: int | None) -> DraftedShape:
@@ -76,17 +84,84 @@ class DraftedShape:
             )
         return cls(tree_size)
 
+    @classmethod
+    def of_engine(cls, values) -> DraftedShape:
+        """From an engine's tree parameters (--engine-tree KEY=VALUE ...)."""
+        tokens, tree = engine_tree(values)
+        return cls(tokens, tree=tree)
+
     def describe(self, drafter: Drafter) -> str:
-        if self.chain or drafter.name == DrafterKind.DRAFT:
+        if self.tree is not None:
+            return f"an engine's {self.tokens}-token tree ({self.tree.depth} steps of top-{self.tree.top_k})"
+        if self.chain or drafter.name in CHAIN_DRAFTERS:
             return f"a chain of {self.tokens - 1} draft(s)"
         tree = drafter.shape
         return f"a {self.tokens}-token tree (EAGLE-2's top-{tree.top_k} expansion, at most {tree.depth} passes)"
 
     def drafter(self, drafter: Drafter) -> Drafter:
-        """The drafter drafting this shape: EAGLE's chain is one node expanded per pass."""
-        if self.chain and drafter.name == DrafterKind.EAGLE:
+        """The drafter drafting this shape: a feature-level drafter's chain is one node
+        expanded per pass."""
+        if self.tree is not None:
+            if drafter.name not in FEATURE_DRAFTERS:
+                raise PerfkitError(
+                    f"--engine-tree shapes a feature-level drafter's tree ({', '.join(FEATURE_DRAFTERS)}), not "
+                    f"{drafter.name}'s"
+                )
+            return dataclasses.replace(drafter, shape=self.tree)
+        if self.chain and drafter.name in FEATURE_DRAFTERS:
             return dataclasses.replace(drafter, shape=DraftShape(depth=self.tokens - 1, top_k=1))
         return drafter
+
+
+def point_drafter(
+    kind: DrafterKind,
+    target: ModelConfig,
+    own: ModelConfig | None = None,
+    cost_ratio: float = DEFAULT_DRAFT_COST,
+    host: NgramHostCost | None = None,
+) -> Drafter:
+    """The drafter `kind` priced at one point for `target`, from a measured acceptance: `own`
+    the drafter's shapes from its config (perfmodel.models.drafter_config: a head's, or a
+    draft model's, whose steps the caller adds as draft_steps); a draft model without one is
+    priced at `cost_ratio` of the target's step; n-gram lookup at its measured `host` cost."""
+    if kind == DrafterKind.MEDUSA:
+        raise PerfkitError("the Medusa heads draft inside the step: its point is a step of the tree's size")
+    if kind == DrafterKind.MTP and not target.mtp_layers:
+        raise PerfkitError(
+            f"--drafter mtp: {target.name} declares no MTP module (num_nextn_predict_layers in its config.json); give "
+            "the config.json of a checkpoint that carries one"
+        )
+    if kind == DrafterKind.NGRAM and host is None:
+        raise PerfkitError("--drafter ngram: n-gram lookup is priced from its measured host cost; none was given")
+    label = "measured at the point"
+    if kind == DrafterKind.EAGLE and own is None:
+        (eagle,) = drafters_for(DrafterKind.EAGLE)
+        return eagle
+    if kind in FEATURE_DRAFTERS:
+        return Drafter(kind, None, label, shape=EAGLE2_SHAPE, weights=DraftWeights(kind, own))
+    if kind == DrafterKind.DRAFT:
+        words = "its own steps" if own is not None else f"c = {cost_ratio:g} x the target's step"
+        return Drafter(kind, None, f"{label}; draft model: {words}", cost_ratio=cost_ratio)
+    return Drafter(kind, None, label, host=host)
+
+
+def drafter_words(drafter: Drafter) -> str:
+    """Who drafts, in a few words, for a point's heading: the weights or model that draft, or
+    the host's lookup; empty for EAGLE's head and a draft model at its cost ratio, which the
+    drafter's name says."""
+    if drafter.weights is not None:
+        return drafter.weights.describe()
+    if drafter.draft_steps:
+        model = next(iter(drafter.draft_steps.values())).model
+        return f"the draft model {model.name}: {model.num_layers} layers, hidden {model.hidden_size}"
+    if drafter.host is not None:
+        return f"the host's lookup, {drafter.host.label}"
+    return ""
+
+
+def with_draft_steps(drafter: Drafter, steps: dict[str, StepCost]) -> Drafter:
+    """The draft model `drafter` drafting with its own steps, by flavour."""
+    return dataclasses.replace(drafter, draft_steps=dict(steps))
 
 
 def tokens_per_step(rates) -> float:
@@ -168,12 +243,20 @@ def drafter_point(
     return pd.DataFrame(rows)
 
 
+def passes_words(drafter: str, passes: int) -> str:
+    """What a step's drafting ran: the host's lookup (n-gram), else its passes or draft steps."""
+    if drafter == DrafterKind.NGRAM:
+        return f"the host's lookup of {passes} token(s)"
+    return f"{passes} pass(es)"
+
+
 def drafter_point_lines(rows: pd.DataFrame) -> list[str]:
     """What a person reads: per flavour the plain step, drafting and verification apart, the
     overhead, the speedup and the time per token."""
     return [
         f"  {r.step}: plain step {r.plain_step_ms:.3f} ms; {r.drafter} step {r.step_ms:.3f} ms = drafting "
-        f"{r.draft_ms:.3f} ms ({r.draft_passes} pass(es)) + verification {r.verify_ms:.3f} ms ({r.tokens_verified} "
+        f"{r.draft_ms:.3f} ms ({passes_words(r.drafter, r.draft_passes)}) + verification {r.verify_ms:.3f} ms "
+        f"({r.tokens_verified} "
         f"tokens): overhead {r.overhead:.3f}, speedup {r.speedup:.2f}x at acceleration {r.acceleration:g}, "
         f"{r.ms_per_token:.3f} ms per token"
         for r in rows.itertuples()

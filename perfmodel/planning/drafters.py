@@ -13,12 +13,23 @@ tree sizes it is searched over, so the speedup simulations price them alike
   then the target verifies the gamma + 1 tokens, a chain, in one step without heads; tokens
   per step (1 - alpha^(gamma+1)) / (1 - alpha). Where verifying gamma + 1 tokens costs one
   plain step (batch 1, memory-bound) this is draft_model_improvement's E / (c gamma + 1); at
-  larger batches the verification's own cost counts, as it does for the trees.
+  larger batches the verification's own cost counts, as it does for the trees. Given the draft
+  model's config.json (a point's --draft-config), its gamma steps are its own plain steps
+  instead, priced as the target's are, each at the context it has reached.
+
+Priced at one point only, from a measured acceptance (perfmodel.planning.drafter_point: no
+acceptance curve of theirs is shipped, so the simulations do not search them):
+
+- `eagle3`: EAGLE-3's head (perfmodel.latency.draft_weights), drafting EAGLE's trees or a chain;
+- `mtp`: the checkpoint's own MTP module(s) (num_nextn_predict_layers), the same way;
+- `ngram`: n-gram lookup in the context (prompt lookup, vLLM's NgramProposer): no device work,
+  the host's lookup per sequence (measured, perfmodel.measured.ngram_host) before the target
+  verifies the chain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,11 +38,15 @@ import pandas as pd
 from perfmodel.acceptance.rates import AcceptanceChoice, AcceptanceModel, draft_model_tokens, drafter_acceptances
 from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
 from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.draft_weights import EAGLE_WEIGHTS, DraftWeights
 from perfmodel.latency.eagle import EAGLE2_SHAPE, DraftShape, eagle_step, without_heads
 from perfmodel.latency.step_cost import DraftsThenVerifies, StepCost
 from perfmodel.latency.tensor_parallel import TensorParallelStep
+from perfmodel.measured.ngram_host import NgramHostCost
 
-DRAFTERS = tuple(DrafterKind)
+# The drafters with an acceptance curve: the simulations, schedules and exports search them;
+# the others are priced at one point from a measured acceptance (module doc).
+DRAFTERS = (DrafterKind.MEDUSA, DrafterKind.EAGLE, DrafterKind.DRAFT)
 DRAFTER_NAMES = {DrafterKind.MEDUSA: "Medusa", DrafterKind.EAGLE: "EAGLE", DrafterKind.DRAFT: "draft model"}
 
 # Draft-model comparison (speculative decoding with a draft model, Leviathan et al. 2023).
@@ -51,23 +66,73 @@ DRAFT_SIZES = (1, *(g + 1 for g in DRAFT_GAMMAS))
 @dataclass(frozen=True)
 class DraftModelStep(DraftsThenVerifies):
     """A draft-model step (module doc): the target verifying n = gamma + 1 tokens (`verify`,
-    a step without heads) plus gamma draft steps of cost_ratio x its plain step."""
+    a step without heads) plus gamma draft steps: the draft model's own plain steps (`draft`,
+    from its config), else cost_ratio x the target's plain step each."""
 
     verify: StepCost
     cost_ratio: float
+    draft: StepCost | None = None
 
     @property
     def model(self):
         return self.verify.model
 
+    @property
+    def label(self) -> str:
+        if self.draft is None:
+            return self.verify.label
+        return f"{self.verify.label}; draft model {self.draft.model.name}: {self.draft.label}"
+
     def prefill_time(self, batch, prompt_len, medusa: bool = False) -> np.ndarray:
-        """The target's prefill, and the draft model's over the same prompt at cost_ratio of it."""
-        return (1 + self.cost_ratio) * np.asarray(self.verify.prefill_time(batch, prompt_len, False), dtype=float)
+        """The target's prefill, and the draft model's over the same prompt (its own, or
+        cost_ratio of the target's)."""
+        target = np.asarray(self.verify.prefill_time(batch, prompt_len, False), dtype=float)
+        if self.draft is not None:
+            return target + np.asarray(self.draft.prefill_time(batch, prompt_len, False), dtype=float)
+        return (1 + self.cost_ratio) * target
 
     def draft_time(self, batch, seq_len, candidates) -> np.ndarray:
-        """Seconds of the gamma = candidates - 1 draft steps, each cost_ratio x the plain step."""
-        plain = np.asarray(self.verify.step_time(batch, seq_len, 1), dtype=float)
-        return self.cost_ratio * (np.asarray(candidates) - 1) * plain
+        """Seconds of the gamma = candidates - 1 draft steps: the draft model's own, the j-th
+        over seq_len + j cached tokens, or each cost_ratio x the target's plain step."""
+        gamma = np.asarray(candidates) - 1
+        if self.draft is None:
+            plain = np.asarray(self.verify.step_time(batch, seq_len, 1), dtype=float)
+            return self.cost_ratio * gamma * plain
+        b, s, g = np.broadcast_arrays(np.asarray(batch), np.asarray(seq_len), gamma)
+        total = np.zeros(b.shape)
+        for j in range(int(g.max(initial=0))):
+            on = g > j
+            total[on] += np.asarray(self.draft.step_time(b[on], s[on] + j, 1), dtype=float)
+        return total
+
+    def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
+        verify = np.asarray(self.verify.step_time(batch, seq_len, candidates), dtype=float)
+        return verify + self.draft_time(batch, seq_len, candidates)
+
+
+@dataclass(frozen=True)
+class NgramStep(DraftsThenVerifies):
+    """An n-gram lookup step (module doc): the host looks up each sequence's chain of
+    candidates - 1 drafts in its context (`host`, measured), then the target verifies them."""
+
+    verify: StepCost
+    host: NgramHostCost
+
+    @property
+    def model(self):
+        return self.verify.model
+
+    @property
+    def label(self) -> str:
+        return f"{self.verify.label}; lookup: {self.host.label}"
+
+    def prefill_time(self, batch, prompt_len, medusa: bool = False) -> np.ndarray:
+        return self.verify.prefill_time(batch, prompt_len, False)
+
+    def draft_time(self, batch, seq_len, candidates) -> np.ndarray:
+        """Seconds of the lookup of a chain of candidates - 1 drafts (none in plain decoding)."""
+        lookup = np.vectorize(lambda b, s, n: self.host.seconds(int(b), int(s), int(n) - 1) if n > 1 else 0.0)
+        return lookup(batch, seq_len, candidates).astype(float)
 
     def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
         verify = np.asarray(self.verify.step_time(batch, seq_len, candidates), dtype=float)
@@ -100,18 +165,23 @@ class EagleAcceptance:
 
 @dataclass(frozen=True)
 class Drafter:
-    """One drafter as the simulations price it: its name (DRAFTERS), acceptance n -> tokens
-    per step and that in words, the sizes searched (None: the sweep's), and its settings:
-    the EAGLE tree's shape, the draft model's cost ratio; choice: the acceptance setting it
-    came from (None for the draft model)."""
+    """One drafter as the simulations price it: its name (a DrafterKind), acceptance n ->
+    tokens per step (None for a drafter priced at a point only) and that in words, the sizes
+    searched (None: the sweep's), and its settings: the tree's shape (a feature-level
+    drafter's), its weights (EAGLE's head where None), the draft model's cost ratio or its own
+    steps by flavour (draft_steps, from its config), the n-gram lookup's host cost; choice: the
+    acceptance setting it came from (None for the draft model)."""
 
     name: str
-    acceptance: AcceptanceModel
+    acceptance: AcceptanceModel | None
     label: str
     sizes: tuple[int, ...] | None = None
     shape: DraftShape | None = None
     cost_ratio: float | None = None
     choice: AcceptanceChoice | None = None
+    weights: DraftWeights | None = None
+    draft_steps: Mapping[str, StepCost] | None = None
+    host: NgramHostCost | None = None
 
     def step(self, step: TensorParallelStep) -> StepCost:
         """This drafter's step model over a step flavour (perfmodel.planning.step_models)."""
@@ -147,16 +217,50 @@ def draft_model_words(drafter: Drafter) -> str:
     )
 
 
-# Every drafter kind the simulations price: a new drafter is one entry and its tests.
+def draft_model_step(drafter: Drafter, step: TensorParallelStep) -> DraftModelStep:
+    """The draft model's step over a step flavour: its own step of that flavour where its
+    config was given, else the cost ratio."""
+    own = None
+    if drafter.draft_steps is not None:
+        flavor = str(step.shard_step.flavor)
+        if flavor not in drafter.draft_steps:
+            raise PerfkitError(
+                f"the draft model is not priced in the {flavor} step; have: {', '.join(drafter.draft_steps)}"
+            )
+        own = drafter.draft_steps[flavor]
+    return DraftModelStep(without_heads(step), drafter.cost_ratio, own)
+
+
+def ngram_step(drafter: Drafter, step: TensorParallelStep) -> NgramStep:
+    if drafter.host is None:
+        raise PerfkitError("n-gram lookup is priced from its measured host cost: none was given")
+    return NgramStep(without_heads(step), drafter.host)
+
+
+def feature_rule(kind: DrafterKind) -> DrafterRule:
+    """A feature-level drafter's rule: EAGLE's step with its weights (EAGLE's head where none)."""
+    return DrafterRule(
+        lambda d, step: eagle_step(step, d.shape, d.weights or DraftWeights(kind)),
+        lambda d, n: d.shape.depths(n),
+        lambda d: (
+            f"{d.label}, at most depth + 1; {(d.weights or DraftWeights(kind)).describe()}; tree: {d.shape.describe()}"
+        ),
+    )
+
+
+# Every drafter kind priced: a new drafter is one entry and its tests.
 DRAFTER_RULES: dict[DrafterKind, DrafterRule] = {
     DrafterKind.MEDUSA: DrafterRule(lambda d, step: step, lambda d, n: None, lambda d: d.label),
     DrafterKind.EAGLE: DrafterRule(
-        lambda d, step: eagle_step(step, d.shape),
+        lambda d, step: eagle_step(step, d.shape, d.weights or EAGLE_WEIGHTS),
         lambda d, n: d.shape.depths(n),
         lambda d: f"{d.label}, at most depth + 1; tree: {d.shape.describe()}",
     ),
-    DrafterKind.DRAFT: DrafterRule(
-        lambda d, step: DraftModelStep(without_heads(step), d.cost_ratio), lambda d, n: n - 1, draft_model_words
+    DrafterKind.DRAFT: DrafterRule(draft_model_step, lambda d, n: n - 1, draft_model_words),
+    DrafterKind.EAGLE3: feature_rule(DrafterKind.EAGLE3),
+    DrafterKind.MTP: feature_rule(DrafterKind.MTP),
+    DrafterKind.NGRAM: DrafterRule(
+        ngram_step, lambda d, n: n - 1, lambda d: f"tokens/step {d.label}; the host's lookup: {d.host.label}"
     ),
 }
 

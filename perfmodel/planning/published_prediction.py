@@ -4,35 +4,48 @@ by the toolkit's step models at the row's batch, the speedup = acceptance / over
 the measured one.
 
 Only rows that say how they are priced (`device`, `preset`, `tokens_verified`, `priced_as`)
-are predicted; `unpriced_reason` says in one line why any other is not.
+are predicted; `unpriced_reason` says in one line why any other is not. A row's `launch` says
+the regime its harness ran in (eager: Hugging Face transformers' eager loop, one kernel issued
+from Python at a time): the caller's StepMaker builds the step of that regime (the full step
+where none is named; a traced step launched eager needs the decoder's tracer, which the
+command hands in).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pandas as pd
 
-from perfmodel.base.drafter_kind import DrafterKind
+from perfmodel.base.drafter_kind import FEATURE_DRAFTERS, DrafterKind
 from perfmodel.latency.eagle import DraftShape
 from perfmodel.latency.step import StepFlavor
-from perfmodel.planning.deployment import DeploymentChoices, resolve
-from perfmodel.planning.drafter_point import DraftedShape, drafter_point
-from perfmodel.planning.drafters import drafters_for
+from perfmodel.latency.step_cost import StepCost
+from perfmodel.measured.ngram_host import ngram_host_cost
+from perfmodel.models.checkpoints_dir import CHECKPOINTS
+from perfmodel.models.config import ModelConfig
+from perfmodel.models.drafter_config import drafter_model
+from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
+from perfmodel.planning.drafter_point import DraftedShape, drafter_point, point_drafter, with_draft_steps
+from perfmodel.planning.drafters import Drafter
 from perfmodel.planning.step_point import step_point
 
-# The drafters whose steps the toolkit prices at a point (perfmodel.planning.drafter_point).
-PRICEABLE = (DrafterKind.MEDUSA, DrafterKind.EAGLE)
 # A context a harness's prompts run at when its rows do not say: MT-Bench-like prompts and
 # answers of a few hundred tokens.
 DEFAULT_CONTEXT = 512
+# A deployment's steps in a launch regime ("" for the full step): {flavour: step}, one flavour.
+StepMaker = Callable[[Deployment, str], dict[str, StepCost]]
+
+
+def full_steps(deployment: Deployment, launch: str) -> dict[str, StepCost]:
+    """The full step, whatever the regime: what the analytic core prices on its own."""
+    return deployment.steps([StepFlavor.FULL])
 
 
 def unpriced_reason(row: pd.Series) -> str | None:
     """Why a published row is not predicted (None: it is)."""
-    if row["drafter"] == DrafterKind.DRAFT:
-        return "a draft model is priced from a cost ratio, not yet from its own config"
-    if row["drafter"] not in PRICEABLE:
+    if row["drafter"] not in tuple(DrafterKind):
         return f"{row['drafter']} drafting is not priced yet"
     if pd.isna(row["batch"]):
         return "no batch stated (a load instead)"
@@ -40,27 +53,62 @@ def unpriced_reason(row: pd.Series) -> str | None:
         return "no device and shape mapped yet"
     if pd.isna(row["accept_length"]) or pd.isna(row["speedup"]):
         return "no accepted length or no speedup stated"
+    if row["drafter"] == DrafterKind.DRAFT and not row["draft_config"]:
+        return "no draft model config shipped"
     return None
 
 
-def predict_row(row: pd.Series, context: int = DEFAULT_CONTEXT) -> dict:
-    """The row's speedup as the full step predicts it at its stated accepted length, with its
-    step times: {predicted_speedup, plain_step_ms, step_ms, latency_model}."""
-    (deployment,) = resolve(row["preset"], row["device"], DeploymentChoices(dtype=row["dtype"] or None))
-    steps = deployment.steps([StepFlavor.FULL])
+def row_drafter(row: pd.Series, target: ModelConfig, choices: DeploymentChoices, make: StepMaker) -> Drafter:
+    """The drafter a row names, as it ran: a feature-level drafter's tree of the row's depth and
+    top-k, the draft model of its shipped config (its own steps), n-gram lookup at this host's
+    measured cost."""
+    kind = DrafterKind(row["drafter"])
+    if kind == DrafterKind.DRAFT:
+        own = drafter_model(CHECKPOINTS / row["draft_config"], kind, target)
+        (drafting,) = resolve(own, row["device"], choices)
+        return with_draft_steps(point_drafter(kind, target, own), make(drafting, row["launch"]))
+    drafter = point_drafter(kind, target, host=ngram_host_cost() if kind == DrafterKind.NGRAM else None)
+    if kind in FEATURE_DRAFTERS:
+        shape = DraftShape(depth=int(row["draft_depth"]), top_k=int(row["draft_top_k"]))
+        drafter = dataclasses.replace(drafter, shape=shape)
+    return drafter
+
+
+def predict_row(row: pd.Series, context: int = DEFAULT_CONTEXT, make: StepMaker = full_steps) -> dict:
+    """The row's speedup as its regime's step (`make`) predicts it at its stated accepted
+    length, with its step times: {predicted_speedup, plain_step_ms, step_ms, draft_ms,
+    draft_passes, step, latency_model}."""
+    choices = DeploymentChoices(dtype=row["dtype"] or None)
+    (deployment,) = resolve(row["preset"], row["device"], choices)
+    steps = make(deployment, row["launch"])
     batch, tokens, accepted = int(row["batch"]), int(row["tokens_verified"]), float(row["accept_length"])
     if row["drafter"] == DrafterKind.MEDUSA:
         point = step_point(steps, batch, context, tokens, accepted).iloc[0]
-        step_ms = point["medusa_step_ms"]
+        step_ms, draft_ms, passes = point["medusa_step_ms"], 0.0, 0
     else:
-        (eagle,) = drafters_for("eagle")
-        shape = DraftShape(depth=int(row["draft_depth"]), top_k=int(row["draft_top_k"]))
-        eagle = dataclasses.replace(eagle, shape=shape)
-        point = drafter_point(steps, eagle, DraftedShape(tokens), batch, context, accepted).iloc[0]
-        step_ms = point["step_ms"]
+        drafter = row_drafter(row, deployment.model, choices, make)
+        point = drafter_point(steps, drafter, DraftedShape(tokens), batch, context, accepted).iloc[0]
+        step_ms, draft_ms, passes = point["step_ms"], point["draft_ms"], int(point["draft_passes"])
     return {
         "predicted_speedup": float(point["speedup"]),
         "plain_step_ms": float(point["plain_step_ms"]),
         "step_ms": float(step_ms),
+        "draft_ms": float(draft_ms),
+        "draft_passes": passes,
+        "step": point["step"],
         "latency_model": point["latency_model"],
     }
+
+
+def unpriced_time(table: pd.DataFrame) -> pd.DataFrame:
+    """Where a prediction misses, how much step time the measurement implies beyond it: the
+    measured step is plain x accepted / measured speedup (the source's own baseline priced as
+    the toolkit's plain step), so `unpriced_ms` = that - the predicted step, and per draft pass
+    (or draft step, or lookup) where the drafter has any."""
+    implied = table["plain_step_ms"] * table["accept_length"] / table["speedup"]
+    passes = table["draft_passes"].where(table["draft_passes"] > 0)
+    return table.assign(
+        implied_step_ms=implied,
+        unpriced_ms=implied - table["step_ms"],
+        unpriced_per_pass_ms=(implied - table["step_ms"]) / passes,
+    )

@@ -1,7 +1,14 @@
 """python -m perfmodel.published_check: published measurements of speculative decoding on GPUs
 (perfmodel/measured/published_speculation.csv) beside the toolkit's prediction of each from its
 own stated accepted length: the measured speedup first, the predicted one and the error beside
-it, the mean |error| per drafter family, and how many rows are not predicted yet and why.
+it, the mean |error| per drafter family with the step time the measurements imply beyond the
+prediction, and how many rows are not predicted yet and why.
+
+Each row is priced in the regime its harness ran in (its `launch`): Spec-Bench's Hugging Face
+eager loop as the reference decoder's eager step, traced kernel by kernel through the host and
+device queues at a measured host's cost per op (--host-dispatch: by default the newest shipped
+GPU check's), the drafters' passes and the draft model's steps the same way; an engine's row as
+the full step. `--regime full` prices every row as the full step.
 """
 
 from __future__ import annotations
@@ -11,12 +18,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
 
+from perfmodel.base.errors import PerfkitError
+from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import write_csv
-from perfmodel.cli import Parser, options, run
+from perfmodel.cli import Parser, options
 from perfmodel.cli.fields import add_options, option, read_options, shared
+from perfmodel.latency.pipeline import HostCosts
+from perfmodel.latency.step import StepFlavor
 from perfmodel.measured.published_speculation import DRAFTER_FAMILIES, PUBLISHED, read_published
-from perfmodel.planning.published_prediction import DEFAULT_CONTEXT, predict_row, unpriced_reason
+from perfmodel.measured.store import measurement_roots
+from perfmodel.planning.published_prediction import (
+    DEFAULT_CONTEXT,
+    full_steps,
+    predict_row,
+    unpriced_reason,
+    unpriced_time,
+)
+from profilers.campaign_plan import HOST_DISPATCH_FILE as HOST_FILE
+from reports.point_steps import point_steps
 
 
 @dataclass(frozen=True)
@@ -38,6 +59,24 @@ class PublishedCheckOptions:
             metavar="S",
         ),
     )
+    regime: str = field(
+        default="row",
+        metadata=option(
+            "--regime",
+            "row: each row in its harness's launch regime (default); full: every row as the full step",
+            choices=("row", "full"),
+        ),
+    )
+    host_dispatch: Path | None = field(
+        default=None,
+        metadata=option(
+            "--host-dispatch",
+            "the host's cost per op for eager rows (python -m profilers.host_dispatch's JSON; default: the newest "
+            "shipped GPU check's)",
+            type=Path,
+            metavar="FILE",
+        ),
+    )
     csv: Path | None = field(default=None, metadata=shared(options.csv, what="every predicted row", default=None))
 
 
@@ -47,28 +86,80 @@ def build_parser() -> Parser:
     return p
 
 
+def newest_host_dispatch() -> Path:
+    """The newest shipped (or this user's) GPU host's measured cost per op: a GPU check's."""
+    found = sorted(
+        (path for root in measurement_roots() for path in root.glob(f"*/gpu-check-*/{HOST_FILE}")),
+        key=lambda path: path.parent.name,
+    )
+    if not found:
+        raise PerfkitError(
+            f"no GPU host's cost per op is stored (*/gpu-check-*/{HOST_FILE}); give --host-dispatch FILE "
+            "(python -m profilers.host_dispatch on the GPU's host writes one)"
+        )
+    return found[-1]
+
+
+def shown(path: Path) -> str:
+    """A host file as the output names it: from its device's folder where it is stored (the same
+    on every clone), else as given."""
+    for root in measurement_roots():
+        if path.resolve().is_relative_to(root.resolve()):
+            return str(path.resolve().relative_to(root.resolve()))
+    return str(path)
+
+
+def regime_steps(host: HostCosts):
+    """A StepMaker (perfmodel.planning.published_prediction): an eager row's step as the
+    reference decoder's eager step at `host`'s cost per op, any other the full step."""
+
+    def make(deployment, launch: str) -> dict:
+        if launch != Launch.EAGER:
+            return full_steps(deployment, launch)
+        return point_steps(deployment, [StepFlavor.TRACED], regime=Launch.EAGER, host=host)
+
+    return make
+
+
 def main(argv: list[str] | None = None) -> int:
     args = read_options(PublishedCheckOptions, build_parser().parse_args(argv))
     rows = read_published()
     rows = rows[rows["drafter"].isin(args.drafter)]
     reasons = rows.apply(unpriced_reason, axis=1)
     priced = rows[reasons.isna()]
-    predictions = pd.DataFrame([predict_row(r, args.context) for _, r in priced.iterrows()], index=priced.index)
+    make = full_steps
+    if args.regime == "row" and (priced["launch"] == Launch.EAGER).any():
+        host_file = args.host_dispatch or newest_host_dispatch()
+        host = HostCosts.from_json(host_file)
+        make = regime_steps(host)
+        print(f"eager rows: the reference decoder's eager step, {shown(host_file)}: {host.label()}")
+    # disable=None: a bar on a terminal, nothing in logs and pipes (an eager row traces its steps)
+    rows_priced = tqdm(priced.iterrows(), total=len(priced), desc="rows", unit="row", disable=None, file=sys.stderr)
+    predictions = pd.DataFrame([predict_row(r, args.context, make) for _, r in rows_priced], index=priced.index)
     table = pd.concat([priced, predictions], axis=1) if len(priced) else priced.assign(predicted_speedup=[])
     table["error"] = table["predicted_speedup"] / table["speedup"] - 1
+    table = unpriced_time(table) if len(table) else table
+    regime = "each in its harness's regime" if args.regime == "row" else "as the full step"
     print(
         f"{len(rows)} published measurement(s) of speculative decoding ({PUBLISHED.name}); {len(table)} predicted from "
-        f"their own accepted length by the full step at context {args.context} (measured: each source's own plain "
+        f"their own accepted length, {regime}, at context {args.context} (measured: each source's own plain "
         "decoding as the baseline):"
     )
     for r in table.itertuples():
         print(
-            f"  {r.gpu} -> {r.device}, {r.model}, {r.drafter} {r.tokens_verified} tokens, batch {r.batch}, accepted "
-            f"{r.accept_length:g}: measured {r.speedup:.2f}x, predicted {r.predicted_speedup:.2f}x ({r.error:+.0%}) "
-            f"[{r.source_title.split(' (')[0]}, {r.source_date}]"
+            f"  {r.gpu} -> {r.device} {r.step}, {r.model}, {r.drafter} {r.tokens_verified} tokens, batch {r.batch}, "
+            f"accepted {r.accept_length:g}: measured {r.speedup:.2f}x, predicted {r.predicted_speedup:.2f}x "
+            f"({r.error:+.0%}) [{r.source_title.split(' (')[0]}, {r.source_date}]"
         )
     for family, part in table.groupby("drafter"):
-        print(f"  mean |error| {family}: {part['error'].abs().mean():.1%} over {len(part)} row(s)")
+        per_pass = part["unpriced_per_pass_ms"].mean()
+        where = "" if pd.isna(per_pass) else f", {per_pass:.2f} ms per draft pass or step"
+        share = (part["unpriced_ms"] / part["plain_step_ms"]).mean()
+        print(
+            f"  mean |error| {family}: {part['error'].abs().mean():.1%} over {len(part)} row(s); the measured steps "
+            f"imply {part['unpriced_ms'].mean():+.2f} ms a step ({share:+.0%} of the plain step) beyond the "
+            f"prediction{where}"
+        )
     if len(table):
         print(f"  how they are priced: {'; '.join(dict.fromkeys(table['priced_as']))}")
     left = reasons.dropna().value_counts()
@@ -78,7 +169,3 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(table, args.csv)
         print(f"csv: {args.csv} ({len(table)} rows)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run(main))

@@ -8,7 +8,6 @@ drafter_choice); the figures (Medusa's) are reports.speedup_figures.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import time
 from contextlib import ExitStack
@@ -27,26 +26,31 @@ from perfmodel.cli.speedup_options import DEFAULT_OUT, SpeedupOptions
 from perfmodel.latency.attention_table import write_measured_attention
 from perfmodel.latency.choice import LatencyMode
 from perfmodel.latency.pipeline import HostCosts
-from perfmodel.latency.source import decoder_latency, view_latency
+from perfmodel.latency.source import view_latency
 from perfmodel.latency.step import StepFlavor
-from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives
-from perfmodel.latency.traced_step import TracedStep
-from perfmodel.models.config import load_model
+from perfmodel.measured.ngram_host import ngram_host_cost
+from perfmodel.models.config import ModelConfig, load_model
+from perfmodel.models.drafter_config import drafter_model
 from perfmodel.planning.capacity import PlanRequest, serving_plan
-from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
+from perfmodel.planning.chain_choice import best_chains, chain_lines
+from perfmodel.planning.deployment import DeploymentChoices, resolve
 from perfmodel.planning.drafter_choice import choice_lines
 from perfmodel.planning.drafter_point import (
     DRAFTER_POINT_COLUMNS,
     DraftedShape,
     drafter_point,
     drafter_point_lines,
+    drafter_words,
+    point_drafter,
     tokens_per_step,
+    with_draft_steps,
 )
-from perfmodel.planning.drafters import Drafter, drafters_for
+from perfmodel.planning.drafters import DRAFTERS, Drafter, drafters_for
 from perfmodel.planning.simulation_summary import best_trees, optima_side_by_side, summary_lines
 from perfmodel.planning.simulations import choose_devices, device_table, draft_model_table, optima
 from perfmodel.planning.step_point import POINT_COLUMNS, point_lines, step_point
 from reports.figure_cache import figure_cache
+from reports.point_steps import point_steps
 from reports.render import Renderer
 from reports.speedup_figures import submit_speedup_figures
 
@@ -72,38 +76,55 @@ def tp_line(asked: int | None, tp: int) -> str:
     return f"  tensor parallel: {split}"
 
 
-def point_steps(deployment: Deployment, flavors, cuda_graph: bool = False, regime=None, host=None) -> dict:
-    """Step models of each flavour for a deployment; a traced one traces the reference
-    decoder's steps, its forward replayed from a CUDA graph with cuda_graph, or the step of a
-    launch regime priced end to end (perfmodel.latency.traced_step.TracedStep.regime)."""
-    device, model, dtype, tp, latency = (
-        deployment.view,
-        deployment.model,
-        deployment.dtype,
-        deployment.tp,
-        deployment.latency,
-    )
-    untraced = [f for f in flavors if f != StepFlavor.TRACED]
-    steps = deployment.steps(untraced) if untraced else {}
-    if StepFlavor.TRACED in flavors:
-        from decoder.trace import trace_step  # torch loads only when a step is traced
-
-        shard = model.shard(tp)
-        source = decoder_latency(device, shard, dtype, latency)
-        regime = None if regime is None else Launch.parse(regime)
-        tracer = trace_step if regime is None else functools.partial(trace_step, launch=regime)
-        traced = TracedStep(shard, source, dtype, tracer, cuda_graph=cuda_graph, regime=regime, host=host)
-        comm = step_collectives(device.evidence, tp, dtype, source.stack)
-        steps["traced"] = TensorParallelStep(traced, tp, comm.all_reduce, dtype, comm.gather)
-    return steps
+def drafting_on(drafter: Drafter, own, choices: DeploymentChoices, device, args, flavors, host) -> Drafter:
+    """The drafter on one device: a draft model of its own config drafting with its own steps,
+    priced as the target's are (the same flavours, launch and host)."""
+    if own is None or drafter.name != DrafterKind.DRAFT:
+        return drafter
+    (drafting,) = resolve(own, [device], choices)
+    return with_draft_steps(drafter, point_steps(drafting, flavors, args.cuda_graph, args.launch, host))
 
 
-def answer_point(args, model, devices, flavors, drafter: Drafter) -> int:
-    """--tree-size or --chain: one tree or chain at one batch and context, on every device asked for."""
+def answer_best_chain(args, model, devices, flavors, drafter: Drafter, own: ModelConfig | None = None) -> int:
+    """--best-chain: per batch the chain of 1 .. len(--position-rates) drafts of the highest
+    speedup, and where speculation stops paying, on every device asked for."""
+    frames = []
+    for device in devices:
+        dtype = args.dtype or default_dtype("cpu" if device.is_cpu else "cuda")
+        choices = DeploymentChoices(dtype, args.tp or 1, args.latency)
+        (deployment,) = resolve(model, [device], choices)
+        steps = point_steps(deployment, flavors)
+        here = drafting_on(drafter, own, choices, device, args, flavors, None)
+        rows = best_chains(steps, here, args.position_rates, args.context)
+        rates = " ".join(f"{r:g}" for r in args.position_rates)
+        print(
+            f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted, context {args.context}, "
+            f"{drafter.name}'s best chain per batch from its per-position acceptance {rates}"
+        )
+        print(f"  latency: {rows['latency_model'].iloc[0]}")
+        for line in chain_lines(rows):
+            print(line)
+        frames.append(rows.assign(device=device.spec.key, model=model.name, dtype=dtype))
+    table = pd.concat(frames, ignore_index=True)
+    if args.csv:
+        write_csv(table, args.csv)
+        print(f"csv: {args.csv} ({len(table)} rows)")
+    return 0
+
+
+def answer_point(args, model, devices, flavors, drafter: Drafter, own: ModelConfig | None = None) -> int:
+    """--tree-size or --chain: one tree or chain at one batch and context, on every device
+    asked for; own: a draft model's shapes (its config), priced on each device as the target is."""
     if args.acceleration is None:
-        shape = "--tree-size" if args.tree_size is not None else "--chain"
+        shape = (
+            "--tree-size" if args.tree_size is not None else "--chain" if args.chain is not None else "--engine-tree"
+        )
         raise PerfkitError(f"{shape} needs --acceleration (tokens accepted per step with that shape)")
-    shape = DraftedShape.of(args.tree_size, args.chain)
+    if args.engine_tree is not None and (args.tree_size is not None or args.chain is not None):
+        raise PerfkitError("give the shape once: --engine-tree, --tree-size or --chain")
+    shape = (
+        DraftedShape.of_engine(args.engine_tree) if args.engine_tree else DraftedShape.of(args.tree_size, args.chain)
+    )
     model.check_context(args.context, shape.tokens)  # every step flavour, as the traced one already refuses
     for given, option in ((args.cuda_graph, "--cuda-graph"), (args.launch, "--launch")):
         if given and StepFlavor.TRACED not in flavors:
@@ -121,12 +142,15 @@ def answer_point(args, model, devices, flavors, drafter: Drafter) -> int:
         tp = args.tp or 1
         (deployment,) = resolve(model, [device], DeploymentChoices(dtype, tp, args.latency))
         steps = point_steps(deployment, flavors, args.cuda_graph, args.launch, host)
+        here = drafting_on(drafter, own, DeploymentChoices(dtype, tp, args.latency), device, args, flavors, host)
         if medusa:  # the heads draft inside the step: one step of the tree's size
             rows = step_point(steps, args.batch, args.context, shape.tokens, args.acceleration)
             columns, what = POINT_COLUMNS, f"a {shape.tokens}-token tree"
         else:
-            rows = drafter_point(steps, drafter, shape, args.batch, args.context, args.acceleration)
-            columns, what = DRAFTER_POINT_COLUMNS, f"{drafter.name} drafting {rows['shape'].iloc[0]}"
+            rows = drafter_point(steps, here, shape, args.batch, args.context, args.acceleration)
+            columns = DRAFTER_POINT_COLUMNS
+            who = drafter_words(here)
+            what = f"{drafter.name} drafting {rows['shape'].iloc[0]}" + (f" ({who})" if who else "")
         rows = rows.assign(device=device.spec.key, model=model.name, dtype=dtype)[list(columns)]
         print(
             f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted, batch {args.batch}, context "
@@ -158,7 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model)
     if args.dtype:
         check_dtype(args.dtype)
-    if args.position_rates is not None:
+    best_chain = args.best_chain
+    if best_chain and (args.position_rates is None or args.tree_size or args.chain or args.acceleration):
+        raise PerfkitError(
+            "--best-chain searches the chains the per-position rates cover: give --position-rates R1 R2 ..., and "
+            "neither --tree-size, --chain nor --acceleration"
+        )
+    if best_chain and args.drafter == DrafterKind.MEDUSA:
+        raise PerfkitError("--best-chain prices a drafter's chains; the Medusa heads draft a tree inside the step")
+    if args.position_rates is not None and not best_chain:
         if args.acceleration is not None:
             raise PerfkitError("give one of --acceleration or --position-rates: the rates give the tokens per step")
         accelerated = tokens_per_step(args.position_rates)
@@ -169,15 +201,33 @@ def main(argv: list[str] | None = None) -> int:
             )
         chain = len(args.position_rates) if args.tree_size is None and args.chain is None else args.chain
         args = dataclasses.replace(args, acceleration=accelerated, chain=chain)
-    point = args.tree_size is not None or args.chain is not None
+    point = args.tree_size is not None or args.chain is not None or args.engine_tree is not None or best_chain
     if args.acceleration is not None and not point:
         raise PerfkitError(
             "--acceleration is the tokens per step of one tree or chain: give its shape with --tree-size or --chain"
         )
     if point and args.drafter in (DrafterChoice.ALL, DrafterChoice.BEST):
-        raise PerfkitError(f"--drafter {args.drafter}: one point is priced for one drafter (medusa, eagle or draft)")
+        raise PerfkitError(f"--drafter {args.drafter}: one point is priced for one drafter ({', '.join(DrafterKind)})")
     if args.drafter == DrafterKind.MEDUSA:
         model.require_heads("there is no tree to price, plain decoding is its only step (--drafter eagle or draft)")
+    if args.draft_config is not None and not point:
+        raise PerfkitError(
+            "--draft-config prices one point's drafter: give --tree-size (or --chain) and --acceleration"
+        )
+    if point and args.drafter != DrafterKind.MEDUSA:
+        kind = DrafterKind(args.drafter)
+        own = None if args.draft_config is None else drafter_model(args.draft_config, kind, model)
+        host = ngram_host_cost() if kind == DrafterKind.NGRAM else None
+        drafter = point_drafter(kind, model, own, args.draft_cost, host)
+        devices = choose_devices(args.gpu, args.spec, args.all)
+        flavors = {"both": ("paper", "full"), "all": ("paper", "full", "traced")}.get(args.step, (args.step,))
+        answer = answer_best_chain if best_chain else answer_point
+        return answer(args, model, devices, flavors, drafter, own)
+    if args.drafter not in (*DRAFTERS, DrafterChoice.ALL):
+        raise PerfkitError(
+            f"--drafter {args.drafter} is priced at one point, from its measured acceptance (no acceptance curve of "
+            "it is shipped for the simulations): give --tree-size or --chain, and --acceleration or --position-rates"
+        )
     drafters = drafters_for(args.drafter, args.acceptance_rates, args.draft_alpha, args.draft_cost)
     acceptance = drafters[0].choice  # None for the draft model alone
     devices = choose_devices(args.gpu, args.spec, args.all)
