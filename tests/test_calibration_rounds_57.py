@@ -25,11 +25,12 @@ def bundled():
     return ckpt, Decoder(ckpt)
 
 
-def spying(monkeypatch, stretch_rounds=frozenset(), factor=5):
+def spying(monkeypatch, stretch_rounds=frozenset(), factor=5, steady=False):
     """Records every generate() call as (timed, max_new, tree size) and, in the rounds
     `stretch_rounds` (from 0), multiplies the 2-token tree's measured time by `factor`: a burst
-    of load."""
-    calls, rounds = [], []
+    of load. steady: every round's times are the first round's (the burst aside), so what is
+    checked is how the rounds are combined, not the suite's own noise."""
+    calls, rounds, first = [], [], {}
     real_generate = Decoder.generate
     real_interleaved = tree_calibration_module.decode_interleaved
 
@@ -41,6 +42,9 @@ def spying(monkeypatch, stretch_rounds=frozenset(), factor=5):
     def interleaved(decoder, prompts, batch, max_new, settings, rounds_=1, **kwargs):
         rounds.append(len(rounds))
         result = real_interleaved(decoder, prompts, batch, max_new, settings, rounds_, **kwargs)
+        if steady:
+            for size, timed in result.items():
+                timed.decode_s = first.setdefault(size, timed.decode_s)
         if rounds[-1] in stretch_rounds:
             result[2].decode_s *= factor
         return result
@@ -52,6 +56,8 @@ def spying(monkeypatch, stretch_rounds=frozenset(), factor=5):
 
 def test_every_size_is_warm_at_its_timed_token_count_before_any_is_timed(bundled, monkeypatch):
     ckpt, decoder = bundled
+    # what is warmed before the first timed run does not depend on how many rounds follow
+    monkeypatch.setattr(tree_calibration_module, "CALIBRATION_ROUNDS", 1)
     calls = spying(monkeypatch)
     calibrate(decoder, ckpt, 1, 16, 200, checkpoint_accuracy(ckpt), log=lambda *_: None, sizes=SIZES)
     untimed = [(max_new, size) for timed, max_new, size in calls if not timed]
@@ -64,19 +70,20 @@ def test_one_round_in_five_caught_by_a_burst_leaves_the_step_where_the_others_ar
     ckpt, decoder = bundled
     monkeypatch.setattr(tree_calibration_module, "CALIBRATION_ROUNDS", 5)
     accuracy = checkpoint_accuracy(ckpt)
-    spying(monkeypatch, stretch_rounds={1}, factor=20)
+    spying(monkeypatch, stretch_rounds={1}, steady=True)
     measured = calibrate(decoder, ckpt, 1, 16, 200, accuracy, log=lambda *_: None, sizes=SIZES)
-    # the 2-token tree's step is the median round's, not the mean's (4 + 20) / 5 = 4.8x: a
-    # bound of 2.5x the 4-token tree's leaves room for the suite's own noise in the other
-    # rounds; its spread is the quartiles', so the burst condemns nothing (slowest over fastest
-    # was 4)
-    assert measured["step_s"][2] < 2.5 * measured["step_s"][4]
+    # the 2-token tree's step is the median round's, not the mean's 1.8x (its four steady rounds
+    # are one time, the burst's five times it); its spread is the quartiles', so the burst
+    # condemns nothing (slowest over fastest was 4)
+    assert measured["step_s"][2] < 1.5 * measured["step_s"][4]
     assert measured["spread"][2] < 1.0
 
 
 def test_bursts_in_two_rounds_of_five_still_condemn_the_calibration(bundled, monkeypatch):
     ckpt, decoder = bundled
     monkeypatch.setattr(tree_calibration_module, "CALIBRATION_ROUNDS", 5)
+    # two prompts a round: the suite's own noise can only widen the rounds' spread further
+    monkeypatch.setattr(tree_calibration_module, "CALIBRATION_PROMPTS", 2)
     spying(monkeypatch, stretch_rounds={1, 3})
     measured = calibrate(decoder, ckpt, 1, 16, 200, checkpoint_accuracy(ckpt), log=lambda *_: None, sizes=SIZES)
     assert unsteady_rounds(measured["spread"]).startswith("its rounds disagree by")

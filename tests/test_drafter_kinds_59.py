@@ -169,3 +169,23 @@ def test_an_unknown_or_impossible_engine_tree_is_one_line(values, words):
 
     with pytest.raises(PerfkitError, match=words.replace("(", r"\(")):
         engine_tree(values)
+
+
+@pytest.mark.parametrize("regime", ["graph", "eager"])
+def test_in_a_launch_regime_each_draft_pass_is_the_heads_own_traced_step(regime):
+    import dataclasses
+
+    from perfmodel.base.launch import Launch
+    from perfmodel.latency.eagle import eagle_step
+    from reports.point_steps import point_steps
+
+    (deployment,) = resolve("llama-7b", "h100")
+    traced = point_steps(deployment, ["traced"], regime=regime)["traced"]
+    step = eagle_step(traced)
+    assert step.pass_step.regime is Launch(regime) and step.pass_step.model.num_layers == 1
+    # the head's step launches every kernel a layer, its norms and its LM head run: more than
+    # its operators priced alone, and each pass is one such step (6 passes of EAGLE-2's tree)
+    alone = dataclasses.replace(step, pass_step=None)
+    assert float(step.draft_time(1, 512, 26)) > float(alone.draft_time(1, 512, 26))
+    one_pass = float(step.pass_step.step_time(1, 512, 1))
+    assert float(step.draft_time(1, 512, 26)) > 6 * one_pass

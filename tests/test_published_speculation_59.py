@@ -109,10 +109,12 @@ def test_an_eager_harness_row_is_priced_as_the_reference_decoders_eager_step(tmp
     from reports.commands.published_check import main as published_check
 
     full, eager = tmp_path / "full.csv", tmp_path / "eager.csv"
-    assert published_check(["--drafter", "draft", "--regime", "full", "--csv", str(full)]) == 0
-    assert published_check(["--drafter", "draft", "--csv", str(eager)]) == 0
+    only = ["--drafter", "draft", "--gpu", "rtx-3090"]
+    assert published_check([*only, "--regime", "full", "--csv", str(full)]) == 0
+    assert published_check([*only, "--csv", str(eager)]) == 0
     assert "eager rows: the reference decoder's eager step, " in capsys.readouterr().out
     full, eager = pd.read_csv(full), pd.read_csv(eager)
+    assert len(eager) == 1 and (eager["device"] == "rtx-3090").all()
     assert (full["step"] == "full").all() and (eager["step"] == "traced").all()
     assert (eager["launch"] == "eager").all()
     # the host issues every kernel of the target's steps and of the draft model's: each draft

@@ -244,10 +244,10 @@ class EagleStep(DraftsThenVerifies):
     flavor: str = "full"
     shape: DraftShape | StaticTreeDraft = EAGLE2_SHAPE
     weights: DraftWeights = EAGLE_WEIGHTS
-    # Where the verification is launched in a regime whose host time counts (a traced step's
-    # eager or static launches), each pass is priced as a step of its own: the reference
-    # decoder's plain step of the head's one-layer model over the pass's tokens, its kernels
-    # through the host and device queues, and the head's fc and top-k from their ops.
+    # Where the verification is a traced step in a launch regime (eager or static: through the
+    # host and device queues; graph: every kernel a CUDA-graph node), each pass is priced as a
+    # step of its own in that regime: the reference decoder's step of the head's one-layer
+    # model over the pass's tokens, and the head's fc and top-k from their ops.
     pass_step: StepCost | None = None
 
     def __post_init__(self) -> None:
@@ -331,11 +331,12 @@ def eagle_step(
     """The step of a feature-level drafter (EAGLE's by default; `weights`: EAGLE-3's, an MTP
     module's) on the shard, latency source and all-reduces of a step flavour (a
     perfmodel.planning.step_models one): a traced flavour drafts with the full inventory, or,
-    launched eager or static, pass by pass as the head's own traced steps (EagleStep.pass_step)."""
+    launched in a regime (eager, static, graph), pass by pass as the head's own traced steps in it
+    (EagleStep.pass_step)."""
     shard = step.shard_step
     flavor = StepFlavor.FULL if shard.flavor == StepFlavor.TRACED else shard.flavor
     verify = without_heads(step)
     passes = None
-    if isinstance(shard, TracedStep) and shard.regime in (Launch.EAGER, Launch.STATIC):
+    if isinstance(shard, TracedStep) and shard.regime in (Launch.EAGER, Launch.STATIC, Launch.GRAPH):
         passes = dataclasses.replace(shard, model=weights.pass_model(shard.model), with_heads=False, _cache={})
     return EagleStep(verify, shard.model, shard.latency, flavor, shape, weights, passes)

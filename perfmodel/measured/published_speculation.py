@@ -19,6 +19,7 @@ import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
+from perfmodel.base.stacks import SERVING_ENGINES
 
 PUBLISHED = Path(__file__).with_name("published_speculation.csv")
 DRAFTER_FAMILIES = ("medusa", "eagle", "eagle3", "mtp", "draft", "ngram", "other")
@@ -27,18 +28,20 @@ COLUMNS = (
     "tree_size", "chain_k", "batch", "batch_text", "dataset", "temperature", "accept_length",
     "per_position_acceptance", "speedup", "tokens_per_s", "tokens_per_s_kind", "ms_per_token",
     "source_url", "source_title", "source_date", "source_where", "notes",
-    "device", "preset", "tokens_verified", "draft_depth", "draft_top_k", "priced_as", "draft_config", "launch",
+    "device", "preset", "tokens_verified", "draft_depth", "draft_top_k", "priced_as", "draft_config", "launch", "stack",
 )  # fmt: skip
 # How a row is priced, where it is: the device (a hw_specs key) and model preset it ran on,
 # the tokens each step verified, the draft's depth and top-k, what that rests on, and a draft
 # model's shipped config (a folder of perfmodel/models/checkpoints), and the launch regime its
 # harness ran in (perfmodel.base.launch: eager for Hugging Face transformers' loop; empty: an
-# engine's, priced as the full step).
+# engine's, priced as the full step), and an engine's row's stack (vllm, sglang, trtllm: whose
+# measured tables price it; empty: the device's own choice).
 PRICED = ("device", "preset", "tokens_verified", "priced_as")
 COUNTS = ("num_gpus", "tree_size", "chain_k", "batch", "tokens_verified", "draft_depth", "draft_top_k")
 NUMBERS = ("temperature", "accept_length", "speedup", "tokens_per_s", "ms_per_token")
 MEASURED = ("speedup", "tokens_per_s", "ms_per_token", "accept_length")  # at least one per row
 LAUNCHES = tuple(str(regime) for regime in Launch)
+STACKS = tuple(SERVING_ENGINES)
 DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 
 
@@ -67,6 +70,8 @@ def read_published(path: Path = PUBLISHED) -> pd.DataFrame:
             raise PerfkitError(f"{where}: {', '.join(f'{c} {row[c]!r}' for c in bad)} not a number")
         if not any(row[c] for c in MEASURED):
             raise PerfkitError(f"{where}: nothing measured (one of {', '.join(MEASURED)})")
+        if row["stack"] and row["stack"] not in STACKS:
+            raise PerfkitError(f"{where}: stack {row['stack']!r} is none of {', '.join(STACKS)} (or empty)")
         if row["launch"] and row["launch"] not in LAUNCHES:
             raise PerfkitError(f"{where}: launch {row['launch']!r} is none of {', '.join(LAUNCHES)} (or empty)")
         if any(row[c] for c in PRICED) and not all(row[c] for c in PRICED):

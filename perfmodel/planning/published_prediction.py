@@ -19,6 +19,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from perfmodel.base.drafter_kind import FEATURE_DRAFTERS, DrafterKind
+from perfmodel.latency.choice import LatencyChoice, LatencySetting
 from perfmodel.latency.eagle import DraftShape
 from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.step_cost import StepCost
@@ -67,7 +68,8 @@ def row_drafter(row: pd.Series, target: ModelConfig, choices: DeploymentChoices,
         own = drafter_model(CHECKPOINTS / row["draft_config"], kind, target)
         (drafting,) = resolve(own, row["device"], choices)
         return with_draft_steps(point_drafter(kind, target, own), make(drafting, row["launch"]))
-    drafter = point_drafter(kind, target, host=ngram_host_cost() if kind == DrafterKind.NGRAM else None)
+    own = drafter_model(CHECKPOINTS / row["draft_config"], kind, target) if row["draft_config"] else None
+    drafter = point_drafter(kind, target, own, host=ngram_host_cost() if kind == DrafterKind.NGRAM else None)
     if kind in FEATURE_DRAFTERS:
         shape = DraftShape(depth=int(row["draft_depth"]), top_k=int(row["draft_top_k"]))
         drafter = dataclasses.replace(drafter, shape=shape)
@@ -78,7 +80,9 @@ def predict_row(row: pd.Series, context: int = DEFAULT_CONTEXT, make: StepMaker 
     """The row's speedup as its regime's step (`make`) predicts it at its stated accepted
     length, with its step times: {predicted_speedup, plain_step_ms, step_ms, draft_ms,
     draft_passes, step, latency_model}."""
-    choices = DeploymentChoices(dtype=row["dtype"] or None)
+    tp = 1 if pd.isna(row["num_gpus"]) else int(row["num_gpus"])
+    latency = LatencyChoice.of(LatencySetting.AUTO, row["stack"] or None)
+    choices = DeploymentChoices(dtype=row["dtype"] or None, tensor_parallel=tp, latency=latency)
     (deployment,) = resolve(row["preset"], row["device"], choices)
     steps = make(deployment, row["launch"])
     batch, tokens, accepted = int(row["batch"]), int(row["tokens_verified"]), float(row["accept_length"])

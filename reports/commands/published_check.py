@@ -25,6 +25,7 @@ from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, options
 from perfmodel.cli.fields import add_options, option, read_options, shared
+from perfmodel.hardware.specs import find_spec
 from perfmodel.latency.pipeline import HostCosts
 from perfmodel.latency.step import StepFlavor
 from perfmodel.measured.published_speculation import DRAFTER_FAMILIES, PUBLISHED, read_published
@@ -59,6 +60,7 @@ class PublishedCheckOptions:
             metavar="S",
         ),
     )
+    gpu: list[str] | None = field(default=None, metadata=shared(options.gpu, many=True, default="every device's rows"))
     regime: str = field(
         default="row",
         metadata=option(
@@ -111,12 +113,18 @@ def shown(path: Path) -> str:
 
 def regime_steps(host: HostCosts):
     """A StepMaker (perfmodel.planning.published_prediction): an eager row's step as the
-    reference decoder's eager step at `host`'s cost per op, any other the full step."""
+    reference decoder's eager step at `host`'s cost per op, any other the full step. One traced
+    step per model and device, so the rows of one target share its traces (its plain step is
+    every row's baseline)."""
+    made: dict[tuple, dict] = {}
 
     def make(deployment, launch: str) -> dict:
         if launch != Launch.EAGER:
             return full_steps(deployment, launch)
-        return point_steps(deployment, [StepFlavor.TRACED], regime=Launch.EAGER, host=host)
+        key = (deployment.model, deployment.view.spec.key, deployment.dtype, deployment.tp, deployment.latency)
+        if key not in made:
+            made[key] = point_steps(deployment, [StepFlavor.TRACED], regime=Launch.EAGER, host=host)
+        return made[key]
 
     return make
 
@@ -125,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     args = read_options(PublishedCheckOptions, build_parser().parse_args(argv))
     rows = read_published()
     rows = rows[rows["drafter"].isin(args.drafter)]
+    if args.gpu:
+        rows = rows[rows["device"].isin({find_spec(name).key for name in args.gpu})]
     reasons = rows.apply(unpriced_reason, axis=1)
     priced = rows[reasons.isna()]
     make = full_steps
