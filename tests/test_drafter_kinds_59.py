@@ -76,7 +76,7 @@ def test_a_draft_model_from_its_config_drafts_with_its_own_steps():
     steps, draft_steps = full_steps(target), full_steps(own)
     drafter = with_draft_steps(point_drafter(DrafterKind.DRAFT, target, own), draft_steps)
     row = drafter_point(steps, drafter, DraftedShape.of(None, 4), 2, 512, 2.3).iloc[0]
-    by_hand = sum(float(draft_steps["full"].step_time(2, 512 + j, 1)) for j in range(4))
+    by_hand = 4 * float(draft_steps["full"].step_time(2, 512, 1))
     assert row["draft_ms"] == pytest.approx(by_hand * 1e3)
     assert "vicuna-68m" in row["latency_model"]
 
@@ -189,3 +189,24 @@ def test_in_a_launch_regime_each_draft_pass_is_the_heads_own_traced_step(regime)
     assert float(step.draft_time(1, 512, 26)) > float(alone.draft_time(1, 512, 26))
     one_pass = float(step.pass_step.step_time(1, 512, 1))
     assert float(step.draft_time(1, 512, 26)) > 6 * one_pass
+
+
+def test_eagle_1s_static_tree_drafts_each_depths_nodes_once_with_its_cache():
+    import numpy as np
+
+    from perfmodel.acceptance.reference_trees import reference_tree
+    from perfmodel.latency.eagle import StaticTreeDraft
+
+    tree = reference_tree("mc_sim_7b_63")
+    cached = StaticTreeDraft((tree,), window=0, cached=True)
+    passes = cached.passes(64)
+    at_depth = np.bincount(tree.depths)
+    assert [int(p.tokens) for p in passes] == [1, *(int(n) for n in at_depth[1 : tree.depth])]
+    # without a cache every pass runs every node down to its depth again: more tokens in all
+    uncached = StaticTreeDraft((tree,), window=0).passes(64)
+    assert sum(int(p.tokens) for p in uncached) > sum(int(p.tokens) for p in passes)
+    assert [int(p.expanded) for p in passes] == [int(p.expanded) for p in uncached]
+    with pytest.raises(PerfkitError, match="runs no window of accepted positions, got 8"):
+        StaticTreeDraft((tree,), window=8, cached=True)
+    with pytest.raises(PerfkitError, match="unknown reference tree 'mc_sim_7b_64'"):
+        reference_tree("mc_sim_7b_64")

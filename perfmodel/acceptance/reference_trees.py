@@ -149,6 +149,18 @@ MC_SIM_7B_63_ORDER: tuple[TreePath, ...] = (
 MC_SIM_7B_63_TREE = Tree(MC_SIM_7B_63_ORDER)
 
 
+# The reference trees by the names their code gives them (EAGLE-1 drafts mc_sim_7b_63 too: its
+# ea_model.py's default tree_choices, from its own copy of Medusa's choices).
+REFERENCE_TREES = {"mc_sim_7b_63": MC_SIM_7B_63_TREE, "vicuna_7b_stage2": VICUNA_7B_TREE}
+
+
+def reference_tree(name: str) -> Tree:
+    """A reference tree by its name (REFERENCE_TREES), refused in one line naming those there are."""
+    if name not in REFERENCE_TREES:
+        raise PerfkitError(f"unknown reference tree {name!r}; the reference trees are: {', '.join(REFERENCE_TREES)}")
+    return REFERENCE_TREES[name]
+
+
 def vicuna_7b_prefix(nodes: int) -> Tree:
     """The first `nodes` nodes of the Vicuna-7B tree: the reference's own best tree of
     that size (at most 63 nodes)."""

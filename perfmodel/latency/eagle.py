@@ -133,15 +133,21 @@ class StaticTreeDraft:
     """Static trees drafted without a draft KV cache, as the reference decoder drafts them
     (decoder.eagle_batch.draft_batch): pass j runs the `window` last accepted positions and every
     node down to depth j (Tree.draft_passes), attending among those alone, and expands the
-    parents of depth j + 1 (module doc). trees: the tree of every size priced."""
+    parents of depth j + 1 (module doc). trees: the tree of every size priced.
+
+    cached: drafted with a draft KV cache instead, as EAGLE-1 drafts its static tree
+    (mc_sim_7b_63 by default): pass j runs the nodes at depth j alone (the root in the first),
+    attending to the context and the drafts so far, and expands those with children (no window)."""
 
     trees: tuple[Tree, ...]
     window: int
-    cached = False
+    cached: bool = False
 
     def __post_init__(self) -> None:
         if not is_count(self.window, 0):
             raise PerfkitError(f"the draft's context window must be an integer >= 0, got {self.window!r}")
+        if self.cached and self.window:
+            raise PerfkitError(f"a drafter with a KV cache runs no window of accepted positions, got {self.window}")
         sizes = [t.size for t in self.trees]
         if len(set(sizes)) != len(sizes):
             raise PerfkitError(f"one tree per size: got sizes {sorted(sizes)}")
@@ -163,7 +169,7 @@ class StaticTreeDraft:
     def passes(self, candidates, depth=None) -> list[DraftPass]:
         n = np.asarray(candidates, dtype=np.int64)
         d = self.depths(n, depth)
-        work = {int(size): self.tree(int(size)).draft_passes for size in np.unique(n[n > 1])}
+        work = {int(size): self.pass_work(self.tree(int(size))) for size in np.unique(n[n > 1])}
         out = []
         for j in range(int(d.max(initial=0))):
             run = [work[int(size)][j] if size > 1 and j < d_i else (0, 0) for size, d_i in zip(n.ravel(), d.ravel())]
@@ -172,7 +178,20 @@ class StaticTreeDraft:
             out.append(DraftPass(tokens, expanded))
         return out
 
+    def pass_work(self, tree: Tree) -> tuple[tuple[int, int], ...]:
+        """(nodes run, nodes expanded) of each pass: every node down to depth j without a cache
+        (Tree.draft_passes), the nodes at depth j alone with one."""
+        if not self.cached:
+            return tree.draft_passes
+        at_depth = np.bincount(tree.depths, minlength=tree.depth + 1)
+        return tuple((1 if j == 0 else int(at_depth[j]), expanded) for j, (_, expanded) in enumerate(tree.draft_passes))
+
     def describe(self) -> str:
+        if self.cached:
+            return (
+                "static trees drafted with a draft KV cache (EAGLE-1's): pass j runs the nodes at depth j, the root "
+                "first, and expands those with children"
+            )
         return (
             f"static trees drafted without a draft KV cache: pass j runs the last {self.window} accepted positions "
             "and every node down to depth j, and expands the parents of depth j + 1"
@@ -291,15 +310,15 @@ class EagleStep(DraftsThenVerifies):
 
     def add_stepped_passes(self, times, work, batch, seq_len) -> None:
         """Each pass's step (pass_step) added to `times`: a pass of w tokens per sequence as
-        the head's step of w tokens (a tree step without heads where w > 1) over the context and
-        the drafts so far."""
-        drafted = np.zeros(batch.shape, dtype=np.int64)
+        the head's step of w tokens (a tree step without heads where w > 1) over the step's
+        context. The drafts so far (a tree's depth x top-k tokens at most) are left out of the
+        context a pass attends to: each distinct context would be a trace of its own, and they
+        change one layer's attention over hundreds of tokens by a few percent."""
         for index, draft in enumerate(work):
             on = draft.tokens > 0
             if on.any():
-                step = self.pass_step.step_time(batch[on], seq_len[on] + drafted[on], draft.tokens[on])
+                step = self.pass_step.step_time(batch[on], seq_len[on], draft.tokens[on])
                 times[index][on] += np.asarray(step, dtype=float)
-            drafted = drafted + draft.tokens
 
     def draft_time(self, batch, seq_len, candidates, depth=None) -> np.ndarray:
         """Seconds of drafting a tree of `candidates` tokens (root included) at the points

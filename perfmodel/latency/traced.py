@@ -113,31 +113,41 @@ def _params(latency) -> RooflineParams:
 def _gemm_times(rows: pd.DataFrame, latency, spec, dtype: str, params: RooflineParams) -> np.ndarray:
     measured = getattr(latency, "table", None) is not None or getattr(latency, "grid", None) is not None
     out = np.empty(len(rows))
+    priced: dict[tuple[int, int, int, int], float] = {}  # a layer's shapes repeat in every layer
     for i, r in enumerate(rows.itertuples()):
-        weight = int(r.batch) == 1
-        matmul = Matmul(int(r.batch), int(r.m), int(r.k), int(r.n), weight=weight)
-        if weight and measured:
-            out[i] = float(np.asarray(latency.gemm_time(matmul)).ravel()[0])
-        else:
-            out[i] = float(kernel_time(matmul, dtype, spec, params))
+        shape = (int(r.batch), int(r.m), int(r.k), int(r.n))
+        if shape not in priced:
+            weight = shape[0] == 1
+            matmul = Matmul(*shape, weight=weight)
+            if weight and measured:
+                priced[shape] = float(np.asarray(latency.gemm_time(matmul)).ravel()[0])
+            else:
+                priced[shape] = float(kernel_time(matmul, dtype, spec, params))
+        out[i] = priced[shape]
     return out
 
 
 def _attention_times(rows: pd.DataFrame, latency, spec, dtype: str, params: RooflineParams) -> np.ndarray:
     table = getattr(latency, "attention", None)
     out = np.empty(len(rows))
+    priced: dict[tuple[int, ...], float] = {}  # every layer attends with the same shapes
     for i, r in enumerate(rows.itertuples()):
-        b, h, kvh, q, s, d = (int(v) for v in (r.batch, r.heads, r.kv_heads, r.q_len, r.kv_len, r.head_dim))
-        timed = None
-        if table is not None and d == 128:
-            if q == 1:
-                timed = table.decode_time(b, s, h, kvh)
-            else:
-                timed = table.tree_time(b, q, s, h, kvh)
-        if timed is None:
-            timed = kernel_time(FusedAttention(b, h, kvh, q, s, d), dtype, spec, params)
-        out[i] = float(np.asarray(timed).ravel()[0])
+        shape = tuple(int(v) for v in (r.batch, r.heads, r.kv_heads, r.q_len, r.kv_len, r.head_dim))
+        if shape not in priced:
+            priced[shape] = _attention_time(shape, table, dtype, spec, params)
+        out[i] = priced[shape]
     return out
+
+
+def _attention_time(shape: tuple[int, ...], table, dtype: str, spec, params: RooflineParams) -> float:
+    """One attention kernel's seconds: the measured table's where it has head_dim 128, else the roofline's."""
+    b, h, kvh, q, s, d = shape
+    timed = None
+    if table is not None and d == 128:
+        timed = table.decode_time(b, s, h, kvh) if q == 1 else table.tree_time(b, q, s, h, kvh)
+    if timed is None:
+        timed = kernel_time(FusedAttention(b, h, kvh, q, s, d), dtype, spec, params)
+    return float(np.asarray(timed).ravel()[0])
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,16 @@ COLUMNS = (
     "tree_size", "chain_k", "batch", "batch_text", "dataset", "temperature", "accept_length",
     "per_position_acceptance", "speedup", "tokens_per_s", "tokens_per_s_kind", "ms_per_token",
     "source_url", "source_title", "source_date", "source_where", "notes",
-    "device", "preset", "tokens_verified", "draft_depth", "draft_top_k", "priced_as", "draft_config", "launch", "stack",
+    "device", "preset", "tokens_verified", "draft_depth", "draft_top_k", "priced_as", "draft_config", "launch",
+    "stack", "draft_tree",
 )  # fmt: skip
 # How a row is priced, where it is: the device (a hw_specs key) and model preset it ran on,
 # the tokens each step verified, the draft's depth and top-k, what that rests on, and a draft
 # model's shipped config (a folder of perfmodel/models/checkpoints), and the launch regime its
 # harness ran in (perfmodel.base.launch: eager for Hugging Face transformers' loop; empty: an
 # engine's, priced as the full step), and an engine's row's stack (vllm, sglang, trtllm: whose
-# measured tables price it; empty: the device's own choice).
+# measured tables price it; empty: the device's own choice), and a static tree's name where the
+# drafter drafts one (perfmodel.acceptance.reference_trees: EAGLE-1's mc_sim_7b_63).
 PRICED = ("device", "preset", "tokens_verified", "priced_as")
 COUNTS = ("num_gpus", "tree_size", "chain_k", "batch", "tokens_verified", "draft_depth", "draft_top_k")
 NUMBERS = ("temperature", "accept_length", "speedup", "tokens_per_s", "ms_per_token")

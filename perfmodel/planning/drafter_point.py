@@ -28,7 +28,7 @@ import pandas as pd
 from perfmodel.base.drafter_kind import CHAIN_DRAFTERS, FEATURE_DRAFTERS, DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.draft_weights import DraftWeights
-from perfmodel.latency.eagle import EAGLE2_SHAPE, DraftShape
+from perfmodel.latency.eagle import EAGLE2_SHAPE, DraftShape, StaticTreeDraft
 from perfmodel.latency.step_cost import StepCost
 from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.measured.ngram_host import NgramHostCost
@@ -96,6 +96,8 @@ class DraftedShape:
         if self.chain or drafter.name in CHAIN_DRAFTERS:
             return f"a chain of {self.tokens - 1} draft(s)"
         tree = drafter.shape
+        if isinstance(tree, StaticTreeDraft):
+            return f"a static {self.tokens}-token tree ({int(tree.depths(self.tokens))} passes)"
         return f"a {self.tokens}-token tree (EAGLE-2's top-{tree.top_k} expansion, at most {tree.depth} passes)"
 
     def drafter(self, drafter: Drafter) -> Drafter:

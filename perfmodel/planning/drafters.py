@@ -15,7 +15,7 @@ tree sizes it is searched over, so the speedup simulations price them alike
   plain step (batch 1, memory-bound) this is draft_model_improvement's E / (c gamma + 1); at
   larger batches the verification's own cost counts, as it does for the trees. Given the draft
   model's config.json (a point's --draft-config), its gamma steps are its own plain steps
-  instead, priced as the target's are, each at the context it has reached.
+  instead, priced as the target's are, over the context.
 
 Priced at one point only, from a measured acceptance (perfmodel.planning.drafter_point: no
 acceptance curve of theirs is shipped, so the simulations do not search them):
@@ -92,18 +92,13 @@ class DraftModelStep(DraftsThenVerifies):
         return (1 + self.cost_ratio) * target
 
     def draft_time(self, batch, seq_len, candidates) -> np.ndarray:
-        """Seconds of the gamma = candidates - 1 draft steps: the draft model's own, the j-th
-        over seq_len + j cached tokens, or each cost_ratio x the target's plain step."""
+        """Seconds of the gamma = candidates - 1 draft steps: the draft model's own plain steps
+        over the context (the drafts before each, a few tokens, left out of what it attends to,
+        as EAGLE's passes leave them), or each cost_ratio x the target's plain step."""
         gamma = np.asarray(candidates) - 1
-        if self.draft is None:
-            plain = np.asarray(self.verify.step_time(batch, seq_len, 1), dtype=float)
-            return self.cost_ratio * gamma * plain
-        b, s, g = np.broadcast_arrays(np.asarray(batch), np.asarray(seq_len), gamma)
-        total = np.zeros(b.shape)
-        for j in range(int(g.max(initial=0))):
-            on = g > j
-            total[on] += np.asarray(self.draft.step_time(b[on], s[on] + j, 1), dtype=float)
-        return total
+        own = self.verify if self.draft is None else self.draft
+        plain = np.asarray(own.step_time(batch, seq_len, 1), dtype=float)
+        return (self.cost_ratio if self.draft is None else 1.0) * gamma * plain
 
     def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
         verify = np.asarray(self.verify.step_time(batch, seq_len, candidates), dtype=float)

@@ -18,9 +18,10 @@ from collections.abc import Callable
 
 import pandas as pd
 
+from perfmodel.acceptance.reference_trees import reference_tree
 from perfmodel.base.drafter_kind import FEATURE_DRAFTERS, DrafterKind
 from perfmodel.latency.choice import LatencyChoice, LatencySetting
-from perfmodel.latency.eagle import DraftShape
+from perfmodel.latency.eagle import DraftShape, StaticTreeDraft
 from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.step_cost import StepCost
 from perfmodel.measured.ngram_host import ngram_host_cost
@@ -70,7 +71,10 @@ def row_drafter(row: pd.Series, target: ModelConfig, choices: DeploymentChoices,
         return with_draft_steps(point_drafter(kind, target, own), make(drafting, row["launch"]))
     own = drafter_model(CHECKPOINTS / row["draft_config"], kind, target) if row["draft_config"] else None
     drafter = point_drafter(kind, target, own, host=ngram_host_cost() if kind == DrafterKind.NGRAM else None)
-    if kind in FEATURE_DRAFTERS:
+    if row["draft_tree"]:  # a static tree, drafted pass by pass with the draft's KV cache
+        shape = StaticTreeDraft((reference_tree(row["draft_tree"]),), window=0, cached=True)
+        drafter = dataclasses.replace(drafter, shape=shape)
+    elif kind in FEATURE_DRAFTERS:
         shape = DraftShape(depth=int(row["draft_depth"]), top_k=int(row["draft_top_k"]))
         drafter = dataclasses.replace(drafter, shape=shape)
     return drafter

@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             f"accepted {r.accept_length:g}: measured {r.speedup:.2f}x, predicted {r.predicted_speedup:.2f}x "
             f"({r.error:+.0%}) [{r.source_title.split(' (')[0]}, {r.source_date}]"
         )
+    for priced_as in dict.fromkeys(table["priced_as"]):
+        print(f"  priced as: {priced_as}")
     for family, part in table.groupby("drafter"):
         per_pass = part["unpriced_per_pass_ms"].mean()
         where = "" if pd.isna(per_pass) else f", {per_pass:.2f} ms per draft pass or step"
@@ -170,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             f"imply {part['unpriced_ms'].mean():+.2f} ms a step ({share:+.0%} of the plain step) beyond the "
             f"prediction{where}"
         )
-    if len(table):
-        print(f"  how they are priced: {'; '.join(dict.fromkeys(table['priced_as']))}")
+
     left = reasons.dropna().value_counts()
     if len(left):
         print(f"  not predicted: {', '.join(f'{n} ({why})' for why, n in left.items())}")
