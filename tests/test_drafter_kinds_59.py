@@ -210,3 +210,43 @@ def test_eagle_1s_static_tree_drafts_each_depths_nodes_once_with_its_cache():
         StaticTreeDraft((tree,), window=8, cached=True)
     with pytest.raises(PerfkitError, match="unknown reference tree 'mc_sim_7b_64'"):
         reference_tree("mc_sim_7b_64")
+
+
+METRICS_PAGE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="llama-3-8b"} {drafts}
+# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="llama-3-8b"} {tokens}
+# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="llama-3-8b",position="0"} {p0}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="llama-3-8b",position="1"} {p1}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="llama-3-8b",position="2"} {p2}
+"""
+
+
+def page(tmp_path, name, drafts, accepted):
+    text = METRICS_PAGE
+    for key, value in {"drafts": drafts, "tokens": 3 * drafts, **dict(zip(("p0", "p1", "p2"), accepted))}.items():
+        text = text.replace("{" + key + "}", f"{value:.1f}")
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_vllm_metrics_page_gives_the_per_position_rates(tmp_path, capsys):
+    from reports.metrics_rates import metrics_rates
+
+    after = page(tmp_path, "after.txt", 1500, (1100, 800, 520))
+    before = page(tmp_path, "before.txt", 500, (300, 200, 120))
+    assert metrics_rates([after]) == pytest.approx((1100 / 1500, 800 / 1500, 520 / 1500))
+    # two pages: the load's own counts, the growth between them
+    assert metrics_rates([after, before]) == pytest.approx((0.8, 0.6, 0.4))
+    argv = ["--gpu", "h100", "--model", "llama-3-8b", "--step", "full", "--drafter", "eagle3", "--metrics"]
+    assert speedup([*argv, str(after), str(before)]) == 0
+    out = capsys.readouterr().out
+    assert "--metrics: per-position acceptance 0.800 0.600 0.400" in out and "acceleration 2.8" in out
+    idle = page(tmp_path, "idle.txt", 0, (0, 0, 0))
+    with pytest.raises(PerfkitError, match="no drafts counted"):
+        metrics_rates([idle])

@@ -116,6 +116,18 @@ class SpeedupOptions:
             metavar="KEY=VALUE",
         ),
     )
+    metrics: tuple[Path, ...] | None = field(
+        default=None,
+        metadata=option(
+            "--metrics",
+            "instead of --position-rates: a vLLM server's /metrics page (a file), the rates from its "
+            "spec_decode counters (accepted per position over drafts); a second page, taken before a load, makes "
+            "them the load's own",
+            type=Path,
+            nargs="+",
+            metavar="PAGE",
+        ),
+    )
     position_rates: tuple[float, ...] | None = field(
         default=None,
         metadata=option(

@@ -50,6 +50,7 @@ from perfmodel.planning.simulation_summary import best_trees, optima_side_by_sid
 from perfmodel.planning.simulations import choose_devices, device_table, draft_model_table, optima
 from perfmodel.planning.step_point import POINT_COLUMNS, point_lines, step_point
 from reports.figure_cache import figure_cache
+from reports.metrics_rates import metrics_rates
 from reports.point_steps import point_steps
 from reports.render import Renderer
 from reports.speedup_figures import submit_speedup_figures
@@ -182,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model)
     if args.dtype:
         check_dtype(args.dtype)
+    if args.metrics is not None:
+        if args.position_rates is not None or args.acceleration is not None:
+            raise PerfkitError("give one of --metrics, --position-rates or --acceleration: each gives the acceptance")
+        args = dataclasses.replace(args, position_rates=metrics_rates(args.metrics))
+        print(f"--metrics: per-position acceptance {' '.join(f'{r:.3f}' for r in args.position_rates)}")
     best_chain = args.best_chain
     if best_chain and (args.position_rates is None or args.tree_size or args.chain or args.acceleration):
         raise PerfkitError(
