@@ -250,3 +250,29 @@ def test_a_vllm_metrics_page_gives_the_per_position_rates(tmp_path, capsys):
     idle = page(tmp_path, "idle.txt", 0, (0, 0, 0))
     with pytest.raises(PerfkitError, match="no drafts counted"):
         metrics_rates([idle])
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--draft-config", str(VICUNA_68M), "--chain", "2"], "--draft-config shapes a drafter outside the step"),
+        (["--engine-tree", "num_steps=2", "eagle_topk=2", "num_draft_tokens=4"], "--engine-tree shapes a drafter"),
+    ],
+)
+def test_medusa_refuses_a_drafters_config_or_tree_rather_than_ignoring_it(argv, words):
+    with pytest.raises(PerfkitError, match=words):
+        speedup(["--gpu", "h100", "--model", "vicuna-7b", "--step", "full", *argv, "--acceleration", "1.5"])
+
+
+def test_an_unreadable_metrics_page_or_unknown_device_is_one_line(tmp_path):
+    from reports.commands.published_check import main as published_check
+    from reports.metrics_rates import metrics_rates
+
+    with pytest.raises(PerfkitError, match=r"--metrics .*nothing.txt: cannot read it") as caught:
+        metrics_rates([tmp_path / "nothing.txt"])
+    assert "\n" not in str(caught.value)
+    (tmp_path / "three.txt").write_text("x")
+    with pytest.raises(PerfkitError, match="takes one page, or two"):
+        metrics_rates([tmp_path / "three.txt"] * 3)
+    with pytest.raises(PerfkitError, match="unknown device 'h1000'"):
+        published_check(["--gpu", "h1000", "--regime", "full"])

@@ -76,8 +76,14 @@ class PricedBySource:
 
 
 class DraftsThenVerifies:
-    """A step that drafts a tree and verifies it with `verify` (EAGLE, a draft model): what its
-    times rest on is the verification's source."""
+    """A step that drafts a tree and verifies it with `verify` (EAGLE, a draft model, n-gram
+    lookup): what its times rest on is the verification's source, and a step is its drafting
+    (the subclass's draft_time) and the verification."""
+
+    def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
+        """Seconds per step: drafting (none for plain decoding) plus the verification."""
+        verify = np.asarray(self.verify.step_time(batch, seq_len, candidates), dtype=float)
+        return verify + self.draft_time(batch, seq_len, candidates)
 
     @property
     def shard(self):

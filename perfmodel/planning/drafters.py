@@ -100,10 +100,6 @@ class DraftModelStep(DraftsThenVerifies):
         plain = np.asarray(own.step_time(batch, seq_len, 1), dtype=float)
         return (self.cost_ratio if self.draft is None else 1.0) * gamma * plain
 
-    def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
-        verify = np.asarray(self.verify.step_time(batch, seq_len, candidates), dtype=float)
-        return verify + self.draft_time(batch, seq_len, candidates)
-
 
 @dataclass(frozen=True)
 class NgramStep(DraftsThenVerifies):
@@ -128,10 +124,6 @@ class NgramStep(DraftsThenVerifies):
         """Seconds of the lookup of a chain of candidates - 1 drafts (none in plain decoding)."""
         lookup = np.vectorize(lambda b, s, n: self.host.seconds(int(b), int(s), int(n) - 1) if n > 1 else 0.0)
         return lookup(batch, seq_len, candidates).astype(float)
-
-    def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:
-        verify = np.asarray(self.verify.step_time(batch, seq_len, candidates), dtype=float)
-        return verify + self.draft_time(batch, seq_len, candidates)
 
 
 @dataclass(frozen=True)

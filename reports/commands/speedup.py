@@ -216,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         raise PerfkitError(f"--drafter {args.drafter}: one point is priced for one drafter ({', '.join(DrafterKind)})")
     if args.drafter == DrafterKind.MEDUSA:
         model.require_heads("there is no tree to price, plain decoding is its only step (--drafter eagle or draft)")
+    if args.drafter == DrafterKind.MEDUSA and (args.draft_config is not None or args.engine_tree is not None):
+        given = "--draft-config" if args.draft_config is not None else "--engine-tree"
+        others = ", ".join(kind for kind in DrafterKind if kind != DrafterKind.MEDUSA)
+        raise PerfkitError(
+            f"{given} shapes a drafter outside the step (--drafter {others}); the Medusa heads are the model's own "
+            "and draft its tree inside the step"
+        )
     if args.draft_config is not None and not point:
         raise PerfkitError(
             "--draft-config prices one point's drafter: give --tree-size (or --chain) and --acceleration"
