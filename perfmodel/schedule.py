@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
+from perfmodel.base.drafter_kind import MEASURED_ONLY, DrafterChoice, DrafterKind
 from perfmodel.base.dtypes import default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.output_locks import claimed_dir
@@ -35,10 +35,11 @@ from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import PlanRequest, serving_plan
 from perfmodel.planning.deployment import DeploymentChoices, resolve
-from perfmodel.planning.drafters import DRAFTER_NAMES, DRAFTERS, drafters_for
+from perfmodel.planning.drafters import DRAFTERS, KIND_NAMES, drafters_for
 from perfmodel.planning.engine_export_common import drafter_weights
 from perfmodel.planning.engine_export_vllm import vllm_note
 from perfmodel.planning.engine_exports import ENGINES, check_engines, write_exports
+from perfmodel.planning.measured_chain import ChainAcceptance
 from perfmodel.planning.schedule import ScheduleRequest, check_request, schedule_deployment
 from perfmodel.planning.schedule_bands import DEFAULT_MAX_BATCH, default_batches
 from perfmodel.planning.schedule_format import (
@@ -47,6 +48,7 @@ from perfmodel.planning.schedule_format import (
     OFF,
     SCHEDULE_DRAFTERS,
     SpeculationSchedule,
+    TreeFamily,
 )
 from perfmodel.planning.schedule_regret import read_closed_loops, schedule_regret, stored_closed_loop_files
 from perfmodel.planning.simulations import CANDIDATE_SIZES
@@ -67,6 +69,15 @@ class ScheduleOptions:
     latency: str | LatencyChoice = field(default="auto", metadata=shared(pricing_options.latency))  # parsed: a choice
     medusa: str = field(default="auto", metadata=shared(workload_options.medusa))
     drafter: str = field(default="medusa", metadata=shared(options.drafter, choices=tuple(SCHEDULE_DRAFTERS)))
+    position_rates: tuple[float, ...] | None = field(
+        default=None,
+        metadata=shared(
+            options.position_rates,
+            use="instead of --acceleration-rates: the bands run chains of 1 to as many drafts as rates (needed by "
+            "eagle3, mtp and ngram; eagle and draft take them too)",
+        ),
+    )
+    draft_config: Path | None = field(default=None, metadata=shared(options.draft_config, use="with --position-rates"))
     batch: tuple[int, ...] | None = field(
         default=None,
         metadata=option(
@@ -156,16 +167,20 @@ def build_parser() -> Parser:
 
 # A band's tree in the table, per drafter (str.format over the band's fields): its tokens (Medusa), tokens,
 # depth and top-k (EAGLE), gamma (a draft model), or off.
-TREE_TEXT = {"medusa": "{tree_size}", "eagle": "{tree_size} d={depth} k={top_k}", "draft": "gamma={depth}", OFF: "off"}
+TREE_TEXT = {
+    "medusa": "{tree_size}",
+    "eagle": "{tree_size} d={depth} k={top_k}",
+    "draft": "gamma={depth}",
+    **dict.fromkeys(MEASURED_ONLY, "chain K={depth}"),
+    OFF: "off",
+}
 
 
 def format_bands(schedule: SpeculationSchedule) -> str:
     frame = schedule.to_frame()
     # a Medusa schedule's table reads as it always has; another drafter's says who drafts each band
     who = (
-        {}
-        if schedule.drafter == DrafterKind.MEDUSA
-        else {"drafter": [DRAFTER_NAMES.get(d, d) for d in frame["drafter"]]}
+        {} if schedule.drafter == DrafterKind.MEDUSA else {"drafter": [KIND_NAMES.get(d, d) for d in frame["drafter"]]}
     )
     shown = pd.DataFrame(
         {
@@ -219,12 +234,15 @@ def weights_arg(values: list[str] | None) -> str | dict[str, str] | None:
     return plain[0] if plain else named
 
 
-def plan_acceptance(drafter: str, acceptance):
-    """What --tp auto's capacity plan prices: the Medusa heads' acceptance setting, or the one
+def plan_request(drafter: str, acceptance, position_rates=None) -> PlanRequest:
+    """What --tp auto's capacity plan prices: the Medusa heads' acceptance setting, the one
     drafter's curve as python -m perfmodel.speedup hands it (the plan reads Medusa's settings
-    only); drafters_for refuses another drafter's record here, in one line."""
+    only), or a measured chain's over the chains it covers; drafters_for refuses another
+    drafter's record here, in one line."""
+    if position_rates is not None:
+        return PlanRequest(acceptance=ChainAcceptance(tuple(position_rates)), sizes=range(1, len(position_rates) + 2))
     first = drafters_for("all" if drafter == DrafterChoice.BEST else drafter, acceptance)[0]
-    return first.choice if first.name == DrafterKind.MEDUSA else first.acceptance
+    return PlanRequest(acceptance=first.choice if first.name == DrafterKind.MEDUSA else first.acceptance)
 
 
 REGRET_SHOWN = {
@@ -293,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         model, [view], DeploymentChoices(dtype=dtype, tensor_parallel=args.tp, latency=args.latency)
     )
     if deployment.tp is None:  # auto: the capacity plan's degree
-        tp, _ = serving_plan(deployment, PlanRequest(acceptance=plan_acceptance(args.drafter, args.acceptance_rates)))
+        tp, _ = serving_plan(deployment, plan_request(args.drafter, args.acceptance_rates, args.position_rates))
         deployment = deployment.at(tp)
     request = ScheduleRequest(
         args.acceptance_rates,
@@ -302,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         args.medusa,
         args.sizes,
         drafter=args.drafter,
+        position_rates=args.position_rates,
+        draft_config=args.draft_config,
     )
     check_request(request)
     # The folder of the exports is claimed before the schedule is worked out, and held to the
@@ -313,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         weights = drafter_weights(schedule, weights)  # a --heads that names no drafter fails here, before any output
         # vLLM's Medusa drafts one token per head, its EAGLE one per pass: its export is the schedule over chains
         chains = None
-        if "vllm" in engines and args.drafter in CHAINS_WHY:
+        if "vllm" in engines and args.drafter in CHAINS_WHY and schedule.family != TreeFamily.CHAIN:
             chains = schedule_deployment(deployment, dataclasses.replace(request, family="chain"))
         out = args.out or Path(DEFAULT_OUT.replace("<device>", schedule.device).replace("<model>", schedule.model))
         if args.json:

@@ -60,7 +60,7 @@ KS, QUICK_KS = (1, 3, 5, 8), (1, 3)
 CALLS, QUICK_CALLS = 1000, 20
 SEQUENCES, QUICK_SEQUENCES = 8, 4
 WARMUP = 20
-MIN_N, MAX_N = 2, 5  # a usual prompt_lookup range; vLLM's own default is 5-grams only (decoder.ngram)
+MIN_N, MAX_N = columns.LOOKUP_N  # the range the exports state (perfmodel.measured.ngram_host)
 DEFAULT_OUT = "perf-reports/ngram-lookup/<host>.csv"
 TOKENIZER = BUNDLED_MODEL / "tokenizer.json"
 

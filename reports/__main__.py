@@ -15,6 +15,7 @@ from perfmodel.latency.choice import LatencyChoice
 from perfmodel.models.config import load_model
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS
 from reports.build import BuildConfig, build
+from reports.chain_section import CHAIN_PAGE_DRAFTERS
 from reports.compare import CompareConfig, compare
 
 DEFAULT_OUT = Path("perf-reports")
@@ -89,6 +90,14 @@ class BuildOptions:
     jobs: int | None = field(default=None, metadata=shared(options.jobs))
     workload: WorkloadOptions = field(default_factory=WorkloadOptions, metadata=nested(WorkloadOptions))
     latency: str | LatencyChoice = field(default="auto", metadata=shared(pricing_options.latency))  # parsed: a choice
+    drafter: str = field(default="medusa", metadata=shared(options.drafter, choices=CHAIN_PAGE_DRAFTERS))
+    position_rates: tuple[float, ...] | None = field(
+        default=None,
+        metadata=shared(options.position_rates, use="with --drafter: a section of its best chain per batch"),
+    )
+    draft_config: Path | None = field(
+        default=None, metadata=shared(options.draft_config, use="with --drafter and --position-rates")
+    )
 
     def config(self) -> BuildConfig:
         if self.dtype:
@@ -102,6 +111,9 @@ class BuildOptions:
             ablation=self.ablation,
             measure=self.measure,
             step=self.step,
+            drafter=self.drafter,
+            position_rates=self.position_rates,
+            draft_config=self.draft_config,
             **shared_settings(self),
         )
 

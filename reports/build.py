@@ -43,6 +43,7 @@ from reports.answer import gather, serving_answer
 from reports.answer_page import answer_section
 from reports.answer_words import chosen_degree
 from reports.capacity_figures import capacity_figure
+from reports.chain_section import chain_section, check_chain_request, measured_chains
 from reports.figure_cache import figure_cache
 from reports.html import Page
 from reports.output_folder import staged
@@ -139,6 +140,7 @@ def build(config: BuildConfig, log=print) -> Report:
         if config.out is not None:
             held.enter_context(claimed_dir(config.out, "report folder"))
         check_flavors([config.step], WHOLE_STEP_FLAVORS)
+        check_chain_request(config)
         view, model, dtype, acceptance, validation, drafted, ablation = load_inputs(config, log)
         model.require_heads("there is no tree to report (perfmodel.roofline and perfmodel.plan answer for it)")
         tracer = step_tracer(config.step)  # one for the plan and the simulations: each point traced once
@@ -192,6 +194,8 @@ def build(config: BuildConfig, log=print) -> Report:
             draft = simulations.draft_model_table()
             drafters = report_drafters(acceptance, config.model)
             compared = drafter_table(deployment, flavors, drafters)
+            context = int(config.workload.workload.step_context)
+            chains = measured_chains(config, deployment, report.flavor, context)
             speed_jobs = speedup_jobs(view, model, dtype, sims, draft, acceptance.choice)
             speed_pngs = {name: renderer.draw(job) for name, job in speed_jobs.items()}
             best = simulations.optima(sims)
@@ -225,6 +229,7 @@ def build(config: BuildConfig, log=print) -> Report:
                 roofline_section(page, figure, roof, op_errors)
                 speedup_section(page, figure, report, sims, draft, speed_pngs, extra_pngs, validation)
                 drafter_section(page, report, compared, drafters, drafted)
+                chain_section(page, chains)
                 acceptance_section(page, figure, report, extra_pngs)
                 tree_section(page, figure, report, tree, best, extra_pngs)
                 ablation_section(page, figure, report, ablation, extra_pngs)

@@ -59,6 +59,11 @@ class BuildConfig:
     measure: bool = False  # first sweep this machine's device for the model (stored for later runs)
     tp: int | None = 1  # tensor-parallel degree; None: the capacity plan's choice (planning.capacity.serving_plan)
     step: str = "full"  # the whole-step flavour the page is priced by: full or traced (planning.step_models)
+    # A drafter's best chain per batch from its measured per-position acceptance (reports.chain_section);
+    # medusa: none (the page's own trees are the Medusa heads')
+    drafter: str = "medusa"
+    position_rates: tuple[float, ...] | None = None
+    draft_config: Path | None = None
 
 
 @dataclass

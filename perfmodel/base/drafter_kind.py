@@ -22,14 +22,19 @@ class DrafterKind(StrEnum):
 FEATURE_DRAFTERS = (DrafterKind.EAGLE, DrafterKind.EAGLE3, DrafterKind.MTP)
 # The drafters that propose one path only (a chain): n-gram lookup and a draft model.
 CHAIN_DRAFTERS = (DrafterKind.DRAFT, DrafterKind.NGRAM)
+# The drafters without a shipped acceptance curve: priced and scheduled from a measured acceptance only.
+MEASURED_ONLY = (DrafterKind.EAGLE3, DrafterKind.MTP, DrafterKind.NGRAM)
 
 
 class DrafterChoice(StrEnum):
-    """Which drafters a search prices: one kind, each band's best of the three (best), or every
-    kind side by side (all)."""
+    """Which drafters a search prices: one kind, each band's best of the three simulated ones
+    (best), or those three side by side (all)."""
 
     MEDUSA = "medusa"
     EAGLE = "eagle"
     DRAFT = "draft"
+    EAGLE3 = "eagle3"
+    MTP = "mtp"
+    NGRAM = "ngram"
     BEST = "best"
     ALL = "all"

@@ -14,6 +14,7 @@ Flags with one meaning each:
   --acceptance           the decoder's verification scheme (greedy, typical, ...)
   --acceptance-rates     the performance model's acceptance rates (paper, paper-ln, eagle, a record)
   --drafter              who drafts the speculative tree: Medusa heads, EAGLE, a draft model, all (best)
+  --position-rates, --draft-config   a drafter's measured chain acceptance and its own config.json
   --batch, --context, --tree-size   one step's shape (step_point)
   --weights real|dummy, --replay RECORD   a performance twin (twin)
   --out PATH / --csv FILE   where a command writes its output / its table
@@ -33,7 +34,7 @@ from perfmodel.base.dtypes import DTYPES
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import preflight
-from perfmodel.cli.parser import batch_size, job_count, token_count
+from perfmodel.cli.parser import batch_size, job_count, number_in, token_count
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.models.config import PRESETS
 from perfmodel.planning.drafters import DRAFTERS
@@ -183,9 +184,9 @@ DRAFTER_MEANINGS = {
     "medusa": "the Medusa heads, in the step",
     "eagle": "EAGLE, one layer and the LM head per depth, then the tree verified",
     "draft": "a separate draft model, gamma draft steps then gamma + 1 tokens verified",
-    "eagle3": "EAGLE-3's head (3-layer feature fusion, its own vocabulary), at one point",
-    "mtp": "the checkpoint's own MTP module(s) (num_nextn_predict_layers), at one point",
-    "ngram": "n-gram lookup in the context on the host (prompt lookup), at one point",
+    "eagle3": "EAGLE-3's head (3-layer feature fusion, its own vocabulary), from a measured acceptance",
+    "mtp": "the checkpoint's own MTP module(s) (num_nextn_predict_layers), from a measured acceptance",
+    "ngram": "n-gram lookup in the context on the host (prompt lookup), from a measured acceptance",
     "all": "the three side by side and the best drafter and tree per batch and context",
     "best": "each band runs whichever of the three is best there, or off",
 }
@@ -336,6 +337,33 @@ def acceleration(target: Target) -> None:
         type=float,
         metavar="A",
         help="with --tree-size: tokens accepted per step with that tree (e.g. measured by python -m decoder.measure)",
+    )
+
+
+position_rate = number_in(0.0, 1.0, "from 0 to 1 (the share of drafts accepted at that position)")
+
+
+def position_rates(target: Target, *, use: str) -> None:
+    """--position-rates: a chain's measured acceptance, one rate per draft position."""
+    target.add_argument(
+        "--position-rates",
+        type=position_rate,
+        nargs="+",
+        metavar="R",
+        help="a chain's acceptance rate at each draft position (vLLM's /metrics: accepted per position over drafts; "
+        f"python -m perfmodel.speedup --metrics PAGE prints them), tokens per step = 1 + their sum; {use}",
+    )
+
+
+def draft_config(target: Target, *, use: str) -> None:
+    """--draft-config: the drafter's own config.json (perfmodel.models.drafter_config)."""
+    target.add_argument(
+        "--draft-config",
+        type=Path,
+        metavar="PATH",
+        help="the drafter's own config.json (a file or its folder): a draft model's (--drafter draft: its own steps "
+        "instead of --draft-cost), or an EAGLE / EAGLE-3 head's (its layer shapes; EAGLE-3's draft_vocab_size); an "
+        f"MTP module's shapes are the target's own; {use}",
     )
 
 

@@ -20,7 +20,6 @@ DEVICE = ("device", True)  # --gpu, --all or --spec: exactly one
 
 cost_ratio = number_in(0.0, 1e3, ">= 0 (draft step time / target step time)")
 acceptance_rate = number_in(0.0, 1.0, "from 0 to 1 (the share of drafts the target accepts)")
-position_rate = number_in(0.0, 1.0, "from 0 to 1 (the share of drafts accepted at that position)")
 
 
 @dataclass(frozen=True)
@@ -56,15 +55,7 @@ class SpeedupOptions:
     )
     drafter: str = field(default="medusa", metadata=shared(options.drafter, choices=(*DrafterKind, "all")))
     draft_config: Path | None = field(
-        default=None,
-        metadata=option(
-            "--draft-config",
-            "with --tree-size or --chain: the drafter's own config.json (a file or its folder): a draft model's "
-            "(--drafter draft: its own steps instead of --draft-cost), or an EAGLE / EAGLE-3 head's (its layer "
-            "shapes; EAGLE-3's draft_vocab_size); an MTP module's shapes are the target's own",
-            type=Path,
-            metavar="PATH",
-        ),
+        default=None, metadata=shared(options.draft_config, use="with --tree-size, --chain or --best-chain")
     )
     draft_alpha: float = field(
         default=DEFAULT_DRAFT_ALPHA,
@@ -130,14 +121,10 @@ class SpeedupOptions:
     )
     position_rates: tuple[float, ...] | None = field(
         default=None,
-        metadata=option(
-            "--position-rates",
-            "instead of --acceleration: a chain's acceptance rate at each draft position (vLLM's /metrics accepted "
-            "per position over drafts), tokens per step = 1 + their sum; the chain is one draft per rate unless "
-            "--chain or --tree-size says otherwise",
-            type=position_rate,
-            nargs="+",
-            metavar="R",
+        metadata=shared(
+            options.position_rates,
+            use="instead of --acceleration; the chain is one draft per rate unless --chain or --tree-size says "
+            "otherwise",
         ),
     )
     best_chain: bool = field(

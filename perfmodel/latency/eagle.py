@@ -116,6 +116,9 @@ class DraftShape:
         return [DraftPass(tokens, tokens) for tokens in self.pass_tokens(candidates, depth)]
 
     def describe(self) -> str:
+        if self.top_k == 1:
+            depth = f"min({self.depth}, n - 1)"
+            return f"a chain: {depth} draft passes of one layer and the LM head, each over the node before"
         return (
             f"EAGLE-2's top-k expansion: min({self.depth}, n - 1) draft passes of one layer and the LM head, the "
             f"first over the root, each later one over the top-{self.top_k} nodes of the depth before (at most n - 1)"

@@ -27,6 +27,10 @@ from perfmodel.hardware.cpu_identity import this_cpu_key
 from perfmodel.measured.store import measurement_roots, read_meta
 
 COMMAND = "python -m profilers.ngram_lookup"
+# The n-grams looked up, shortest and longest (vLLM's prompt_lookup_min and prompt_lookup_max): a
+# usual prompt-lookup range (vLLM's own default is 5-grams only, decoder.ngram), the profiler's
+# default, and the range the engine exports state, so an export runs the lookup that was measured.
+LOOKUP_N = (2, 5)
 FOLDER = "ngram-lookup"
 FILE_NAME = "ngram-lookup.csv"
 

@@ -48,6 +48,8 @@ from perfmodel.measured.ngram_host import NgramHostCost
 # the others are priced at one point from a measured acceptance (module doc).
 DRAFTERS = (DrafterKind.MEDUSA, DrafterKind.EAGLE, DrafterKind.DRAFT)
 DRAFTER_NAMES = {DrafterKind.MEDUSA: "Medusa", DrafterKind.EAGLE: "EAGLE", DrafterKind.DRAFT: "draft model"}
+# Every kind's name in words, the simulated three's and those priced from a measured acceptance.
+KIND_NAMES = DRAFTER_NAMES | {DrafterKind.EAGLE3: "EAGLE-3", DrafterKind.MTP: "MTP", DrafterKind.NGRAM: "n-gram lookup"}
 
 # Draft-model comparison (speculative decoding with a draft model, Leviathan et al. 2023).
 # c = draft step / target step: at batch 1 both steps are weight reads, so c is about the

@@ -11,7 +11,8 @@ import numpy as np
 
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
-from perfmodel.planning.drafters import DRAFTER_NAMES
+from perfmodel.measured.ngram_host import LOOKUP_N
+from perfmodel.planning.drafters import KIND_NAMES
 from perfmodel.planning.engine_export_common import Weights, by_tree, file_stem
 from perfmodel.planning.schedule_format import ScheduleBand, SpeculationSchedule, compact_json
 
@@ -21,7 +22,29 @@ from perfmodel.planning.schedule_format import ScheduleBand, SpeculationSchedule
 # medusa https://docs.vllm.ai/en/latest/features/speculative_decoding/ (MedusaProposer),
 # eagle https://docs.vllm.ai/en/latest/features/speculative_decoding/eagle/,
 # draft_model https://docs.vllm.ai/en/latest/features/speculative_decoding/draft_model/
-VLLM_METHODS = {"medusa": "medusa", "eagle": "eagle", "draft": "draft_model"}
+# eagle3, mtp (vLLM >= 0.11; 0.10 names it deepseek_mtp) and ngram: vllm/config/speculative.py (0.11.0-0.12.0)
+# and https://docs.vllm.ai/en/latest/features/speculative_decoding/ (its eagle, mtp and n_gram pages)
+VLLM_METHODS = {
+    "medusa": "medusa",
+    "eagle": "eagle",
+    "draft": "draft_model",
+    "eagle3": "eagle3",
+    "mtp": "mtp",
+    "ngram": "ngram",
+}
+# The n-grams looked up, stated rather than left to vLLM's rule (5-grams only where neither is set):
+# the range the lookup's host cost was measured at (perfmodel.measured.ngram_host.LOOKUP_N).
+NGRAM_LOOKUP = {"prompt_lookup_max": LOOKUP_N[1], "prompt_lookup_min": LOOKUP_N[0]}
+
+
+def vllm_drafter(drafter: str, weights: Weights) -> dict:
+    """The keys naming who drafts: the method, and the weights where the drafter has its own (an
+    MTP module is read from the target's checkpoint: vLLM fills `model` in), n-gram's lookup."""
+    if drafter == DrafterKind.NGRAM:
+        return {"method": VLLM_METHODS[drafter], **NGRAM_LOOKUP}
+    if drafter == DrafterKind.MTP:
+        return {"method": VLLM_METHODS[drafter]}
+    return {"method": VLLM_METHODS[drafter], "model": weights[drafter]}
 
 
 def check_vllm(schedule: SpeculationSchedule) -> None:
@@ -46,11 +69,7 @@ def vllm_band_config(band: ScheduleBand, weights: Weights) -> dict | None:
     """The --speculative-config of one band's chain, or None (off: no speculative config)."""
     if not band.speculate:
         return None
-    config = {
-        "method": VLLM_METHODS[band.drafter],
-        "model": weights[band.drafter],
-        "num_speculative_tokens": band.draft_tokens,
-    }
+    config = {**vllm_drafter(band.drafter, weights), "num_speculative_tokens": band.draft_tokens}
     # A chain is vLLM's own Medusa draft (each head's top-1), so no speculative_token_tree: the
     # key says nothing more, and vLLM 0.32.0 refuses it as an unexpected keyword.
     return config
@@ -95,7 +114,7 @@ def vllm_note(schedule: SpeculationSchedule) -> str | None:
     """Why vLLM gets no dynamic-speculation table, where its bands run several drafters."""
     if len(schedule.drafters) < 2:
         return None
-    names = ", ".join(DRAFTER_NAMES[d] for d in schedule.drafters)
+    names = ", ".join(KIND_NAMES[d] for d in schedule.drafters)
     return (
         f"vLLM loads one drafter per server and its dynamic table switches K, not the drafter: this schedule's "
         f"bands run {names}, so vLLM gets one fixed config per band and no dynamic table"
@@ -127,8 +146,7 @@ def vllm_dynamic_config(schedule: SpeculationSchedule, weights: Weights, context
         return None
     (drafter,) = schedule.drafters
     return {
-        "method": VLLM_METHODS[drafter],
-        "model": weights[drafter],
+        **vllm_drafter(drafter, weights),
         "num_speculative_tokens": int(k.max()),
         "num_speculative_tokens_per_batch_size": table,
     }

@@ -27,6 +27,12 @@ the format takes one, lists the bands it runs in):
   max_draft_len, num_medusa_heads, medusa_choices}} (MedusaDecodingConfig), {decoding_type:
   Eagle, ...} with EAGLE-2's dynamic tree (EagleDecodingConfig), or {decoding_type: DraftTarget,
   max_draft_len: gamma, speculative_model} (DraftTargetDecodingConfig); an empty mapping = off.
+- A measured chain of K drafts (EAGLE-3, MTP, n-gram): vLLM {method: eagle3, model: the head},
+  {method: mtp} (the module read from the target's checkpoint) or {method: ngram,
+  prompt_lookup_min/max: the range measured}, each with num_speculative_tokens K; SGLang EAGLE3 or
+  EAGLE (MTP, no draft path) with K steps, top-k 1 and K + 1 draft tokens, or NGRAM with K + 1
+  draft tokens at BFS breadth 1; TensorRT-LLM {decoding_type: Eagle, eagle3_one_model: true},
+  {decoding_type: MTP, num_nextn_predict_layers: K} or {decoding_type: NGram, max_draft_len: K}.
 - json: the schedule's own JSON (SpeculationSchedule.to_json), which says what every number
   rests on. Engine JSON carries the engine's own keys only (a config is checked against its
   fields); the YAML and SGLang files say it in comments.
@@ -47,6 +53,7 @@ import yaml
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import write_file
+from perfmodel.measured.ngram_host import LOOKUP_N
 from perfmodel.planning.engine_export_common import Weights, by_tree, commented, drafter_weights, file_stem, provenance
 from perfmodel.planning.engine_export_vllm import check_vllm, vllm_files
 from perfmodel.planning.schedule_format import ScheduleBand, SpeculationSchedule
@@ -71,13 +78,30 @@ def check_engines(engines) -> tuple[str, ...]:
 # --speculative-algorithm of each drafter, https://docs.sglang.io/docs/advanced_features/speculative_decoding:
 # EAGLE is its EAGLE-2 (the tree's steps, top-k and draft tokens); STANDALONE a separate small draft model
 # (top-k 1: a chain). SGLang has no Medusa drafter: a Medusa band's arguments size its EAGLE tree.
-SGLANG_ALGORITHMS = {"medusa": "EAGLE", "eagle": "EAGLE", "draft": "STANDALONE"}
+# EAGLE3 its EAGLE-3 head; an MTP module runs as EAGLE with the target's own checkpoint (no draft path:
+# SGLang reads the module from it); NGRAM its n-gram cache, from 0.5.3 (python/sglang/srt/server_args.py).
+SGLANG_ALGORITHMS = {
+    "medusa": "EAGLE",
+    "eagle": "EAGLE",
+    "draft": "STANDALONE",
+    "eagle3": "EAGLE3",
+    "mtp": "EAGLE",
+    "ngram": "NGRAM",
+}
 SGLANG_NOTES = {
     "medusa": "SGLang has no Medusa drafter: these arguments size its EAGLE draft tree like this one",
     "eagle": "SGLang's EAGLE drafts EAGLE-2's tree: num-steps passes over the top-k nodes, num-draft-tokens verified "
     "(root included)",
     "draft": "SGLang's STANDALONE drafts with a separate small model: a chain of num-steps tokens (top-k 1)",
+    "eagle3": "SGLang's EAGLE3 drafts a chain: num-steps passes of the head, top-k 1, num-draft-tokens verified (root "
+    "included)",
+    "mtp": "SGLang runs the checkpoint's MTP module as EAGLE from the target's own weights (no draft path), once per "
+    "draft",
+    "ngram": "SGLang >= 0.5.3: its n-gram cache holds every request's tokens (vLLM's and TensorRT-LLM's per-request "
+    "lookup reads one): rates measured with one may not hold with the other; breadth 1 drafts one path",
 }
+# SGLang's n-gram lookup: its draft tokens count the root, and a breadth of 1 drafts a chain.
+SGLANG_NGRAM_CHAIN = ("--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", "1")
 
 
 def sglang_args(band: ScheduleBand, weights: Weights) -> list[str]:
@@ -85,7 +109,11 @@ def sglang_args(band: ScheduleBand, weights: Weights) -> list[str]:
     An EAGLE or draft-model band names its weights (a Medusa band has none SGLang loads)."""
     if not band.speculate:
         return []
-    path = [] if band.drafter == DrafterKind.MEDUSA else ["--speculative-draft-model-path", weights[band.drafter]]
+    if band.drafter == DrafterKind.NGRAM:
+        algorithm = ["--speculative-algorithm", SGLANG_ALGORITHMS[band.drafter]]
+        return [*algorithm, "--speculative-num-draft-tokens", str(band.tree_size), *SGLANG_NGRAM_CHAIN]
+    own = band.drafter not in (DrafterKind.MEDUSA, DrafterKind.MTP)  # Medusa: none SGLang loads; MTP: the target's
+    path = ["--speculative-draft-model-path", weights[band.drafter]] if own else []
     return [
         "--speculative-algorithm",
         SGLANG_ALGORITHMS[band.drafter],
@@ -119,6 +147,13 @@ TRTLLM_NOTES = {
     "tree's draft tokens, num_eagle_layers its depth; older releases name speculative_model speculative_model_dir",
     "draft": "the draft/target form runs on TensorRT-LLM's PyTorch backend with the overlap scheduler off; older "
     "releases name speculative_model speculative_model_dir",
+    "eagle3": "EAGLE-3 as one model with the target on TensorRT-LLM's PyTorch backend, a chain of max_draft_len; newer "
+    "releases also name it decoding_type Eagle3 and the path speculative_model (these names stay accepted)",
+    "mtp": "the checkpoint's MTP module on TensorRT-LLM's PyTorch backend, run once per draft: "
+    "num_nextn_predict_layers sets the chain (its max_draft_len follows it); its docs list DeepSeek's checkpoints "
+    "for MTP",
+    "ngram": "n-gram lookup on TensorRT-LLM's PyTorch backend, each request's own pool (is_public_pool false, as vLLM "
+    "looks up), the overlap scheduler off as its docs run it",
 }
 
 
@@ -127,6 +162,8 @@ def trtllm_options(band: ScheduleBand, heads: int, weights: Weights) -> dict:
     (`heads`: the model's Medusa heads), an EagleDecodingConfig or a DraftTargetDecodingConfig."""
     if not band.speculate:
         return {}
+    if band.drafter in TRTLLM_CHAINS:
+        return TRTLLM_CHAINS[band.drafter](band, weights)
     if band.drafter == DrafterKind.EAGLE:
         # EagleDecodingConfig, https://nvidia.github.io/TensorRT-LLM/1.3.0rc27/llm-api/reference/EagleDecodingConfig.html:
         # EAGLE-2's dynamic tree as TensorRT-LLM's test_llm_api_eagle2 sets it (max_draft_len = the tree's draft
@@ -162,6 +199,32 @@ def trtllm_options(band: ScheduleBand, heads: int, weights: Weights) -> dict:
             "medusa_choices": [list(p) for p in band.paths],
         }
     }
+
+
+# The chain drafters' decoding configs (TensorRT-LLM 1.0-1.2's llmapi/llm_args.py, the PyTorch backend:
+# EagleDecodingConfig with eagle3_one_model, MTPDecodingConfig, NGramDecodingConfig).
+TRTLLM_CHAINS = {
+    DrafterKind.EAGLE3: lambda band, weights: {
+        "speculative_config": {
+            "decoding_type": "Eagle",
+            "max_draft_len": band.draft_tokens,
+            "speculative_model_dir": weights[DrafterKind.EAGLE3],
+            "eagle3_one_model": True,
+        }
+    },
+    DrafterKind.MTP: lambda band, weights: {
+        "speculative_config": {"decoding_type": "MTP", "num_nextn_predict_layers": band.draft_tokens}
+    },
+    DrafterKind.NGRAM: lambda band, weights: {
+        "disable_overlap_scheduler": True,
+        "speculative_config": {
+            "decoding_type": "NGram",
+            "max_draft_len": band.draft_tokens,
+            "max_matching_ngram_size": LOOKUP_N[1],
+            "is_public_pool": False,
+        },
+    },
+}
 
 
 def trtllm_files(schedule: SpeculationSchedule, weights: Weights) -> dict[str, str]:

@@ -9,7 +9,10 @@ perfmodel.planning.schedule_regret scores it against closed-loop measurements.
 The drafter (`drafter=`, perfmodel.planning.drafters): `medusa` (the default) runs the Medusa
 heads' trees; `eagle` EAGLE's trees (EAGLE-2's top-k expansion: a budget of n tokens, its depth
 and top-k); `draft` a draft model's chain of gamma tokens; `best` whichever of the three is best
-in each band, or off. Each drafter is priced by its own step model and acceptance
+in each band, or off. From a measured per-position acceptance (`position_rates`), one drafter's
+chains instead: EAGLE-3's, an MTP module's, n-gram lookup's (which have no curve shipped), or
+EAGLE's and a draft model's (perfmodel.planning.measured_chain), each band the chain of 1 .. K
+drafts of the highest speedup. Each drafter is priced by its own step model and acceptance
 (Drafter.step, Drafter.acceptance): nothing here prices a step.
 
 How the bands are made:
@@ -50,18 +53,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from perfmodel.acceptance.rates import AcceptanceSetting
 from perfmodel.base.checks import split_options
-from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
+from perfmodel.base.drafter_kind import MEASURED_ONLY, DrafterChoice, DrafterKind
+from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.choice import LatencyMode
 from perfmodel.latency.eagle import DraftShape
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.capacity import Ints, positive_ints
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
+from perfmodel.planning.drafter_point import tokens_per_step
 from perfmodel.planning.drafters import (
     DEFAULT_DRAFT_ALPHA,
     DEFAULT_DRAFT_COST,
@@ -70,6 +76,7 @@ from perfmodel.planning.drafters import (
     drafters_for,
     eagle_drafter,
 )
+from perfmodel.planning.measured_chain import ChainAcceptance, measured_drafter
 from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.schedule_bands import best_cells, default_batches, default_contexts, merge_bands
 from perfmodel.planning.schedule_format import (
@@ -104,7 +111,7 @@ def drafted_fields(drafter: Drafter | None, size: int) -> dict:
         # the width of EAGLE's last pass: the nodes every pass after the first expands (DraftShape)
         passes = drafter.shape.pass_tokens(size)
         shape = dict(paths=(), depth=len(passes), top_k=int(passes[-1]))
-    else:  # a draft model drafts a chain of gamma = size - 1 tokens
+    else:  # a chain of size - 1 drafts: a draft model's gamma, a measured chain's K
         shape = dict(paths=(), depth=size - 1, top_k=1)
     return dict(tree_size=size, acceptance=float(drafter.acceptance(size)), drafter=drafter.name, **shape)
 
@@ -153,7 +160,12 @@ def edge_note(drafter: Drafter, cells: pd.DataFrame, family: str, named: bool) -
     top = max(drafter.sizes)
     if len(drafter.sizes) <= 2 or not (cells["tree_size"] == top).any():
         return []
-    if drafter.name == DrafterKind.DRAFT:
+    if isinstance(drafter.acceptance, ChainAcceptance):
+        text = (
+            f"the longest chain the rates cover ({top - 1} drafts) is the best somewhere: a longer one may do better, "
+            "its acceptance not measured"
+        )
+    elif drafter.name == DrafterKind.DRAFT:
         text = f"the longest draft searched (gamma {top - 1}) is the best somewhere: a longer one may do better"
     elif family == TreeFamily.TREE:
         text = f"the largest tree searched ({top} tokens) is the best somewhere: a larger one may do better"
@@ -180,7 +192,11 @@ class ScheduleRequest:
     search, root included (1 is always among them; Medusa's and EAGLE's, the draft model
     searches gamma 1..8). family: tree (the best tree of each size) or chain (one token per
     head or EAGLE pass, the trees vLLM drafts). drafter: medusa, eagle, draft or best
-    (SCHEDULE_DRAFTERS); alpha and cost_ratio: the draft model's (perfmodel.planning.drafters)."""
+    (SCHEDULE_DRAFTERS); alpha and cost_ratio: the draft model's (perfmodel.planning.drafters).
+    position_rates: a chain's measured per-position acceptance, which any drafter but Medusa's
+    heads is scheduled from (eagle3, mtp and ngram only so): the chains of 1 .. len(rates)
+    drafts are searched (perfmodel.planning.measured_chain), not `sizes`; draft_config: the
+    drafter's own config.json with them (a head's shapes, a draft model's own steps)."""
 
     acceptance: AcceptanceSetting = None
     batches: Ints | None = None
@@ -191,6 +207,8 @@ class ScheduleRequest:
     drafter: str = "medusa"
     alpha: float = DEFAULT_DRAFT_ALPHA
     cost_ratio: float = DEFAULT_DRAFT_COST
+    position_rates: tuple[float, ...] | None = None
+    draft_config: str | Path | None = None
 
 
 def build_schedule(
@@ -209,8 +227,14 @@ def build_schedule(
     contexts = default_contexts(model.max_context) if contexts is None else positive_ints(contexts, "contexts")
     sizes = positive_ints(request.sizes, "tree sizes")
     alpha, cost_ratio = request.alpha, request.cost_ratio
-    acceptance_choice = request.acceptance
-    drafters, notes = searched_drafters(drafter, acceptance_choice, model, sizes, family, alpha, cost_ratio)
+    if request.position_rates is not None:
+        if deployment is None:
+            raise PerfkitError("a schedule from measured per-position rates is priced on a deployment: give one")
+        kind = DrafterKind(drafter)
+        found = measured_drafter(kind, request.position_rates, deployment, request.draft_config, cost_ratio)
+        drafters, notes, family = [found], [], TreeFamily.CHAIN
+    else:
+        drafters, notes = searched_drafters(drafter, request.acceptance, model, sizes, family, alpha, cost_ratio)
     cells = []
     for searched in drafters:
         table = speedup_table(searched.step(step), searched.acceptance, batches, contexts, searched.sizes)
@@ -263,7 +287,25 @@ def check_request(request: ScheduleRequest) -> None:
     """The request's settings checked, each in one line, before any deployment is priced."""
     check_medusa(request.medusa)
     check_family(request.family)
-    check_drafter(request.drafter)
+    drafter = check_drafter(request.drafter)
+    if request.position_rates is None:
+        if drafter in MEASURED_ONLY:
+            raise PerfkitError(
+                f"--drafter {drafter} is scheduled from its measured per-position acceptance (no acceptance curve of "
+                "it is shipped): give --position-rates R1 .. RK (python -m perfmodel.speedup --metrics PAGE reads them "
+                "from a vLLM server's /metrics)"
+            )
+        if request.draft_config is not None:
+            raise PerfkitError("--draft-config goes with --position-rates: the drafter it shapes is a measured chain")
+        return
+    if drafter in (DrafterChoice.MEDUSA, DrafterChoice.BEST):
+        raise PerfkitError(
+            f"--position-rates schedules one drafter's measured chains (eagle, eagle3, mtp, draft, ngram), not "
+            f"--drafter {drafter}: the Medusa heads' trees take --acceptance-rates"
+        )
+    if request.acceptance is not None:
+        raise PerfkitError("give one of --position-rates or --acceptance-rates: each gives the acceptance")
+    tokens_per_step(request.position_rates)
 
 
 def schedule_deployment(deployment: Deployment, request: ScheduleRequest | None = None) -> SpeculationSchedule:

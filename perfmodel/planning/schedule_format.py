@@ -18,10 +18,7 @@ import pandas as pd
 from perfmodel.acceptance.trees import Tree
 from perfmodel.base.drafter_kind import DrafterChoice, DrafterKind
 from perfmodel.base.errors import PerfkitError
-from perfmodel.planning.drafters import (
-    DRAFTER_NAMES,
-    DRAFTERS,
-)
+from perfmodel.planning.drafters import DRAFTERS, KIND_NAMES
 from perfmodel.planning.medusa_setting import check_medusa, check_setting
 
 
@@ -41,7 +38,10 @@ SCHEDULE_DRAFTERS = {
     "medusa": "the Medusa heads' tree",
     "eagle": "EAGLE's tree (EAGLE-2's top-k expansion: its token budget, depth and top-k)",
     "draft": "a draft model's chain of gamma tokens",
-    "best": "whichever of the three is best in each band, or off",
+    "eagle3": "EAGLE-3's chain, from its measured per-position acceptance",
+    "mtp": "the checkpoint's MTP module(s) drafting a chain, from its measured per-position acceptance",
+    "ngram": "n-gram lookup's chain, from its measured per-position acceptance",
+    "best": "whichever of medusa, eagle and draft is best in each band, or off",
 }
 # An off band's drafter: plain decoding drafts nothing, whichever drafter the schedule searched.
 OFF = "off"
@@ -70,7 +70,7 @@ class ScheduleBand:
     speedup: float  # predicted vs plain decoding: the lowest at the band's grid points
     acceptance: float  # tokens per step at this tree
     evidence: str  # what the step times rest on: measured | calibrated | grid | borrowed | ceilings | datasheet ...
-    drafter: str  # medusa | eagle | draft; off (OFF) where the band decodes plainly
+    drafter: str  # a DrafterKind (medusa, eagle, draft, eagle3, mtp, ngram); off (OFF) where it decodes plainly
     # What an engine needs to draft it: depth = the Medusa tree's depth (heads), EAGLE's draft passes, the
     # draft model's gamma; top_k = the widest rank + 1 (Medusa), the nodes each EAGLE pass after the first
     # expands, each into its top-k (EAGLE-2), 1 for a chain; both 0 when off.
@@ -78,7 +78,7 @@ class ScheduleBand:
     top_k: int
 
     def __post_init__(self) -> None:
-        check_setting(self.drafter, {OFF: "plain decoding"} | DRAFTER_NAMES, "band drafter")
+        check_setting(self.drafter, {OFF: "plain decoding"} | KIND_NAMES, "band drafter")
         if (self.drafter == OFF) != (self.tree_size == 1):
             raise PerfkitError(
                 f"band {self.label()}: drafter {self.drafter!r} with a tree of {self.tree_size} tokens; a band is off "
@@ -115,7 +115,7 @@ class SpeculationSchedule:
     bands: tuple[ScheduleBand, ...]
     medusa_heads: int = 0  # the model's heads (the deepest tree it can run)
     family: str = "tree"  # tree: the best tree of each size; chain: one token per head or pass (vLLM's)
-    drafter: str = "medusa"  # medusa | eagle | draft | best (SCHEDULE_DRAFTERS): whose trees the bands run
+    drafter: str = "medusa"  # one of SCHEDULE_DRAFTERS: whose trees (or chains) the bands run
     notes: tuple[str, ...] = ()
     batch_grid: tuple[int, ...] = ()  # the grid the bands were evaluated at
     context_grid: tuple[int, ...] = ()
@@ -189,8 +189,8 @@ class SpeculationSchedule:
 
     @property
     def drafters(self) -> tuple[str, ...]:
-        """The drafters its speculating bands run, in DRAFTERS' order (none where it is off everywhere)."""
-        return tuple(d for d in DRAFTERS if any(b.drafter == d for b in self.bands))
+        """The drafters its speculating bands run, in DrafterKind's order (none where it is off everywhere)."""
+        return tuple(d for d in DrafterKind if any(b.drafter == d for b in self.bands))
 
     def setting(self) -> str:
         """Who drafts and the speculation setting, in words: 'medusa auto', 'drafter best, speculation auto'."""

@@ -1,0 +1,90 @@
+"""A drafter searched over the chains its measured per-position acceptance covers: the
+acceptance curve of a chain of K drafts is 1 + r_1 + ... + r_K tokens per step
+(perfmodel.planning.drafter_point.tokens_per_step), so a team's measured rates (vLLM's
+/metrics) give every chain up to their length, and a schedule or a capacity plan searches
+them as it searches a simulated drafter's trees (perfmodel.planning.drafters.Drafter: an
+acceptance n -> tokens per step over its sizes). A chain longer than the rates is not searched:
+its acceptance was not measured, and is not guessed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from perfmodel.base.drafter_kind import FEATURE_DRAFTERS, DrafterKind
+from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.eagle import DraftShape
+from perfmodel.measured.ngram_host import ngram_host_cost
+from perfmodel.models.drafter_config import drafter_model
+from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
+from perfmodel.planning.drafter_point import point_drafter, tokens_per_step, with_draft_steps
+from perfmodel.planning.drafters import DEFAULT_DRAFT_COST, Drafter
+
+
+@dataclass(frozen=True)
+class ChainAcceptance:
+    """Tokens per step of a chain verifying n tokens (n - 1 drafts) at measured per-position
+    rates: 1 + the first n - 1 rates; defined for n = 1 .. len(rates) + 1."""
+
+    rates: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        tokens_per_step(self.rates)  # the rates checked, in one line
+
+    def __call__(self, n) -> np.ndarray:
+        n = np.asarray(n, dtype=np.int64)
+        if (n < 1).any() or (n > len(self.rates) + 1).any():
+            raise PerfkitError(
+                f"a chain of {int(n.max()) - 1} drafts: the measured rates cover chains of 0 to {len(self.rates)}"
+            )
+        tokens = np.concatenate([[1.0], 1.0 + np.cumsum(self.rates)])
+        return tokens[n - 1]
+
+    def describe(self) -> str:
+        rates = " ".join(f"{r:g}" for r in self.rates)
+        return f"measured per-position acceptance {rates}: a chain of K drafts yields 1 + r_1 + ... + r_K tokens/step"
+
+
+def measured_chain_drafter(drafter: Drafter, rates) -> Drafter:
+    """`drafter` searched over the chains of 1 .. len(rates) drafts, its acceptance the rates'
+    (a feature-level drafter drafts one node a pass: its shape a chain as deep as the rates)."""
+    if drafter.name == DrafterKind.MEDUSA:
+        raise PerfkitError(
+            "--position-rates prices a drafter outside the step's chain (eagle, eagle3, mtp, draft, ngram); the "
+            "Medusa heads' trees take --acceptance-rates"
+        )
+    accepts = ChainAcceptance(tuple(float(r) for r in rates))
+    chained = {}
+    if drafter.name in FEATURE_DRAFTERS:
+        chained["shape"] = DraftShape(depth=len(accepts.rates), top_k=1)
+    return dataclasses.replace(
+        drafter, acceptance=accepts, label=accepts.describe(), sizes=tuple(range(1, len(accepts.rates) + 2)), **chained
+    )
+
+
+def measured_drafter(
+    kind: DrafterKind,
+    rates,
+    deployment: Deployment,
+    draft_config: str | Path | None = None,
+    cost_ratio: float = DEFAULT_DRAFT_COST,
+) -> Drafter:
+    """The drafter `kind` of `deployment`'s model, searched over the chains its measured `rates`
+    cover: from its own config.json where given (perfmodel.models.drafter_config: a head's shapes,
+    or a draft model's, whose steps are then its own, priced as the target's are on the same
+    device, degree and latency source); n-gram lookup at this host's measured cost."""
+    target = deployment.model
+    own = None if draft_config is None else drafter_model(draft_config, kind, target)
+    host = ngram_host_cost() if kind == DrafterKind.NGRAM else None
+    drafter = point_drafter(kind, target, own, cost_ratio, host)
+    if kind == DrafterKind.DRAFT and own is not None:
+        choices = DeploymentChoices(
+            deployment.dtype, deployment.tp, deployment.latency, deployment.step, deployment.tracer, deployment.launch
+        )
+        (drafting,) = resolve(own, [deployment.view], choices)
+        drafter = with_draft_steps(drafter, {str(deployment.step): drafting.step_model()})
+    return measured_chain_drafter(drafter, rates)
