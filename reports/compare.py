@@ -307,7 +307,7 @@ def capacity_summary(plans, unplanned: list[str]) -> str:
 
     header = plans[0].summary().split("\n\n")[0]
     paragraphs = [
-        device_paragraph(row, p.bands[p.bands["device"] == row.device], p.targets, why_no_tree(p.model))
+        device_paragraph(row, p.bands[p.bands["device"] == row.device], p.targets, why_no_tree(p))
         for p in plans
         for row in p.devices.itertuples()
     ]

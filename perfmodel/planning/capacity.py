@@ -49,6 +49,7 @@ plan() over more than 10,000 of them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,12 +65,16 @@ from perfmodel.acceptance.rates import (
     medusa_acceptance,
 )
 from perfmodel.base.checks import is_real, split_options
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.device_plan import Setting, plan_device, plan_device_auto_tp
+from perfmodel.planning.drafter_point import tokens_per_step
+from perfmodel.planning.drafters import KIND_NAMES
 from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths
-from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
+from perfmodel.planning.measured_chain import ChainAcceptance, measured_drafter
+from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa, check_setting
 from perfmodel.planning.memory import DEFAULT_RESERVE
 from perfmodel.planning.result import DEVICE_COLUMNS, PlanResult
 from perfmodel.planning.simulations import CANDIDATE_SIZES
@@ -97,7 +102,11 @@ class PlanRequest:
     and the max batch itself. sizes: tree sizes (root included) to search; 1 (plain
     decoding) is always included. memory_reserve: the fraction of each device kept free.
     medusa: "auto" (the best tree or none per batch), "on" (the best tree per batch even
-    where plain decoding is faster) or "off" (plain decoding)."""
+    where plain decoding is faster) or "off" (plain decoding). drafter: who drafts, the Medusa
+    heads (default) or, from their measured per-position acceptance `position_rates` (and
+    their own config.json, `draft_config`), eagle, eagle3, mtp, draft or ngram: a tree of n
+    tokens is then their chain of n - 1 drafts (perfmodel.planning.measured_chain), searched
+    up to the rates' length, and memory holds their weights and KV cache instead of heads."""
 
     prompt_len: LengthSetting = DEFAULT_PROMPT_LEN
     response_len: LengthSetting = DEFAULT_RESPONSE_LEN
@@ -108,6 +117,9 @@ class PlanRequest:
     sizes: Ints = CANDIDATE_SIZES
     memory_reserve: float = DEFAULT_RESERVE
     medusa: str = MedusaSetting.AUTO
+    drafter: str = DrafterKind.MEDUSA
+    position_rates: tuple[float, ...] | None = None
+    draft_config: str | Path | None = None
 
     @property
     def workload(self) -> Workload:
@@ -152,13 +164,20 @@ def plan_deployments(deployments, request: PlanRequest | None = None) -> PlanRes
         raise PerfkitError(f"memory_reserve must be a fraction in [0, 1), got {memory_reserve!r}")
     batches = None if request.batches is None else positive_ints(request.batches, "batches")
     medusa = check_medusa(request.medusa)
-    speculate = model.medusa_heads and medusa != MedusaSetting.OFF
-    sizes = np.union1d(positive_ints(request.sizes, "tree sizes"), [1]) if speculate else np.array([1])
-    acceptance = medusa_acceptance(request.acceptance).model
+    chain = measured_chain_plan(request)
+    if chain is not None:
+        sizes = np.arange(1, len(request.position_rates) + 2)
+        acceptance = ChainAcceptance(tuple(request.position_rates))
+        said = f"{KIND_NAMES[request.drafter]}: {acceptance.describe()}; a tree of n tokens is its chain of n - 1"
+    else:
+        speculate = model.medusa_heads and medusa != MedusaSetting.OFF
+        sizes = np.union1d(positive_ints(request.sizes, "tree sizes"), [1]) if speculate else np.array([1])
+        acceptance = medusa_acceptance(request.acceptance).model
+        said = describe_acceptance(acceptance)
     accept = tabulated(acceptance, sizes)
     rows, bands, configs = [], [], []
     for deployment in deployments:
-        setting = Setting(deployment, workload, targets, accept, batches, sizes, memory_reserve, medusa)
+        setting = Setting(deployment, workload, targets, accept, batches, sizes, memory_reserve, medusa, chain)
         row, device_bands, device_configs = (
             plan_device(setting, deployment.tp) if deployment.tp else plan_device_auto_tp(setting)
         )
@@ -178,8 +197,28 @@ def plan_deployments(deployments, request: PlanRequest | None = None) -> PlanRes
     bands_df, configs_df = (
         pd.concat([t for t in tables if t is not None], ignore_index=True) for tables in (bands, configs)
     )
-    return PlanResult(
-        model, dtype, workload, targets, describe_acceptance(acceptance), devices_df, bands_df, configs_df
+    return PlanResult(model, dtype, workload, targets, said, devices_df, bands_df, configs_df, drafter=request.drafter)
+
+
+def measured_chain_plan(request: PlanRequest):
+    """The drafter a plan of measured chains prices, per deployment (None: the Medusa heads);
+    a drafter without its rates, or rates without a drafter, is one line."""
+    drafter = DrafterKind(check_setting(request.drafter, KIND_NAMES, "drafter"))
+    if drafter == DrafterKind.MEDUSA:
+        if request.position_rates is not None or request.draft_config is not None:
+            raise PerfkitError(
+                "--position-rates (and --draft-config) plan another drafter's measured chains: name it with --drafter "
+                "eagle, eagle3, mtp, draft or ngram; the Medusa heads take --acceptance-rates"
+            )
+        return None
+    if request.position_rates is None:
+        raise PerfkitError(
+            f"--drafter {drafter}: a plan prices its chains from its measured per-position acceptance; give "
+            "--position-rates R1 .. RK"
+        )
+    tokens_per_step(request.position_rates)
+    return functools.partial(
+        measured_drafter, drafter, tuple(request.position_rates), draft_config=request.draft_config
     )
 
 

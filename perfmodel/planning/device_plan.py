@@ -7,6 +7,7 @@ it. perfmodel.planning.capacity.plan runs it for every device asked about.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,8 +20,10 @@ from perfmodel.latency.tensor_parallel import usable_degrees
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.deployment import Deployment
+from perfmodel.planning.drafters import Drafter
+from perfmodel.planning.measured_chain import drafter_memory
 from perfmodel.planning.medusa_setting import MedusaSetting
-from perfmodel.planning.memory import GB, MemoryFit, memory_fit
+from perfmodel.planning.memory import GB, DrafterMemory, MemoryFit, memory_fit
 from perfmodel.planning.result import BAND_COLUMNS
 from perfmodel.planning.simulations import pick_best, speedup_table
 from perfmodel.planning.workload import Targets, Workload
@@ -39,6 +42,8 @@ class Setting:
     sizes: np.ndarray
     reserve: float
     medusa: str = "auto"  # auto: a tree where it wins; on: a tree at every batch; off: none
+    # another drafter than the Medusa heads, for a deployment (perfmodel.planning.measured_chain); None: the heads
+    drafter_for: Callable[[Deployment], Drafter] | None = None
 
     @property
     def model(self) -> ModelConfig:
@@ -77,18 +82,24 @@ def plan_device_auto_tp(setting: Setting):
 
 
 def runs_heads(setting: Setting) -> bool:
-    """Whether the plan's deployment loads the Medusa heads: not with Medusa off."""
-    return setting.medusa != MedusaSetting.OFF and setting.model.medusa_heads > 0
+    """Whether the plan's deployment loads the Medusa heads: not with Medusa off, nor with another drafter."""
+    return setting.drafter_for is None and setting.medusa != MedusaSetting.OFF and setting.model.medusa_heads > 0
 
 
 def fit_degree(
-    model: ModelConfig, spec: HardwareSpec, dtype: str, kv_tokens: int, reserve: float, heads: bool
+    model: ModelConfig,
+    spec: HardwareSpec,
+    dtype: str,
+    kv_tokens: int,
+    reserve: float,
+    heads: bool,
+    drafter: DrafterMemory | None = None,
 ) -> int | None:
-    """The fewest devices of `spec` that hold the model (with its heads, `heads`) and one
-    sequence, among the degrees that may be used there (tensor_parallel.usable_degrees);
-    None where none does."""
+    """The fewest devices of `spec` that hold the model (with its heads, `heads`, or another
+    drafter's memory) and one sequence, among the degrees that may be used there
+    (tensor_parallel.usable_degrees); None where none does."""
     for tp in usable_degrees(model, spec):
-        if memory_fit(model, spec, dtype, tp, kv_tokens, reserve, heads=heads).max_batch >= 1:
+        if memory_fit(model, spec, dtype, tp, kv_tokens, reserve, heads=heads, drafter=drafter).max_batch >= 1:
             return tp
     return None
 
@@ -121,7 +132,7 @@ def does_not_fit(model: ModelConfig, setting: Setting, fit: MemoryFit) -> tuple[
             f"{fit.free / GB:,.2f} GB is left after the weights on {where}"
         )
     why = f"does not fit: {why} ({spec.memory_gb:g} GB each, less the {reserve:.0%} reserve)"
-    degree = fit_degree(model, spec, setting.dtype, w.kv_tokens, reserve, runs_heads(setting))
+    degree = fit_degree(model, spec, setting.dtype, w.kv_tokens, reserve, runs_heads(setting), fit.drafter_memory)
     if degree is None:
         usable = usable_degrees(model, setting.view.evidence)
         return (
@@ -144,7 +155,10 @@ def plan_device(setting: Setting, tp: int):
     """One device's row, bands and configurations at tensor-parallel degree tp."""
     model, spec, dtype, w = setting.model, setting.view.spec, setting.dtype, setting.workload
     accept, sizes = setting.accept, setting.sizes
-    fit = memory_fit(model, spec, dtype, tp, w.kv_tokens, setting.reserve, heads=runs_heads(setting))
+    deployment = setting.deployment.at(tp)
+    drafter = None if setting.drafter_for is None else setting.drafter_for(deployment)
+    held = None if drafter is None else drafter_memory(drafter, model, dtype, tp)
+    fit = memory_fit(model, spec, dtype, tp, w.kv_tokens, setting.reserve, heads=runs_heads(setting), drafter=held)
     row = dict(
         device=spec.key,
         name=spec.name,
@@ -165,8 +179,7 @@ def plan_device(setting: Setting, tp: int):
         return row | NO_RECOMMENDATION, None, None
 
     planned = batch_grid(setting.batches, fit.max_batch)
-    deployment = setting.deployment.at(tp)
-    step = deployment.step_model()
+    step = deployment.step_model() if drafter is None else drafter.step(deployment.step_model())
     table = speedup_table(step, accept, planned, w.step_context, sizes).sort_values(
         ["batch", "tree_size"], ignore_index=True
     )

@@ -143,7 +143,7 @@ def point_drafter(
         return Drafter(kind, None, label, shape=EAGLE2_SHAPE, weights=DraftWeights(kind, own))
     if kind == DrafterKind.DRAFT:
         words = "its own steps" if own is not None else f"c = {cost_ratio:g} x the target's step"
-        return Drafter(kind, None, f"{label}; draft model: {words}", cost_ratio=cost_ratio)
+        return Drafter(kind, None, f"{label}; draft model: {words}", cost_ratio=cost_ratio, draft_model=own)
     return Drafter(kind, None, label, host=host)
 
 

@@ -43,6 +43,7 @@ from perfmodel.latency.eagle import EAGLE2_SHAPE, DraftShape, eagle_step, withou
 from perfmodel.latency.step_cost import DraftsThenVerifies, StepCost
 from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.measured.ngram_host import NgramHostCost
+from perfmodel.models.config import ModelConfig
 
 # The drafters with an acceptance curve: the simulations, schedules and exports search them;
 # the others are priced at one point from a measured acceptance (module doc).
@@ -171,6 +172,7 @@ class Drafter:
     weights: DraftWeights | None = None
     draft_steps: Mapping[str, StepCost] | None = None
     host: NgramHostCost | None = None
+    draft_model: ModelConfig | None = None  # a draft model's own config, where given (its memory)
 
     def step(self, step: TensorParallelStep) -> StepCost:
         """This drafter's step model over a step flavour (perfmodel.planning.step_models)."""

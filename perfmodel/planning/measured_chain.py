@@ -16,13 +16,17 @@ from pathlib import Path
 import numpy as np
 
 from perfmodel.base.drafter_kind import FEATURE_DRAFTERS, DrafterKind
+from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.draft_weights import DraftWeights
 from perfmodel.latency.eagle import DraftShape
 from perfmodel.measured.ngram_host import ngram_host_cost
+from perfmodel.models.config import ModelConfig
 from perfmodel.models.drafter_config import drafter_model
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.drafter_point import point_drafter, tokens_per_step, with_draft_steps
-from perfmodel.planning.drafters import DEFAULT_DRAFT_COST, Drafter
+from perfmodel.planning.drafters import DEFAULT_DRAFT_COST, KIND_NAMES, Drafter
+from perfmodel.planning.memory import DrafterMemory, feature_head_params, replica_kv_bytes_per_token, weight_params
 
 
 @dataclass(frozen=True)
@@ -88,3 +92,27 @@ def measured_drafter(
         (drafting,) = resolve(own, [deployment.view], choices)
         drafter = with_draft_steps(drafter, {str(deployment.step): drafting.step_model()})
     return measured_chain_drafter(drafter, rates)
+
+
+def drafter_memory(drafter: Drafter, target: ModelConfig, dtype: str, tp: int) -> DrafterMemory:
+    """What `drafter` holds beside `target` over a replica of tp devices: a feature-level
+    drafter's head (or the checkpoint's MTP modules) and its layers' KV cache, a draft model's
+    weights and KV cache (from its config: without one its memory is not known, one line), none
+    for n-gram lookup."""
+    kind, size = DrafterKind(drafter.name), element_bytes(dtype)
+    if kind == DrafterKind.NGRAM:
+        return DrafterMemory(0.0, 0.0, "the n-gram lookup")
+    if kind == DrafterKind.DRAFT:
+        own = drafter.draft_model
+        if own is None:
+            raise PerfkitError(
+                "--drafter draft: the draft model's memory is its own config's; give --draft-config (its config.json)"
+            )
+        weights, kv = weight_params(own) * size, replica_kv_bytes_per_token(own, dtype, tp)
+        return DrafterMemory(weights, kv, f"the draft model {own.name}")
+    head = (drafter.weights or DraftWeights(kind)).layer
+    if head is None:  # one layer of the target's shapes; an MTP checkpoint's every module
+        head = dataclasses.replace(target, num_layers=target.mtp_layers if kind == DrafterKind.MTP else 1)
+    what = "the MTP module(s)" if kind == DrafterKind.MTP else f"the {KIND_NAMES[kind]} head"
+    weights = feature_head_params(kind, head, target) * size
+    return DrafterMemory(weights, replica_kv_bytes_per_token(head, dtype, tp), what)

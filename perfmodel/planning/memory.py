@@ -1,12 +1,13 @@
-"""Memory a model needs on a device: weights, Medusa heads and KV cache, counted from the
-operator table (perfmodel.models.operators) so memory holds the same matrices the step's cost
-reads. GB = 1e9 bytes, as the device specs give memory."""
+"""Memory a model needs on a device: weights, Medusa heads (or another drafter's weights) and
+KV cache, counted from the operator table (perfmodel.models.operators) so memory holds the same
+matrices the step's cost reads. GB = 1e9 bytes, as the device specs give memory."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.dtypes import element_bytes
 from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.models.config import ModelConfig
@@ -40,6 +41,18 @@ def head_params(model: ModelConfig) -> int:
     return linear_params("medusa_heads", model) + model.medusa_heads * model.hidden_size
 
 
+def feature_head_params(kind: DrafterKind, head: ModelConfig, target: ModelConfig) -> int:
+    """An EAGLE or EAGLE-3 head's or an MTP module's weights (perfmodel.latency.draft_weights):
+    its fc (2h or, EAGLE-3's, 3h -> h), its layer(s) (EAGLE-3's q/k/v reading 2h) with their
+    norms, and its own LM head where its vocabulary is not the target's (EAGLE-3's
+    draft_vocab_size); the embedding and an LM head of the target's vocabulary are the target's."""
+    fc = linear_params("eagle3_fc" if kind == DrafterKind.EAGLE3 else "eagle_fc", head)
+    qkv = ("eagle3_qkv",) if kind == DrafterKind.EAGLE3 else ("q", "k", "v")
+    layer = sum(linear_params(op, head) for op in (*qkv, "o", "up", "gate", "down")) + 2 * head.hidden_size
+    own_head = linear_params("lm_head", head) if head.vocab_size != target.vocab_size else 0
+    return fc + head.num_layers * layer + own_head
+
+
 def kv_bytes_per_token(model: ModelConfig, dtype: str) -> int:
     """Key and value of every layer for one token."""
     return 2 * model.num_layers * model.num_kv_heads * model.head_dim * element_bytes(dtype)
@@ -56,6 +69,16 @@ def usable_bytes(spec: HardwareSpec, reserve: float) -> float:
 
 
 @dataclass(frozen=True)
+class DrafterMemory:
+    """What a drafter outside the step holds beside the target, per replica: its weights and
+    the KV cache it keeps per token (a head's layer, a draft model's every layer)."""
+
+    weights: float
+    kv_token: float
+    what: str  # in words: "the EAGLE-3 head", "the draft model vicuna-68m", ...
+
+
+@dataclass(frozen=True)
 class MemoryFit:
     """One replica of tp devices: what it holds, in bytes over all its devices, and the
     largest batch of sequences of kv_tokens tokens that fits beside the weights."""
@@ -66,11 +89,13 @@ class MemoryFit:
     kv_token: float
     kv_tokens: int
     usable: float
+    drafter: str = "heads"  # what `heads` holds: the Medusa heads, or another drafter's weights
+    drafter_memory: DrafterMemory | None = None  # that drafter's, where it is not the heads
 
     @property
     def holds(self) -> str:
-        """What the fixed part is: the weights, with the heads where counted."""
-        return "weights and heads" if self.heads else "weights"
+        """What the fixed part is: the weights, with the heads (or the drafter) where counted."""
+        return f"weights and {self.drafter}" if self.heads else "weights"
 
     @property
     def free(self) -> float:
@@ -86,16 +111,26 @@ class MemoryFit:
 
 
 def memory_fit(
-    model: ModelConfig, spec: HardwareSpec, dtype: str, tp: int, kv_tokens: int, reserve: float, *, heads: bool
+    model: ModelConfig,
+    spec: HardwareSpec,
+    dtype: str,
+    tp: int,
+    kv_tokens: int,
+    reserve: float,
+    *,
+    heads: bool,
+    drafter: DrafterMemory | None = None,
 ) -> MemoryFit:
-    """Weights (and the Medusa heads where the configuration runs them, `heads`) split evenly
-    over tp devices of `spec`, the KV cache as the shards keep it (replica_kv_bytes_per_token);
-    `reserve` of each device is kept free. A deployment without Medusa loads no heads."""
+    """Weights (and the Medusa heads where the configuration runs them, `heads`, or another
+    drafter's weights and KV cache) split evenly over tp devices of `spec`, the KV cache as
+    the shards keep it (replica_kv_bytes_per_token); `reserve` of each device is kept free. A
+    deployment without Medusa loads no heads."""
+    kv_token = replica_kv_bytes_per_token(model, dtype, tp)
+    usable = usable_bytes(spec, reserve) * tp
+    weights = weight_params(model) * element_bytes(dtype)
+    if drafter is not None:
+        total_kv = kv_token + drafter.kv_token
+        return MemoryFit(tp, weights, drafter.weights, total_kv, kv_tokens, usable, drafter.what, drafter)
     return MemoryFit(
-        tp,
-        weight_params(model) * element_bytes(dtype),
-        head_params(model) * element_bytes(dtype) if heads else 0.0,
-        replica_kv_bytes_per_token(model, dtype, tp),
-        kv_tokens,
-        usable_bytes(spec, reserve) * tp,
+        tp, weights, head_params(model) * element_bytes(dtype) if heads else 0.0, kv_token, kv_tokens, usable
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.units import bytes_text
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.memory import GB
@@ -93,6 +94,7 @@ class PlanResult:
     devices: pd.DataFrame = field(repr=False)
     bands: pd.DataFrame = field(repr=False)
     configs: pd.DataFrame = field(repr=False)
+    drafter: str = "medusa"  # who drafts: the Medusa heads, or a drafter's measured chains (heads_gb: its weights)
 
     @property
     def feasible(self) -> bool:
@@ -192,16 +194,31 @@ def plan_summary(result: PlanResult) -> str:
     if targets:
         lines.append("Target: " + " and ".join(targets) + ".")
     paragraphs = [
-        device_paragraph(row, result.bands[result.bands["device"] == row.device], t, why_no_tree(result.model))
+        device_paragraph(
+            row, result.bands[result.bands["device"] == row.device], t, why_no_tree(result), HELD[result.drafter]
+        )
         for row in result.devices.itertuples()
     ]
     return "\n".join(lines) + "\n\n" + "\n\n".join([*paragraphs, overall(result.devices, t)])
 
 
-def why_no_tree(model: ModelConfig) -> str:
+def why_no_tree(result: PlanResult) -> str:
     """Why a band runs no tree: a model without heads has no tree to weigh, not one slower
-    than plain decoding."""
-    return "the model has no Medusa heads" if not model.medusa_heads else "plain decoding is faster"
+    than plain decoding (another drafter's chains are weighed whatever the heads)."""
+    if result.drafter == DrafterKind.MEDUSA and not result.model.medusa_heads:
+        return "the model has no Medusa heads"
+    return "plain decoding is faster"
+
+
+# What a plan's heads_gb holds, per drafter, in words.
+HELD = {
+    "medusa": "Medusa heads",
+    "eagle": "the EAGLE head",
+    "eagle3": "the EAGLE-3 head",
+    "mtp": "the MTP module(s)",
+    "draft": "the draft model",
+    "ngram": "drafter (n-gram lookup holds none)",
+}
 
 
 def tree_bands(bands: pd.DataFrame, why_none: str = "plain decoding is faster") -> str:
@@ -226,13 +243,15 @@ def none_run(first: int, last: int, why: str) -> str:
     return f"{batches}: none ({why})"
 
 
-def device_paragraph(row, bands: pd.DataFrame, t: Targets, why_none: str = "plain decoding is faster") -> str:
+def device_paragraph(
+    row, bands: pd.DataFrame, t: Targets, why_none: str = "plain decoding is faster", held: str = HELD["medusa"]
+) -> str:
     tp = f" x{row.tensor_parallel} (tensor parallel)" if row.tensor_parallel > 1 else ""
     head = f"{row.name} ({row.device}){tp}: "
     if not row.fits:
         return head + row.note
     text = head + (
-        f"{bytes_text(row.weights_gb * GB)} of weights + {bytes_text(row.heads_gb * GB)} of Medusa heads; "
+        f"{bytes_text(row.weights_gb * GB)} of weights + {bytes_text(row.heads_gb * GB)} of {held}; "
         f"{bytes_text(row.kv_mb_per_seq * 1e6)} of KV cache per sequence -> max batch {row.max_batch:,}. "
         f"Trees: {tree_bands(bands, why_none)}. "
     )

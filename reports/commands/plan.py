@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfmodel.base.drafter_kind import DrafterKind
+from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, pricing_options
 from perfmodel.cli.fields import add_options, nested, option, read_options, shared
@@ -31,7 +33,7 @@ from perfmodel.latency.step import StepFlavor
 from perfmodel.planning.capacity import DEFAULT_BATCHES, PlanRequest, plan, plan_deployments
 from perfmodel.planning.deployment import DeploymentChoices, resolve
 from perfmodel.planning.memory import DEFAULT_RESERVE
-from perfmodel.planning.result import BAND_SHOWN
+from perfmodel.planning.result import BAND_SHOWN, HELD
 from perfmodel.planning.step_models import WHOLE_STEP_FLAVORS
 from perfmodel.serving.capacity import ServeRequest, serve_deployments
 from perfmodel.serving.summary import summary as serving_summary
@@ -72,8 +74,9 @@ DEVICE_FIELDS = {
 }
 
 
-def format_devices(devices: pd.DataFrame) -> str:
-    shown = devices.set_index("device")[list(DEVICE_FIELDS)].rename(columns=DEVICE_FIELDS)
+def format_devices(devices: pd.DataFrame, drafter: str = "medusa") -> str:
+    labels = DEVICE_FIELDS | ({} if drafter == DrafterKind.MEDUSA else {"heads_gb": f"{HELD[drafter]} (GB)"})
+    shown = devices.set_index("device")[list(DEVICE_FIELDS)].rename(columns=labels)
     return shown.T.to_string(float_format=lambda x: f"{x:,.2f}")
 
 
@@ -106,6 +109,18 @@ class PlanOptions:
         ),
     )
     acceptance_rates: str | None = field(default=None, metadata=shared(options.acceptance_rates))
+    drafter: str = field(default="medusa", metadata=shared(options.drafter, choices=tuple(DrafterKind)))
+    position_rates: tuple[float, ...] | None = field(
+        default=None,
+        metadata=shared(
+            options.position_rates,
+            use="with --drafter (not medusa): the plan runs its chains of 1 to as many drafts as rates (the unloaded "
+            "plan; the serving simulation runs the Medusa heads' trees only)",
+        ),
+    )
+    draft_config: Path | None = field(
+        default=None, metadata=shared(options.draft_config, use="with --drafter and --position-rates")
+    )
     batch: list[int] | None = field(
         default=None,
         metadata=option(
@@ -197,7 +212,15 @@ def read_question(argv: list[str] | None = None) -> tuple[argparse.Namespace, Pl
         args.batch or DEFAULT_BATCHES,
         memory_reserve=args.reserve,
         medusa=settings.medusa,
+        drafter=args.drafter,
+        position_rates=args.position_rates,
+        draft_config=args.draft_config,
     )
+    if settings.simulated and args.drafter != DrafterKind.MEDUSA:
+        raise PerfkitError(
+            f"--drafter {args.drafter} with a load (--rate, --trace, --ttft-ms or --tpot-ms): the serving simulation "
+            "runs the Medusa heads' trees only; the unloaded plan (without a load) prices its chains"
+        )
     asked = ServeRequest(args.acceptance_rates, settings.medusa, settings.engine, args.reserve)
     serving = asked if settings.simulated else None
     return args, PlanQuestion(tuple(resolve(args.model, devices, choices)), request, serving, settings)
@@ -224,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if answer is not None:  # the answer to the question asked first, the tables behind it after
             print(serving_summary(answer) + "\n\nCapacity plan, unloaded (one batch at a time):\n")
-        print("Devices\n" + format_devices(result.devices))
+        print("Devices\n" + format_devices(result.devices, result.drafter))
         for device, bands in result.bands.groupby("device", sort=False):
             print(f"\nBands on {device} (best tree per batch)\n" + format_bands(bands))
         print("\n" + result.summary())
