@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from perfmodel.base.attention_code import AttentionCode
 from perfmodel.base.errors import PerfkitError
 from perfmodel.models.config import HFConfig, parse_hf_config
 
@@ -110,10 +111,27 @@ class KVCache:
         self.v[:, batch_index, :, dst] = self.v[:, batch_index, :, src]
 
 
+def matmul_attention(q, keys, values, mask) -> torch.Tensor:
+    """Attention written out as Medusa's and EAGLE's modeling_llama_kv.py write it
+    (perfmodel.base.attention_code): q k^T, scaled, the mask added (or, boolean, applied), a
+    float32 softmax cast back, then the values; the KV heads repeated for grouped queries."""
+    if keys.shape[1] != q.shape[1]:
+        keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)
+        values = values.repeat_interleave(q.shape[1] // values.shape[1], dim=1)
+    scores = torch.matmul(q, keys.transpose(2, 3)) / q.shape[-1] ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values)
+
+
 class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    """Grouped-query attention over the KV cache; `code` (perfmodel.base.attention_code) is
+    the attention the cached step runs: torch's fused SDPA, or written out as matmuls."""
+
+    def __init__(self, config: LlamaConfig, code: AttentionCode = AttentionCode.SDPA):
         super().__init__()
         h, d = config.hidden_size, config.head_dim
+        self.code = AttentionCode(code)
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
         self.q_proj = nn.Linear(h, self.heads * d, bias=False)
         self.k_proj = nn.Linear(h, self.kv_heads * d, bias=False)
@@ -132,7 +150,10 @@ class Attention(nn.Module):
         else:
             cache.write(layer, slots, k, v)
             keys, values = cache.k[layer][:, :, :kv_len], cache.v[layer][:, :, :kv_len]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
+            if self.code is AttentionCode.MATMUL:
+                out = matmul_attention(q, keys, values, mask)
+            else:
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -201,3 +222,9 @@ class Transformer(nn.Module):
 
     def forward(self, tokens, **kwargs) -> torch.Tensor:
         return self.lm_head(self.hidden(tokens, **kwargs))
+
+    def with_attention(self, code: AttentionCode) -> Transformer:
+        """This model with its cached steps' attention run as `code` (perfmodel.base.attention_code)."""
+        for layer in self.model.layers:
+            layer.self_attn.code = AttentionCode(code)
+        return self

@@ -43,7 +43,9 @@ from decoder.static_step import Execution
 from decoder.trace_ops import TORCH_DTYPES
 from decoder.trace_recorder import ROW_VALUES, StepRecorder
 from decoder.trace_run import check_step, record_step, weightless_decoder
+from perfmodel.base.attention_code import AttentionCode
 from perfmodel.base.dtypes import default_dtype
+from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import writable_file, write_csv
 from perfmodel.cli import Parser, options, run
@@ -88,18 +90,19 @@ def trace_step(
     candidates: int,
     dtype: str = "fp16",
     acceptance: str = "greedy",
-    launch: Launch = Launch.EAGER,
-    fused: bool = True,
+    **execution,
 ) -> pd.DataFrame:
     """Every kernel of one decoding step of `batch` sequences with `context` cached tokens
     each: plain decoding for candidates == 1, else a Medusa step over a tree of that many
     tokens. Columns TRACE_COLUMNS; attrs["unclassified"] lists operator names counted as
     elementwise only because no table names them. Traced on one layer and one sequence's
-    verification, repeated (the module doc): the rows of trace_unrolled. launch: a static
-    regime traces decoder.static_step's step (the batch at once) instead of the eager loop,
-    its forward pass fused (decoder.fused) as the decoder runs it, or with fused=False the
-    reference model's, as the static step ran before (to price what was measured so)."""
-    return StepTracer(acceptance, launch=launch, fused=fused)(config, batch, context, candidates, dtype)
+    verification, repeated (the module doc): the rows of trace_unrolled. execution: how the
+    step runs, StepTracer's `launch` (a static regime traces decoder.static_step's step, the
+    batch at once, instead of the eager loop), `fused` (its forward pass fused, decoder.fused,
+    as the decoder runs it, or False: the reference model's, as the static step ran before, to
+    price what was measured so) and `attention` (the eager loop's attention code,
+    perfmodel.base.attention_code)."""
+    return StepTracer(acceptance, **execution)(config, batch, context, candidates, dtype)
 
 
 def trace_unrolled(
@@ -136,9 +139,16 @@ class StepTracer:
         beyond_context: bool = False,
         launch: Launch = Launch.EAGER,
         fused: bool = True,
+        attention: AttentionCode = AttentionCode.SDPA,
     ):
         self.acceptance, self.beyond_context, self.fused = acceptance, beyond_context, fused
         self.launch = Launch.parse(launch)
+        self.attention = AttentionCode(attention)
+        if self.attention is not AttentionCode.SDPA and self.launch.static:
+            raise PerfkitError(
+                f"attention {self.attention} is traced in the eager loop (as the methods' own code runs it); the "
+                f"{self.launch} step runs its fused forward's"
+            )
         self._decoders: dict[tuple, Decoder] = {}
         self._runs: dict[tuple, tuple[list[tuple[list[tuple], int]], set[str]]] = {}
 
@@ -165,7 +175,7 @@ class StepTracer:
     def _decoder(self, config: ModelConfig, dtype: str, medusa: bool) -> Decoder:
         built = (config, dtype, medusa)
         if built not in self._decoders:
-            self._decoders[built] = weightless_decoder(one_layer(config), TORCH_DTYPES[dtype], medusa)
+            self._decoders[built] = weightless_decoder(one_layer(config), TORCH_DTYPES[dtype], medusa, self.attention)
         return self._decoders[built]
 
 

@@ -20,6 +20,7 @@ from decoder.trace_ops import META, TORCH_DTYPES, weight_storages
 from decoder.trace_recorder import HostLists, StepRecorder, module_calls
 from decoder.tree import Drafting, TreeBuffers, tree_buffers
 from perfmodel.acceptance.trees import Tree, greedy_tree, max_nodes
+from perfmodel.base.attention_code import AttentionCode
 from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
@@ -44,11 +45,14 @@ def llama_config(model: ModelConfig) -> LlamaConfig:
     )
 
 
-def weightless_decoder(model: ModelConfig, dtype: torch.dtype, medusa: bool) -> Decoder:
-    """A Decoder over a model (and, for Medusa, heads) built on meta: shapes, no weights."""
+def weightless_decoder(
+    model: ModelConfig, dtype: torch.dtype, medusa: bool, attention: AttentionCode = AttentionCode.SDPA
+) -> Decoder:
+    """A Decoder over a model (and, for Medusa, heads) built on meta: shapes, no weights; its
+    cached steps' attention run as `attention` (perfmodel.base.attention_code)."""
     config = llama_config(model)
     with torch.device(META):
-        transformer = Transformer(config).to(dtype).eval()
+        transformer = Transformer(config).to(dtype).eval().with_attention(attention)
         heads = MedusaHeads(config.hidden_size, config.vocab_size, model.medusa_heads).to(dtype) if medusa else None
     return Decoder(Checkpoint(None, config, transformer, heads, None, None, {}), str(META))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+from perfmodel.base.attention_code import AttentionCode
 from perfmodel.base.launch import Launch
 from perfmodel.latency.source import decoder_latency
 from perfmodel.latency.step import StepFlavor
@@ -14,10 +15,18 @@ from perfmodel.latency.traced_step import TracedStep
 from perfmodel.planning.deployment import Deployment
 
 
-def point_steps(deployment: Deployment, flavors, cuda_graph: bool = False, regime=None, host=None) -> dict:
+def point_steps(
+    deployment: Deployment,
+    flavors,
+    cuda_graph: bool = False,
+    regime=None,
+    host=None,
+    attention: AttentionCode = AttentionCode.SDPA,
+) -> dict:
     """Step models of each flavour for a deployment; a traced one traces the reference
     decoder's steps, its forward replayed from a CUDA graph with cuda_graph, or the step of a
-    launch regime priced end to end (perfmodel.latency.traced_step.TracedStep.regime)."""
+    launch regime priced end to end (perfmodel.latency.traced_step.TracedStep.regime), its
+    attention run as `attention` (perfmodel.base.attention_code)."""
     device, model, dtype, tp, latency = (
         deployment.view,
         deployment.model,
@@ -33,7 +42,9 @@ def point_steps(deployment: Deployment, flavors, cuda_graph: bool = False, regim
         shard = model.shard(tp)
         source = decoder_latency(device, shard, dtype, latency)
         regime = None if regime is None else Launch.parse(regime)
-        tracer = trace_step if regime is None else functools.partial(trace_step, launch=regime)
+        tracer = functools.partial(trace_step, attention=attention)
+        if regime is not None:
+            tracer = functools.partial(tracer, launch=regime)
         traced = TracedStep(shard, source, dtype, tracer, cuda_graph=cuda_graph, regime=regime, host=host)
         comm = step_collectives(device.evidence, tp, dtype, source.stack)
         steps["traced"] = TensorParallelStep(traced, tp, comm.all_reduce, dtype, comm.gather)

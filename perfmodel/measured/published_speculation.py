@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfmodel.base.attention_code import AttentionCode
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.stacks import SERVING_ENGINES
@@ -29,7 +30,7 @@ COLUMNS = (
     "per_position_acceptance", "speedup", "tokens_per_s", "tokens_per_s_kind", "ms_per_token",
     "source_url", "source_title", "source_date", "source_where", "notes",
     "device", "preset", "tokens_verified", "draft_depth", "draft_top_k", "priced_as", "draft_config", "launch",
-    "stack", "draft_tree",
+    "stack", "draft_tree", "model_code",
 )  # fmt: skip
 # How a row is priced, where it is: the device (a hw_specs key) and model preset it ran on,
 # the tokens each step verified, the draft's depth and top-k, what that rests on, and a draft
@@ -37,13 +38,17 @@ COLUMNS = (
 # harness ran in (perfmodel.base.launch: eager for Hugging Face transformers' loop; empty: an
 # engine's, priced as the full step), and an engine's row's stack (vllm, sglang, trtllm: whose
 # measured tables price it; empty: the device's own choice), and a static tree's name where the
-# drafter drafts one (perfmodel.acceptance.reference_trees: EAGLE-1's mc_sim_7b_63).
+# drafter drafts one (perfmodel.acceptance.reference_trees: EAGLE-1's mc_sim_7b_63), and the
+# attention code the method's own model ran where it is not its harness's plain decoding's
+# (perfmodel.base.attention_code: matmul for Spec-Bench's Medusa, EAGLE, Hydra and REST rows,
+# which run their own modeling_llama_kv.py; empty: the same model code as the baseline).
 PRICED = ("device", "preset", "tokens_verified", "priced_as")
 COUNTS = ("num_gpus", "tree_size", "chain_k", "batch", "tokens_verified", "draft_depth", "draft_top_k")
 NUMBERS = ("temperature", "accept_length", "speedup", "tokens_per_s", "ms_per_token")
 MEASURED = ("speedup", "tokens_per_s", "ms_per_token", "accept_length")  # at least one per row
 LAUNCHES = tuple(str(regime) for regime in Launch)
 STACKS = tuple(SERVING_ENGINES)
+CODES = tuple(AttentionCode)
 DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 
 
@@ -74,6 +79,8 @@ def read_published(path: Path = PUBLISHED) -> pd.DataFrame:
             raise PerfkitError(f"{where}: nothing measured (one of {', '.join(MEASURED)})")
         if row["stack"] and row["stack"] not in STACKS:
             raise PerfkitError(f"{where}: stack {row['stack']!r} is none of {', '.join(STACKS)} (or empty)")
+        if row["model_code"] and row["model_code"] not in CODES:
+            raise PerfkitError(f"{where}: model_code {row['model_code']!r} is none of {', '.join(CODES)} (or empty)")
         if row["launch"] and row["launch"] not in LAUNCHES:
             raise PerfkitError(f"{where}: launch {row['launch']!r} is none of {', '.join(LAUNCHES)} (or empty)")
         if any(row[c] for c in PRICED) and not all(row[c] for c in PRICED):

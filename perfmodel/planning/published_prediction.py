@@ -19,6 +19,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from perfmodel.acceptance.reference_trees import reference_tree
+from perfmodel.base.attention_code import AttentionCode
 from perfmodel.base.drafter_kind import FEATURE_DRAFTERS, DrafterKind
 from perfmodel.latency.choice import LatencyChoice, LatencySetting
 from perfmodel.latency.eagle import DraftShape, StaticTreeDraft
@@ -36,12 +37,14 @@ from perfmodel.planning.step_point import step_point
 # A context a harness's prompts run at when its rows do not say: MT-Bench-like prompts and
 # answers of a few hundred tokens.
 DEFAULT_CONTEXT = 512
-# A deployment's steps in a launch regime ("" for the full step): {flavour: step}, one flavour.
-StepMaker = Callable[[Deployment, str], dict[str, StepCost]]
+# A deployment's steps in a launch regime ("" for the full step) with its attention run as a
+# perfmodel.base.attention_code: {flavour: step}, one flavour.
+StepMaker = Callable[[Deployment, str, AttentionCode], dict[str, StepCost]]
 
 
-def full_steps(deployment: Deployment, launch: str) -> dict[str, StepCost]:
-    """The full step, whatever the regime: what the analytic core prices on its own."""
+def full_steps(deployment: Deployment, launch: str, code: AttentionCode = AttentionCode.SDPA) -> dict[str, StepCost]:
+    """The full step, whatever the regime and attention code: what the analytic core prices on
+    its own (its attention is one operator)."""
     return deployment.steps([StepFlavor.FULL])
 
 
@@ -60,6 +63,11 @@ def unpriced_reason(row: pd.Series) -> str | None:
     return None
 
 
+def row_code(row: pd.Series) -> AttentionCode:
+    """The attention code the row's method ran (its harness's plain decoding runs SDPA)."""
+    return AttentionCode(row["model_code"] or AttentionCode.SDPA)
+
+
 def row_drafter(row: pd.Series, target: ModelConfig, choices: DeploymentChoices, make: StepMaker) -> Drafter:
     """The drafter a row names, as it ran: a feature-level drafter's tree of the row's depth and
     top-k, the draft model of its shipped config (its own steps), n-gram lookup at this host's
@@ -68,7 +76,7 @@ def row_drafter(row: pd.Series, target: ModelConfig, choices: DeploymentChoices,
     if kind == DrafterKind.DRAFT:
         own = drafter_model(CHECKPOINTS / row["draft_config"], kind, target)
         (drafting,) = resolve(own, row["device"], choices)
-        return with_draft_steps(point_drafter(kind, target, own), make(drafting, row["launch"]))
+        return with_draft_steps(point_drafter(kind, target, own), make(drafting, row["launch"], row_code(row)))
     own = drafter_model(CHECKPOINTS / row["draft_config"], kind, target) if row["draft_config"] else None
     drafter = point_drafter(kind, target, own, host=ngram_host_cost() if kind == DrafterKind.NGRAM else None)
     if row["draft_tree"]:  # a static tree, drafted pass by pass with the draft's KV cache
@@ -88,7 +96,9 @@ def predict_row(row: pd.Series, context: int = DEFAULT_CONTEXT, make: StepMaker 
     latency = LatencyChoice.of(LatencySetting.AUTO, row["stack"] or None)
     choices = DeploymentChoices(dtype=row["dtype"] or None, tensor_parallel=tp, latency=latency)
     (deployment,) = resolve(row["preset"], row["device"], choices)
-    steps = make(deployment, row["launch"])
+    # the method's step in its own model code; plain decoding, the baseline, in the harness's (SDPA)
+    steps = make(deployment, row["launch"], row_code(row))
+    plain = make(deployment, row["launch"], AttentionCode.SDPA)
     batch, tokens, accepted = int(row["batch"]), int(row["tokens_verified"]), float(row["accept_length"])
     if row["drafter"] == DrafterKind.MEDUSA:
         point = step_point(steps, batch, context, tokens, accepted).iloc[0]
@@ -97,9 +107,10 @@ def predict_row(row: pd.Series, context: int = DEFAULT_CONTEXT, make: StepMaker 
         drafter = row_drafter(row, deployment.model, choices, make)
         point = drafter_point(steps, drafter, DraftedShape(tokens), batch, context, accepted).iloc[0]
         step_ms, draft_ms, passes = point["step_ms"], point["draft_ms"], int(point["draft_passes"])
+    plain_ms = float(next(iter(plain.values())).step_time(batch, context, 1)) * 1e3
     return {
-        "predicted_speedup": float(point["speedup"]),
-        "plain_step_ms": float(point["plain_step_ms"]),
+        "predicted_speedup": accepted * plain_ms / float(step_ms),
+        "plain_step_ms": plain_ms,
         "step_ms": float(step_ms),
         "draft_ms": float(draft_ms),
         "draft_passes": passes,

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from perfmodel.base.attention_code import AttentionCode
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import write_csv
@@ -113,17 +114,18 @@ def shown(path: Path) -> str:
 
 def regime_steps(host: HostCosts):
     """A StepMaker (perfmodel.planning.published_prediction): an eager row's step as the
-    reference decoder's eager step at `host`'s cost per op, any other the full step. One traced
-    step per model and device, so the rows of one target share its traces (its plain step is
-    every row's baseline)."""
+    reference decoder's eager step at `host`'s cost per op, its attention run as the row's
+    method ran it (its harness's plain decoding: SDPA), any other the full step. One traced
+    step per model, device and attention code, so the rows of one target share its traces (its
+    SDPA plain step is every row's baseline)."""
     made: dict[tuple, dict] = {}
 
-    def make(deployment, launch: str) -> dict:
+    def make(deployment, launch: str, code: AttentionCode = AttentionCode.SDPA) -> dict:
         if launch != Launch.EAGER:
-            return full_steps(deployment, launch)
-        key = (deployment.model, deployment.view.spec.key, deployment.dtype, deployment.tp, deployment.latency)
+            return full_steps(deployment, launch, code)
+        key = (deployment.model, deployment.view.spec.key, deployment.dtype, deployment.tp, deployment.latency, code)
         if key not in made:
-            made[key] = point_steps(deployment, [StepFlavor.TRACED], regime=Launch.EAGER, host=host)
+            made[key] = point_steps(deployment, [StepFlavor.TRACED], regime=Launch.EAGER, host=host, attention=code)
         return made[key]
 
     return make
@@ -143,6 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         host = HostCosts.from_json(host_file)
         make = regime_steps(host)
         print(f"eager rows: the reference decoder's eager step, {shown(host_file)}: {host.label()}")
+        own = priced[(priced["launch"] == Launch.EAGER) & (priced["model_code"] != "")]
+        if len(own):
+            print(
+                f"  {len(own)} of them ran the method's own model code (model_code): its step traced with its "
+                f"attention as that code runs it ({', '.join(sorted(set(own['model_code'])))}), the baseline with "
+                "the harness's plain decoding's (sdpa)"
+            )
     # disable=None: a bar on a terminal, nothing in logs and pipes (an eager row traces its steps)
     rows_priced = tqdm(priced.iterrows(), total=len(priced), desc="rows", unit="row", disable=None, file=sys.stderr)
     predictions = pd.DataFrame([predict_row(r, args.context, make) for _, r in rows_priced], index=priced.index)
