@@ -49,7 +49,6 @@ plan() over more than 10,000 of them.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,11 +69,9 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.device_plan import Setting, plan_device, plan_device_auto_tp
-from perfmodel.planning.drafter_point import tokens_per_step
-from perfmodel.planning.drafters import KIND_NAMES
 from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths
-from perfmodel.planning.measured_chain import ChainAcceptance, measured_drafter
-from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa, check_setting
+from perfmodel.planning.measured_chain import measured_chain
+from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.memory import DEFAULT_RESERVE
 from perfmodel.planning.result import DEVICE_COLUMNS, PlanResult
 from perfmodel.planning.simulations import CANDIDATE_SIZES
@@ -164,11 +161,9 @@ def plan_deployments(deployments, request: PlanRequest | None = None) -> PlanRes
         raise PerfkitError(f"memory_reserve must be a fraction in [0, 1), got {memory_reserve!r}")
     batches = None if request.batches is None else positive_ints(request.batches, "batches")
     medusa = check_medusa(request.medusa)
-    chain = measured_chain_plan(request)
+    chain = measured_chain(request.drafter, request.position_rates, request.draft_config)
     if chain is not None:
-        sizes = np.arange(1, len(request.position_rates) + 2)
-        acceptance = ChainAcceptance(tuple(request.position_rates))
-        said = f"{KIND_NAMES[request.drafter]}: {acceptance.describe()}; a tree of n tokens is its chain of n - 1"
+        sizes, acceptance, said = chain.sizes, chain.acceptance, chain.describe()
     else:
         speculate = model.medusa_heads and medusa != MedusaSetting.OFF
         sizes = np.union1d(positive_ints(request.sizes, "tree sizes"), [1]) if speculate else np.array([1])
@@ -177,7 +172,8 @@ def plan_deployments(deployments, request: PlanRequest | None = None) -> PlanRes
     accept = tabulated(acceptance, sizes)
     rows, bands, configs = [], [], []
     for deployment in deployments:
-        setting = Setting(deployment, workload, targets, accept, batches, sizes, memory_reserve, medusa, chain)
+        drafter_for = None if chain is None else chain.drafter_on
+        setting = Setting(deployment, workload, targets, accept, batches, sizes, memory_reserve, medusa, drafter_for)
         row, device_bands, device_configs = (
             plan_device(setting, deployment.tp) if deployment.tp else plan_device_auto_tp(setting)
         )
@@ -198,28 +194,6 @@ def plan_deployments(deployments, request: PlanRequest | None = None) -> PlanRes
         pd.concat([t for t in tables if t is not None], ignore_index=True) for tables in (bands, configs)
     )
     return PlanResult(model, dtype, workload, targets, said, devices_df, bands_df, configs_df, drafter=request.drafter)
-
-
-def measured_chain_plan(request: PlanRequest):
-    """The drafter a plan of measured chains prices, per deployment (None: the Medusa heads);
-    a drafter without its rates, or rates without a drafter, is one line."""
-    drafter = DrafterKind(check_setting(request.drafter, KIND_NAMES, "drafter"))
-    if drafter == DrafterKind.MEDUSA:
-        if request.position_rates is not None or request.draft_config is not None:
-            raise PerfkitError(
-                "--position-rates (and --draft-config) plan another drafter's measured chains: name it with --drafter "
-                "eagle, eagle3, mtp, draft or ngram; the Medusa heads take --acceptance-rates"
-            )
-        return None
-    if request.position_rates is None:
-        raise PerfkitError(
-            f"--drafter {drafter}: a plan prices its chains from its measured per-position acceptance; give "
-            "--position-rates R1 .. RK"
-        )
-    tokens_per_step(request.position_rates)
-    return functools.partial(
-        measured_drafter, drafter, tuple(request.position_rates), draft_config=request.draft_config
-    )
 
 
 class DoesNotFit(PerfkitError):

@@ -26,6 +26,7 @@ from perfmodel.models.drafter_config import drafter_model
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.drafter_point import point_drafter, tokens_per_step, with_draft_steps
 from perfmodel.planning.drafters import DEFAULT_DRAFT_COST, KIND_NAMES, Drafter
+from perfmodel.planning.medusa_setting import check_setting
 from perfmodel.planning.memory import DrafterMemory, feature_head_params, replica_kv_bytes_per_token, weight_params
 
 
@@ -116,3 +117,48 @@ def drafter_memory(drafter: Drafter, target: ModelConfig, dtype: str, tp: int) -
     what = "the MTP module(s)" if kind == DrafterKind.MTP else f"the {KIND_NAMES[kind]} head"
     weights = feature_head_params(kind, head, target) * size
     return DrafterMemory(weights, replica_kv_bytes_per_token(head, dtype, tp), what)
+
+
+@dataclass(frozen=True)
+class MeasuredChain:
+    """A drafter's measured chains as a plan or a serving search asks for them: its kind, its
+    per-position rates and its own config.json (perfmodel.models.drafter_config), built on each
+    deployment it is priced on (drafter_on)."""
+
+    drafter: DrafterKind
+    rates: tuple[float, ...]
+    draft_config: str | Path | None = None
+
+    @property
+    def acceptance(self) -> ChainAcceptance:
+        return ChainAcceptance(self.rates)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Tokens verified a step, plain decoding's 1 to the longest chain's."""
+        return np.arange(1, len(self.rates) + 2)
+
+    def drafter_on(self, deployment: Deployment) -> Drafter:
+        return measured_drafter(self.drafter, self.rates, deployment, self.draft_config)
+
+    def describe(self) -> str:
+        return f"{KIND_NAMES[self.drafter]}: {self.acceptance.describe()}; a tree of n tokens is its chain of n - 1"
+
+
+def measured_chain(drafter: str, position_rates, draft_config: str | Path | None = None) -> MeasuredChain | None:
+    """The measured chains asked for (None: the Medusa heads' trees); a drafter without its
+    rates, or rates or a config without a drafter, is one line."""
+    kind = DrafterKind(check_setting(drafter, KIND_NAMES, "drafter"))
+    if kind == DrafterKind.MEDUSA:
+        if position_rates is not None or draft_config is not None:
+            raise PerfkitError(
+                "--position-rates (and --draft-config) price another drafter's measured chains: name it with "
+                "--drafter eagle, eagle3, mtp, draft or ngram; the Medusa heads take --acceptance-rates"
+            )
+        return None
+    if position_rates is None:
+        raise PerfkitError(
+            f"--drafter {kind}: its chains are priced from its measured per-position acceptance; give "
+            "--position-rates R1 .. RK"
+        )
+    return MeasuredChain(kind, ChainAcceptance(tuple(float(r) for r in position_rates)).rates, draft_config)

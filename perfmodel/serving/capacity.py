@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from perfmodel.acceptance.rates import AcceptanceChoice, AcceptanceSetting, medusa_acceptance
 from perfmodel.base.checks import split_options
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.step import StepFlavor
 from perfmodel.latency.step_cost import StepCost
@@ -26,13 +28,15 @@ from perfmodel.latency.tensor_parallel import check_degree, usable_degrees
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
+from perfmodel.planning.drafters import KIND_NAMES
+from perfmodel.planning.measured_chain import MeasuredChain, drafter_memory, measured_chain
 from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
 from perfmodel.planning.memory import memory_fit
 from perfmodel.planning.schedule import ScheduleRequest, build_schedule, view_evidence
 from perfmodel.planning.schedule_format import SpeculationSchedule
 from perfmodel.planning.simulations import CANDIDATE_SIZES
 from perfmodel.planning.workload import Requests, Targets, Workload
-from perfmodel.serving.capacity_answer import NAN, ServingAnswer, ServingOption
+from perfmodel.serving.capacity_answer import NAN, SPECULATOR, ServingAnswer, ServingOption
 from perfmodel.serving.costs import CostBounds, ServingCosts, tabulate_costs
 from perfmodel.serving.simulator import EngineConfig, ServingRun, simulate
 
@@ -71,16 +75,20 @@ def replica(
     workload: Workload,
     reserve: float = 0.1,
     max_seqs: int = 256,
+    chain: MeasuredChain | None = None,
 ) -> Replica:
     """The costs of a deployment (its model split deployment.tp ways on its device) with
     Medusa `medusa`: the step at the schedule's tree for every batch up to what the KV cache
-    holds (at most max_seqs) and every context up to the longest request's, and the prefill."""
+    holds (at most max_seqs) and every context up to the longest request's, and the prefill.
+    chain: another drafter's measured chains instead of the heads' trees (the setting then
+    applies to it: off, its chain where it wins, or on), its memory in place of the heads'."""
     model, view, dtype, tp, step = deployment.model, deployment.view, deployment.dtype, deployment.tp, deployment.step
     medusa = check_medusa(medusa)
     kv_tokens = workload.kv_tokens
-    fit = memory_fit(
-        model, view.spec, dtype, tp, kv_tokens, reserve, heads=medusa != MedusaSetting.OFF and model.medusa_heads > 0
-    )
+    drafter = None if chain is None or medusa == MedusaSetting.OFF else chain.drafter_on(deployment)
+    held = None if drafter is None else drafter_memory(drafter, model, dtype, tp)
+    heads = chain is None and medusa != MedusaSetting.OFF and model.medusa_heads > 0
+    fit = memory_fit(model, view.spec, dtype, tp, kv_tokens, reserve, heads=heads, drafter=held)
     capacity = int(fit.free // fit.kv_token) if fit.free > 0 else 0
     if fit.max_batch < 1:
         where = f"{tp} x {view.spec.key}" if tp > 1 else f"one {view.spec.key}"
@@ -94,10 +102,18 @@ def replica(
     max_context = int(workload.kv_tokens) * 2
     # Off, plain decoding wins every cell: no tree sizes to price
     sizes = (1,) if medusa == MedusaSetting.OFF else CANDIDATE_SIZES
-    request = ScheduleRequest(acceptance, half_octaves(max(seqs, 1)), medusa=medusa, sizes=sizes)
+    batches = half_octaves(max(seqs, 1))
+    if drafter is None:
+        request = ScheduleRequest(acceptance, batches, medusa=medusa, sizes=sizes)
+    else:
+        rates, config = chain.rates, chain.draft_config
+        request = ScheduleRequest(
+            None, batches, medusa=medusa, drafter=chain.drafter, position_rates=rates, draft_config=config
+        )
     schedule = build_schedule(steps[step], request, deployment, view_evidence(view, steps[step]))
     bounds = CostBounds(max(seqs, 1), max_context, capacity, max(band.tree_size for band in schedule.bands))
-    composed = ComposedStep(steps[step], steps[StepFlavor.FULL])
+    decode = steps[step] if drafter is None else drafter.step(steps[step])
+    composed = ComposedStep(decode, steps[StepFlavor.FULL])
     costs = tabulate_costs(
         composed, acceptance.model, schedule.tree_size, bounds, steps[step].label, medusa != MedusaSetting.OFF
     )
@@ -181,6 +197,11 @@ class ServeRequest:
     medusa: str = MedusaSetting.AUTO
     engine: EngineConfig | None = None
     reserve: float = 0.1
+    # another drafter than the Medusa heads, from its measured per-position acceptance
+    # (perfmodel.planning.measured_chain): `medusa` is then its setting
+    drafter: str = DrafterKind.MEDUSA
+    position_rates: tuple[float, ...] | None = None
+    draft_config: str | Path | None = None
 
 
 def serve(model: str | ModelConfig, devices, workload: Workload, targets: Targets | None = None, **options):
@@ -212,14 +233,18 @@ def serve_deployments(
     request = request or ServeRequest()
     model = deployments[0].model
     medusa = check_medusa(request.medusa)
-    choice = medusa_acceptance(request.acceptance)
+    chain = measured_chain(request.drafter, request.position_rates, request.draft_config)
+    if chain is None:
+        choice, speculator = medusa_acceptance(request.acceptance), SPECULATOR
+    else:
+        choice, speculator = AcceptanceChoice(chain.acceptance, chain.describe()), KIND_NAMES[chain.drafter]
     targets = targets or Targets()
     engine = request.engine or EngineConfig()
     reserve = request.reserve
     if not 0 <= reserve < 1:
         raise PerfkitError(f"reserve must be a fraction in [0, 1), got {reserve!r}")
     off = MedusaSetting.OFF
-    modes = (off,) if medusa == off or not model.medusa_heads else (off, medusa)
+    modes = (off,) if medusa == off or not (model.medusa_heads or chain) else (off, medusa)
     requests = workload.sample()
     target_rate = workload.rate if workload.rate is not None else (requests.rate if workload.trace else None)
     if targets.tokens_s is not None:
@@ -232,9 +257,10 @@ def serve_deployments(
         degrees = [deployment.tp] if deployment.tp is not None else [tp for tp in (1, 2, 4, 8) if tp in usable]
         for mode in modes:
             for tp in degrees:
-                rep = replica(deployment.at(tp), mode, choice, workload, reserve, engine.max_seqs)
+                rep = replica(deployment.at(tp), mode, choice, workload, reserve, engine.max_seqs, chain)
                 options.append(answer(rep, requests, targets, engine, target_rate))
-    return ServingAnswer(model.name, workload.describe(), targets, engine, choice.label, target_rate, tuple(options))
+    answered = (model.name, workload.describe(), targets, engine, choice.label, target_rate, tuple(options))
+    return ServingAnswer(*answered, speculator=speculator)
 
 
 def answer(rep: Replica, requests: Requests, targets: Targets, engine: EngineConfig, target_rate) -> ServingOption:

@@ -62,6 +62,10 @@ class ServingOption:
         return data
 
 
+# Who speculates where a serving answer names no other drafter.
+SPECULATOR = "Medusa"
+
+
 @dataclass(frozen=True)
 class ServingAnswer:
     """Every configuration searched, and the one to deploy: the fewest devices for the target
@@ -74,6 +78,7 @@ class ServingAnswer:
     acceptance: str
     target_rate: float | None
     options: tuple[ServingOption, ...]
+    speculator: str = SPECULATOR  # who speculates in the options' `medusa` setting: the heads, or another drafter
 
     @property
     def best(self) -> ServingOption | None:

@@ -7,7 +7,7 @@ import math
 
 from perfmodel.measured.contract import plural
 from perfmodel.planning.medusa_setting import MedusaSetting
-from perfmodel.serving.capacity_answer import ServingAnswer, ServingOption
+from perfmodel.serving.capacity_answer import SPECULATOR, ServingAnswer, ServingOption
 
 
 def ms(seconds: float) -> str:
@@ -20,9 +20,10 @@ def ms(seconds: float) -> str:
     )
 
 
-def option_line(o: ServingOption, q: int) -> str:
-    """One configuration: its devices, capacity and latencies, or why it has none."""
-    head = f"{o.device} tp {o.tp}, Medusa {o.medusa}: "
+def option_line(o: ServingOption, q: int, who: str = SPECULATOR) -> str:
+    """One configuration: its devices, capacity and latencies, or why it has none; `who`
+    speculates in its setting (the Medusa heads, or another drafter's chains)."""
+    head = f"{o.device} tp {o.tp}, {who} {o.medusa}: "
     if not o.fits:
         return head + o.note
     if not o.meets_targets:
@@ -37,29 +38,31 @@ def option_line(o: ServingOption, q: int) -> str:
 
 
 def medusa_verdict(answer: ServingAnswer, device: str) -> str | None:
-    """Whether Medusa pays on one device: the best option with it against the best without."""
+    """Whether speculation (Medusa, or the answer's other drafter) pays on one device: the
+    best option with it against the best without."""
+    who = answer.speculator
     off = answer.among(device, "off").best
     with_medusa = [m for m in ("auto", "on") if any(o.device == device and o.medusa == m for o in answer.options)]
     if not with_medusa:
         return None
     on = answer.among(device, with_medusa[0]).best
     if off is None and on is None:
-        return f"{device}: no configuration meets the targets, with or without Medusa."
+        return f"{device}: no configuration meets the targets, with or without {who}."
     if off is None or on is None:
         winner = on if off is None else off
-        return f"{device}: only Medusa {winner.medusa} meets the targets."
+        return f"{device}: only {who} {winner.medusa} meets the targets."
     if on.devices is not None and off.devices is not None:
         if on.devices < off.devices:
-            return f"{device}: Medusa pays: {on.devices} devices with it ({on.medusa}) against {off.devices} without."
+            return f"{device}: {who} pays: {on.devices} devices with it ({on.medusa}) against {off.devices} without."
         if on.devices > off.devices:
-            return f"{device}: Medusa does not pay: {on.devices} devices with it against {off.devices} without."
+            return f"{device}: {who} does not pay: {on.devices} devices with it against {off.devices} without."
         return (
-            f"{device}: Medusa changes nothing in devices ({on.devices} either way); per replica "
+            f"{device}: {who} changes nothing in devices ({on.devices} either way); per replica "
             f"{on.max_tokens_s:,.0f} tokens/s with it, {off.max_tokens_s:,.0f} without."
         )
     better = "pays" if on.max_tokens_s / on.tp > off.max_tokens_s / off.tp else "does not pay"
     return (
-        f"{device}: Medusa {better}: {on.max_tokens_s / on.tp:,.0f} tokens/s per device with it, "
+        f"{device}: {who} {better}: {on.max_tokens_s / on.tp:,.0f} tokens/s per device with it, "
         f"{off.max_tokens_s / off.tp:,.0f} without."
     )
 
@@ -98,14 +101,18 @@ def summary(answer: ServingAnswer) -> str:
     if best is None:
         lines.append("Answer: no configuration meets the targets; relax them or lower the rate.")
     else:
-        lines.append("Answer: " + option_line(best, q) + ".")
+        lines.append("Answer: " + option_line(best, q, answer.speculator) + ".")
     devices = list(dict.fromkeys(o.device for o in answer.options))
     modes = list(dict.fromkeys(o.medusa for o in answer.options))
-    lines.append("Best per device and Medusa setting:")
+    lines.append(f"Best per device and {answer.speculator} setting:")
     for device in devices:
         for mode in modes:
             picked = answer.among(device, mode).best
-            lines.append("  " + option_line(picked, q) if picked else f"  {device}, Medusa {mode}: meets no target")
+            lines.append(
+                "  " + option_line(picked, q, answer.speculator)
+                if picked
+                else f"  {device}, {answer.speculator} {mode}: meets no target"
+            )
     verdicts = [medusa_verdict(answer, d) for d in devices]
     lines += [v for v in verdicts if v]
     with_medusa = [o for o in answer.options if o.medusa != MedusaSetting.OFF and o.meets_targets]
@@ -121,5 +128,5 @@ def summary(answer: ServingAnswer) -> str:
             chosen = answer.among(device).best or fitting[0]
             lines.append(f"  {device} tp {chosen.tp}: {chosen.latency}")
     lines.append("Every configuration searched:")
-    lines += ["  " + option_line(o, q) for o in answer.options]
+    lines += ["  " + option_line(o, q, answer.speculator) for o in answer.options]
     return "\n".join(lines)

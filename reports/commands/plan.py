@@ -22,7 +22,6 @@ from pathlib import Path
 import pandas as pd
 
 from perfmodel.base.drafter_kind import DrafterKind
-from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, pricing_options
 from perfmodel.cli.fields import add_options, nested, option, read_options, shared
@@ -114,8 +113,8 @@ class PlanOptions:
         default=None,
         metadata=shared(
             options.position_rates,
-            use="with --drafter (not medusa): the plan runs its chains of 1 to as many drafts as rates (the unloaded "
-            "plan; the serving simulation runs the Medusa heads' trees only)",
+            use="with --drafter (not medusa): the plan and the serving simulation run its chains of 1 to as many "
+            "drafts as rates",
         ),
     )
     draft_config: Path | None = field(
@@ -216,12 +215,8 @@ def read_question(argv: list[str] | None = None) -> tuple[argparse.Namespace, Pl
         position_rates=args.position_rates,
         draft_config=args.draft_config,
     )
-    if settings.simulated and args.drafter != DrafterKind.MEDUSA:
-        raise PerfkitError(
-            f"--drafter {args.drafter} with a load (--rate, --trace, --ttft-ms or --tpot-ms): the serving simulation "
-            "runs the Medusa heads' trees only; the unloaded plan (without a load) prices its chains"
-        )
-    asked = ServeRequest(args.acceptance_rates, settings.medusa, settings.engine, args.reserve)
+    chain = dict(drafter=args.drafter, position_rates=args.position_rates, draft_config=args.draft_config)
+    asked = ServeRequest(args.acceptance_rates, settings.medusa, settings.engine, args.reserve, **chain)
     serving = asked if settings.simulated else None
     return args, PlanQuestion(tuple(resolve(args.model, devices, choices)), request, serving, settings)
 
