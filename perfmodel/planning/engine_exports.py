@@ -98,7 +98,8 @@ SGLANG_NOTES = {
     "mtp": "SGLang runs the checkpoint's MTP module as EAGLE from the target's own weights (no draft path), once per "
     "draft",
     "ngram": "SGLang >= 0.5.3: its n-gram cache holds every request's tokens (vLLM's and TensorRT-LLM's per-request "
-    "lookup reads one): rates measured with one may not hold with the other; breadth 1 drafts one path",
+    "lookup reads one): rates measured with one may not hold with the other; BFS breadth 1 expands one node a level, "
+    "though matches of several lengths may still branch at the root (its matchBFS, read from source, not run)",
 }
 # SGLang's n-gram lookup: its draft tokens count the root, and a breadth of 1 drafts a chain.
 SGLANG_NGRAM_CHAIN = ("--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", "1")
