@@ -4,8 +4,6 @@ Shared by the commands that price one point: perfmodel.speedup and perfmodel.pub
 
 from __future__ import annotations
 
-import functools
-
 from perfmodel.base.attention_code import AttentionCode
 from perfmodel.base.launch import Launch
 from perfmodel.latency.source import decoder_latency
@@ -37,14 +35,13 @@ def point_steps(
     untraced = [f for f in flavors if f != StepFlavor.TRACED]
     steps = deployment.steps(untraced) if untraced else {}
     if StepFlavor.TRACED in flavors:
-        from decoder.trace import trace_step  # torch loads only when a step is traced
+        from decoder.trace import StepTracer  # torch loads only when a step is traced
 
         shard = model.shard(tp)
         source = decoder_latency(device, shard, dtype, latency)
         regime = None if regime is None else Launch.parse(regime)
-        tracer = functools.partial(trace_step, attention=attention)
-        if regime is not None:
-            tracer = functools.partial(tracer, launch=regime)
+        # one tracer for the step's life: each point traced once, its weightless decoders built once
+        tracer = StepTracer(launch=regime or Launch.EAGER, attention=attention)
         traced = TracedStep(shard, source, dtype, tracer, cuda_graph=cuda_graph, regime=regime, host=host)
         comm = step_collectives(device.evidence, tp, dtype, source.stack)
         steps["traced"] = TensorParallelStep(traced, tp, comm.all_reduce, dtype, comm.gather)
