@@ -69,6 +69,9 @@ def test_every_size_is_warm_at_its_timed_token_count_before_any_is_timed(bundled
 def test_one_round_in_five_caught_by_a_burst_leaves_the_step_where_the_others_are(bundled, monkeypatch):
     ckpt, decoder = bundled
     monkeypatch.setattr(tree_calibration_module, "CALIBRATION_ROUNDS", 5)
+    # the rounds' times are the first's (steady): two short prompts a round time all the rule needs
+    monkeypatch.setattr(tree_calibration_module, "CALIBRATION_PROMPTS", 2)
+    monkeypatch.setattr(tree_calibration_module, "CALIBRATION_TOKENS", 16)
     accuracy = checkpoint_accuracy(ckpt)
     spying(monkeypatch, stretch_rounds={1}, steady=True)
     measured = calibrate(decoder, ckpt, 1, 16, 200, accuracy, log=lambda *_: None, sizes=SIZES)
@@ -84,6 +87,7 @@ def test_bursts_in_two_rounds_of_five_still_condemn_the_calibration(bundled, mon
     monkeypatch.setattr(tree_calibration_module, "CALIBRATION_ROUNDS", 5)
     # two prompts a round: the suite's own noise can only widen the rounds' spread further
     monkeypatch.setattr(tree_calibration_module, "CALIBRATION_PROMPTS", 2)
+    monkeypatch.setattr(tree_calibration_module, "CALIBRATION_TOKENS", 16)
     spying(monkeypatch, stretch_rounds={1, 3})
     measured = calibrate(decoder, ckpt, 1, 16, 200, checkpoint_accuracy(ckpt), log=lambda *_: None, sizes=SIZES)
     assert unsteady_rounds(measured["spread"]).startswith("its rounds disagree by")
