@@ -9,7 +9,12 @@ import yaml
 
 from hw_specs import SPEC_DIR
 from perfmodel.cli import run
+from perfmodel.latency.roofline import predict_table
+from perfmodel.latency.source import view_latency
 from perfmodel.measured.contract import read_table, write_table
+from perfmodel.measured.device_view import resolve_devices
+from perfmodel.models.config import load_model
+from perfmodel.models.grid import Grid
 from perfmodel.models.operators import DEFAULT_OPS
 from reports.commands.roofline import main
 from tests.helpers import assert_png_shows_a_plot, number, parse_page, run_here
@@ -153,8 +158,23 @@ def test_measurement_file_must_follow_the_contract(tmp_path, capsys):
     assert result.status == 1 and "missing column(s) device" in result.err
 
 
-@pytest.mark.parametrize("device", sorted(p.stem for p in SPEC_DIR.glob("*.yaml")))
-def test_every_device_draws(tmp_path, device):
+# The figures' code is the same for every device: it is drawn end to end on one device of each
+# memory class and generation, and every device's roofline table is priced below.
+DRAWN = ("a100-sxm", "rtx-4090", "b200")
+
+
+@pytest.mark.parametrize("device", DRAWN)
+def test_a_device_of_each_kind_draws(tmp_path, device):
     assert run(main, ["--gpu", device, "--out", str(tmp_path), *SMALL]) == 0
     assert len(list(tmp_path.glob("*.png"))) == 4
     assert np.isfinite(read_table(tmp_path / "roofline.csv")["tflops"]).all()
+
+
+@pytest.mark.parametrize("device", sorted(p.stem for p in SPEC_DIR.glob("*.yaml")))
+def test_every_device_prices_its_roofline(device):
+    (view,) = resolve_devices([device])
+    model, dtype = load_model("llama-7b"), "fp16"
+    latency = view_latency(view, model, dtype)
+    grid = Grid(batches=(1, 16), seq_lens=(1024,), candidates=(1, 64))
+    table = predict_table(view.spec, model, dtype, grid, ops=DEFAULT_OPS, params=view.params, latency=latency)
+    assert len(table) and np.isfinite(table["tflops"]).all() and (table["time_s"] > 0).all()
