@@ -39,7 +39,6 @@ from perfmodel.planning.drafters import DRAFTERS, KIND_NAMES, drafters_for
 from perfmodel.planning.engine_export_common import drafter_weights
 from perfmodel.planning.engine_export_vllm import vllm_note
 from perfmodel.planning.engine_exports import ENGINES, check_engines, write_exports
-from perfmodel.planning.measured_chain import ChainAcceptance
 from perfmodel.planning.schedule import ScheduleRequest, check_request, schedule_deployment
 from perfmodel.planning.schedule_bands import DEFAULT_MAX_BATCH, default_batches
 from perfmodel.planning.schedule_format import (
@@ -234,13 +233,13 @@ def weights_arg(values: list[str] | None) -> str | dict[str, str] | None:
     return plain[0] if plain else named
 
 
-def plan_request(drafter: str, acceptance, position_rates=None) -> PlanRequest:
+def plan_request(drafter: str, acceptance, position_rates=None, draft_config=None) -> PlanRequest:
     """What --tp auto's capacity plan prices: the Medusa heads' acceptance setting, the one
     drafter's curve as python -m perfmodel.speedup hands it (the plan reads Medusa's settings
-    only), or a measured chain's over the chains it covers; drafters_for refuses another
-    drafter's record here, in one line."""
+    only), or the drafter's own measured chains (its steps and its memory, as the schedule
+    prices them); drafters_for refuses another drafter's record here, in one line."""
     if position_rates is not None:
-        return PlanRequest(acceptance=ChainAcceptance(tuple(position_rates)), sizes=range(1, len(position_rates) + 2))
+        return PlanRequest(drafter=drafter, position_rates=tuple(position_rates), draft_config=draft_config)
     first = drafters_for("all" if drafter == DrafterChoice.BEST else drafter, acceptance)[0]
     return PlanRequest(acceptance=first.choice if first.name == DrafterKind.MEDUSA else first.acceptance)
 
@@ -310,9 +309,6 @@ def main(argv: list[str] | None = None) -> int:
     (deployment,) = resolve(
         model, [view], DeploymentChoices(dtype=dtype, tensor_parallel=args.tp, latency=args.latency)
     )
-    if deployment.tp is None:  # auto: the capacity plan's degree
-        tp, _ = serving_plan(deployment, plan_request(args.drafter, args.acceptance_rates, args.position_rates))
-        deployment = deployment.at(tp)
     request = ScheduleRequest(
         args.acceptance_rates,
         args.batch or default_batches(args.max_batch),
@@ -324,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         draft_config=args.draft_config,
     )
     check_request(request)
+    if deployment.tp is None:  # auto: the capacity plan's degree
+        planned = plan_request(args.drafter, args.acceptance_rates, args.position_rates, args.draft_config)
+        deployment = deployment.at(serving_plan(deployment, planned)[0])
     # The folder of the exports is claimed before the schedule is worked out, and held to the
     # end: a second run into it is refused (perfmodel.base.output_locks.claimed_dir).
     with ExitStack() as held:

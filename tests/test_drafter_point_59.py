@@ -102,3 +102,15 @@ def test_a_rate_outside_0_to_1_is_a_usage_error(capsys):
         speedup(["--gpu", "h100", "--drafter", "eagle", "--position-rates", "0.6", "1.2"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and "must be a number from 0 to 1" in err
+
+
+def test_a_point_is_priced_at_a_degree_that_holds_the_model(capsys):
+    # a 13B model in fp16 is 26 GB: one 24 GB card does not hold it, so --tp 1 is refused naming
+    # a degree that does, and --tp auto prices the capacity plan's degree and says so
+    argv = ["--gpu", "rtx-4090", "--model", "llama-13b", "--drafter", "eagle"]
+    point = ["--chain", "3", "--acceleration", "2.8", "--step", "full"]
+    with pytest.raises(PerfkitError, match="--tp 2"):
+        speedup([*argv, *point, "--tp", "1"])
+    assert speedup([*argv, *point, "--tp", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "--tp auto chose 4" in out and "tensor parallel 4" in out

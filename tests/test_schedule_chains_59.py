@@ -152,8 +152,23 @@ def test_weights_for_a_drafter_that_loads_none_are_refused(tmp_path):
         schedule([*argv, "--engine", "json", "--out", str(tmp_path / "x")])
 
 
-def test_tp_auto_plans_over_the_chains_the_rates_cover():
+def test_tp_auto_plans_the_drafters_own_chains():
+    # --tp auto's degree comes from the capacity plan of the drafter the schedule runs (its
+    # chains' steps and its weights), not the Medusa heads' step at the chain's acceptance
+    from perfmodel.planning.capacity import plan_deployments
+    from perfmodel.planning.deployment import DeploymentChoices, resolve
     from perfmodel.schedule import plan_request
 
     request = plan_request("eagle3", None, (0.8, 0.6))
-    assert list(request.sizes) == [1, 2, 3] and request.acceptance(3) == pytest.approx(2.4)
+    assert (request.drafter, request.position_rates) == ("eagle3", (0.8, 0.6))
+    (deployment,) = resolve("llama-3-8b", ["h100-sxm"], DeploymentChoices(tensor_parallel=None))
+    result = plan_deployments(deployment, request)
+    assert result.drafter == "eagle3" and set(result.configs["tree_size"]) <= {1, 2, 3}
+
+
+def test_tp_auto_refuses_a_draft_models_plan_without_its_config(tmp_path):
+    from perfmodel.schedule import main as schedule
+
+    argv = ["--gpu", "h100", "--model", "llama-3-8b", "--tp", "auto", "--drafter", "draft", "--position-rates", "0.7"]
+    with pytest.raises(PerfkitError, match="give --draft-config"):
+        schedule([*argv, "--engine", "json", "--out", str(tmp_path / "x")])

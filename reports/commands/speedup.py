@@ -31,7 +31,7 @@ from perfmodel.latency.step import StepFlavor
 from perfmodel.measured.ngram_host import ngram_host_cost
 from perfmodel.models.config import ModelConfig, load_model
 from perfmodel.models.drafter_config import drafter_model
-from perfmodel.planning.capacity import PlanRequest, serving_plan
+from perfmodel.planning.capacity import PlanRequest
 from perfmodel.planning.chain_choice import best_chains, chain_lines
 from perfmodel.planning.deployment import DeploymentChoices, resolve
 from perfmodel.planning.drafter_choice import choice_lines
@@ -53,6 +53,7 @@ from reports.figure_cache import figure_cache
 from reports.metrics_rates import metrics_rates
 from reports.point_steps import point_steps
 from reports.render import Renderer
+from reports.speedup_degree import planned_deployment, point_plan_request
 from reports.speedup_figures import submit_speedup_figures
 
 
@@ -64,17 +65,6 @@ def build_parser() -> Parser:
     )
     add_options(p, SpeedupOptions)
     return p
-
-
-def tp_line(asked: int | None, tp: int) -> str:
-    """Which tensor-parallel degree the numbers are of, and who chose it."""
-    split = f"{tp} devices per replica, each running 1/{tp} of the query heads and MLP, 2 all-reduces per layer"
-    if asked is None:
-        return (
-            f"  tensor parallel: --tp auto chose {tp} (the capacity plan's choice: the most tokens/s per device "
-            f"among the degrees that fit); " + (split if tp > 1 else "one device")
-        )
-    return f"  tensor parallel: {split}"
 
 
 def drafting_on(drafter: Drafter, own, choices: DeploymentChoices, device, args, flavors, host) -> Drafter:
@@ -92,8 +82,9 @@ def answer_best_chain(args, model, devices, flavors, drafter: Drafter, own: Mode
     frames = []
     for device in devices:
         dtype = args.dtype or default_dtype("cpu" if device.is_cpu else "cuda")
-        choices = DeploymentChoices(dtype, args.tp or 1, args.latency)
-        (deployment,) = resolve(model, [device], choices)
+        request = point_plan_request(drafter.name, args.position_rates, args.draft_config)
+        deployment, split = planned_deployment(model, device, DeploymentChoices(dtype, args.tp, args.latency), request)
+        choices = DeploymentChoices(dtype, deployment.tp, args.latency)
         steps = point_steps(deployment, flavors)
         here = drafting_on(drafter, own, choices, device, args, flavors, None)
         rows = best_chains(steps, here, args.position_rates, args.context)
@@ -102,6 +93,8 @@ def answer_best_chain(args, model, devices, flavors, drafter: Drafter, own: Mode
             f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted, context {args.context}, "
             f"{drafter.name}'s best chain per batch from its per-position acceptance {rates}"
         )
+        for line in split:
+            print(line)
         print(f"  latency: {rows['latency_model'].iloc[0]}")
         for line in chain_lines(rows):
             print(line)
@@ -140,8 +133,9 @@ def answer_point(args, model, devices, flavors, drafter: Drafter, own: ModelConf
     for device in devices:
         dtype = args.dtype or default_dtype("cpu" if device.is_cpu else "cuda")
         device.spec.peak_flops(dtype)
-        tp = args.tp or 1
-        (deployment,) = resolve(model, [device], DeploymentChoices(dtype, tp, args.latency))
+        request = point_plan_request(drafter.name, args.position_rates, args.draft_config)
+        deployment, split = planned_deployment(model, device, DeploymentChoices(dtype, args.tp, args.latency), request)
+        tp = deployment.tp
         steps = point_steps(deployment, flavors, args.cuda_graph, args.launch, host)
         here = drafting_on(drafter, own, DeploymentChoices(dtype, tp, args.latency), device, args, flavors, host)
         if medusa:  # the heads draft inside the step: one step of the tree's size
@@ -158,6 +152,8 @@ def answer_point(args, model, devices, flavors, drafter: Drafter, own: ModelConf
             f"{args.context}, {what} at acceleration {args.acceleration:g}"
             + (f", tensor parallel {tp}" if tp > 1 else "")
         )
+        for line in split:
+            print(line)
         print(f"  latency: {rows['latency_model'].iloc[0]}")
         for line in point_lines(steps, rows) if medusa else drafter_point_lines(rows):
             print(line)
@@ -271,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
             device.spec.peak_flops(dtype)  # one clear line when the device lacks the dtype
             try:
                 choices = DeploymentChoices(dtype=dtype, tensor_parallel=args.tp, latency=args.latency, tracer=tracer)
-                deployment = resolve(model, [device], choices)[0]
-                tp, planned_here = serving_plan(deployment, PlanRequest(acceptance=drafters[0].acceptance))
+                request = PlanRequest(acceptance=drafters[0].acceptance)
+                deployment, split = planned_deployment(model, device, choices, request)
+                tp = deployment.tp
             except PerfkitError as exc:  # another --tp would hold the model: with --all, one device less
                 if not args.all:
                     raise
@@ -284,11 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             if root not in claimed:
                 held.enter_context(claimed_dir(root))
                 claimed.add(root)
-            deployment = deployment.at(tp)
             table = device_table(deployment, flavors, drafters)
-            split = [tp_line(args.tp, tp)] if args.tp is None or tp > 1 else []
-            if isinstance(planned_here, str):  # nothing to advise: say so above steps priced as if it fitted
-                split.append(f"  note: {planned_here}; the speedups below time its steps as if it fitted")
             compared = []
             # one drafter's optima against the datasheet's; the three drafters' would bury the choice
             if (
