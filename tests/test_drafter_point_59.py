@@ -69,6 +69,8 @@ def test_the_command_answers_for_eagle_with_drafting_and_verification_apart(tmp_
     assert speedup([*args, "--acceleration", "3.6", "--batch", "1", "--step", "full", "--csv", str(csv)]) == 0
     out = capsys.readouterr().out
     assert "eagle drafting a 26-token tree" in out and "= drafting " in out and "+ verification " in out
+    # the engine's sampler and host work are not in the full step: the answer says so above it
+    assert out.index("full leaves out: the sampler (a rejection sampler") < out.index("full: plain step")
     rows = pd.read_csv(csv)
     assert list(rows[["drafter", "tokens_verified", "source"]].iloc[0]) == ["eagle", 26, "predicted"]
     with pytest.raises(PerfkitError, match="--drafter all: one point is priced for one drafter"):

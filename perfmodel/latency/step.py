@@ -51,6 +51,15 @@ class StepFlavor(StrEnum):
 
 FLAVORS = (StepFlavor.PAPER, StepFlavor.FULL, StepFlavor.REFERENCE)  # what StepModel prices
 
+# What the full step (an engine's kernels, its CUDA-graph replays) leaves out, said above every
+# point answer that prices it: both sides of its speedup lack them, the speculative step more of them.
+FULL_STEP_LEAVES_OUT = (
+    "  full leaves out: the sampler (a rejection sampler over every verified token when speculating) and the "
+    "engine's per-iteration host work outside its CUDA graphs, for the plain and the speculative step alike: no GPU "
+    "engine's speculative step has been measured here to price them (python -m perfmodel.published_check: what the "
+    "published engine rows imply beyond the step)"
+)
+
 
 class LatencySource(Protocol):
     def op_time(self, op: str, phase: str, batch, seq_len, candidates) -> np.ndarray: ...

@@ -29,6 +29,7 @@ from perfmodel.base.drafter_kind import CHAIN_DRAFTERS, FEATURE_DRAFTERS, Drafte
 from perfmodel.base.errors import PerfkitError
 from perfmodel.latency.draft_weights import DraftWeights
 from perfmodel.latency.eagle import EAGLE2_SHAPE, DraftShape, StaticTreeDraft
+from perfmodel.latency.step import FULL_STEP_LEAVES_OUT, StepFlavor
 from perfmodel.latency.step_cost import StepCost
 from perfmodel.latency.tensor_parallel import TensorParallelStep
 from perfmodel.measured.ngram_host import NgramHostCost
@@ -254,8 +255,10 @@ def passes_words(drafter: str, passes: int) -> str:
 
 def drafter_point_lines(rows: pd.DataFrame) -> list[str]:
     """What a person reads: per flavour the plain step, drafting and verification apart, the
-    overhead, the speedup and the time per token."""
-    return [
+    overhead, the speedup and the time per token; first, where a full step is priced, what it
+    leaves out."""
+    unpriced = [FULL_STEP_LEAVES_OUT] if (rows["step"] == StepFlavor.FULL).any() else []
+    return unpriced + [
         f"  {r.step}: plain step {r.plain_step_ms:.3f} ms; {r.drafter} step {r.step_ms:.3f} ms = drafting "
         f"{r.draft_ms:.3f} ms ({passes_words(r.drafter, r.draft_passes)}) + verification {r.verify_ms:.3f} ms "
         f"({r.tokens_verified} "

@@ -16,7 +16,7 @@ from perfmodel.acceptance.trees import most_tokens_per_step
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.latency.kinds import kernel_rows
-from perfmodel.latency.step import step_inventory
+from perfmodel.latency.step import FULL_STEP_LEAVES_OUT, StepFlavor, step_inventory
 from perfmodel.latency.traced import kind_shares
 from perfmodel.latency.traced_step import TracedStep
 
@@ -114,8 +114,9 @@ def step_point(steps: dict, batch: int, context: int, tree_size: int, accelerati
 def point_lines(steps: dict, rows: pd.DataFrame) -> list[str]:
     """What a person reads: per flavour the two steps, overhead and speedup; for a traced
     step, how its kernels are launched (eager or a CUDA graph, and the cost of each) and the
-    share of each step's time each kernel class takes."""
-    lines = []
+    share of each step's time each kernel class takes; first, where a full step is priced, what
+    it leaves out."""
+    lines = [FULL_STEP_LEAVES_OUT] if (rows["step"] == StepFlavor.FULL).any() else []
     for r in rows.itertuples():
         lines.append(
             f"  {r.step}: plain step {r.plain_step_ms:.3f} ms ({r.plain_kernels} kernels), Medusa step "
