@@ -29,7 +29,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.output_locks import claimed_dir
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, pricing_options, run, token_count, workload_options
-from perfmodel.cli.fields import add_options, option, read_options, shared
+from perfmodel.cli.fields import add_options, along, option, read_options, shared
 from perfmodel.latency.choice import LatencyChoice
 from perfmodel.measured.device_view import resolve_devices
 from perfmodel.models.config import load_model
@@ -63,6 +63,8 @@ class ScheduleOptions:
     gpu: str | None = field(default=None, metadata=shared(options.gpu, exclusive=("device", True)))
     spec: Path | None = field(default=None, metadata=shared(options.spec, exclusive=("device", True)))
     dtype: str | None = field(default=None, metadata=shared(options.dtype))
+    weight_format: str | None = field(default=None, metadata=shared(options.precision))
+    kv_cache_dtype: str | None = field(default=None, metadata=along("weight_format"))
     tp: int | None = field(default=1, metadata=shared(pricing_options.tp))
     acceptance_rates: str | None = field(default=None, metadata=shared(options.acceptance_rates))
     latency: str | LatencyChoice = field(default="auto", metadata=shared(pricing_options.latency))  # parsed: a choice
@@ -301,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     # The closed loops given are read first: a missing or malformed one is one line before any
     # work, not an error after the exports are written.
     given = read_closed_loops(args.closed_loop) if args.closed_loop else None
-    model = load_model(args.model)
+    model = load_model(args.model).as_served(args.weight_format, args.kv_cache_dtype)
     # notes (a stored CPU standing in for this one) go to stderr: --json keeps stdout JSON
     view = resolve_devices([args.spec or args.gpu], log=lambda line: print(line, file=sys.stderr))[0]
     dtype = args.dtype or default_dtype(view)

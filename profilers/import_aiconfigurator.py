@@ -2,6 +2,7 @@
 toolkit uses (perfmodel.measured.aiconfigurator says what becomes a row) into
 
     <out>/<device>/aiconfigurator/<engine>-<version>/{gemm,generation_attention,context_attention,custom_all_reduce}.parquet
+    <out>/<device>/aiconfigurator/<engine>-<version>/{gemm_quantized,generation_attention_fp8_kv,context_attention_fp8_kv}.parquet
     <out>/<device>/aiconfigurator/nccl-<version>/{all_reduce,all_gather}.parquet
 
 beside a provenance.json per folder. The tables come from the installed package

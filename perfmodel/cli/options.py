@@ -11,6 +11,7 @@ Flags with one meaning each:
   --gpu NAME             a device spec by name or alias, or cpu     --spec FILE  a spec file
   --device cpu|cuda      a torch device
   --dtype                the data type, default fp16 on a GPU and fp32 on a CPU
+  --weight-format, --kv-cache-dtype   the linear weights' and the KV cache's formats (fp8, fp8-block, nvfp4)
   --acceptance           the decoder's verification scheme (greedy, typical, ...)
   --acceptance-rates     the performance model's acceptance rates (paper, paper-ln, eagle, a record)
   --drafter              who drafts the speculative tree: Medusa heads, EAGLE, a draft model, all (best)
@@ -34,6 +35,7 @@ from perfmodel.base.dtypes import DTYPES
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
 from perfmodel.base.outputs import preflight
+from perfmodel.base.precision import KV_CHOICES, WEIGHT_CHOICES
 from perfmodel.cli.parser import batch_size, job_count, number_in, token_count
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.models.config import PRESETS
@@ -139,6 +141,22 @@ def dtype(
     device, which is known only once the device is resolved; `default_said` is that rule
     in words where the command's differs."""
     target.add_argument("--dtype", help=f"one of {', '.join(allowed)} (default: {default_said})")
+
+
+def precision(target: Target) -> None:
+    """--weight-format and --kv-cache-dtype: the formats a model is served in
+    (perfmodel.base.precision), where they are not what its checkpoint declares. None when not
+    given: the checkpoint's. (--weights is the performance twin's real or dummy weights.)"""
+    declared = "default: what the checkpoint declares in its quantization_config or hf_quant_config.json, else 16 bits"
+    target.add_argument(
+        "--weight-format",
+        choices=WEIGHT_CHOICES,
+        help="the decoder layers' linear weights: fp8 (per tensor), fp8-block (128 x 128 scales), nvfp4 "
+        f"(Blackwell), or bf16/fp16 (unquantized; {declared})",
+    )
+    target.add_argument(
+        "--kv-cache-dtype", choices=KV_CHOICES, help=f"the KV cache: fp8, or bf16/fp16 (the dtype's; {declared})"
+    )
 
 
 # How --help describes each scheme decoder.acceptance knows; a scheme not listed is named as is.

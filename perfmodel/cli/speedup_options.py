@@ -37,6 +37,8 @@ class SpeedupOptions:
     spec: list[Path] | None = field(default=None, metadata=shared(options.spec, exclusive=DEVICE, many=True))
     model: str = field(default="llama-7b", metadata=shared(options.model))
     dtype: str | None = field(default=None, metadata=shared(options.dtype))
+    weight_format: str | None = field(default=None, metadata=shared(options.precision))
+    kv_cache_dtype: str | None = field(default=None, metadata=along("weight_format"))
     step: str = field(
         default="both",
         metadata=shared(options.step, choices=("paper", "full", "traced", "both", "all"), default="both"),

@@ -87,18 +87,21 @@ import pandas as pd
 from perfmodel.base.dtypes import check_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.outputs import write_csv
+from perfmodel.base.precision import KvFormat
 from perfmodel.base.stacks import SERVING_ENGINES
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.latency.attention_grid import HEAD_DIM, SWITCH, KernelTable, attention_floor
 from perfmodel.latency.roofline import op_time
-from perfmodel.measured.aiconfigurator import ShippedStack, contract_rows, version_key
+from perfmodel.measured.aiconfigurator import FP8_KV_SUFFIX, ShippedStack, contract_rows, version_key
 from perfmodel.measured.contract import COLUMNS
 from perfmodel.measured.evidence import DeviceEvidence, as_evidence, device_evidence
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.operators import ATTENTION_OPS, Phase, check_point, op_kernels
 
 TABLES = {"decode": "generation_attention", "prefill": "context_attention"}
+# The same kernels over an fp8 KV cache (perfmodel.base.precision.KvFormat), queries in 16 bits.
+FP8_KV_TABLES = {phase: name + FP8_KV_SUFFIX for phase, name in TABLES.items()}
 PHASES = (Phase.DECODE, Phase.TREE, Phase.PREFILL)
 OPS = (*ATTENTION_OPS, "sdpa")
 # Without a stack named: vLLM first (the harness the issue compares with Vidur's profiles,
@@ -129,6 +132,7 @@ class AttentionTable:
     prefill: KernelTable | None = field(repr=False)  # None: the stack timed no prefill (in this dtype)
     # A torch stack's measured tree steps, one table per tree size (ascending); engines' stacks have none
     tree: tuple[KernelTable, ...] = field(default=(), repr=False)
+    kv_cache: KvFormat | None = None  # the KV cache's format where it is not the dtype (an fp8 cache)
     # Points already priced: a traced step asks for the same attention in every layer, and a
     # drafter's passes and verifications for the same shapes again (pure in its arguments).
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -141,6 +145,7 @@ class AttentionTable:
     def label(self) -> str:
         system = self.source.provenance.get("system", self.device)
         served = f", {self.table_dtype} tables serving {self.dtype}" if self.dtype != self.table_dtype else ""
+        served += f", over an {self.kv_cache} KV cache" if self.kv_cache else ""
         tables = tuple(t for t in (self.decode, self.prefill, *self.tree) if t is not None)
         clamped = sum(t.clamped for t in tables)
         floor = (
@@ -187,7 +192,7 @@ class AttentionTable:
         if phase not in PHASES:
             raise PerfkitError(f"unknown phase {phase!r}; choose from: {', '.join(PHASES)}")
         b, s, q, h, kv = self._args(heads, kv_heads, head_dim, batch=batch, seq_len=seq_len, candidates=candidates)
-        floor = attention_floor(phase, h, kv, b, s, self.decode.spec, self.table_dtype, q)
+        floor = attention_floor(phase, h, kv, b, s, self.decode.spec, self.decode.dtype, q)
         if phase in (Phase.PREFILL, Phase.DECODE):
             seconds, outside = self.kernels(phase).predict(b, s, h, kv)
             return np.maximum(seconds, floor), outside
@@ -268,9 +273,9 @@ def attention_op_time(
     return fused * np.asarray((qk if op == "qk" else pv) / (qk + pv), dtype=float)
 
 
-def _attention_stacks(evidence: DeviceEvidence) -> list[ShippedStack]:
+def _attention_stacks(evidence: DeviceEvidence, names: dict[str, str] = TABLES) -> list[ShippedStack]:
     """The device's stacks with decode attention tables (prefill ones are optional: module doc)."""
-    found = evidence.with_table(TABLES["decode"])
+    found = evidence.with_table(names["decode"])
     rank = {engine: i for i, engine in enumerate(ENGINE_ORDER)}
     return sorted(found, key=lambda s: (rank.get(s.engine, len(rank)), s.engine, version_key(s.version)))
 
@@ -300,13 +305,13 @@ def _pick(stacks: list[ShippedStack], stack_name: str | None, device: str) -> Sh
 
 
 def attention_table(
-    device: str | DeviceEvidence, stack_name: str | None = None, dtype: str = "bf16"
+    device: str | DeviceEvidence, stack_name: str | None = None, dtype: str = "bf16", kv_cache: KvFormat | None = None
 ) -> AttentionTable | None:
     """The measured attention of a device (its evidence, or a spec key or alias) in one stack:
     an engine (vllm, sglang, trtllm: its newest version), engine-version (vllm-0.24.0), or
     None for the first of ENGINE_ORDER the device has; built once per evidence. None where the
     device has no shipped attention tables (a device hw_specs does not hold, a CPU) or none in
-    (or standing for) `dtype`."""
+    (or standing for) `dtype`, or, for an fp8 KV cache (`kv_cache`), none over one."""
     check_dtype(dtype)
     if not isinstance(device, DeviceEvidence):
         try:
@@ -314,16 +319,20 @@ def attention_table(
         except PerfkitError:
             return None
     evidence = device
-    return evidence.derived(("attention", stack_name, dtype), lambda: _attention_table(evidence, stack_name, dtype))
+    key = ("attention", stack_name, dtype) + ((kv_cache,) if kv_cache else ())
+    return evidence.derived(key, lambda: _attention_table(evidence, stack_name, dtype, kv_cache))
 
 
-def _attention_table(evidence: DeviceEvidence, stack_name: str | None, dtype: str) -> AttentionTable | None:
-    stacks = _attention_stacks(evidence)
+def _attention_table(
+    evidence: DeviceEvidence, stack_name: str | None, dtype: str, kv_cache: KvFormat | None = None
+) -> AttentionTable | None:
+    names = FP8_KV_TABLES if kv_cache else TABLES
+    stacks = _attention_stacks(evidence, names)
     if not stacks:
         return None
     spec = evidence.spec
     stack = _pick(stacks, stack_name, spec.key)
-    frames = {phase: stack.table(name) for phase, name in TABLES.items() if stack.has(name)}
+    frames = {phase: stack.table(name) for phase, name in names.items() if stack.has(name)}
     have = set(frames["decode"]["dtype"])
     table_dtype = dtype if dtype in have else SUBSTITUTES.get(dtype)
     if table_dtype not in have:
@@ -331,16 +340,19 @@ def _attention_table(evidence: DeviceEvidence, stack_name: str | None, dtype: st
     frames = {phase: f[(f["dtype"] == table_dtype) & (f["head_dim"] == HEAD_DIM)] for phase, f in frames.items()}
     frames = {phase: f for phase, f in frames.items() if len(f)}  # a stack may time no prefill (module doc)
     sources = tuple(sorted(set().union(*(f["kernel_source"] for f in frames.values()))))
-    kernels = {phase: KernelTable.of(f, phase, spec, table_dtype) for phase, f in frames.items()}
+    # an fp8 cache is read at a byte an element: its floor (and roofline beyond the table) is fp8's
+    # where the device has an fp8 peak, else the 16-bit one, which can only raise a time
+    bound = "fp8" if kv_cache and "fp8" in spec.peak_tflops else table_dtype
+    kernels = {phase: KernelTable.of(f, phase, spec, bound) for phase, f in frames.items()}
     tree = ()
-    if stack.has("tree_attention"):
+    if stack.has("tree_attention") and not kv_cache:
         rows = stack.table("tree_attention")
         rows = rows[(rows["dtype"] == table_dtype) & (rows["head_dim"] == HEAD_DIM)]
         tree = tuple(KernelTable.of(part, "tree", spec, table_dtype, int(q)) for q, part in rows.groupby("q_len"))
     decode, prefill = kernels.get("decode"), kernels.get("prefill")
     if decode is None:  # the decode table holds other head sizes only
         return None
-    return AttentionTable(spec.key, stack, dtype, table_dtype, sources, decode, prefill, tree)
+    return AttentionTable(spec.key, stack, dtype, table_dtype, sources, decode, prefill, tree, kv_cache)
 
 
 def measured_attention_rows(

@@ -65,8 +65,10 @@ class GemmGrid:
     filled: int = 0  # grid points not measured, filled from their neighbours
 
     @classmethod
-    def of(cls, stack: ShippedStack, dtype: str) -> GemmGrid:
-        table = stack.table("gemm")
+    def of(cls, stack: ShippedStack, dtype: str, table: str = "gemm") -> GemmGrid:
+        """The grid of `dtype`'s rows in the stack's `table` (gemm; gemm_quantized for a
+        quantized weight format's), all its rows where it holds none of that dtype."""
+        table = stack.table(table)
         table = table[table["dtype"] == dtype] if (table["dtype"] == dtype).any() else table
         if not len(table):
             raise PerfkitError(f"{stack.folder}: no GEMM rows")

@@ -20,6 +20,7 @@ from perfmodel.latency.attention_table import AttentionTable, attention_op_time
 from perfmodel.latency.choice import LatencyMode
 from perfmodel.latency.gemm_grid import GemmGrid
 from perfmodel.latency.gemm_table import GemmTable
+from perfmodel.latency.quantized import QUANTIZED_OPS, QuantizedGemms
 from perfmodel.latency.roofline import RooflineLatency, speed_of_light
 from perfmodel.latency.transfer import TransferredGemm
 from perfmodel.models.config import ModelConfig
@@ -47,6 +48,8 @@ class LatencyModel:
     # Why a measured device is priced without its measurements (none in this dtype): the label
     # says so first, so an fp8 answer on an H100 is not read as resting on its bf16 tables.
     unmeasured: str | None = None
+    # The decoder layers' GEMMs of a model with quantized weights (perfmodel.latency.quantized)
+    quantized: QuantizedGemms | None = None
 
     def __post_init__(self) -> None:
         self.mode = LatencyMode(self.mode)
@@ -55,7 +58,8 @@ class LatencyModel:
     @property
     def label(self) -> str:
         attention = self.attention_label
-        return self.gemm_label + (f"; attention: {attention}" if attention else "")
+        quantized = f"; {self.quantized.label}" if self.quantized else ""
+        return self.gemm_label + quantized + (f"; attention: {attention}" if attention else "")
 
     @property
     def attention_label(self) -> str | None:
@@ -83,6 +87,8 @@ class LatencyModel:
         datasheet."""
         if op not in (*LINEAR_OPS, "medusa_heads"):
             return LatencyMode.DATASHEET
+        if self.quantized is not None and op in QUANTIZED_OPS:  # the format's own grid (its label says whose)
+            return LatencyMode.GRID if self.quantized.grid is not None else LatencyMode.DATASHEET
         if self.mode in (LatencyMode.GRID, LatencyMode.TRANSFERRED):
             return self.mode
         if self.table is None:
@@ -118,6 +124,8 @@ class LatencyModel:
             if measured is not None:
                 return measured
         kernels = op_kernels(op, phase, self.model, np.asarray(batch), np.asarray(seq_len), np.asarray(candidates))
+        if self.quantized is not None and op in QUANTIZED_OPS:
+            return np.asarray(sum(self.quantized.time(k) for k in kernels), dtype=float)
         if (self.table is not None or self.grid is not None) and op in WEIGHT_OPS:
             return np.asarray(sum(self.gemm_time(k) for k in kernels), dtype=float)
         if self.elementwise is not None and op in STEP_OPS and op in set(self.elementwise["op"]):

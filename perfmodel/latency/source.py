@@ -50,9 +50,11 @@ import pandas as pd
 
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.precision import check_runs_on
 from perfmodel.base.stacks import SERVING_ENGINES, Engine, engine_of
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec, load_all_specs
+from perfmodel.latency.attention_grid import HEAD_DIM
 from perfmodel.latency.attention_table import attention_table
 from perfmodel.latency.choice import LatencyChoice, LatencyMode, LatencySetting
 from perfmodel.latency.gemm_grid import (
@@ -76,6 +78,7 @@ from perfmodel.latency.gemm_table import (
     stored_calibration,
 )
 from perfmodel.latency.latency_model import LatencyModel
+from perfmodel.latency.quantized import QuantizedGemms
 from perfmodel.latency.transfer import transferred_gemm
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.measured.evidence import DeviceEvidence, as_evidence, device_evidence
@@ -220,6 +223,13 @@ def latency_source(
         measurements,
         params or RooflineParams(),
     )
+    check_runs_on(request.model.weights, request.spec)
+    return in_precision(sixteen_bit_source(request), request)
+
+
+def sixteen_bit_source(request: SourceRequest) -> LatencyModel:
+    """The source as the model's 16-bit layers are priced (see latency_source)."""
+    evidence = request.evidence
     if request.setting == LatencySetting.DATASHEET:
         return request.datasheet()
     if request.given:
@@ -236,6 +246,28 @@ def latency_source(
         f"no {request.dtype} measurements of {evidence.key} (its {stacks} measured stack(s) time other dtypes)"
     )
     return fallback
+
+
+def in_precision(source: LatencyModel, request: SourceRequest) -> LatencyModel:
+    """`source` with the model's quantized layers priced as their format runs them
+    (perfmodel.latency.quantized) and its attention over an fp8 KV cache from the tables that
+    measured one; one line where the device has none (an fp8 cache read at 16 bits would be
+    priced at twice its bytes)."""
+    model = request.model
+    if model.weights is not None:
+        source.quantized = QuantizedGemms.of(request.evidence, source.stack, model, source.params)
+    if model.kv_cache is not None:
+        stack = source.attention.stack if source.attention is not None else None
+        attention = attention_table(request.evidence, stack, request.dtype, model.kv_cache)
+        attention = attention or attention_table(request.evidence, None, request.dtype, model.kv_cache)
+        if attention is None or model.head_dim != HEAD_DIM:
+            raise PerfkitError(
+                f"kv cache {model.kv_cache}: no attention over an {model.kv_cache} KV cache of head size "
+                f"{model.head_dim} is measured on {request.spec.key}; measured (head size {HEAD_DIM}) on: "
+                f"{', '.join(kv_measured_devices(model.kv_cache)) or 'none'}"
+            )
+        source.attention = attention
+    return source
 
 
 # ----------------------------------------------------------------------------- unmeasured devices
@@ -317,6 +349,11 @@ def grid_params(grid: GemmGrid, spec: HardwareSpec) -> RooflineParams:
     return fit_params(gemms, spec, grid.dtype)
 
 
+def kv_measured_devices(kv_cache) -> list[str]:
+    """Every device with measured attention over a KV cache of that format."""
+    return [key for key in sorted(load_all_specs()) if attention_table(key, None, "bf16", kv_cache) is not None]
+
+
 def measured_devices() -> list[str]:
     """Every device with GEMM measurements of some stack (per-model profiles or a grid)."""
     return [key for key, spec in sorted(load_all_specs().items()) if stack_names(device_evidence(spec))]
@@ -346,6 +383,11 @@ def view_latency(
     if not view.is_cpu:
         measured = view.measured if view.measured is not None and len(view.measured) else None
         return latency_source(view.evidence, model, dtype, choice, measured, view.params)
+    if model.weights is not None or model.kv_cache is not None:
+        raise PerfkitError(
+            f"{view.spec.key} is priced in 16 and 32 bits from its measured ceilings; {model.name}'s {model.precision} "
+            "are priced on GPUs whose engines measured them"
+        )
     if choice.setting in (LatencySetting.AUTO, LatencySetting.DATASHEET):
         return LatencyModel(view.spec, model, dtype, "datasheet", params=view.params)
     if view.measured is None or not len(view.measured):

@@ -6,17 +6,28 @@ inside serving engines: `systems/data/<system>/<kind>/<engine>/<version>/`, each
 a `collection_meta.yaml` naming the runtime and one or more parquet tables, latencies in
 milliseconds. `profilers.imports aiconfigurator` keeps the part the toolkit uses, compact
 (`aiconfigurator_package.compact_tables`), under `profilers/measurements/<device>/aiconfigurator/<stack>/` with a
-provenance.json; everything else here reads those files and needs no package.
+provenance.json (its `tables` names the package folder of each table, the quantized ones
+too); everything else here reads those files and needs no package.
 
-What is kept (16-bit only; times in seconds to 6 significant digits):
-- `gemm.parquet` (from `gemm_perf`): m (token rows), n, k (the weight), dtype,
+What is kept (times in seconds to 6 significant digits; 16-bit rows in the tables the
+latency layer reads, quantized ones in tables of their own names, so no 16-bit answer moves):
+- `gemm.parquet` (from `gemm_perf`, bf16/fp16): m (token rows), n, k (the weight), dtype,
   kernel_source, time_s: the device-wide GEMM grid.
+- `gemm_quantized.parquet` (from `gemm_perf`): the same columns for the quantized GEMMs,
+  dtype fp8 (W8A8, per-tensor scales), fp8-block (W8A8, 128x128 block scales) or nvfp4 (W4A4,
+  Blackwell only: B200, GB200, B300, GB300, RTX PRO 6000); the package's weight-only and
+  SmoothQuant rows (int8_wo, int4_wo, sq) and any other dtype are left out. A device or
+  engine the package timed in none of the three (the A100's) has no such table.
 - `generation_attention.parquet` (decode): batch, kv_len (isl + step: the prompt and the
   tokens generated so far), num_heads, num_kv_heads, head_dim, dtype, kernel_source, time_s.
   One query token per sequence.
 - `context_attention.parquet` (prefill): the same columns with kv_len = isl, the queries.
   Attention rows keep head size 128 (every model preset's), a KV cache in the attention's own
   dtype and no sliding window.
+- `generation_attention_fp8_kv.parquet`, `context_attention_fp8_kv.parquet`: the same columns
+  and filters, for 16-bit attention over an fp8 KV cache; `dtype` is the attention's (bf16),
+  the cache's is the table's name. fp8 attention compute (SGLang's and TRT-LLM's fp8 context
+  kernels) is left out.
 - `all_reduce.parquet` (from `nccl_perf`, fp16): the all-reduce table format of
   perfmodel.measured.vidur (topology, num_workers, devices_per_node, bytes, time_s, noise,
   run_id). `message_size` counts elements, not bytes: aiconfigurator sizes an all-reduce as
@@ -31,8 +42,9 @@ What is kept (16-bit only; times in seconds to 6 significant digits):
   the newest the package has of that engine at or below the stack's version (the L40S's
   vLLM 0.24.0 stack takes vLLM 0.22.0's all-reduce): provenance.json names the version.
 
-`contract_rows` turns a kept table back into data-contract rows (op `gemm` or `sdpa`); every
-row's run_id names the package version, system, stack, table and kernel source: which
+`contract_rows` turns a kept 16-bit table (CONTRACT_TABLES) back into data-contract rows (op
+`gemm` or `sdpa`; its bytes count 16-bit operands and cache, so the quantized tables are
+refused, not mispriced); every row's run_id names the package version, system, stack, table and kernel source: which
 software stack measured a number is part of its provenance.
 """
 
@@ -49,6 +61,7 @@ import pandas as pd
 
 from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.precision import KvFormat, WeightFormat
 from perfmodel.base.stacks import Engine
 from perfmodel.measured.contract import COLUMNS, significant
 from perfmodel.measured.store import measurement_roots
@@ -68,8 +81,18 @@ SYSTEMS = {
     "gb300": "gb300",
     "rtx_pro_6000_server": "rtx-pro-6000",
 }
-# aiconfigurator's dtype names -> the toolkit's; only 16-bit linear and attention are kept.
+# aiconfigurator's dtype names -> the toolkit's: the 16-bit linear and attention rows.
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+# Its quantized GEMM dtypes kept (W8A8 per-tensor, W8A8 128x128 block-scaled, W4A4 NVFP4),
+# in their own table so a 16-bit reader never meets them; the weight-only and SmoothQuant
+# kernels (int8_wo, int4_wo, sq: the A100's TRT-LLM) price no model the toolkit serves.
+# Named as perfmodel.base.precision names the formats, so a model's format finds its rows.
+FORMATS = {"fp8": WeightFormat.FP8, "fp8_block": WeightFormat.FP8_BLOCK, "nvfp4": WeightFormat.NVFP4}
+QUANTIZED_DTYPES = {package: str(fmt) for package, fmt in FORMATS.items()}
+QUANTIZED_GEMM = "gemm_quantized"
+# The one quantized KV cache kept: fp8 under 16-bit attention, in tables named <table>_fp8_kv.
+FP8_KV = str(KvFormat.FP8)
+FP8_KV_SUFFIX = f"_{FP8_KV}_kv"
 KINDS = {
     "gemm": ("gemm_perf",),
     "attention": ("generation_attention_perf", "context_attention_perf"),
@@ -83,13 +106,20 @@ GEMM_COLUMNS = ["m", "n", "k", "dtype", "kernel_source", "time_s"]
 ATTENTION_COLUMNS = ["batch", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype", "kernel_source", "time_s"]
 TABLE_COLUMNS = {
     "gemm": GEMM_COLUMNS,
+    QUANTIZED_GEMM: GEMM_COLUMNS,
     "generation_attention": ATTENTION_COLUMNS,
     "context_attention": ATTENTION_COLUMNS,
+    "generation_attention" + FP8_KV_SUFFIX: ATTENTION_COLUMNS,
+    "context_attention" + FP8_KV_SUFFIX: ATTENTION_COLUMNS,
     "tree_attention": ["q_len", *ATTENTION_COLUMNS],  # a torch stack's only (profilers.campaign_stack)
     "all_reduce": ALL_REDUCE_COLUMNS,
     "all_gather": ALL_REDUCE_COLUMNS,
     "custom_all_reduce": ALL_REDUCE_COLUMNS,
 }
+# The tables of quantized rows, beside the 16-bit ones (the module doc).
+QUANTIZED_TABLES = (QUANTIZED_GEMM, "generation_attention" + FP8_KV_SUFFIX, "context_attention" + FP8_KV_SUFFIX)
+# The tables contract_rows reads: 16-bit operands and KV cache (the module doc).
+CONTRACT_TABLES = ("gemm", "generation_attention", "context_attention")
 FOLDER = "aiconfigurator"
 # This project's own GPU campaigns, kept in the same table format as a stack named
 # torch-<version> (profilers.campaign_stack): the reference decoder's kernels.
@@ -228,6 +258,8 @@ def contract_rows(stack: ShippedStack, table: str) -> pd.DataFrame:
     Attention: op `sdpa`, phase decode (one query token) or prefill (kv_len queries), seq_len =
     kv_len; flops count QK^T and PV over every (query, key) pair; bytes read Q, K and V once
     and write the output."""
+    if table not in CONTRACT_TABLES:
+        raise PerfkitError(f"{stack.folder}: {table} is not one of the 16-bit tables ({', '.join(CONTRACT_TABLES)})")
     frame = stack.table(table)
     size = frame["dtype"].map(element_bytes).to_numpy()
     if table == "gemm":

@@ -14,7 +14,19 @@ import yaml
 
 from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
-from perfmodel.measured.aiconfigurator import ATTENTION_COLUMNS, DTYPES, HEAD_DIMS, KINDS, NCCL_OPS, run_id, version_key
+from perfmodel.measured.aiconfigurator import (
+    ATTENTION_COLUMNS,
+    DTYPES,
+    FP8_KV,
+    FP8_KV_SUFFIX,
+    HEAD_DIMS,
+    KINDS,
+    NCCL_OPS,
+    QUANTIZED_DTYPES,
+    QUANTIZED_GEMM,
+    run_id,
+    version_key,
+)
 from perfmodel.measured.contract import significant
 from perfmodel.models.operators import Phase
 
@@ -112,14 +124,16 @@ def seconds(latency_ms) -> np.ndarray:
     return significant(np.asarray(latency_ms, dtype=float) / 1e3)
 
 
-def compact_gemm(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame[frame["gemm_dtype"].isin(DTYPES)]
+def compact_gemm(frame: pd.DataFrame, dtypes: dict[str, str] = DTYPES) -> pd.DataFrame:
+    """The GEMM rows of the package dtypes in `dtypes`, named the toolkit's way: 16-bit by
+    default, QUANTIZED_DTYPES for gemm_quantized."""
+    frame = frame[frame["gemm_dtype"].isin(dtypes)]
     out = pd.DataFrame(
         {
             "m": frame["m"].astype(np.int64),
             "n": frame["n"].astype(np.int64),
             "k": frame["k"].astype(np.int64),
-            "dtype": frame["gemm_dtype"].map(DTYPES),
+            "dtype": frame["gemm_dtype"].map(dtypes),
             "kernel_source": frame["kernel_source"].astype(str),
             "time_s": seconds(frame["latency"]),
         }
@@ -127,10 +141,13 @@ def compact_gemm(frame: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["dtype", "kernel_source", "n", "k", "m"], ignore_index=True)
 
 
-def compact_attention(frame: pd.DataFrame, phase: str) -> pd.DataFrame:
+def compact_attention(frame: pd.DataFrame, phase: str, kv_cache: str | None = None) -> pd.DataFrame:
+    """16-bit attention rows over a KV cache in `kv_cache` (None: the attention's own dtype);
+    `dtype` is the attention's either way."""
+    cache = frame["attn_dtype"] if kv_cache is None else kv_cache
     keep = (
         frame["attn_dtype"].isin(DTYPES)
-        & (frame["kv_cache_dtype"] == frame["attn_dtype"])
+        & (frame["kv_cache_dtype"] == cache)
         & frame["head_dim"].isin(HEAD_DIMS)
         & (frame.get("window_size", 0) == 0)
         & (frame.get("beam_width", 1) == 1)
@@ -197,12 +214,16 @@ def compact_tables(collection: Collection, package_version: str) -> dict[str, pd
             continue
         name = table.removesuffix("_perf")
         if table == "gemm_perf":
-            kept = {name: compact_gemm(frame)}
+            kept = {name: compact_gemm(frame), QUANTIZED_GEMM: compact_gemm(frame, QUANTIZED_DTYPES)}
         elif table == "nccl_perf":
             kept = {kept: compact_nccl(frame, op, collection, package_version) for op, kept in NCCL_OPS.items()}
         elif table == "custom_allreduce_perf":
             kept = {"custom_all_reduce": compact_custom_all_reduce(frame, collection, package_version)}
         else:
-            kept = {name: compact_attention(frame, "decode" if table.startswith("generation") else "prefill")}
+            phase = "decode" if table.startswith("generation") else "prefill"
+            kept = {
+                name: compact_attention(frame, phase),
+                name + FP8_KV_SUFFIX: compact_attention(frame, phase, FP8_KV),
+            }
         out.update({name: rows for name, rows in kept.items() if len(rows)})
     return out

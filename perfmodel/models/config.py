@@ -16,7 +16,10 @@ from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.base.paths import TOOLKIT_ROOT
-from perfmodel.models.unpriced import check_priceable, check_quantization_file
+from perfmodel.base.precision import KvFormat, WeightFormat, kv_format, weight_format
+from perfmodel.base.precision import describe as describe_precision
+from perfmodel.models.quantization import checkpoint_precision
+from perfmodel.models.unpriced import check_priceable
 
 DEFAULT_MEDUSA_HEADS = 4  # the reference Vicuna trees are 4 deep; a checkpoint's config overrides it
 # Bounds on a config's sizes, far past any model's (hidden sizes of tens of thousands, vocabularies
@@ -66,8 +69,13 @@ class ModelConfig:
     # embedding norm, a feature norm, a 2h -> h projection and one decoder layer of the model's
     # own shapes, drafting with the model's LM head (DeepSeek-V3's MTP, MiMo's). 0: none.
     mtp_layers: int = 0
+    # Quantized formats of the layers' linear weights and the KV cache (perfmodel.base.precision); None: the dtype
+    weights: WeightFormat | None = None
+    kv_cache: KvFormat | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", weight_format(self.weights))
+        object.__setattr__(self, "kv_cache", kv_format(self.kv_cache))
         if not isinstance(self.tie_word_embeddings, bool):
             raise PerfkitError(
                 f"model {self.name}: tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}"
@@ -121,6 +129,28 @@ class ModelConfig:
         capacity plan says plain decoding everywhere; nothing prices a tree it cannot run)."""
         if not self.medusa_heads:
             raise PerfkitError(f"{self.name} has no Medusa heads (medusa_num_heads 0): {why}")
+
+    @property
+    def title(self) -> str:
+        """Its name, and its quantized formats where it has any: what an answer's headline names."""
+        return f"{self.name} ({self.precision})" if self.precision else self.name
+
+    @property
+    def precision(self) -> str:
+        """Its quantized formats in words ('' for a 16-bit model)."""
+        return describe_precision(self.weights, self.kv_cache)
+
+    def with_precision(self, weights: str | None, kv_cache: str | None) -> ModelConfig:
+        """The model with its linear weights and KV cache in the formats named (a 16-bit name
+        or None: unquantized)."""
+        return dataclasses.replace(self, weights=weight_format(weights), kv_cache=kv_format(kv_cache))
+
+    def as_served(self, weights: str | None = None, kv_cache: str | None = None) -> ModelConfig:
+        """The model in the formats a command was given (--weights, --kv-cache): None keeps
+        what the checkpoint declares, a 16-bit name serves it unquantized."""
+        return self.with_precision(
+            self.weights if weights is None else weights, self.kv_cache if kv_cache is None else kv_cache
+        )
 
     def with_medusa_heads(self, heads: int) -> ModelConfig:
         return dataclasses.replace(self, medusa_heads=heads)
@@ -318,13 +348,11 @@ def parse_hf_config(cfg: dict, source: str | Path = "config.json") -> HFConfig:
 
 
 def read_hf_config(path: str | Path) -> HFConfig:
-    """A config.json file, or the one in a folder, parsed (refused where a quantization file
-    lies beside it: perfmodel.models.unpriced)."""
+    """A config.json file, or the one in a folder, parsed (its shapes: the precision it
+    declares is perfmodel.models.quantization's to read)."""
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
-    parsed = parse_hf_config(read_config_json(path), file)
-    check_quantization_file(file)
-    return parsed
+    return parse_hf_config(read_config_json(path), file)
 
 
 def mtp_modules(cfg: dict, source: object) -> int:
@@ -342,10 +370,16 @@ def from_hf_config(path: str | Path) -> ModelConfig:
     """Shapes from a Hugging Face `config.json` (a file, or a folder holding one), its MTP
     modules included."""
     path = Path(path)
-    name = path.name if path.is_dir() else (path.parent.name or path.stem)
     file = path / "config.json" if path.is_dir() else path
+    # a checkpoint's config.json is named by its folder; another file by its own name
+    # (<org>--<model>_config.json, as aiconfigurator ships them, is <org>--<model>)
+    name = (file.parent.name or file.stem) if file.name == "config.json" else file.stem.removesuffix("_config")
     model = read_hf_config(path).model_config(name)
-    return dataclasses.replace(model, mtp_layers=mtp_modules(read_config_json(path), file))
+    cfg = read_config_json(path)
+    declared = checkpoint_precision(cfg, file)
+    return dataclasses.replace(
+        model, mtp_layers=mtp_modules(cfg, file), weights=declared.weights, kv_cache=declared.kv_cache
+    )
 
 
 def load_model(name_or_path: str | Path) -> ModelConfig:

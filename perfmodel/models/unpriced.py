@@ -1,15 +1,13 @@
 """What a config.json may declare that the cost model cannot price yet, refused in one line
-naming the key: the model prices dense Llama-family decoders in 16 or 32 bits, and a config
-read past a key it does not understand would be priced as some other model, silently.
+naming the key: the model prices dense Llama-family decoders (in the precisions
+perfmodel.models.quantization reads), and a config read past a key it does not understand
+would be priced as some other model, silently.
 
 - mixture-of-experts keys (Mixtral's num_local_experts, Qwen3-MoE's num_experts and
   moe_intermediate_size, DeepSeek's n_routed_experts, gpt-oss's experts_per_token, ...): priced
   as a dense model, Mixtral-8x7B came out at 14.5 GB of weights where its 16-bit weights are
   about 93 GB;
 - latent attention (DeepSeek's kv_lora_rank, q_lora_rank): another attention and KV cache;
-- a quantized checkpoint (quantization_config, or ModelOpt's hf_quant_config.json beside the
-  config): its weights priced as 16-bit ones, 1.3-1.6x slower than NVIDIA aiconfigurator's
-  estimate for Llama-3.1-70B-FP8 and Qwen3-32B-FP8;
 - a sliding attention window shorter than the context (Mistral-7B v0.1's 4096 of 32768): the
   model prices attention over the whole context;
 - a model_type outside the Llama family the step's operators describe.
@@ -17,10 +15,7 @@ read past a key it does not understand would be priced as some other model, sile
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from perfmodel.base.errors import PerfkitError
-from perfmodel.base.jsonfile import read_json
 
 # The decoders whose step is the Llama step the operators price (perfmodel.models.operators):
 # RMSNorm, rotary attention with grouped KV heads, a SwiGLU MLP. Qwen2 adds a bias to q/k/v and
@@ -40,10 +35,7 @@ MOE_KEYS = (
     "moe_layer_freq",
 )
 LATENT_ATTENTION_KEYS = ("kv_lora_rank", "q_lora_rank")
-# ModelOpt writes a quantized checkpoint's settings to this file beside config.json (NVIDIA's
-# Llama-3.1-70B-Instruct-FP8 declares nothing in config.json itself).
-MODELOPT_QUANT_FILE = "hf_quant_config.json"
-NOT_PRICED = "the cost model prices dense Llama-family decoders in 16 or 32 bits only"
+NOT_PRICED = "the cost model prices dense Llama-family decoders only"
 
 
 def declared(value: object) -> bool:
@@ -58,12 +50,6 @@ def check_priceable(cfg: dict, source: object) -> None:
         for key in keys:
             if declared(cfg.get(key)):
                 raise PerfkitError(f"{source}: {key} = {cfg[key]!r} declares {what}, which is not priced; {NOT_PRICED}")
-    quantization = cfg.get("quantization_config")
-    if declared(quantization):
-        raise PerfkitError(
-            f"{source}: quantization_config ({quantization_text(quantization)}) declares quantized weights, which are "
-            f"not priced; {NOT_PRICED} (give the unquantized model's config to price it in 16 bits)"
-        )
     # after the keys above, which say better why a model outside the family is not priced
     model_type = cfg.get("model_type")
     if model_type is not None and model_type not in LLAMA_FAMILY:
@@ -79,29 +65,3 @@ def check_priceable(cfg: dict, source: object) -> None:
             f"{source}: sliding_window = {window!r} attends to the last {window} tokens only, which is not priced "
             "(the model prices attention over the whole context)"
         )
-
-
-def quantization_text(quantization: object) -> str:
-    """The scheme a quantization_config names, short: its method and format where it gives them."""
-    if not isinstance(quantization, dict):
-        return repr(quantization)
-    parts = [str(quantization[k]) for k in ("quant_method", "quant_algo", "fmt", "bits") if k in quantization]
-    return ", ".join(parts) or "declared"
-
-
-def check_quantization_file(config_file: Path) -> None:
-    """One line where a ModelOpt quantization file lies beside `config_file`: hf_quant_config.json
-    in its folder, or <name>_hf_quant_config.json beside <name>_config.json (how NVIDIA
-    aiconfigurator ships both files of one checkpoint in one folder)."""
-    name = config_file.name
-    candidates = [config_file.with_name(MODELOPT_QUANT_FILE)]
-    if name.endswith("_config.json"):
-        candidates.append(config_file.with_name(name.removesuffix("config.json") + MODELOPT_QUANT_FILE))
-    for path in candidates:
-        if path.is_file():
-            settings = read_json(path, "quantization config")
-            scheme = settings.get("quantization") if isinstance(settings, dict) else None
-            raise PerfkitError(
-                f"{config_file}: {path.name} beside it ({quantization_text(scheme)}) declares quantized weights, which "
-                f"are not priced; {NOT_PRICED}"
-            )

@@ -19,6 +19,7 @@ from perfmodel.base.checks import is_count
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.launch import Launch
+from perfmodel.base.precision import check_runs_on
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.latency.choice import LatencyChoice
 from perfmodel.latency.step import StepFlavor
@@ -130,6 +131,8 @@ def resolve(
     launch = check_launch_step(choices.launch, step)
     model = model if isinstance(model, ModelConfig) else load_model(model)
     views = resolve_devices(devices)
+    for view in views:  # a format the device cannot run is refused before anything is priced
+        check_runs_on(model.weights, view.spec)
     if choices.tensor_parallel is not None:
         for view in views:
             check_degree(model, view.evidence, choices.tensor_parallel)

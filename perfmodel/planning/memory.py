@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.dtypes import element_bytes
+from perfmodel.base.precision import kv_bytes
+from perfmodel.base.precision import weight_bytes as precision_weight_bytes
 from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.operators import op_kernels
@@ -35,6 +37,18 @@ def weight_params(model: ModelConfig) -> int:
     return model.vocab_size * h + model.num_layers * layer + h + lm_head
 
 
+def weight_bytes(model: ModelConfig, dtype: str) -> float:
+    """Bytes of the base model's weights: the decoder layers' linear weights in the model's
+    quantized format (perfmodel.base.precision, its scales counted) where it has one, the rest
+    (embeddings, norms, the LM head: every quantized checkpoint here keeps them in 16 bits) in
+    `dtype`."""
+    size = element_bytes(dtype)
+    if model.weights is None:
+        return weight_params(model) * size
+    linear = model.num_layers * sum(linear_params(op, model) for op in LAYER_WEIGHT_OPS)
+    return linear * precision_weight_bytes(model.weights, size) + (weight_params(model) - linear) * size
+
+
 def head_params(model: ModelConfig) -> int:
     """Medusa heads: each a residual block (h x h weight and its bias of h; the operator
     table has no biases) and its own vocabulary projection (h x V)."""
@@ -55,7 +69,9 @@ def feature_head_params(kind: DrafterKind, head: ModelConfig, target: ModelConfi
 
 def kv_bytes_per_token(model: ModelConfig, dtype: str) -> int:
     """Key and value of every layer for one token."""
-    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * element_bytes(dtype)
+    return int(
+        2 * model.num_layers * model.num_kv_heads * model.head_dim * kv_bytes(model.kv_cache, element_bytes(dtype))
+    )
 
 
 def replica_kv_bytes_per_token(model: ModelConfig, dtype: str, tp: int) -> int:
@@ -127,7 +143,7 @@ def memory_fit(
     deployment without Medusa loads no heads."""
     kv_token = replica_kv_bytes_per_token(model, dtype, tp)
     usable = usable_bytes(spec, reserve) * tp
-    weights = weight_params(model) * element_bytes(dtype)
+    weights = weight_bytes(model, dtype)
     if drafter is not None:
         total_kv = kv_token + drafter.kv_token
         return MemoryFit(tp, weights, drafter.weights, total_kv, kv_tokens, usable, drafter.what, drafter)

@@ -181,7 +181,7 @@ def plan_summary(result: PlanResult) -> str:
     overall answer."""
     w, t = result.workload, result.targets
     lines = [
-        f"{result.model.name} ({result.dtype}): prompts {w.prompt} tokens, responses {w.response}; KV cache sized "
+        f"{result.model.title} ({result.dtype}): prompts {w.prompt} tokens, responses {w.response}; KV cache sized "
         f"for {w.kv_tokens:,} tokens "
         f"per sequence, step latency at a {w.step_context:,}-token context.",
         f"Acceptance: {result.acceptance}.",

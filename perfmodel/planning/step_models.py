@@ -86,7 +86,13 @@ def source_priced(setting: StepSetting, full: TensorParallelStep, flavor: StepFl
 
 def traced_priced(setting: StepSetting, full: TensorParallelStep, flavor: StepFlavor) -> TensorParallelStep:
     """The reference decoder's step on its own kernels (the device's torch stack where it has
-    one, perfmodel.latency.source.decoder_latency), the full step's collectives around it."""
+    one, perfmodel.latency.source.decoder_latency), the full step's collectives around it. The
+    decoder runs 16-bit kernels only: a quantized model's traced step would be another model's."""
+    if full.model.weights is not None or full.model.kv_cache is not None:
+        raise PerfkitError(
+            f"the traced step is the reference decoder's 16-bit kernels; {full.model.name}'s {full.model.precision} "
+            "are priced in the full and paper steps (--step full)"
+        )
     own = decoder_latency(setting.view, full.model, setting.dtype, setting.latency)
     traced = TracedStep(full.model, own, setting.dtype, setting.tracer, regime=setting.launch)
     return TensorParallelStep(traced, setting.tp, full.all_reduce, setting.dtype, full.gather)

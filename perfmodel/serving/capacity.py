@@ -259,7 +259,7 @@ def serve_deployments(
             for tp in degrees:
                 rep = replica(deployment.at(tp), mode, choice, workload, reserve, engine.max_seqs, chain)
                 options.append(answer(rep, requests, targets, engine, target_rate))
-    answered = (model.name, workload.describe(), targets, engine, choice.label, target_rate, tuple(options))
+    answered = (model.title, workload.describe(), targets, engine, choice.label, target_rate, tuple(options))
     return ServingAnswer(*answered, speculator=speculator)
 
 

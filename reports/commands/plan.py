@@ -24,11 +24,12 @@ import pandas as pd
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.outputs import write_csv
 from perfmodel.cli import Parser, batch_size, options, pricing_options
-from perfmodel.cli.fields import add_options, nested, option, read_options, shared
+from perfmodel.cli.fields import add_options, along, nested, option, read_options, shared
 from perfmodel.cli.workload_options import WorkloadOptions, WorkloadSettings
 from perfmodel.hardware.specs import load_all_specs
 from perfmodel.latency.choice import LatencyChoice
 from perfmodel.latency.step import StepFlavor
+from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import DEFAULT_BATCHES, PlanRequest, plan, plan_deployments
 from perfmodel.planning.deployment import DeploymentChoices, resolve
 from perfmodel.planning.memory import DEFAULT_RESERVE
@@ -100,6 +101,8 @@ class PlanOptions:
     gpu: list[str] | None = field(default=None, metadata=shared(options.gpu, many=True))
     spec: list[Path] | None = field(default=None, metadata=shared(options.spec, many=True))
     dtype: str | None = field(default=None, metadata=shared(options.dtype))
+    weight_format: str | None = field(default=None, metadata=shared(options.precision))
+    kv_cache_dtype: str | None = field(default=None, metadata=along("weight_format"))
     workload: WorkloadOptions = field(default_factory=WorkloadOptions, metadata=nested(WorkloadOptions))
     throughput: float | None = field(
         default=None,
@@ -218,7 +221,12 @@ def read_question(argv: list[str] | None = None) -> tuple[argparse.Namespace, Pl
     chain = dict(drafter=args.drafter, position_rates=args.position_rates, draft_config=args.draft_config)
     asked = ServeRequest(args.acceptance_rates, settings.medusa, settings.engine, args.reserve, **chain)
     serving = asked if settings.simulated else None
-    return args, PlanQuestion(tuple(resolve(args.model, devices, choices)), request, serving, settings)
+    return args, PlanQuestion(
+        tuple(resolve(load_model(args.model).as_served(args.weight_format, args.kv_cache_dtype), devices, choices)),
+        request,
+        serving,
+        settings,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

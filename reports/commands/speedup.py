@@ -90,7 +90,7 @@ def answer_best_chain(args, model, devices, flavors, drafter: Drafter, own: Mode
         rows = best_chains(steps, here, args.position_rates, args.context)
         rates = " ".join(f"{r:g}" for r in args.position_rates)
         print(
-            f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted, context {args.context}, "
+            f"{device.spec.name} ({device.spec.key}), {model.title}, {dtype}: predicted, context {args.context}, "
             f"{drafter.name}'s best chain per batch from its per-position acceptance {rates}"
         )
         for line in split:
@@ -148,7 +148,7 @@ def answer_point(args, model, devices, flavors, drafter: Drafter, own: ModelConf
             what = f"{drafter.name} drafting {rows['shape'].iloc[0]}" + (f" ({who})" if who else "")
         rows = rows.assign(device=device.spec.key, model=model.name, dtype=dtype)[list(columns)]
         print(
-            f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted, batch {args.batch}, context "
+            f"{device.spec.name} ({device.spec.key}), {model.title}, {dtype}: predicted, batch {args.batch}, context "
             f"{args.context}, {what} at acceleration {args.acceleration:g}"
             + (f", tensor parallel {tp}" if tp > 1 else "")
         )
@@ -176,7 +176,7 @@ def sweep_tracer():
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = read_options(SpeedupOptions, build_parser().parse_args(argv))
-    model = load_model(args.model)
+    model = load_model(args.model).as_served(args.weight_format, args.kv_cache_dtype)
     if args.dtype:
         check_dtype(args.dtype)
     if args.metrics is not None:
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                     if args.drafter == DrafterChoice.ALL
                     else f"acceptance {drafters[0].describe()}"
                 )
-                print(f"{device.spec.name} ({device.spec.key}), {model.name}, {dtype}: predicted; {what}")
+                print(f"{device.spec.name} ({device.spec.key}), {model.title}, {dtype}: predicted; {what}")
                 print(f"  latency: {table['latency_model'].iloc[0]}")
                 if args.drafter == DrafterChoice.ALL:
                     found = choice_lines(table, drafters)
