@@ -30,6 +30,7 @@ from perfmodel.peer.compare import (
     DEFAULT_DEVICES,
     DEFAULT_MODELS,
     DEFAULT_STACKS,
+    MODEL_SETS,
     compare,
     component_ratios,
     grid,
@@ -47,6 +48,16 @@ class PeerCheckOptions:
         default=None,
         metadata=shared(
             options.gpu, many=True, default=f"{' '.join(DEFAULT_DEVICES)}; the peer has tables of {', '.join(SYSTEMS)}"
+        ),
+    )
+    models: str = field(
+        default="bf16",
+        metadata=option(
+            "--models",
+            "which checkpoints: bf16 (Llama-3.1-8B and 70B, default devices h100-sxm a100-sxm) or fp8 (Qwen3-32B-FP8 "
+            "in fp8 blocks and per tensor, Llama-3.1-70B-Instruct-FP8; default devices h100-sxm h200 b200) "
+            "(default %(default)s)",
+            choices=tuple(MODEL_SETS),
         ),
     )
     stack: tuple[str, ...] = field(
@@ -97,7 +108,11 @@ def build_parser() -> Parser:
     return p
 
 
-def report(rows: pd.DataFrame, prompt_len: int, response_len: int) -> list[str]:
+# What each model set's header says of its precision.
+PRECISION_SAID = {"bf16": "bf16", "fp8": "each checkpoint in the formats its files declare, on both sides"}
+
+
+def report(rows: pd.DataFrame, prompt_len: int, response_len: int, precision: str = "bf16") -> list[str]:
     """What the command prints: every point, the ratios' statistics, where the two part."""
     columns = ["device", "stack", "model", "tp", "batch", "tpot_ms", "peer_tpot_ms", "tpot_ratio"]
     shown = rows[[*columns, "ttft_ms", "peer_ttft_ms", "ttft_ratio"]].assign(
@@ -107,7 +122,7 @@ def report(rows: pd.DataFrame, prompt_len: int, response_len: int) -> list[str]:
     by_tp = ", ".join(f"TP{tp} {ratio:.3f}" for tp, ratio in s.tpot_by_tp.items())
     number = lambda v: f"{v:.3f}"  # noqa: E731
     return [
-        f"Static batches of {prompt_len}-token prompts and {response_len}-token responses, bf16: the project "
+        f"Static batches of {prompt_len}-token prompts and {response_len}-token responses, {precision}: the project "
         "(predicted) beside NVIDIA aiconfigurator 0.12.0's static estimate (predicted), both from "
         "aiconfigurator-core 0.12.0's measured tables; ratio = project / peer; OOM: the peer finds the batch out "
         "of memory (left out of the statistics):",
@@ -144,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     args = read_options(PeerCheckOptions, build_parser().parse_args(argv))
     csv = writable_file(args.csv, "--csv file") if args.csv else None
     page = writable_file(args.markdown, "--markdown file") if args.markdown else None
-    devices = [resolve_spec(name, None).key for name in args.gpu] if args.gpu else list(DEFAULT_DEVICES)
+    models, default_devices = MODEL_SETS[args.models]
+    devices = [resolve_spec(name, None).key for name in args.gpu] if args.gpu else list(default_devices)
     unknown = [d for d in devices if d not in SYSTEMS]
     if unknown:
         raise PerfkitError(
@@ -154,14 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         points, left_out = grid(QUICK["devices"], QUICK["stacks"], (QUICK["models"],), QUICK["batches"])
     else:
-        points, left_out = grid(devices, args.stack, DEFAULT_MODELS, args.batch)
+        points, left_out = grid(devices, args.stack, models, args.batch)
     rows = pd.DataFrame(
         [
             compare(point, args.prompt_len, args.response_len)
             for point in tqdm(points, desc="points", unit="point", disable=args.no_progress, file=sys.stderr)
         ]
     )
-    lines = report(rows, args.prompt_len, args.response_len)
+    lines = report(rows, args.prompt_len, args.response_len, PRECISION_SAID[args.models])
     if left_out:
         lines += [
             "",

@@ -81,3 +81,19 @@ def test_the_quick_peer_check_agrees_within_its_documented_bounds(tmp_path, caps
     shown = capsys.readouterr().out
     assert "TensorRT-LLM 1.3.0rc20 AllReduce op" in shown and "median |ratio - 1|" in shown
     assert page.read_text().startswith("# The peer check")
+
+
+def test_the_peer_is_told_a_quantized_checkpoints_formats():
+    # left to itself the peer gives Qwen3-32B-FP8 an fp8 KV cache its files do not declare, and
+    # prices ModelOpt's static FP8 without a table: told the formats, both read the same rows
+    from perfmodel.models.config import load_model
+    from tests.battery import CONFIGS
+
+    quant = aiconfigurator_peer.peer_quant
+    assert quant(load_model(CONFIGS / "Qwen--Qwen3-32B-FP8_config.json")) == {
+        "gemm_quant_mode": "fp8_block",
+        "kvcache_quant_mode": "bfloat16",
+    }
+    llama = load_model(CONFIGS / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json")
+    assert quant(llama) == {"gemm_quant_mode": "fp8", "kvcache_quant_mode": "fp8"}
+    assert quant(load_model("llama-3-8b")) == {}  # a 16-bit model: the peer's own defaults, as before

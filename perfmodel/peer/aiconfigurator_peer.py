@@ -69,9 +69,27 @@ class PeerEstimate:
     version: str
 
 
-def peer_estimate(model: str, device: str, stack: str, tp: int, batch: int, prompt_len: int, response_len: int):
+# The peer's quant-mode names of the toolkit's formats (perfmodel.base.precision; None: 16 bits).
+PEER_GEMM = {None: "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block", "nvfp4": "nvfp4"}
+PEER_KV = {None: "bfloat16", "fp8": "fp8"}
+
+
+def peer_quant(config) -> dict:
+    """The quant modes to hand the peer for a quantized ModelConfig, so both price the same
+    formats: left to itself the peer serves Qwen3-32B-FP8 (whose files declare no KV format)
+    an fp8 KV cache, and ModelOpt's static FP8 as fp8_static, which it estimates without a
+    table; told `fp8`, it reads the same measured rows. Nothing for a 16-bit model (its defaults)."""
+    if config.weights is None and config.kv_cache is None:
+        return {}
+    return {"gemm_quant_mode": PEER_GEMM[config.weights], "kvcache_quant_mode": PEER_KV[config.kv_cache]}
+
+
+def peer_estimate(
+    model: str, device: str, stack: str, tp: int, batch: int, prompt_len: int, response_len: int, quant=None
+):
     """aiconfigurator's static estimate of `batch` prompts of `prompt_len` tokens answered
-    with `response_len` tokens on tp x `device`, with the engine `stack`'s tables."""
+    with `response_len` tokens on tp x `device`, with the engine `stack`'s tables; `quant`:
+    peer_quant's modes (None: the peer's own inference)."""
     check_installed()
     if device not in SYSTEMS:
         raise PerfkitError(f"the peer has no system for {device!r}; choose from: {', '.join(SYSTEMS)}")
@@ -91,6 +109,7 @@ def peer_estimate(model: str, device: str, stack: str, tp: int, batch: int, prom
         osl=response_len,
         batch_size=batch,
         tp_size=tp,
+        **(quant or {}),
     )
     parts = dict.fromkeys(COMPONENTS, 0.0)
     for name, total_ms in result.summary.get_generation_latency_dict().items():

@@ -15,15 +15,30 @@ from perfmodel.latency.choice import LatencyChoice
 from perfmodel.latency.tensor_parallel import tensor_parallel_steps, usable_degrees
 from perfmodel.measured.device_view import resolve_view
 from perfmodel.models.config import from_hf_config
-from perfmodel.peer.aiconfigurator_peer import model_config_path, peer_estimate
+from perfmodel.peer.aiconfigurator_peer import model_config_path, peer_estimate, peer_quant
 from perfmodel.peer.static_batch import COMPONENTS, static_batch
 
 # The grid the acceptance asks for: 8B on one device, 70B on 2, 4 and 8.
 DEFAULT_MODELS = (("meta-llama/Meta-Llama-3.1-8B", (1,)), ("meta-llama/Meta-Llama-3.1-70B", (2, 4, 8)))
 DEFAULT_DEVICES = ("h100-sxm", "a100-sxm")
+# Checkpoints quantized as fleets serve them (issue 60), each in the precision its files declare
+# on both sides (aiconfigurator infers it from the same files): Qwen3-32B-FP8's fp8-block weights,
+# its per-tensor twin with an fp8 KV cache, and NVIDIA's Llama-3.1-70B-Instruct-FP8 (fp8 weights
+# and KV cache). On the devices with fp8 tensor cores the acceptance names.
+MODEL_SETS = {
+    "bf16": (DEFAULT_MODELS, DEFAULT_DEVICES),
+    "fp8": (
+        (
+            ("Qwen/Qwen3-32B-FP8", (1, 2)),
+            ("Qwen/Qwen3-32B-FP8-Static-PerTensor", (1, 2)),
+            ("nvidia/Llama-3.1-70B-Instruct-FP8", (2, 4, 8)),
+        ),
+        ("h100-sxm", "h200", "b200"),
+    ),
+}
 DEFAULT_STACKS = ("vllm", "trtllm")
 DEFAULT_BATCHES = (1, 4, 16, 64, 128)
-DTYPE = "bf16"  # the peer's default for these bf16 checkpoints
+DTYPE = "bf16"  # the peer's compute dtype: a quantized checkpoint's formats are its own (ModelConfig.precision)
 
 
 @dataclass(frozen=True)
@@ -75,7 +90,8 @@ def compare(point: Point, prompt_len: int, response_len: int) -> dict:
     component's TPOT share on both sides."""
     step = project_step(point.device, point.stack, point.model, point.tp)
     ours = static_batch(step, point.batch, prompt_len, response_len)
-    peer = peer_estimate(point.model, point.device, point.stack, point.tp, point.batch, prompt_len, response_len)
+    quant = peer_quant(from_hf_config(model_config_path(point.model)))
+    peer = peer_estimate(point.model, point.device, point.stack, point.tp, point.batch, prompt_len, response_len, quant)
     row = {
         "device": point.device,
         "stack": point.stack,
