@@ -19,6 +19,7 @@ import pandas as pd
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.output_locks import claimed_dir
+from perfmodel.base.precision import require_unquantized
 from perfmodel.cli.workload_options import WorkloadSettings
 from perfmodel.latency import roofline_table
 from perfmodel.latency.source import view_latency
@@ -155,6 +156,7 @@ def compare(config: CompareConfig, log=print) -> Comparison:
 def compare_in(config: CompareConfig, log=print) -> Comparison:
     started = time.perf_counter()
     model = load_model(config.model)
+    require_unquantized(model)  # its roofline figures are drawn in 16 bits
     pairs, skipped = views(config)
     acceptance = report_acceptance(config.acceptance or "paper", config.model)
     result = Comparison(skipped=skipped)

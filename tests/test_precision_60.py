@@ -94,3 +94,11 @@ def test_a_device_or_step_that_cannot_run_a_format_says_so_in_one_line(capsys):
     argv = ["--gpu", "a100", "--model", "llama-3-8b", "--weight-format", "fp8", "--tree-size", "8"]
     assert run(speedup_main, [*argv, "--acceleration", "2"]) == 1
     assert "cannot run them" in capsys.readouterr().err
+
+
+def test_the_roofline_refuses_a_quantized_checkpoint_it_would_misdraw(capsys):
+    from reports.commands.roofline import main as roofline_main
+
+    argv = ["--gpu", "h100", "--model", str(CONFIGS / "Qwen--Qwen3-32B-FP8_config.json")]
+    assert run(roofline_main, argv) == 1
+    assert "the roofline draws 16-bit operators" in capsys.readouterr().err

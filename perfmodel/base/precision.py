@@ -102,3 +102,17 @@ def describe(weights: WeightFormat | None, kv_cache: KvFormat | None) -> str:
     parts = [f"{weights} weights"] if weights else []
     parts += [f"{kv_cache} KV cache"] if kv_cache else []
     return ", ".join(parts)
+
+
+# What a command that draws every operator at the 16-bit peak and bytes (the roofline figures,
+# the reports holding them) says of a quantized checkpoint instead of misdrawing its layers.
+DRAWN_IN_16_BITS = (
+    "the roofline draws 16-bit operators at the 16-bit peak; a quantized checkpoint's layers are priced in its "
+    "formats by speedup, plan and schedule (--step full), not drawn yet"
+)
+
+
+def require_unquantized(model) -> None:
+    """One line where `model` (a ModelConfig) is quantized: DRAWN_IN_16_BITS."""
+    if model.weights is not None or model.kv_cache is not None:
+        raise PerfkitError(f"{model.title}: {DRAWN_IN_16_BITS}")
