@@ -5,6 +5,7 @@ where a device cannot run it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -102,3 +103,15 @@ def test_the_roofline_refuses_a_quantized_checkpoint_it_would_misdraw(capsys):
     argv = ["--gpu", "h100", "--model", str(CONFIGS / "Qwen--Qwen3-32B-FP8_config.json")]
     assert run(roofline_main, argv) == 1
     assert "the roofline draws 16-bit operators" in capsys.readouterr().err
+
+
+def test_a_drafters_head_beside_a_quantized_target_keeps_16_bits():
+    # an EAGLE-3 head ships in 16 bits beside an FP8 target: its layer is not priced on the fp8 grid
+    from perfmodel.latency.draft_weights import latency_for
+
+    model = load_model("llama-3-8b")
+    head = dataclasses.replace(model, name="head", num_layers=1)  # the head's shapes, its own 16-bit weights
+    sources = [latency_source("h100-sxm", m, "bf16", stack="vllm") for m in (model, model.with_precision("fp8", None))]
+    times = [float(latency_for(s, head).op_time("qkv", "decode", 4, 512, 1)) for s in sources]
+    assert times[0] == times[1]
+    assert float(sources[1].op_time("qkv", "decode", 4, 512, 1)) < times[0]  # the target's own layer: fp8

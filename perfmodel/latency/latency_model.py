@@ -82,12 +82,17 @@ class LatencyModel:
     def source_label(self) -> str:
         return SOURCE_LABELS[self.mode](self)
 
+    def prices_quantized(self, op: str) -> bool:
+        """Whether `op` is a quantized layer of this source's model: a drafter's head priced
+        beside a quantized target (perfmodel.latency.draft_weights.latency_for) keeps 16 bits."""
+        return self.quantized is not None and self.model.weights is not None and op in QUANTIZED_OPS
+
     def linear_kind(self, op: str) -> LatencyMode:
         """How this op's GEMMs are timed: measured, calibrated, grid, transferred, borrowed or
         datasheet."""
         if op not in (*LINEAR_OPS, "medusa_heads"):
             return LatencyMode.DATASHEET
-        if self.quantized is not None and op in QUANTIZED_OPS:  # the format's own grid (its label says whose)
+        if self.prices_quantized(op):  # the format's own grid (its label says whose)
             return LatencyMode.GRID if self.quantized.grid is not None else LatencyMode.DATASHEET
         if self.mode in (LatencyMode.GRID, LatencyMode.TRANSFERRED):
             return self.mode
@@ -124,7 +129,7 @@ class LatencyModel:
             if measured is not None:
                 return measured
         kernels = op_kernels(op, phase, self.model, np.asarray(batch), np.asarray(seq_len), np.asarray(candidates))
-        if self.quantized is not None and op in QUANTIZED_OPS:
+        if self.prices_quantized(op):
             return np.asarray(sum(self.quantized.time(k) for k in kernels), dtype=float)
         if (self.table is not None or self.grid is not None) and op in WEIGHT_OPS:
             return np.asarray(sum(self.gemm_time(k) for k in kernels), dtype=float)
