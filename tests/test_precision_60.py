@@ -115,3 +115,12 @@ def test_a_drafters_head_beside_a_quantized_target_keeps_16_bits():
     times = [float(latency_for(s, head).op_time("qkv", "decode", 4, 512, 1)) for s in sources]
     assert times[0] == times[1]
     assert float(sources[1].op_time("qkv", "decode", 4, 512, 1)) < times[0]  # the target's own layer: fp8
+
+
+def test_nvfp4_runs_where_the_spec_states_an_fp4_peak_from_the_blackwell_grids():
+    nvfp4 = load_model("llama-3-8b").with_precision("nvfp4", None)
+    source = latency_source("b200", nvfp4, "bf16", stack="trtllm")
+    assert "nvfp4 weights: their GEMMs from the nvfp4 GEMM grid of the trtllm" in source.label
+    bf16 = latency_source("b200", load_model("llama-3-8b"), "bf16", stack="trtllm")
+    # memory-bound at 64 rows: a quarter of the weight bytes, well under the 16-bit time
+    assert float(source.op_time("gate_up", "decode", 64, 512, 1)) < float(bf16.op_time("gate_up", "decode", 64, 512, 1))

@@ -73,7 +73,10 @@ LAUNCH_RANGE_US = (0.05, 1000.0)
 OPTIONAL_TEXT = ("interconnect", "architecture", "memory_type")
 MEMORY_TYPES = ("HBM2", "HBM2e", "HBM3", "HBM3e", "GDDR6", "GDDR6X", "GDDR7")
 # tf32 is a tensor-core mode for fp32 tensors, recorded for reference, not a storage dtype.
-PEAK_KEYS = DTYPES + ("tf32",)
+# A quantized weight format's tensor rate with no compute dtype of its own (NVFP4's, which
+# perfmodel.base.precision.WEIGHT_PEAK names): a peak a spec may state and peak_flops answers.
+FORMAT_PEAKS = ("fp4",)
+PEAK_KEYS = DTYPES + ("tf32", *FORMAT_PEAKS)
 
 
 @dataclass(frozen=True)
@@ -108,8 +111,9 @@ class HardwareSpec:
         return self.memory_bandwidth_gb_s * 1e9
 
     def peak_flops(self, dtype: str) -> float:
-        """Dense peak in FLOP/s for `dtype`."""
-        check_dtype(dtype)
+        """Dense peak in FLOP/s for `dtype` (or a format's: FORMAT_PEAKS)."""
+        if dtype not in FORMAT_PEAKS:
+            check_dtype(dtype)
         if dtype not in self.peak_tflops:
             have = ", ".join(k for k in self.peak_tflops if k in DTYPES)
             raise PerfkitError(f"{self.name} has no {dtype} peak in its spec; it has: {have}")
