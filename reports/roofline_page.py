@@ -16,6 +16,7 @@ from perfmodel.latency.roofline import predict_table
 from perfmodel.latency.roofline_table import (
     MAIN_PHASES,
     ceilings,
+    format_ceiling,
     matching_measurements,
     prediction_error,
     variation_studies,
@@ -55,9 +56,11 @@ def submit_roofline_figures(renderer, view: DeviceView, models, variation_model,
         errors.append(prediction_error(predicted, mine))
         points = pd.concat([predicted, mine], ignore_index=True)
         points = points[points["op"].isin(main_ops) & points["phase"].isin(MAIN_PHASES)]
-        title = f"{model.name} on {spec.name} ({dtype})"
+        title = f"{model.name} on {spec.name} ({', '.join(filter(None, (dtype, model.precision)))})"
+        # a quantized checkpoint's linear layers meet their format's peak: its ceiling beside the dtype's
+        drawn = lines + ([format_ceiling(spec, model.weights)] if model.weights else [])
         job = FigureJob(
-            roofline_panels, dict(points=points, ceilings=lines, groups=OP_GROUPS, phases=MAIN_PHASES, title=title)
+            roofline_panels, dict(points=points, ceilings=drawn, groups=OP_GROUPS, phases=MAIN_PHASES, title=title)
         )
         caption = (
             f"{title}: op groups qkv, qk/pv, up/gate/down in prefill and decode, coloured by batch. "

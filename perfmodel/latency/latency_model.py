@@ -20,11 +20,11 @@ from perfmodel.latency.attention_table import AttentionTable, attention_op_time
 from perfmodel.latency.choice import LatencyMode
 from perfmodel.latency.gemm_grid import GemmGrid
 from perfmodel.latency.gemm_table import GemmTable
-from perfmodel.latency.quantized import QUANTIZED_OPS, QuantizedGemms
+from perfmodel.latency.quantized import QuantizedGemms
 from perfmodel.latency.roofline import RooflineLatency, speed_of_light
 from perfmodel.latency.transfer import TransferredGemm
 from perfmodel.models.config import ModelConfig
-from perfmodel.models.operators import LINEAR_OPS, STEP_OPS, WEIGHT_OPS, Matmul, Phase, op_kernels
+from perfmodel.models.operators import LINEAR_OPS, QUANTIZED_OPS, STEP_OPS, WEIGHT_OPS, Matmul, Phase, op_kernels
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.base.precision import WEIGHT_BYTES, WEIGHT_PEAK, WeightFormat
+from perfmodel.base.precision import WEIGHT_PEAK, WeightFormat
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.latency.gemm_grid import ENGINES, GemmGrid
@@ -29,13 +29,9 @@ from perfmodel.latency.roofline import kernel_time
 from perfmodel.measured.aiconfigurator import QUANTIZED_GEMM
 from perfmodel.measured.evidence import DeviceEvidence
 from perfmodel.models.config import ModelConfig
-from perfmodel.models.operators import Matmul
+from perfmodel.models.operators import Matmul, cost_of
 
 QUANTIZED_TABLE = QUANTIZED_GEMM
-# The decoder layers' linear ops (the engine's fused names among them): what a quantized
-# checkpoint stores in its format. The LM head is not among them.
-QUANTIZED_OPS = ("q", "k", "v", "qkv", "o", "up", "gate", "gate_up", "down")
-OUTPUT_BYTES = 2  # a W8A8 or W4A4 GEMM writes 16-bit activations
 COVERED = 4096  # the widest weight dimension a grid must reach to price a model's layers
 
 
@@ -66,10 +62,8 @@ def format_floor(matmul: Matmul, fmt: WeightFormat, spec: HardwareSpec) -> np.nd
     """Seconds no kernel of the format beats: the weight and the activations read at the
     format's bytes and the 16-bit output written, at the datasheet bandwidth, or its FLOPs at
     the format's peak."""
-    m, k, n = (np.asarray(v, dtype=float) for v in (matmul.m, matmul.k, matmul.n))
-    size = WEIGHT_BYTES[fmt]
-    moved = (k * n + m * k) * size + m * n * OUTPUT_BYTES
-    flops = 2 * m * k * n
+    cost = cost_of((matmul,), "bf16", fmt)  # a W8A8 or W4A4 GEMM writes 16-bit activations
+    moved, flops = np.asarray(cost.bytes, dtype=float), np.asarray(cost.flops, dtype=float)
     return np.maximum(moved / spec.bandwidth, flops / spec.peak_flops(WEIGHT_PEAK[fmt]))
 
 

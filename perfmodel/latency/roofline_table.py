@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from perfmodel.base.precision import WEIGHT_PEAK
 from perfmodel.base.provenance import Provenance
 from perfmodel.hardware import specs as hardware
 from perfmodel.hardware.ceilings import gemv_bandwidth_gb_s
@@ -40,6 +41,20 @@ class Ceiling:
     @property
     def ridge(self) -> float:
         return hardware.ridge(self.peak_flops, self.bandwidth)
+
+
+def format_ceiling(spec, weights) -> Ceiling:
+    """The datasheet's roofline at a quantized weight format's peak (fp8's, NVFP4's fp4): where a
+    quantized checkpoint's linear layers meet their compute bound."""
+    peak = WEIGHT_PEAK[weights]
+    rates = f"{spec.peak_tflops[peak]:g} TFLOP/s, {spec.memory_bandwidth_gb_s:g} GB/s"
+    return Ceiling(
+        f"datasheet {peak} ({weights} weights): {rates}",
+        spec.peak_flops(peak),
+        spec.bandwidth,
+        style=":",
+        color="#b8860b",
+    )
 
 
 def ceilings(view: DeviceView, dtype: str):

@@ -21,6 +21,7 @@ import numpy as np
 
 from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.precision import WEIGHT_BYTES, WeightFormat
 from perfmodel.models.config import ModelConfig
 
 OPS = ("q", "k", "v", "qkv", "qk", "pv", "o", "up", "gate", "gate_up", "down", "lm_head", "medusa_heads")
@@ -74,6 +75,9 @@ PHASES = tuple(Phase)
 # The paper's figure groups: XW_Q/XW_K/XW_V, QK^T/PV, XW_u/XW_g/XW_d.
 OP_GROUPS = {"qkv": ("q", "k", "v"), "qk/pv": ("qk", "pv"), "up/gate/down": ("up", "gate", "down")}
 ATTENTION_OPS = ("qk", "pv")
+# The decoder layers' linear ops (an engine's fused names among them): what a quantized
+# checkpoint stores in its weight format (perfmodel.base.precision). The LM head is not among them.
+QUANTIZED_OPS = ("q", "k", "v", "qkv", "o", "up", "gate", "gate_up", "down")
 
 # The reference implementation takes each head's top-10 (its Vicuna trees use ranks 0..9),
 # so heads are scored, trees built and candidates drawn over the same ten ranks.
@@ -364,12 +368,16 @@ def step_kernel(op: str, model: ModelConfig, batch, seq_len, q_len) -> Elementwi
     return Elementwise(reads, writes, flops[op], operands)
 
 
-def cost_of(kernels: tuple[Kernel, ...], dtype: str) -> OpCost:
-    return OpCost(
-        flops=sum(k.flops for k in kernels),
-        bytes=element_bytes(dtype) * sum(k.elements for k in kernels),
-        kernels=len(kernels),
-    )
+def cost_of(kernels: tuple[Kernel, ...], dtype: str, weights: WeightFormat | None = None) -> OpCost:
+    """FLOPs and bytes of `kernels` in `dtype`; a quantized linear op's (`weights`: its format,
+    perfmodel.base.precision) read its weight and activations at the format's bytes, scales
+    counted, and write its output in `dtype`."""
+    if weights is None:
+        moved = element_bytes(dtype) * sum(k.elements for k in kernels)
+    else:
+        size = WEIGHT_BYTES[weights]
+        moved = sum((k.k * k.n + k.m * k.k) * size + k.m * k.n * element_bytes(dtype) for k in kernels)
+    return OpCost(flops=sum(k.flops for k in kernels), bytes=moved, kernels=len(kernels))
 
 
 def op_cost(
