@@ -119,15 +119,18 @@ def test_the_roofline_draws_a_quantized_layer_at_its_formats_bytes_and_peak(caps
     # attention over an fp8 cache is not drawn (its points would read K and V at 16 bits)
     argv = ["--gpu", "h100", "--model", str(CONFIGS / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json")]
     assert run(roofline_main, argv) == 1
-    assert "--kv-cache-dtype bf16 draws it so" in capsys.readouterr().err
+    assert "the roofline draws attention over a 16-bit KV cache" in capsys.readouterr().err
 
 
-def test_a_report_refuses_a_quantized_checkpoint_it_would_misdraw(capsys):
+def test_a_report_refuses_what_it_would_misdraw(capsys):
     from reports.__main__ import main as reports_main
 
-    argv = ["build", "--gpu", "h100", "--model", str(CONFIGS / "Qwen--Qwen3-32B-FP8_config.json")]
-    assert run(reports_main, argv) == 1
-    assert "a report's rooflines are drawn in 16 bits" in capsys.readouterr().err
+    llama = str(CONFIGS / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json")  # an fp8 KV cache
+    assert run(reports_main, ["build", "--gpu", "h100", "--model", llama]) == 1
+    assert "the roofline draws attention over a 16-bit KV cache" in capsys.readouterr().err
+    qwen = str(CONFIGS / "Qwen--Qwen3-32B-FP8_config.json")  # the comparison's rooflines are 16-bit
+    assert run(reports_main, ["compare", "--gpu", "h100", "h200", "--model", qwen]) == 1
+    assert "the devices' comparison draws its rooflines in 16 bits" in capsys.readouterr().err
 
 
 def test_a_drafters_head_beside_a_quantized_target_keeps_16_bits():

@@ -104,16 +104,17 @@ def describe(weights: WeightFormat | None, kv_cache: KvFormat | None) -> str:
     return ", ".join(parts)
 
 
-# What the reports (whose roofline sections draw every operator at the 16-bit peak and bytes)
-# and the roofline figures (whose attention points read K and V at 16 bits) say of a precision
-# they would misdraw, instead of drawing it.
+# What the devices' comparison (its rooflines drawn at the 16-bit peak and bytes) and the
+# roofline figures and report (whose attention points read K and V at 16 bits) say of a
+# precision they would misdraw, instead of drawing it.
 DRAWN_IN_16_BITS = "priced in its formats by speedup, plan and schedule (--step full), not drawn yet"
 
 
 def require_unquantized(model) -> None:
-    """One line where `model` (a ModelConfig) is quantized: a report draws it in 16 bits."""
+    """One line where `model` (a ModelConfig) is quantized: the devices' comparison draws its
+    rooflines in 16 bits."""
     if model.weights is not None or model.kv_cache is not None:
-        raise PerfkitError(f"{model.title}: a report's rooflines are drawn in 16 bits; {DRAWN_IN_16_BITS}")
+        raise PerfkitError(f"{model.title}: the devices' comparison draws its rooflines in 16 bits; {DRAWN_IN_16_BITS}")
 
 
 def require_16_bit_kv_cache(model) -> None:
@@ -121,6 +122,6 @@ def require_16_bit_kv_cache(model) -> None:
     K and V at 16 bits (its weight format they draw at its own peak and bytes)."""
     if model.kv_cache is not None:
         raise PerfkitError(
-            f"{model.title}: the roofline draws attention over a 16-bit KV cache (--kv-cache-dtype bf16 draws it so); "
-            f"its {model.kv_cache} KV cache is {DRAWN_IN_16_BITS}"
+            f"{model.title}: the roofline draws attention over a 16-bit KV cache; its {model.kv_cache} KV cache is "
+            f"{DRAWN_IN_16_BITS}"
         )
