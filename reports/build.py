@@ -26,7 +26,6 @@ from perfmodel.acceptance.rates import PAPER_ACCEPTANCE, HeadAccuracyAcceptance
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.output_locks import claimed_dir
-from perfmodel.base.precision import require_16_bit_kv_cache
 from perfmodel.latency.step import StepFlavor, StepModel
 from perfmodel.latency.tensor_parallel import TensorParallelStep, step_collectives
 from perfmodel.latency.traced_step import TracedStep
@@ -113,7 +112,6 @@ def load_inputs(
     config: BuildConfig, log=print
 ) -> tuple[DeviceView, ModelConfig, str, ReportAcceptance, pd.DataFrame, pd.DataFrame]:
     model = load_model(config.model)
-    require_16_bit_kv_cache(model)  # attention over an fp8 cache is not drawn yet
     files = list(config.measurements)
     if config.measure:
         # Only a --measure build loads the sweeper: it imports torch (about a second), which a

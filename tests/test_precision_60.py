@@ -97,37 +97,30 @@ def test_a_device_or_step_that_cannot_run_a_format_says_so_in_one_line(capsys):
     assert "cannot run them" in capsys.readouterr().err
 
 
-def test_the_roofline_draws_a_quantized_layer_at_its_formats_bytes_and_peak(capsys):
+def test_the_roofline_draws_each_format_at_its_bytes_and_a_weight_format_at_its_peak():
     from perfmodel.hardware.specs import find_spec
     from perfmodel.latency.roofline import predict_table
     from perfmodel.latency.roofline_table import format_ceiling
     from perfmodel.models.grid import Grid
-    from reports.commands.roofline import main as roofline_main
 
     model, spec, grid = load_model("llama-3-8b"), find_spec("h100-sxm"), Grid((1, 8), (512,), (1,))
     tables = [
-        predict_table(spec, m, "bf16", grid, ops=("up", "qk"), latency=latency_source(spec.key, m, "bf16"))
-        for m in (model, model.with_precision("fp8", None))
+        predict_table(spec, m, "bf16", grid, ops=("up", "qk", "sdpa"), latency=latency_source(spec.key, m, "bf16"))
+        for m in (model, model.with_precision("fp8", None), model.with_precision(None, "fp8"))
     ]
-    intensity = [
-        t.set_index(["op", "phase", "batch"])["flops"] / t.set_index(["op", "phase", "batch"])["bytes"] for t in tables
-    ]
-    ratio = intensity[1] / intensity[0]
-    assert ratio[("up", "decode", 1)] == pytest.approx(2, rel=0.01)  # the weight read at a byte
-    assert ratio[("qk", "decode", 1)] == 1  # attention is not a quantized layer
+    keyed = [t.set_index(["op", "phase", "batch"]) for t in tables]
+    intensity = [t["flops"] / t["bytes"] for t in keyed]
+    weights, cache = intensity[1] / intensity[0], intensity[2] / intensity[0]
+    assert weights[("up", "decode", 1)] == pytest.approx(2, rel=0.01)  # the weight read at a byte
+    assert weights[("qk", "decode", 1)] == 1  # attention is not a quantized layer
+    assert cache[("qk", "decode", 1)] > 1.5 and cache[("sdpa", "decode", 8)] > 1.5  # K and V read at a byte
+    assert cache[("up", "decode", 1)] == 1
     assert format_ceiling(spec, "fp8").label.startswith("datasheet fp8 (fp8 weights): 1979 TFLOP/s")
-    # attention over an fp8 cache is not drawn (its points would read K and V at 16 bits)
-    argv = ["--gpu", "h100", "--model", str(CONFIGS / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json")]
-    assert run(roofline_main, argv) == 1
-    assert "the roofline draws attention over a 16-bit KV cache" in capsys.readouterr().err
 
 
-def test_a_report_refuses_what_it_would_misdraw(capsys):
+def test_the_devices_comparison_refuses_what_it_would_misdraw(capsys):
     from reports.__main__ import main as reports_main
 
-    llama = str(CONFIGS / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json")  # an fp8 KV cache
-    assert run(reports_main, ["build", "--gpu", "h100", "--model", llama]) == 1
-    assert "the roofline draws attention over a 16-bit KV cache" in capsys.readouterr().err
     qwen = str(CONFIGS / "Qwen--Qwen3-32B-FP8_config.json")  # the comparison's rooflines are 16-bit
     assert run(reports_main, ["compare", "--gpu", "h100", "h200", "--model", qwen]) == 1
     assert "the devices' comparison draws its rooflines in 16 bits" in capsys.readouterr().err

@@ -104,9 +104,8 @@ def describe(weights: WeightFormat | None, kv_cache: KvFormat | None) -> str:
     return ", ".join(parts)
 
 
-# What the devices' comparison (its rooflines drawn at the 16-bit peak and bytes) and the
-# roofline figures and report (whose attention points read K and V at 16 bits) say of a
-# precision they would misdraw, instead of drawing it.
+# What the devices' comparison (its rooflines side by side drawn at the 16-bit peak and bytes)
+# says of a quantized checkpoint, instead of misdrawing it.
 DRAWN_IN_16_BITS = "priced in its formats by speedup, plan and schedule (--step full), not drawn yet"
 
 
@@ -115,13 +114,3 @@ def require_unquantized(model) -> None:
     rooflines in 16 bits."""
     if model.weights is not None or model.kv_cache is not None:
         raise PerfkitError(f"{model.title}: the devices' comparison draws its rooflines in 16 bits; {DRAWN_IN_16_BITS}")
-
-
-def require_16_bit_kv_cache(model) -> None:
-    """One line where `model`'s KV cache is quantized: the roofline figures draw attention's
-    K and V at 16 bits (its weight format they draw at its own peak and bytes)."""
-    if model.kv_cache is not None:
-        raise PerfkitError(
-            f"{model.title}: the roofline draws attention over a 16-bit KV cache; its {model.kv_cache} KV cache is "
-            f"{DRAWN_IN_16_BITS}"
-        )

@@ -21,7 +21,16 @@ from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.measured.contract import COLUMNS, ContractPoint, contract_fields
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.grid import PAPER_GRID, Grid, iter_blocks
-from perfmodel.models.operators import OPS, PHASES, QUANTIZED_OPS, Kernel, cost_of, op_kernels
+from perfmodel.models.operators import (
+    ATTENTION_OPS,
+    FUSED_OPS,
+    OPS,
+    PHASES,
+    QUANTIZED_OPS,
+    Kernel,
+    cost_of,
+    op_kernels,
+)
 
 
 def kernel_time(kernel: Kernel, dtype: str, spec: HardwareSpec, params: RooflineParams):
@@ -59,14 +68,15 @@ def predict_table(
     latency: a latency source (perfmodel.latency.source) to time them with instead of the
     roofline with `params`; its label goes in a `latency_model` column."""
     spec.peak_flops(dtype)  # fail early, with the device's list, if it lacks this dtype
-    if latency is None and model.weights is not None:
-        raise PerfkitError(f"{model.title}: its quantized layers are timed by a latency source (latency=...)")
+    if latency is None and model.precision:
+        raise PerfkitError(f"{model.title}: its quantized formats are timed by a latency source (latency=...)")
     frames = []
     for op, phase, points in iter_blocks(model, grid, ops, phases):
         b, s, q = (points[:, i] for i in range(3))
         kernels = op_kernels(op, phase, model, b, s, q)
-        # a quantized layer moves its format's bytes: its intensity is the format's
-        cost = cost_of(kernels, dtype, model.weights if op in QUANTIZED_OPS else None)
+        # a quantized layer, or attention over a quantized cache, moves its format's bytes
+        weights = model.weights if op in QUANTIZED_OPS else None
+        cost = cost_of(kernels, dtype, weights, model.kv_cache if op in (*ATTENTION_OPS, *FUSED_OPS) else None)
         t = op_time(kernels, dtype, spec, params) if latency is None else latency.op_time(op, phase, b, s, q)
         frames.append(
             pd.DataFrame(

@@ -21,7 +21,7 @@ import numpy as np
 
 from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
-from perfmodel.base.precision import WEIGHT_BYTES, WeightFormat
+from perfmodel.base.precision import KV_BYTES, WEIGHT_BYTES, KvFormat, WeightFormat
 from perfmodel.models.config import ModelConfig
 
 OPS = ("q", "k", "v", "qkv", "qk", "pv", "o", "up", "gate", "gate_up", "down", "lm_head", "medusa_heads")
@@ -368,15 +368,27 @@ def step_kernel(op: str, model: ModelConfig, batch, seq_len, q_len) -> Elementwi
     return Elementwise(reads, writes, flops[op], operands)
 
 
-def cost_of(kernels: tuple[Kernel, ...], dtype: str, weights: WeightFormat | None = None) -> OpCost:
-    """FLOPs and bytes of `kernels` in `dtype`; a quantized linear op's (`weights`: its format,
-    perfmodel.base.precision) read its weight and activations at the format's bytes, scales
-    counted, and write its output in `dtype`."""
-    if weights is None:
-        moved = element_bytes(dtype) * sum(k.elements for k in kernels)
+def cached_elements(kernel: Kernel):
+    """Elements of the KV cache an attention kernel reads: K^T of QK^T, V of PV (the right
+    operands), K and V of a fused kernel."""
+    if isinstance(kernel, FusedAttention):
+        return kernel.batch * kernel.head_dim * 2 * kernel.kv_heads * kernel.kv_len
+    return kernel.batch * kernel.k * kernel.n
+
+
+def cost_of(
+    kernels: tuple[Kernel, ...], dtype: str, weights: WeightFormat | None = None, kv_cache: KvFormat | None = None
+) -> OpCost:
+    """FLOPs and bytes of `kernels` in `dtype` (perfmodel.base.precision's formats: `weights` for
+    a quantized linear op, which reads its weight and activations at the format's bytes, scales
+    counted, and writes `dtype`; `kv_cache` for attention over a quantized cache, read at its bytes)."""
+    size = element_bytes(dtype)
+    if weights is not None:
+        moved = sum((k.k * k.n + k.m * k.k) * WEIGHT_BYTES[weights] + k.m * k.n * size for k in kernels)
     else:
-        size = WEIGHT_BYTES[weights]
-        moved = sum((k.k * k.n + k.m * k.k) * size + k.m * k.n * element_bytes(dtype) for k in kernels)
+        moved = size * sum(k.elements for k in kernels)
+        if kv_cache is not None:
+            moved -= (size - KV_BYTES[kv_cache]) * sum(cached_elements(k) for k in kernels)
     return OpCost(flops=sum(k.flops for k in kernels), bytes=moved, kernels=len(kernels))
 
 

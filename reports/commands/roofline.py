@@ -19,7 +19,6 @@ import pandas as pd
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.output_locks import claimed_dir
 from perfmodel.base.outputs import writable_dir, writable_file
-from perfmodel.base.precision import require_16_bit_kv_cache
 from perfmodel.base.provenance import Provenance
 from perfmodel.cli import Parser, batch_size, options, positive_int, pricing_options, token_count
 from perfmodel.cli.fields import add_options, along, option, read_options, shared
@@ -123,8 +122,6 @@ def main(argv: list[str] | None = None) -> int:
     dtype = check_dtype(args.dtype or default_dtype("cpu" if cpu else "cuda"))
     names = args.model or (["llama-7b"] if cpu or args.measure else DEFAULT_MODELS)
     models = [load_model(m).as_served(args.weight_format, args.kv_cache_dtype) for m in names]
-    for model in models:  # attention's points read K and V at 16 bits
-        require_16_bit_kv_cache(model)
     if args.medusa_heads:
         models = [m.with_medusa_heads(args.medusa_heads) for m in models]
     grid = (QUICK_GRID if cpu or args.measure else PAPER_GRID).narrowed(args.batch, args.seq, args.candidates)
