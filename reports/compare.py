@@ -19,7 +19,6 @@ import pandas as pd
 from perfmodel.base.dtypes import check_dtype, default_dtype
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.output_locks import claimed_dir
-from perfmodel.base.precision import require_unquantized
 from perfmodel.cli.workload_options import WorkloadSettings
 from perfmodel.latency import roofline_table
 from perfmodel.latency.source import view_latency
@@ -156,7 +155,6 @@ def compare(config: CompareConfig, log=print) -> Comparison:
 def compare_in(config: CompareConfig, log=print) -> Comparison:
     started = time.perf_counter()
     model = load_model(config.model)
-    require_unquantized(model)  # its roofline figures are drawn in 16 bits
     pairs, skipped = views(config)
     acceptance = report_acceptance(config.acceptance or "paper", config.model)
     result = Comparison(skipped=skipped)
@@ -188,7 +186,12 @@ def compare_in(config: CompareConfig, log=print) -> Comparison:
         f"Latency: {latency_modes(sources)} (each source in full in the page's ceilings table). "
         f"Acceptance: {acceptance.choice.label}."
     )
-    ceilings = {v.spec.key: roofline_table.ceilings(v, d) for v, d in pairs}
+    # a quantized checkpoint's linear layers meet their format's peak: its ceiling beside the dtype's
+    ceilings = {
+        v.spec.key: roofline_table.ceilings(v, d)
+        + ([roofline_table.format_ceiling(v.spec, model.weights)] if model.weights else [])
+        for v, d in pairs
+    }
     kinds = (
         "Datasheet, predicted and measured"
         if any(c.label.startswith("measured") for lines in ceilings.values() for c in lines)

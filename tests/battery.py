@@ -265,7 +265,7 @@ CASES: tuple[Case, ...] = (
     # ---- reports
     error("reports", "build --gpu h1000 --model llama-7b --out {out}", says="unknown device 'h1000'"),
     error("reports", "build --gpu a100 --model llama-7b --latency-ms nan --out {out}", says="nan"),
-    error("reports", "compare --gpu a100 h100 --model {qwen3_32b_fp8} --out {out}", says="not drawn yet"),
+    error("reports", "compare --gpu a100 h100 --model {qwen3_32b_fp8} --out {out}", says="a100-pcie) cannot run"),
     # ---- sensible answers, written whole
     answer(
         "roofline",

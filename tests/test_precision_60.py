@@ -118,14 +118,6 @@ def test_the_roofline_draws_each_format_at_its_bytes_and_a_weight_format_at_its_
     assert format_ceiling(spec, "fp8").label.startswith("datasheet fp8 (fp8 weights): 1979 TFLOP/s")
 
 
-def test_the_devices_comparison_refuses_what_it_would_misdraw(capsys):
-    from reports.__main__ import main as reports_main
-
-    qwen = str(CONFIGS / "Qwen--Qwen3-32B-FP8_config.json")  # the comparison's rooflines are 16-bit
-    assert run(reports_main, ["compare", "--gpu", "h100", "h200", "--model", qwen]) == 1
-    assert "the devices' comparison draws its rooflines in 16 bits" in capsys.readouterr().err
-
-
 def test_a_drafters_head_beside_a_quantized_target_keeps_16_bits():
     # an EAGLE-3 head ships in 16 bits beside an FP8 target: its layer is not priced on the fp8 grid
     from perfmodel.latency.draft_weights import latency_for

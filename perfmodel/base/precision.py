@@ -102,15 +102,3 @@ def describe(weights: WeightFormat | None, kv_cache: KvFormat | None) -> str:
     parts = [f"{weights} weights"] if weights else []
     parts += [f"{kv_cache} KV cache"] if kv_cache else []
     return ", ".join(parts)
-
-
-# What the devices' comparison (its rooflines side by side drawn at the 16-bit peak and bytes)
-# says of a quantized checkpoint, instead of misdrawing it.
-DRAWN_IN_16_BITS = "priced in its formats by speedup, plan and schedule (--step full), not drawn yet"
-
-
-def require_unquantized(model) -> None:
-    """One line where `model` (a ModelConfig) is quantized: the devices' comparison draws its
-    rooflines in 16 bits."""
-    if model.weights is not None or model.kv_cache is not None:
-        raise PerfkitError(f"{model.title}: the devices' comparison draws its rooflines in 16 bits; {DRAWN_IN_16_BITS}")
