@@ -8,6 +8,7 @@ these are the PNGs a user gets."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from reports.plotting import subplots
 
 SHIPPED_CPU = "cpu-intel-xeon-processor-2c"
 GPUS = ["a100", "h100", "l40s", "a40", "rtx-a6000"]
+FP8 = Path(__file__).resolve().parent / "data" / "model_configs" / "Qwen--Qwen3-32B-FP8_config.json"
 
 
 @dataclass
@@ -159,7 +161,8 @@ def rendered(tmp_path_factory) -> dict[str, list[str]]:
             == 0
         )
         assert (
-            reports_main(["build", "--gpu", "h100", "--model", "llama-7b", "--out", str(out / "h100"), "--jobs", "1"])
+            # an FP8 checkpoint: its rooflines carry the format's ceiling beside the dtype's
+            reports_main(["build", "--gpu", "h100", "--model", str(FP8), "--out", str(out / "h100"), "--jobs", "1"])
             == 0
         )
         assert (
