@@ -137,3 +137,11 @@ def test_nvfp4_runs_where_the_spec_states_an_fp4_peak_from_the_blackwell_grids()
     bf16 = latency_source("b200", load_model("llama-3-8b"), "bf16", stack="trtllm")
     # memory-bound at 64 rows: a quarter of the weight bytes, well under the 16-bit time
     assert float(source.op_time("gate_up", "decode", 64, 512, 1)) < float(bf16.op_time("gate_up", "decode", 64, 512, 1))
+
+
+@pytest.mark.parametrize(("option", "value"), [("--weight-format", "int4"), ("--kv-cache-dtype", "fp4")])
+def test_a_format_outside_the_choices_is_a_usage_error_naming_them(capsys, option, value):
+    with pytest.raises(SystemExit):
+        speedup_main(["--gpu", "h100", "--model", "llama-3-8b", option, value])
+    err = capsys.readouterr().err
+    assert f"invalid choice: '{value}'" in err and "fp8" in err

@@ -23,7 +23,7 @@ from enum import StrEnum
 
 from perfmodel.base.errors import PerfkitError
 
-SIXTEEN_BIT = ("bf16", "fp16")  # a weight or KV format of 16 bits: the dtype's own, nothing quantized
+SIXTEEN_BIT = ("bf16", "fp16")  # 16 bits: the dtype's own format (same tensor rate; the grids hold bf16)
 
 
 class WeightFormat(StrEnum):

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.base.precision import SIXTEEN_BIT
 from perfmodel.base.stacks import SERVING_ENGINES, Engine
 from perfmodel.latency.calibration import fill_holes
 from perfmodel.latency.monotone import non_decreasing
@@ -47,8 +48,6 @@ AUTO_STACK = "auto"  # --stack auto: the device's default stack
 ENGINES = SERVING_ENGINES  # the engines' grids, in the order `auto` prefers them
 VIDUR = Engine.VIDUR
 TORCH = Engine.TORCH  # this project's own campaigns (perfmodel.measured.aiconfigurator.TORCH_ENGINE)
-# 16-bit GEMMs run on the same tensor cores at the same rate in fp16 and bf16; the grids hold bf16.
-SIXTEEN_BIT = ("fp16", "bf16")
 
 
 @dataclass

@@ -31,7 +31,6 @@ from perfmodel.measured.evidence import DeviceEvidence
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.operators import Matmul, cost_of
 
-QUANTIZED_TABLE = QUANTIZED_GEMM
 COVERED = 4096  # the widest weight dimension a grid must reach to price a model's layers
 
 
@@ -44,18 +43,18 @@ def quantized_grid(evidence: DeviceEvidence, stack: str | None, fmt: WeightForma
 def covers(stack, fmt: WeightFormat) -> bool:
     """Whether a stack measured the format over a model's weights: n and k to COVERED at
     least (vLLM's fp8-block rows on the RTX PRO 6000 stop at 128, a grid stretched 64-fold)."""
-    rows = stack.table(QUANTIZED_TABLE)
+    rows = stack.table(QUANTIZED_GEMM)
     rows = rows[rows["dtype"] == fmt]
     return bool(len(rows)) and rows["n"].max() >= COVERED and rows["k"].max() >= COVERED
 
 
 def _quantized_grid(evidence: DeviceEvidence, stack: str | None, fmt: WeightFormat) -> GemmGrid | None:
-    holding = [s for s in evidence.with_table(QUANTIZED_TABLE) if not s.is_torch and covers(s, fmt)]
+    holding = [s for s in evidence.with_table(QUANTIZED_GEMM) if not s.is_torch and covers(s, fmt)]
     if not holding:
         return None
     rank = {engine: i for i, engine in enumerate(ENGINES)}
     holding.sort(key=lambda s: (s.stack != stack, rank.get(s.engine, len(rank)), s.stack))
-    return GemmGrid.of(holding[0], str(fmt), table=QUANTIZED_TABLE)
+    return GemmGrid.of(holding[0], str(fmt), table=QUANTIZED_GEMM)
 
 
 def format_floor(matmul: Matmul, fmt: WeightFormat, spec: HardwareSpec) -> np.ndarray:
@@ -86,7 +85,7 @@ class QuantizedGemms:
         if WEIGHT_PEAK[fmt] != "fp8":
             raise PerfkitError(
                 f"weights {fmt}: no {fmt} GEMMs are measured on {evidence.key}, and its roofline has no {fmt} rate to "
-                "stand for them (measured: aiconfigurator's Blackwell engines, b200, b300, gb200, gb300, rtx-pro-6000)"
+                "stand for them (profilers/measurements/IMPORTED-AICONFIGURATOR.md lists the devices that have them)"
             )
         return cls(fmt, evidence.spec, None, params)
 

@@ -72,15 +72,19 @@ def grid(devices, stacks, models, batches) -> tuple[list[Point], list[str]]:
 
 def timed_degrees(device: str, stack: str, model: str) -> list[int]:
     """The degrees the model splits into and the stack's all-reduce on the device was measured at."""
-    return usable_degrees(
-        from_hf_config(model_config_path(model)), find_spec(device), engine_all_reduce_stack(device, stack)
-    )
+    return usable_degrees(project_config(model), find_spec(device), engine_all_reduce_stack(device, stack))
+
+
+@functools.lru_cache(maxsize=16)
+def project_config(model: str):
+    """The config the peer ships for a model id, as the project reads it (its precision included)."""
+    return from_hf_config(model_config_path(model))
 
 
 @functools.lru_cache(maxsize=64)
 def project_step(device: str, stack: str, model: str, tp: int):
     """The project's full step of the model split tp ways, priced on the stack's measurements."""
-    config = from_hf_config(model_config_path(model))
+    config = project_config(model)
     view = resolve_view(device, None, [], log=lambda _: None)
     return tensor_parallel_steps(view, config, DTYPE, tp, LatencyChoice.of("auto", stack))["full"]
 
@@ -90,7 +94,7 @@ def compare(point: Point, prompt_len: int, response_len: int) -> dict:
     component's TPOT share on both sides."""
     step = project_step(point.device, point.stack, point.model, point.tp)
     ours = static_batch(step, point.batch, prompt_len, response_len)
-    quant = peer_quant(from_hf_config(model_config_path(point.model)))
+    quant = peer_quant(project_config(point.model))
     peer = peer_estimate(point.model, point.device, point.stack, point.tp, point.batch, prompt_len, response_len, quant)
     row = {
         "device": point.device,
