@@ -44,6 +44,7 @@ from perfmodel.models.config import (
     read_hf_config,
     resolve_model_path,
 )
+from perfmodel.models.unpriced import check_runs_dense
 
 TREE_FILE = "medusa_tree.json"
 BUNDLED = BUNDLED_MODEL
@@ -155,6 +156,7 @@ def is_preset(model: str | Path) -> bool:
 def load_checkpoint(model: str | Path = "bundled", heads: str | Path | None = None, dtype=torch.float32) -> Checkpoint:
     folder = resolve_folder(model)
     config_file = _config_file(folder)
+    check_runs_dense(read_config_json(config_file), config_file, "the reference decoder")
     parsed = read_hf_config(config_file)
     config = LlamaConfig.from_hf(parsed)
     weights = sorted(p for p in folder.glob("*.safetensors") if p.name not in (*HEADS_FILES, *EAGLE_FILES.values()))

@@ -53,6 +53,7 @@ from perfmodel.cli.fields import add_options, along, read_options, shared
 from perfmodel.latency.kinds import KINDS, kernel_rows
 from perfmodel.latency.traced import TRACE_COLUMNS
 from perfmodel.models.config import ModelConfig, load_model
+from perfmodel.models.unpriced import check_dense
 
 
 def trace_table(groups: list[tuple[list[tuple], int]], unclassified: set[str]) -> pd.DataFrame:
@@ -227,6 +228,7 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     args = read_options(TraceOptions, build_parser().parse_args(argv))
     model = load_model(args.model)
+    check_dense(model, "the reference decoder's traced step")
     dtype = args.dtype or default_dtype("cuda")  # the inventory is of a GPU's step
     sizes = list(dict.fromkeys((1, args.tree_size)))  # the plain step, then the Medusa step
     for size in sizes:  # every refusal before any tracing

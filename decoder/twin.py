@@ -26,7 +26,8 @@ from decoder.trace_ops import NO_KERNEL, dtype_name, op_name, shapes_text, tenso
 from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import Tree, greedy_tree
 from perfmodel.base.errors import PerfkitError
-from perfmodel.models.config import DEFAULT_MEDUSA_HEADS, read_hf_config, resolve_model_path
+from perfmodel.models.config import DEFAULT_MEDUSA_HEADS, read_config_json, read_hf_config, resolve_model_path
+from perfmodel.models.unpriced import check_runs_dense
 
 DUMMY_RANGE = 1e-3  # vLLM's dummy weights: uniform in [-1e-3, 1e-3]
 
@@ -46,6 +47,7 @@ def dummy_checkpoint(
     path = resolve_model_path(model)
     if path is None:
         raise PerfkitError(f"--weights dummy needs a config.json: {model!r} is not a file or folder")
+    check_runs_dense(read_config_json(path), path, "the reference decoder")
     config = LlamaConfig.from_hf(read_hf_config(path))
     return dummy_checkpoint_of(config, path if path.is_dir() else path.parent, dtype, medusa_heads, seed, device)
 

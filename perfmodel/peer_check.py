@@ -109,7 +109,12 @@ def build_parser() -> Parser:
 
 
 # What each model set's header says of its precision.
-PRECISION_SAID = {"bf16": "bf16", "fp8": "each checkpoint in the formats its files declare, on both sides"}
+PRECISION_SAID = {
+    "bf16": "bf16",
+    "fp8": "each checkpoint in the formats its files declare, on both sides",
+    "moe": "bf16 (gpt-oss's experts in the MXFP4 its files declare), the experts split as the project's tables priced "
+    "them and routed power_law_1.2, on both sides",
+}
 
 
 def report(rows: pd.DataFrame, prompt_len: int, response_len: int, precision: str = "bf16") -> list[str]:

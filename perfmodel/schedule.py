@@ -65,6 +65,8 @@ class ScheduleOptions:
     dtype: str | None = field(default=None, metadata=shared(options.dtype))
     weight_format: str | None = field(default=None, metadata=shared(options.precision))
     kv_cache_dtype: str | None = field(default=None, metadata=along("weight_format"))
+    moe_parallel: str | None = field(default=None, metadata=along("weight_format"))
+    routing: str | None = field(default=None, metadata=along("weight_format"))
     tp: int | None = field(default=1, metadata=shared(pricing_options.tp))
     acceptance_rates: str | None = field(default=None, metadata=shared(options.acceptance_rates))
     latency: str | LatencyChoice = field(default="auto", metadata=shared(pricing_options.latency))  # parsed: a choice
@@ -303,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     # The closed loops given are read first: a missing or malformed one is one line before any
     # work, not an error after the exports are written.
     given = read_closed_loops(args.closed_loop) if args.closed_loop else None
-    model = load_model(args.model).as_served(args.weight_format, args.kv_cache_dtype)
+    model = load_model(args.model).as_served(args.weight_format, args.kv_cache_dtype, args.moe_parallel, args.routing)
     # notes (a stored CPU standing in for this one) go to stderr: --json keeps stdout JSON
     view = resolve_devices([args.spec or args.gpu], log=lambda line: print(line, file=sys.stderr))[0]
     dtype = args.dtype or default_dtype(view)

@@ -28,6 +28,7 @@ from perfmodel.cli.parser import number_in, positive_number_up_to
 from perfmodel.models.config import load_model
 from perfmodel.models.grid import FINE_TOKEN_STEP, FINE_TOKENS_UP_TO, check_ops
 from perfmodel.models.operators import DEFAULT_OPS, LINEAR_OPS, PHASES, STEP_OPS
+from perfmodel.models.unpriced import check_dense
 from profilers.benchmarks import BENCH_DTYPES
 from profilers.device import check_device
 from profilers.sweep_runs import run_sweep
@@ -170,6 +171,7 @@ def config_from_args(args) -> SweepConfig:
     check_device(device)
     dtype = check_dtype(args.dtype or default_dtype(device))
     model = load_model(args.model)
+    check_dense(model, "a sweep (it times a dense model's ops)")
     grid_name = args.grid or default_grid(device)
     grid = sweep_grid(device, grid_name, args.token_grid, args.batch, args.seq, args.candidates)
     custom = "custom" if (args.batch or args.seq or args.candidates) else grid_name

@@ -24,7 +24,7 @@ from perfmodel.latency.roofline_table import (
 from perfmodel.latency.source import view_latency
 from perfmodel.measured.contract import POINT_COLUMNS
 from perfmodel.measured.device_view import DeviceView
-from perfmodel.models.operators import DEFAULT_OPS, OP_GROUPS
+from perfmodel.models.operators import DEFAULT_OPS, op_groups
 from reports.html import Page
 from reports.render import FigureJob
 from reports.roofline_figures import roofline_panels, variation_figure
@@ -45,7 +45,6 @@ def submit_roofline_figures(renderer, view: DeviceView, models, variation_model,
     spec, params, measured = view.spec, view.params, view.measured
     lines = ceilings(view, dtype)
     tables, errors, figures = [], [], []
-    main_ops = [op for group in OP_GROUPS.values() for op in group]
     # one latency source per model, however many figures draw it
     sources = {model: view_latency(view, model, dtype, latency) for model in dict.fromkeys([*models, variation_model])}
     for model in models:
@@ -55,15 +54,17 @@ def submit_roofline_figures(renderer, view: DeviceView, models, variation_model,
         tables += [predicted, mine]
         errors.append(prediction_error(predicted, mine))
         points = pd.concat([predicted, mine], ignore_index=True)
+        groups = op_groups(model)  # an MoE model's MLP group is its router and experts
+        main_ops = [op for group in groups.values() for op in group]
         points = points[points["op"].isin(main_ops) & points["phase"].isin(MAIN_PHASES)]
         title = f"{model.name} on {spec.name} ({', '.join(filter(None, (dtype, model.precision)))})"
         # a quantized checkpoint's linear layers meet their format's peak: its ceiling beside the dtype's
         drawn = lines + ([format_ceiling(spec, model.weights)] if model.weights else [])
         job = FigureJob(
-            roofline_panels, dict(points=points, ceilings=drawn, groups=OP_GROUPS, phases=MAIN_PHASES, title=title)
+            roofline_panels, dict(points=points, ceilings=drawn, groups=groups, phases=MAIN_PHASES, title=title)
         )
         caption = (
-            f"{title}: op groups qkv, qk/pv, up/gate/down in prefill and decode, coloured by batch. "
+            f"{title}: op groups {', '.join(groups)} in prefill and decode, coloured by batch. "
             f"Predicted points' latency: {source.label}."
         )
         figures.append(

@@ -71,14 +71,15 @@ def answer(command: str, line: str, says: str, item: str = "") -> Case:
 
 
 CASES: tuple[Case, ...] = (
-    # ---- issue #56 item 1: mixture-of-experts configs are not priced as dense models
-    error("plan", "--model {mixtral} --gpu h100 --latency-ms 50", says="num_local_experts = 8", item="1"),
-    error("plan", "--model {qwen3_30b_a3b} --gpu h100", says="num_experts = 128", item="1"),
-    error("speedup", "--model {qwen3_235b} --gpu h100", says="num_experts = 128", item="1"),
-    error("speedup", "--model {gpt_oss_20b} --gpu h100", says="num_local_experts = 32", item="1"),
+    # ---- issue #56 item 1: mixture-of-experts configs are not priced as dense models; since issue
+    # 60 their experts are priced (every one in memory, each layer from the measured MoE tables)
+    error("plan", "--model {mixtral} --gpu h100 --latency-ms 50 --tp 1", says="it needs 2 devices", item="1"),
+    answer("plan", "--model {qwen3_30b_a3b} --gpu h100", says="measured bf16 MoE layers", item="1"),
+    error("speedup", "--model {qwen3_235b} --gpu h100", says="it needs 8 devices", item="1"),
+    answer("speedup", "--model {gpt_oss_20b} --gpu h100 --out {out}", says="measured mxfp4 MoE layers", item="1"),
     error("roofline", "--gpu h100 --model {deepseek_v3} --out {out}", says="n_routed_experts", item="1"),
-    error("schedule", "--model {mixtral} --gpu h100 --out {out}", says="mixture-of-experts", item="1"),
-    error("reports", "build --gpu h100 --model {mixtral} --out {out}", says="num_local_experts"),
+    answer("schedule", "--model {mixtral} --gpu h100 --tp 2 --out {out}", says="wrote", item="1"),
+    error("reports", "build --gpu h100 --model {mixtral} --out {out}", says="it needs 2 devices"),
     error("plan", "--model {llama4} --gpu h100", says="model_type 'llama4' is not priced", item="1"),
     error("trace", "--model {mixtral}", says="mixture-of-experts", item="1"),
     error("checkpoint", "{moe_checkpoint}", says="mixture-of-experts", item="1"),

@@ -13,6 +13,7 @@ import pytest
 from perfmodel.cli import run
 from perfmodel.peer import aiconfigurator_peer
 from perfmodel.peer.compare import component_ratios, summarize
+from perfmodel.peer.static_batch import COMPONENTS
 from perfmodel.peer_check import main
 
 HAS_PEER = importlib.util.find_spec("aiconfigurator") is not None
@@ -58,8 +59,8 @@ def test_the_summary_leaves_out_what_the_peer_finds_out_of_memory():
             "tpot_ratio": [1.02, 0.97, 1.5],
             "ttft_ratio": [1.0, 1.01, 1.5],
             "peer_oom": [False, False, True],
-            **{f"{c}_ms": [1.0, 1.0, 1.0] for c in ("gemm", "attention", "elementwise", "communication")},
-            **{f"peer_{c}_ms": [1.0, 0.5, 1.0] for c in ("gemm", "attention", "elementwise", "communication")},
+            **{f"{c}_ms": [1.0, 1.0, 1.0] for c in COMPONENTS},
+            **{f"peer_{c}_ms": [1.0, 0.5, 1.0] for c in COMPONENTS},
         }
     )
     s = summarize(rows)

@@ -9,6 +9,9 @@ the LM head, norms, attention's queries and the activations between layers.
   Qwen3-FP8's `weight_block_size` [128, 128]) and per 128 activations of a row.
 - nvfp4: W4A4 in NVIDIA's FP4 (E2M1) with one FP8 (E4M3) scale per 16 weights and an fp32
   scale per tensor (ModelOpt's NVFP4): Blackwell's tensor cores run it.
+- mxfp4: W4A16 in the OCP microscaling FP4 (E2M1) with one 8-bit power-of-two (E8M0) scale per
+  32 weights, dequantized to 16 bits for the 16-bit tensor cores (gpt-oss's experts): only an
+  MoE model's experts are priced in it (the engines' MoE tables measured it; no GEMM table did).
 
 A KV cache in fp8 stores keys and values in one byte each (vLLM's `--kv-cache-dtype fp8`,
 ModelOpt's `kv_cache_quant_algo: FP8`).
@@ -32,6 +35,7 @@ class WeightFormat(StrEnum):
     FP8 = "fp8"
     FP8_BLOCK = "fp8-block"
     NVFP4 = "nvfp4"
+    MXFP4 = "mxfp4"
 
 
 class KvFormat(StrEnum):
@@ -46,11 +50,17 @@ WEIGHT_BYTES = {
     WeightFormat.FP8: 1.0,
     WeightFormat.FP8_BLOCK: 1.0 + 4 / (128 * 128),
     WeightFormat.NVFP4: 0.5 + 1 / 16,
+    WeightFormat.MXFP4: 0.5 + 1 / 32,
 }
 KV_BYTES = {KvFormat.FP8: 1}
 # The peak (a key of a spec's peak_tflops) each format's GEMMs run at: a device whose spec has
 # no such peak has no tensor cores for the format, and cannot run it.
-WEIGHT_PEAK = {WeightFormat.FP8: "fp8", WeightFormat.FP8_BLOCK: "fp8", WeightFormat.NVFP4: "fp4"}
+WEIGHT_PEAK = {
+    WeightFormat.FP8: "fp8",
+    WeightFormat.FP8_BLOCK: "fp8",
+    WeightFormat.NVFP4: "fp4",
+    WeightFormat.MXFP4: "bf16",  # W4A16: dequantized into 16-bit tensor-core math
+}
 
 WEIGHT_CHOICES = (*SIXTEEN_BIT, *WeightFormat)
 KV_CHOICES = (*SIXTEEN_BIT, *KvFormat)
@@ -97,8 +107,10 @@ def check_runs_on(weights: WeightFormat | None, spec) -> None:
         )
 
 
-def describe(weights: WeightFormat | None, kv_cache: KvFormat | None) -> str:
-    """The precision in words, for a label: '' where nothing is quantized."""
+def describe(weights: WeightFormat | None, kv_cache: KvFormat | None, experts: WeightFormat | None = None) -> str:
+    """The precision in words, for a label: '' where nothing is quantized (`experts`: an MoE
+    model's experts stored apart, gpt-oss's mxfp4)."""
     parts = [f"{weights} weights"] if weights else []
+    parts += [f"{experts} experts"] if experts else []
     parts += [f"{kv_cache} KV cache"] if kv_cache else []
     return ", ".join(parts)

@@ -39,6 +39,7 @@ from perfmodel.base.precision import KV_CHOICES, WEIGHT_CHOICES
 from perfmodel.cli.parser import batch_size, job_count, number_in, token_count
 from perfmodel.latency.roofline_table import DEFAULT_MODELS
 from perfmodel.models.config import PRESETS
+from perfmodel.models.moe import DEFAULT_ROUTING, MoeSplit, Routing
 from perfmodel.planning.drafters import DRAFTERS
 
 Target = argparse._ActionsContainer  # a parser or a (mutually exclusive) group of one
@@ -146,7 +147,8 @@ def dtype(
 def precision(target: Target) -> None:
     """--weight-format and --kv-cache-dtype: the formats a model is served in
     (perfmodel.base.precision), where they are not what its checkpoint declares. None when not
-    given: the checkpoint's. (--weights is the performance twin's real or dummy weights.)"""
+    given: the checkpoint's. (--weights is the performance twin's real or dummy weights.) With
+    them --moe-parallel and --routing: how an MoE model's experts are served."""
     declared = "default: what the checkpoint declares in its quantization_config or hf_quant_config.json, else 16 bits"
     target.add_argument(
         "--weight-format",
@@ -157,6 +159,11 @@ def precision(target: Target) -> None:
     target.add_argument(
         "--kv-cache-dtype", choices=KV_CHOICES, help=f"the KV cache: fp8, or bf16/fp16 (the dtype's; {declared})"
     )
+    # how a mixture-of-experts model's experts are served (perfmodel.models.moe); a dense model has none
+    split = "tp (each expert split), ep (the experts spread) or auto (default: tp where measured, else ep)"
+    target.add_argument("--moe-parallel", choices=tuple(MoeSplit), help=f"an MoE model's experts under --tp: {split}")
+    routed = f"how an MoE model's tokens fall on its experts (default: {DEFAULT_ROUTING}, aiconfigurator's)"
+    target.add_argument("--routing", choices=tuple(Routing), help=routed)
 
 
 # How --help describes each scheme decoder.acceptance knows; a scheme not listed is named as is.

@@ -39,6 +39,8 @@ class SpeedupOptions:
     dtype: str | None = field(default=None, metadata=shared(options.dtype))
     weight_format: str | None = field(default=None, metadata=shared(options.precision))
     kv_cache_dtype: str | None = field(default=None, metadata=along("weight_format"))
+    moe_parallel: str | None = field(default=None, metadata=along("weight_format"))
+    routing: str | None = field(default=None, metadata=along("weight_format"))
     step: str = field(
         default="both",
         metadata=shared(options.step, choices=("paper", "full", "traced", "both", "all"), default="both"),

@@ -20,6 +20,7 @@ from perfmodel.latency.attention_table import AttentionTable, attention_op_time
 from perfmodel.latency.choice import LatencyMode
 from perfmodel.latency.gemm_grid import GemmGrid
 from perfmodel.latency.gemm_table import GemmTable
+from perfmodel.latency.moe_table import MoeTimes
 from perfmodel.latency.quantized import QuantizedGemms
 from perfmodel.latency.roofline import RooflineLatency, speed_of_light
 from perfmodel.latency.transfer import TransferredGemm
@@ -50,6 +51,8 @@ class LatencyModel:
     unmeasured: str | None = None
     # The decoder layers' GEMMs of a model with quantized weights (perfmodel.latency.quantized)
     quantized: QuantizedGemms | None = None
+    # An MoE model's fused experts, measured (perfmodel.latency.moe_table); None: the roofline's
+    experts: MoeTimes | None = None
 
     def __post_init__(self) -> None:
         self.mode = LatencyMode(self.mode)
@@ -59,7 +62,8 @@ class LatencyModel:
     def label(self) -> str:
         attention = self.attention_label
         quantized = f"; {self.quantized.label}" if self.quantized else ""
-        return self.gemm_label + quantized + (f"; attention: {attention}" if attention else "")
+        experts = f"; {self.experts.label}" if self.experts else "; experts: roofline" if self.model.moe else ""
+        return self.gemm_label + quantized + experts + (f"; attention: {attention}" if attention else "")
 
     @property
     def attention_label(self) -> str | None:
@@ -129,6 +133,10 @@ class LatencyModel:
             if measured is not None:
                 return measured
         kernels = op_kernels(op, phase, self.model, np.asarray(batch), np.asarray(seq_len), np.asarray(candidates))
+        if op == "moe":
+            if self.experts is not None:
+                return self.experts.time(kernels[0].tokens)
+            return self.roofline.op_time(op, phase, batch, seq_len, candidates)
         if self.prices_quantized(op):
             return np.asarray(sum(self.quantized.time(k) for k in kernels), dtype=float)
         if (self.table is not None or self.grid is not None) and op in WEIGHT_OPS:

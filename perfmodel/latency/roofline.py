@@ -26,10 +26,11 @@ from perfmodel.models.operators import (
     FUSED_OPS,
     OPS,
     PHASES,
-    QUANTIZED_OPS,
     Kernel,
     cost_of,
+    model_ops,
     op_kernels,
+    stored_format,
 )
 
 
@@ -68,14 +69,14 @@ def predict_table(
     latency: a latency source (perfmodel.latency.source) to time them with instead of the
     roofline with `params`; its label goes in a `latency_model` column."""
     spec.peak_flops(dtype)  # fail early, with the device's list, if it lacks this dtype
-    if latency is None and model.precision:
-        raise PerfkitError(f"{model.title}: its quantized formats are timed by a latency source (latency=...)")
+    if latency is None and (model.precision or model.moe):
+        raise PerfkitError(f"{model.title}: its formats and experts are timed by a latency source (latency=...)")
     frames = []
-    for op, phase, points in iter_blocks(model, grid, ops, phases):
+    for op, phase, points in iter_blocks(model, grid, model_ops(model, ops), phases):
         b, s, q = (points[:, i] for i in range(3))
         kernels = op_kernels(op, phase, model, b, s, q)
         # a quantized layer, or attention over a quantized cache, moves its format's bytes
-        weights = model.weights if op in QUANTIZED_OPS else None
+        weights = stored_format(model, op)
         cost = cost_of(kernels, dtype, weights, model.kv_cache if op in (*ATTENTION_OPS, *FUSED_OPS) else None)
         t = op_time(kernels, dtype, spec, params) if latency is None else latency.op_time(op, phase, b, s, q)
         frames.append(

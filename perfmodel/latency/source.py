@@ -36,9 +36,11 @@ geometric mean of the calibrated prediction and the grid's shape dependence at V
 (GemmTable.grid_predict): the two err in different places, and their mean beats each on the
 leave-one-model-out check (python -m perfmodel.latency_check).
 
-Ops the measurements do not cover (attention, the Medusa tree's own work) use the roofline
-with the calibrated efficiencies where there is a calibration, else the defaults. Measured
-elementwise ops (norm, act, ...) are used where the profile is of the same model shard.
+An MoE model's fused experts come from the engines' measured MoE layers
+(perfmodel.latency.moe_table), except on the datasheet. Ops the measurements do not cover
+(attention, the Medusa tree's own work) use the roofline with the calibrated efficiencies where
+there is a calibration, else the defaults. Measured elementwise ops (norm, act, ...) are used
+where the profile is of the same model shard.
 """
 
 from __future__ import annotations
@@ -78,14 +80,13 @@ from perfmodel.latency.gemm_table import (
     stored_calibration,
 )
 from perfmodel.latency.latency_model import LatencyModel
+from perfmodel.latency.moe_table import moe_times
 from perfmodel.latency.quantized import QuantizedGemms
 from perfmodel.latency.transfer import transferred_gemm
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.measured.evidence import DeviceEvidence, as_evidence, device_evidence
 from perfmodel.measured.store import stored_profiles
 from perfmodel.models.config import ModelConfig, load_model
-
-# ----------------------------------------------------------------------------- what is asked
 
 
 @dataclass(frozen=True)
@@ -127,9 +128,6 @@ class SourceRequest:
         return LatencyModel(
             self.spec, self.model, self.dtype, self.measured_mode, table, params=table.params, stack=stack, **beside
         )
-
-
-# ----------------------------------------------------------------------------- measured devices
 
 
 def from_given(request: SourceRequest) -> LatencyModel:
@@ -203,7 +201,6 @@ def latency_source(
     stack: str | None = None,
 ) -> LatencyModel:
     """The latency source for `model` on `device` (its evidence, a name, alias or HardwareSpec).
-
     source: auto (measured > calibrated > borrowed > datasheet, as the data allow), or one
     of measured / calibrated / datasheet to force it; forcing what the data cannot give is
     an error. measurements: data-contract rows to use instead of the stored profiles.
@@ -224,7 +221,14 @@ def latency_source(
         params or RooflineParams(),
     )
     check_runs_on(request.model.weights, request.spec)
-    return in_precision(sixteen_bit_source(request), request)
+    return with_experts(in_precision(sixteen_bit_source(request), request), request)
+
+
+def with_experts(source: LatencyModel, request: SourceRequest) -> LatencyModel:
+    """`source` with an MoE model's experts measured (the module doc)."""
+    if request.model.moe is not None and source.mode != LatencyMode.DATASHEET:
+        source.experts = moe_times(request.evidence, source.stack, request.model, request.dtype)
+    return source
 
 
 def sixteen_bit_source(request: SourceRequest) -> LatencyModel:
@@ -268,9 +272,6 @@ def in_precision(source: LatencyModel, request: SourceRequest) -> LatencyModel:
             )
         source.attention = attention
     return source
-
-
-# ----------------------------------------------------------------------------- unmeasured devices
 
 
 def borrowable(spec: HardwareSpec) -> DeviceEvidence | None:

@@ -81,6 +81,7 @@ class StepOp:
     tokens: str = "step"
     kv: bool = False
     label: str = ""
+    window: int | None = None  # attention over the last `window` cached tokens only (perfmodel.models.window)
 
     @property
     def name(self) -> str:
@@ -99,7 +100,8 @@ def layer_ops(model: ModelConfig, flavor: str, fusion: Fusion = UNFUSED) -> tupl
     attention."""
     check_flavor(flavor)
     if flavor == StepFlavor.PAPER:
-        return tuple(StepOp(op) for op in ("q", "k", "v", "qk", "pv", "up", "gate", "down"))
+        mlp = ("router", "moe") if model.moe else ("up", "gate", "down")
+        return tuple(StepOp(op) for op in ("q", "k", "v", "qk", "pv", *mlp))
     layers = model.num_layers
     fused = flavor == StepFlavor.FULL
     fusion = fusion if fused else UNFUSED
@@ -110,13 +112,31 @@ def layer_ops(model: ModelConfig, flavor: str, fusion: Fusion = UNFUSED) -> tupl
         *norms,
         *(StepOp(op, layers) for op in (("qkv",) if fused else ("q", "k", "v"))),
         *rope_kv,
-        StepOp("sdpa", layers, kv=True),
+        *attention_ops(model),
         StepOp("o", layers),
         *residuals,
-        *(StepOp(op, layers) for op in (("gate_up",) if fused else ("gate", "up"))),
-        *(StepOp(op, layers) for op in ("act", "down")),
+        *mlp_ops(model, fused),
         StepOp("embed"),
     )
+
+
+def attention_ops(model: ModelConfig) -> tuple[StepOp, ...]:
+    """Each layer's fused attention: over the whole context, or in a windowed layer over its window."""
+    window = model.window
+    if window is None:
+        return (StepOp("sdpa", model.num_layers, kv=True),)
+    full = (StepOp("sdpa", model.num_layers - window.layers, kv=True),) if window.layers < model.num_layers else ()
+    return (*full, StepOp("sdpa", window.layers, kv=True, label="sdpa_window", window=window.tokens))
+
+
+def mlp_ops(model: ModelConfig, fused: bool) -> tuple[StepOp, ...]:
+    """Each layer's MLP: a dense one (gate and up, fused or not, the activation, down), or in an
+    MoE model's expert layers the router, the fused experts and any shared expert."""
+    dense = model.dense_layers
+    ops = (("gate_up",) if fused else ("gate", "up")) + ("act", "down")
+    experts = ("router", "moe", "shared_expert") if model.moe and model.moe.shared_size else ("router", "moe")
+    moe = tuple(StepOp(op, model.num_layers - dense) for op in experts) if model.moe else ()
+    return tuple(StepOp(op, dense) for op in ops if dense) + moe
 
 
 def step_inventory(
@@ -171,10 +191,11 @@ def step_calls(
         bb, ss, qq = b[where], s[where], q[where]
         phase = "tree" if kind else "decode"
         for item in step_inventory(model, flavor, kind, with_heads, fusion):
+            seen = ss if item.window is None else np.minimum(ss, item.window)
             if item.tokens == "last":
-                yield item, "decode", bb, ss, np.ones_like(qq), where
+                yield item, "decode", bb, seen, np.ones_like(qq), where
             else:
-                yield item, phase, bb, ss + qq if item.kv and kind else ss, qq if kind else np.ones_like(qq), where
+                yield item, phase, bb, seen + qq if item.kv and kind else seen, qq if kind else np.ones_like(qq), where
 
 
 def distinct_points(calls) -> list[tuple[str, str, int, int, int]]:
@@ -249,7 +270,11 @@ class StepModel(PricedBySource):
         total = np.zeros(b.shape)
         for item in prefill_inventory(self.model, self.flavor, medusa, self.fusion):
             phase = "decode" if item.tokens == "last" else "prefill"
-            total += item.count * np.asarray(self.latency.op_time(item.op, phase, b, s, np.ones_like(b)), dtype=float)
+            # a windowed layer runs the prompt as windows, each attending to one window's keys
+            seen = s if item.window is None else np.minimum(s, item.window)
+            windows = s / seen
+            time = np.asarray(self.latency.op_time(item.op, phase, b, seen, np.ones_like(b)), dtype=float)
+            total += item.count * windows * time
         return total
 
     def overhead(self, batch, seq_len, candidates) -> np.ndarray:

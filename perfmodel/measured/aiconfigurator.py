@@ -42,6 +42,18 @@ latency layer reads, quantized ones in tables of their own names, so no 16-bit a
   the newest the package has of that engine at or below the stack's version (the L40S's
   vLLM 0.24.0 stack takes vLLM 0.22.0's all-reduce): provenance.json names the version.
 
+- `moe.parquet` (from `moe_perf`): one fused mixture-of-experts layer (the engine's grouped
+  expert GEMMs with their activation; the router GEMM and any communication are not in it):
+  num_tokens (the step's tokens, before top-k), hidden_size, inter_size (one expert's), topk,
+  num_experts, moe_tp (the expert size split), moe_ep (the experts split), distribution (how
+  tokens were routed: balanced, power_law_1.01, power_law_1.2), dtype (the experts' format:
+  bf16, fp8, fp8-block, nvfp4, mxfp4 for W4A16 MXFP4), kernel_source, time_s. The rows are
+  the shapes of the models the package supports (Qwen3-MoE, Mixtral, gpt-oss, ...); int4
+  weight-only and W4A8 MXFP4 rows price no format the toolkit reads and are left out, and so
+  are splits over more than MOE_GROUP devices (no all-reduce of more is measured). Taken
+  from the engine's newest MoE collection at or below its GEMM stack's version, as the
+  all-reduce is (provenance.json names it).
+
 `contract_rows` turns a kept 16-bit table (CONTRACT_TABLES) back into data-contract rows (op
 `gemm` or `sdpa`; its bytes count 16-bit operands and cache, so the quantized tables are
 refused, not mispriced); every row's run_id names the package version, system, stack, table and kernel source: which
@@ -89,6 +101,12 @@ DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 # Named as perfmodel.base.precision names the formats, so a model's format finds its rows.
 FORMATS = {"fp8": WeightFormat.FP8, "fp8_block": WeightFormat.FP8_BLOCK, "nvfp4": WeightFormat.NVFP4}
 QUANTIZED_DTYPES = {package: str(fmt) for package, fmt in FORMATS.items()}
+# The experts' formats of the MoE rows kept (W4A16 MXFP4: gpt-oss's experts).
+MOE_DTYPES = {**DTYPES, **QUANTIZED_DTYPES, "w4a16_mxfp4": "mxfp4"}
+MOE = "moe"
+# The most devices an expert split spans in the rows kept: one node of eight, the largest group
+# any shipped all-reduce table measured (a tensor-parallel degree is priced only where one is).
+MOE_GROUP = 8
 QUANTIZED_GEMM = "gemm_quantized"
 # The one quantized KV cache kept: fp8 under 16-bit attention, in tables named <table>_fp8_kv.
 FP8_KV = str(KvFormat.FP8)
@@ -97,12 +115,17 @@ KINDS = {
     "gemm": ("gemm_perf",),
     "attention": ("generation_attention_perf", "context_attention_perf"),
     "comm": ("nccl_perf", "custom_allreduce_perf"),
+    "moe": ("moe_perf",),
 }
+# Kinds whose collection serves an engine's GEMM stack (the newest at or below its version)
+SERVING_KINDS = {"comm": "custom_allreduce_perf", "moe": "moe_perf"}
 # The NCCL collectives kept, by the table each lands in.
 NCCL_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather"}
 # The head size of every model preset the toolkit prices (Llama 1-3, Mistral).
 HEAD_DIMS = (128,)
 GEMM_COLUMNS = ["m", "n", "k", "dtype", "kernel_source", "time_s"]
+MOE_SHAPE = ["hidden_size", "inter_size", "topk", "num_experts"]
+MOE_COLUMNS = ["num_tokens", *MOE_SHAPE, "moe_tp", "moe_ep", "distribution", "dtype", "kernel_source", "time_s"]
 ATTENTION_COLUMNS = ["batch", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype", "kernel_source", "time_s"]
 TABLE_COLUMNS = {
     "gemm": GEMM_COLUMNS,
@@ -115,6 +138,7 @@ TABLE_COLUMNS = {
     "all_reduce": ALL_REDUCE_COLUMNS,
     "all_gather": ALL_REDUCE_COLUMNS,
     "custom_all_reduce": ALL_REDUCE_COLUMNS,
+    MOE: MOE_COLUMNS,
 }
 # The tables of quantized rows, beside the 16-bit ones (the module doc).
 QUANTIZED_TABLES = (QUANTIZED_GEMM, "generation_attention" + FP8_KV_SUFFIX, "context_attention" + FP8_KV_SUFFIX)

@@ -21,9 +21,14 @@ from perfmodel.measured.aiconfigurator import (
     FP8_KV_SUFFIX,
     HEAD_DIMS,
     KINDS,
+    MOE,
+    MOE_COLUMNS,
+    MOE_DTYPES,
+    MOE_GROUP,
     NCCL_OPS,
     QUANTIZED_DTYPES,
     QUANTIZED_GEMM,
+    SERVING_KINDS,
     run_id,
     version_key,
 )
@@ -67,7 +72,7 @@ def collections(data_root: str | Path, system: str) -> list[Collection]:
     """The newest collection of each engine and kind of a system under aiconfigurator's data
     folder (an older version of the same engine measured the same kernels on an older stack),
     every NCCL version (the message sizes and GPU counts differ between them), and per engine
-    the newest all-reduce collection at or below its GEMM stack's version, serving it."""
+    the newest all-reduce and MoE collections at or below its GEMM stack's version, serving it."""
     root = Path(data_root) / system
     if not root.is_dir():
         raise PerfkitError(f"no system {system!r} under {data_root}")
@@ -85,24 +90,26 @@ def collections(data_root: str | Path, system: str) -> list[Collection]:
                     raise PerfkitError(f"{folder}: its collection_meta.yaml says version {version}")
                 versions.append(Collection(system, kind, engine.name, version, folder))
             versions.sort(key=lambda c: version_key(c.version))
-            if kind != "comm":
+            if kind not in SERVING_KINDS:
                 found += versions[-1:]
             elif engine.name == "nccl":
                 found += versions
             else:
-                found += engine_all_reduce(versions, [c for c in found if c.engine == engine.name])
+                stacks = [c for c in found if c.engine == engine.name and c.kind not in SERVING_KINDS]
+                found += serving_collections(versions, stacks, SERVING_KINDS[kind])
     return found
 
 
-def engine_all_reduce(versions: list[Collection], stacks: list[Collection]) -> list[Collection]:
-    """An engine's all-reduce collection for each of its stacks (GEMM or attention, newest
-    version): the newest at or below that version holding a custom all-reduce table."""
+def serving_collections(versions: list[Collection], stacks: list[Collection], table: str) -> list[Collection]:
+    """An engine's collection of `table` (its custom all-reduce, its MoE layers) for each of
+    its stacks (GEMM or attention, newest version): the newest at or below that version
+    holding the table."""
     out = []
     for version in dict.fromkeys(c.version for c in stacks):
         usable = [
             c
             for c in versions
-            if version_key(c.version) <= version_key(version) and (c.folder / "custom_allreduce_perf.parquet").is_file()
+            if version_key(c.version) <= version_key(version) and (c.folder / f"{table}.parquet").is_file()
         ]
         if usable:
             out.append(replace(usable[-1], serves=version))
@@ -205,6 +212,25 @@ def collective_table(frame: pd.DataFrame, collection: Collection, table: str, pa
     return out.sort_values(["num_workers", "bytes"], ignore_index=True)
 
 
+def compact_moe(frame: pd.DataFrame) -> pd.DataFrame:
+    """The MoE layers of the experts' formats kept (MOE_DTYPES) over at most MOE_GROUP
+    devices, named the toolkit's way."""
+    frame = frame[frame["moe_dtype"].isin(MOE_DTYPES) & (frame["moe_tp_size"] * frame["moe_ep_size"] <= MOE_GROUP)]
+    ints = {c: frame[c].astype(np.int64) for c in ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts")}
+    out = pd.DataFrame(
+        {
+            **ints,
+            "moe_tp": frame["moe_tp_size"].astype(np.int64),
+            "moe_ep": frame["moe_ep_size"].astype(np.int64),
+            "distribution": frame["distribution"].astype(str),
+            "dtype": frame["moe_dtype"].map(MOE_DTYPES),
+            "kernel_source": frame["kernel_source"].astype(str),
+            "time_s": seconds(frame["latency"]),
+        }
+    )
+    return out.sort_values(MOE_COLUMNS[:-2], ignore_index=True)
+
+
 def compact_tables(collection: Collection, package_version: str) -> dict[str, pd.DataFrame]:
     """The part of a collection the toolkit keeps, by table name (see the module doc)."""
     out = {}
@@ -217,6 +243,8 @@ def compact_tables(collection: Collection, package_version: str) -> dict[str, pd
             kept = {name: compact_gemm(frame), QUANTIZED_GEMM: compact_gemm(frame, QUANTIZED_DTYPES)}
         elif table == "nccl_perf":
             kept = {kept: compact_nccl(frame, op, collection, package_version) for op, kept in NCCL_OPS.items()}
+        elif table == "moe_perf":
+            kept = {MOE: compact_moe(frame)}
         elif table == "custom_allreduce_perf":
             kept = {"custom_all_reduce": compact_custom_all_reduce(frame, collection, package_version)}
         else:

@@ -18,16 +18,13 @@ from perfmodel.base.jsonfile import read_json
 from perfmodel.base.paths import TOOLKIT_ROOT
 from perfmodel.base.precision import KvFormat, WeightFormat, kv_format, weight_format
 from perfmodel.base.precision import describe as describe_precision
+from perfmodel.models.moe import MoeShape, parse_moe
 from perfmodel.models.quantization import checkpoint_precision
+from perfmodel.models.shape_checks import MAX_HEADS, check_shape
 from perfmodel.models.unpriced import check_priceable
+from perfmodel.models.window import SlidingWindow, parse_window
 
 DEFAULT_MEDUSA_HEADS = 4  # the reference Vicuna trees are 4 deep; a checkpoint's config overrides it
-# Bounds on a config's sizes, far past any model's (hidden sizes of tens of thousands, vocabularies
-# of a few hundred thousand tokens, contexts of a few million): costs multiply three of them in
-# 64-bit integers, which a 2^40 hidden size overflows.
-MAX_DIMENSION = 2**20
-MAX_HEADS = 64
-MAX_CONTEXT = 2**24
 BUNDLED_MODEL = TOOLKIT_ROOT / "decoder" / "assets" / "bundled"  # trained by python -m decoder.train
 MEDUSA2_MODEL = TOOLKIT_ROOT / "decoder" / "assets" / "medusa2"  # python -m decoder.train --medusa2 on the bundled one
 DRAFT_MODEL = TOOLKIT_ROOT / "decoder" / "assets" / "draft"  # python -m decoder.train --draft-model: the bundled one's
@@ -72,35 +69,14 @@ class ModelConfig:
     # Quantized formats of the layers' linear weights and the KV cache (perfmodel.base.precision); None: the dtype
     weights: WeightFormat | None = None
     kv_cache: KvFormat | None = None
+    # The experts of a mixture-of-experts model (perfmodel.models.moe); None: a dense MLP in every layer
+    moe: MoeShape | None = None
+    window: SlidingWindow | None = None  # layers attending to the last tokens only (perfmodel.models.window)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", weight_format(self.weights))
         object.__setattr__(self, "kv_cache", kv_format(self.kv_cache))
-        if not isinstance(self.tie_word_embeddings, bool):
-            raise PerfkitError(
-                f"model {self.name}: tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}"
-            )
-        context = self.max_context
-        if context is not None and not is_count(context):
-            raise PerfkitError(f"model {self.name}: max_context must be an integer >= 1 or None, got {context!r}")
-        if context is not None and context > MAX_CONTEXT:
-            raise PerfkitError(f"model {self.name}: max_context must be at most {MAX_CONTEXT:,}, got {context!r}")
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type != "int":
-                continue
-            counted = f.name in ("medusa_heads", "mtp_layers")
-            smallest = 0 if counted else 1
-            largest = MAX_HEADS if counted else MAX_DIMENSION
-            if not is_count(value, smallest) or value > largest:
-                raise PerfkitError(
-                    f"model {self.name}: {f.name} must be an integer from {smallest} to {largest:,}, got {value!r}"
-                )
-        if self.num_heads % self.num_kv_heads:
-            raise PerfkitError(
-                f"model {self.name}: num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
-                f"({self.num_kv_heads})"
-            )
+        check_shape(self)
 
     @property
     def group_size(self) -> int:
@@ -138,19 +114,30 @@ class ModelConfig:
     @property
     def precision(self) -> str:
         """Its quantized formats in words ('' for a 16-bit model)."""
-        return describe_precision(self.weights, self.kv_cache)
+        return describe_precision(self.weights, self.kv_cache, self.moe.experts_format if self.moe else None)
 
     def with_precision(self, weights: str | None, kv_cache: str | None) -> ModelConfig:
         """The model with its linear weights and KV cache in the formats named (a 16-bit name
         or None: unquantized)."""
         return dataclasses.replace(self, weights=weight_format(weights), kv_cache=kv_format(kv_cache))
 
-    def as_served(self, weights: str | None = None, kv_cache: str | None = None) -> ModelConfig:
-        """The model in the formats a command was given (--weights, --kv-cache): None keeps
-        what the checkpoint declares, a 16-bit name serves it unquantized."""
-        return self.with_precision(
+    def as_served(
+        self, weights: str | None = None, kv_cache: str | None = None, moe_split: str | None = None, routing=None
+    ) -> ModelConfig:
+        """The model in the formats a command was given (--weight-format, --kv-cache-dtype): None
+        keeps what the checkpoint declares, a 16-bit name serves it unquantized; an MoE model's
+        experts split and routed as given (--moe-parallel, --routing; perfmodel.models.moe)."""
+        served = self.with_precision(
             self.weights if weights is None else weights, self.kv_cache if kv_cache is None else kv_cache
         )
+        if self.moe is None:
+            return served
+        return dataclasses.replace(served, moe=self.moe.served(moe_split, routing))
+
+    @property
+    def dense_layers(self) -> int:
+        """Layers whose MLP is dense (of intermediate_size): all but an MoE model's expert layers."""
+        return self.num_layers - (self.moe.moe_layers if self.moe else 0)
 
     def with_medusa_heads(self, heads: int) -> ModelConfig:
         return dataclasses.replace(self, medusa_heads=heads)
@@ -168,8 +155,10 @@ class ModelConfig:
             return self
         if self.tp != 1:
             raise PerfkitError(f"model {self.name} is already a tp={self.tp} shard; shard the whole model")
+        if self.moe is not None:
+            self.moe.check_degree(tp)
         kv_ok = self.num_kv_heads % tp == 0 or tp % self.num_kv_heads == 0
-        if self.num_heads % tp or self.intermediate_size % tp or not kv_ok:
+        if self.num_heads % tp or (self.dense_layers and self.intermediate_size % tp) or not kv_ok:
             raise PerfkitError(
                 f"model {self.name}: tp={tp} does not split it ({self.num_heads} query heads, {self.num_kv_heads} KV "
                 f"heads, intermediate size {self.intermediate_size}); choose from: "
@@ -185,9 +174,13 @@ class ModelConfig:
         )
 
     def tensor_parallel_degrees(self, largest: int = 64) -> list[int]:
-        """The degrees up to `largest` that split the model evenly."""
-        n, kv, i = self.num_heads, self.num_kv_heads, self.intermediate_size
-        return [t for t in range(1, largest + 1) if not n % t and not i % t and (not kv % t or not t % kv)]
+        """The degrees up to `largest` that split the model evenly (an MoE model's experts too)."""
+        n, kv, i = self.num_heads, self.num_kv_heads, self.intermediate_size if self.dense_layers else 0
+        return [
+            t
+            for t in range(1, largest + 1)
+            if not n % t and not i % t and (not kv % t or not t % kv) and (self.moe is None or self.moe.splits(t))
+        ]
 
 
 def head_size(hidden_size: int, num_heads: int, source: object) -> int:
@@ -378,7 +371,12 @@ def from_hf_config(path: str | Path) -> ModelConfig:
     cfg = read_config_json(path)
     declared = checkpoint_precision(cfg, file)
     return dataclasses.replace(
-        model, mtp_layers=mtp_modules(cfg, file), weights=declared.weights, kv_cache=declared.kv_cache
+        model,
+        mtp_layers=mtp_modules(cfg, file),
+        weights=declared.weights,
+        kv_cache=declared.kv_cache,
+        moe=parse_moe(cfg, file, declared.experts),
+        window=parse_window(cfg, file),
     )
 
 

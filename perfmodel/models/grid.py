@@ -11,6 +11,7 @@ runs. `fine_token_grid` is their one definition.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -119,8 +120,12 @@ def cost_fits(op: str, phase: str, model: ModelConfig, b: int, s: int, q: int) -
     if max(exact.flops, exact.bytes) > INT64_MAX:
         return False
     wide = cost_of(op_kernels(op, phase, model, *(np.array([v], dtype=np.int64) for v in (b, s, q))), WIDEST_DTYPE)
+    # an overflow wraps around, far from the exact count; an MoE layer's expected bytes are fractional
     with np.errstate(over="ignore"):
-        return int(wide.flops[0]) == exact.flops and int(wide.bytes[0]) == exact.bytes
+        return all(
+            math.isclose(float(got[0]), float(want), rel_tol=1e-9)
+            for got, want in ((wide.flops, exact.flops), (wide.bytes, exact.bytes))
+        )
 
 
 def largest_fitting(fits, low: int, high: int) -> int | None:

@@ -13,8 +13,6 @@ tree candidates attend to the s cached tokens).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
@@ -23,6 +21,8 @@ from perfmodel.base.dtypes import element_bytes
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.precision import KV_BYTES, WEIGHT_BYTES, KvFormat, WeightFormat
 from perfmodel.models.config import ModelConfig
+from perfmodel.models.kernels import Elementwise, FusedAttention, Matmul, OpCost, Operand, read, written
+from perfmodel.models.moe_operators import ExpertGemms, moe_kernels
 
 OPS = ("q", "k", "v", "qkv", "qk", "pv", "o", "up", "gate", "gate_up", "down", "lm_head", "medusa_heads")
 # Operators that are one GEMM against a weight: their time depends on the token count
@@ -55,9 +55,12 @@ STEP_OPS = (
 # q/k/v read the sampled token's embedding beside the feature, [e; f] (2h) (`eagle3_qkv`; vLLM's
 # llama_eagle3.py, SGLang's llama_eagle3.py).
 DRAFTER_OPS = ("eagle_fc", "eagle3_fc", "eagle3_qkv")
-ALL_OPS = OPS + FUSED_OPS + STEP_OPS + DRAFTER_OPS
+# A mixture-of-experts layer's MLP (perfmodel.models.moe): the router's GEMM (h -> experts), the
+# engine's fused expert kernel (perfmodel.models.moe_operators) and a shared expert's gate_up and down.
+MOE_OPS = ("router", "moe", "shared_expert")
+ALL_OPS = OPS + FUSED_OPS + STEP_OPS + DRAFTER_OPS + MOE_OPS
 # Operators whose every kernel is a GEMM against a weight: latency sources time them as such.
-WEIGHT_OPS = (*LINEAR_OPS, "medusa_heads", *DRAFTER_OPS)
+WEIGHT_OPS = (*LINEAR_OPS, "medusa_heads", *DRAFTER_OPS, "router", "shared_expert")
 DEFAULT_OPS = OPS + FUSED_OPS  # what sweeps and rooflines cover unless asked for more
 
 
@@ -77,127 +80,43 @@ OP_GROUPS = {"qkv": ("q", "k", "v"), "qk/pv": ("qk", "pv"), "up/gate/down": ("up
 ATTENTION_OPS = ("qk", "pv")
 # The decoder layers' linear ops (an engine's fused names among them): what a quantized
 # checkpoint stores in its weight format (perfmodel.base.precision). The LM head is not among them.
-QUANTIZED_OPS = ("q", "k", "v", "qkv", "o", "up", "gate", "gate_up", "down")
+QUANTIZED_OPS = ("q", "k", "v", "qkv", "o", "up", "gate", "gate_up", "down", "moe", "shared_expert")
 
 # The reference implementation takes each head's top-10 (its Vicuna trees use ranks 0..9),
 # so heads are scored, trees built and candidates drawn over the same ten ranks.
 HEAD_TOP_K = 10
 
 
-@dataclass(frozen=True)
-class Matmul:
-    """(batch, m, k) @ (batch, k, n) -> (batch, m, n).
-
-    `weight` marks a linear layer: the right operand is a (k, n) parameter shared by all
-    m token rows, and batch is 1. Dimensions may be numpy integer arrays (one element per
-    grid point) so a whole sweep is costed at once; the shape properties need ints.
-    """
-
-    batch: int
-    m: int
-    k: int
-    n: int
-    weight: bool = False
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.batch * self.m * self.k * self.n
-
-    @property
-    def elements(self) -> int:
-        """Elements moved: both inputs read once, the output written once."""
-        return self.batch * (self.m * self.k + self.k * self.n + self.m * self.n)
-
-    @property
-    def left_shape(self) -> tuple[int, ...]:
-        return (self.m, self.k) if self.weight else (self.batch, self.m, self.k)
-
-    @property
-    def right_shape(self) -> tuple[int, ...]:
-        return (self.k, self.n) if self.weight else (self.batch, self.k, self.n)
-
-    @property
-    def out_shape(self) -> tuple[int, ...]:
-        return (self.m, self.n) if self.weight else (self.batch, self.m, self.n)
+def model_ops(model: ModelConfig, ops) -> tuple[str, ...]:
+    """`ops` as the model runs them: an MoE model's expert layers run the router, the fused
+    experts and any shared expert where a dense MLP runs up, gate and down (so a roofline of
+    it draws those, not a dense MLP it does not have)."""
+    ops = tuple(ops)
+    mlp = ("up", "gate", "gate_up", "down")
+    if model.moe is None or not any(op in mlp for op in ops):
+        return ops
+    experts = MOE_OPS if model.moe.shared_size else MOE_OPS[:2]
+    kept = ops if model.dense_layers else tuple(op for op in ops if op not in mlp)
+    return kept + tuple(op for op in experts if op not in kept)
 
 
-@dataclass(frozen=True)
-class FusedAttention:
-    """softmax(Q K^T / sqrt(d) + mask) V in one kernel, for `batch` sequences.
-
-    Q and the output are (batch, heads, q_len, d); K and V are (batch, kv_heads, kv_len, d).
-    The score matrix never reaches memory, so bytes are Q, K, V read and the output
-    written. `causal` (prefill) kernels skip the masked upper triangle, so they count
-    (kv_len + 1) / (2 kv_len) of the dense FLOPs; tree and decode masks are computed densely.
-    """
-
-    batch: int
-    heads: int
-    kv_heads: int
-    q_len: int
-    kv_len: int
-    head_dim: int
-    causal: bool = False
-
-    @property
-    def flops(self):
-        if self.causal:  # dense * (kv_len + 1) / (2 kv_len), exactly, without the cubic int64 intermediate
-            return 2 * self.batch * self.heads * self.q_len * (self.kv_len + 1) * self.head_dim
-        return 4 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
-
-    @property
-    def elements(self):
-        return self.batch * self.head_dim * (2 * self.heads * self.q_len + 2 * self.kv_heads * self.kv_len)
+def op_groups(model: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """The paper's figure groups as the model runs them: an MoE model's MLP group is its router
+    and experts (model_ops)."""
+    if model.moe is None:
+        return OP_GROUPS
+    name = "up/gate/down/experts" if model.dense_layers else "router/experts"
+    kept = {group: ops for group, ops in OP_GROUPS.items() if group != "up/gate/down"}
+    return {**kept, name: model_ops(model, OP_GROUPS["up/gate/down"])}
 
 
-@dataclass(frozen=True)
-class Operand:
-    """A tensor of a step op: the shape a benchmark allocates (or the op returns), and
-    how many of its elements the op reads and writes. A gather reads some rows of its
-    table and a cache write fills some slots of the cache, so these need not be the size."""
-
-    shape: tuple
-    reads: int = 0
-    writes: int = 0
-
-
-def _read(*shape) -> Operand:
-    return Operand(shape, reads=math.prod(shape))
-
-
-def _written(*shape) -> Operand:
-    return Operand(shape, writes=math.prod(shape))
-
-
-@dataclass(frozen=True)
-class Elementwise:
-    """A memory-bound kernel reading `reads` and writing `writes` elements, `flops` of math.
-
-    `operands` names the tensors those elements belong to (see step_operands)."""
-
-    reads: int
-    writes: int
-    flops: int
-    operands: dict = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def elements(self):
-        return self.reads + self.writes
-
-
-@dataclass(frozen=True)
-class OpCost:
-    flops: int
-    bytes: int
-    kernels: int
-
-    @property
-    def intensity(self):
-        """Operational intensity in FLOP/byte (nan for an op that moves no bytes); an
-        array when the cost is of many grid points."""
-        flops, moved = np.asarray(self.flops, dtype=float), np.asarray(self.bytes, dtype=float)
-        out = np.divide(flops, moved, out=np.full(np.broadcast(flops, moved).shape, np.nan), where=moved > 0)
-        return float(out) if out.ndim == 0 else out
+def stored_format(model: ModelConfig, op: str) -> WeightFormat | None:
+    """The format of an op's weights: an MoE model's experts' own where the checkpoint stores
+    them apart (gpt-oss's mxfp4), the layers' quantized format for a quantized layer, else None
+    (the dtype's)."""
+    if op == "moe" and model.moe.experts_format is not None:
+        return model.moe.experts_format
+    return model.weights if op in QUANTIZED_OPS else None
 
 
 def query_len(phase: str, seq_len: int, candidates: int) -> int:
@@ -225,7 +144,7 @@ def check_point(op: str, phase: str, batch, seq_len, candidates) -> None:
         )
 
 
-Kernel = Matmul | FusedAttention | Elementwise
+Kernel = Matmul | FusedAttention | Elementwise | ExpertGemms
 
 
 def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidates=1) -> tuple[Kernel, ...]:
@@ -257,6 +176,8 @@ def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
         if op == "qk":
             return (Matmul(heads, rows, d, seq_len),)
         return (Matmul(heads, rows, seq_len, d),)
+    if op in MOE_OPS:
+        return moe_kernels(op, model, tokens)
     # The LM head and the heads' vocabulary projections are split over the vocabulary under
     # tensor parallelism (ModelConfig.vocab_per_device); their logits are gathered after.
     v_device = model.vocab_per_device
@@ -293,36 +214,36 @@ def step_operands(op: str, model: ModelConfig, batch, seq_len, q_len) -> dict[st
     b, q, n, n_kv = batch, q_len, model.num_heads, model.num_kv_heads
     heads = max(model.medusa_heads, 1)
     if op == "embed":
-        return {"ids": _read(b, q), "table": Operand((v, h), reads=b * q * h), "out": _written(b, q, h)}
+        return {"ids": read(b, q), "table": Operand((v, h), reads=b * q * h), "out": written(b, q, h)}
     if op == "norm":
-        return {"x": _read(b, q, h), "weight": _read(h), "out": _written(b, q, h)}
+        return {"x": read(b, q, h), "weight": read(h), "out": written(b, q, h)}
     if op == "add_norm":
         # the residual add and the RMSNorm after it in one kernel: the sum is kept as the next
         # residual, and its norm is the output
         return {
-            "x": _read(b, q, h),
-            "residual": _read(b, q, h),
-            "weight": _read(h),
-            "out": _written(b, q, h),
-            "residual_out": _written(b, q, h),
+            "x": read(b, q, h),
+            "residual": read(b, q, h),
+            "weight": read(h),
+            "out": written(b, q, h),
+            "residual_out": written(b, q, h),
         }
     if op == "rope":
         return {
-            "q": _read(b, n, q, d),
-            "k": _read(b, n_kv, q, d),
-            "cos": _read(b, 1, q, d),
-            "sin": _read(b, 1, q, d),
-            "q_out": _written(b, n, q, d),
-            "k_out": _written(b, n_kv, q, d),
+            "q": read(b, n, q, d),
+            "k": read(b, n_kv, q, d),
+            "cos": read(b, 1, q, d),
+            "sin": read(b, 1, q, d),
+            "q_out": written(b, n, q, d),
+            "k_out": written(b, n_kv, q, d),
         }
     if op in ("act", "residual"):
         width = i if op == "act" else h
-        return {"x": _read(b, q, width), "y": _read(b, q, width), "out": _written(b, q, width)}
+        return {"x": read(b, q, width), "y": read(b, q, width), "out": written(b, q, width)}
     if op == "kv_write":
         cache = (1, b, n_kv, seq_len + q, d)
         return {
-            "k": _read(b, n_kv, q, d),
-            "v": _read(b, n_kv, q, d),
+            "k": read(b, n_kv, q, d),
+            "v": read(b, n_kv, q, d),
             "cache_k": Operand(cache, writes=b * n_kv * q * d),
             "cache_v": Operand(cache, writes=b * n_kv * q * d),
         }
@@ -331,13 +252,13 @@ def step_operands(op: str, model: ModelConfig, batch, seq_len, q_len) -> dict[st
         moved = model.num_layers * n_kv * d * b * np.minimum(q - 1, heads)
         return {"cache_k": Operand(cache, moved, moved), "cache_v": Operand(cache, moved, moved)}
     if op == "mask":
-        return {"out": _written(b, 1, q, seq_len)}
+        return {"out": written(b, 1, q, seq_len)}
     if op == "candidates":
-        return {"logits": _read(heads, b, v), "top_tokens": _written(heads, b, HEAD_TOP_K)}
+        return {"logits": read(heads, b, v), "top_tokens": written(heads, b, HEAD_TOP_K)}
     if op == "verify":
-        return {"logits": _read(b, q, v), "prediction": _written(b, q)}
+        return {"logits": read(b, q, v), "prediction": written(b, q)}
     if op == "draft_topk":
-        return {"logits": _read(b, q, v), "top_tokens": _written(b, q, HEAD_TOP_K)}
+        return {"logits": read(b, q, v), "top_tokens": written(b, q, HEAD_TOP_K)}
     raise PerfkitError(f"{op!r} is not a step op; choose from: {', '.join(STEP_OPS)}")
 
 
@@ -383,7 +304,10 @@ def cost_of(
     a quantized linear op, which reads its weight and activations at the format's bytes, scales
     counted, and writes `dtype`; `kv_cache` for attention over a quantized cache, read at its bytes)."""
     size = element_bytes(dtype)
-    if weights is not None:
+    if any(isinstance(k, ExpertGemms) for k in kernels):  # weights in their format, activations in 16 bits
+        weight = size if weights is None else WEIGHT_BYTES[weights]
+        moved = sum(k.weight_elements * weight + k.activation_elements * size for k in kernels)
+    elif weights is not None:
         moved = sum((k.k * k.n + k.m * k.k) * WEIGHT_BYTES[weights] + k.m * k.n * size for k in kernels)
     else:
         moved = size * sum(k.elements for k in kernels)

@@ -11,6 +11,8 @@ The forms read (each as its producer writes it):
   NVFP4 and `kv_cache_quant_algo` (or `kv_cache_scheme`) FP8 or null: ModelOpt's checkpoints,
   and `hf_quant_config.json`'s `quantization` object of the same keys (NVIDIA's
   Llama-3.1-70B-Instruct-FP8);
+- `quant_method: mxfp4` with `modules_to_not_convert` naming the attention (gpt-oss): the
+  experts in MXFP4, the rest in 16 bits (`Precision.experts`);
 - `quant_method: compressed-tensors` (LLM Compressor's FP8 checkpoints): every config group's
   weights 8-bit floats, per tensor or per output channel (both priced on the per-tensor fp8
   rows: the same W8A8 GEMM with a scale vector instead of a scalar), and `kv_cache_scheme` of
@@ -31,7 +33,7 @@ from perfmodel.base.precision import KvFormat, WeightFormat
 MODELOPT_QUANT_FILE = "hf_quant_config.json"
 MODELOPT_ALGOS = {"FP8": WeightFormat.FP8, "NVFP4": WeightFormat.NVFP4}
 BLOCK = [128, 128]  # the one block size measured (aiconfigurator's fp8_block rows)
-PRICED = "priced: fp8 (per tensor or channel), fp8 in 128 x 128 blocks, NVFP4; an fp8 KV cache"
+PRICED = "priced: fp8 (per tensor or channel), fp8 in 128 x 128 blocks, NVFP4, MXFP4 experts; an fp8 KV cache"
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class Precision:
 
     weights: WeightFormat | None = None
     kv_cache: KvFormat | None = None
+    experts: WeightFormat | None = None  # an MoE model's experts alone (gpt-oss's mxfp4)
 
 
 def scheme_text(quantization: object) -> str:
@@ -103,6 +106,11 @@ def config_precision(cfg: dict, source: object) -> Precision:
         return modelopt_precision(quantization, source, "quantization_config")
     if method == "compressed-tensors":
         return compressed_tensors_precision(quantization, source)
+    if method == "mxfp4":
+        kept = " ".join(map(str, quantization.get("modules_to_not_convert") or []))
+        if "self_attn" not in kept:
+            raise refused(source, "quantization_config", quantization, "mxfp4 beyond the experts")
+        return Precision(experts=WeightFormat.MXFP4)
     raise refused(source, "quantization_config", quantization)
 
 

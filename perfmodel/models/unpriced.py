@@ -3,10 +3,10 @@ naming the key: the model prices dense Llama-family decoders (in the precisions
 perfmodel.models.quantization reads), and a config read past a key it does not understand
 would be priced as some other model, silently.
 
-- mixture-of-experts keys (Mixtral's num_local_experts, Qwen3-MoE's num_experts and
-  moe_intermediate_size, DeepSeek's n_routed_experts, gpt-oss's experts_per_token, ...): priced
-  as a dense model, Mixtral-8x7B came out at 14.5 GB of weights where its 16-bit weights are
-  about 93 GB;
+- mixture-of-experts keys of a model_type perfmodel.models.moe does not read (DeepSeek's
+  n_routed_experts, Llama-4's interleaved experts, ...): priced as a dense model, Mixtral-8x7B
+  came out at 14.5 GB of weights where its 16-bit weights are about 93 GB (Mixtral, Qwen2/3-MoE
+  and gpt-oss are read, their experts priced);
 - latent attention (DeepSeek's kv_lora_rank, q_lora_rank): another attention and KV cache;
 - a sliding attention window shorter than the context (Mistral-7B v0.1's 4096 of 32768): the
   model prices attention over the whole context;
@@ -16,13 +16,15 @@ would be priced as some other model, silently.
 from __future__ import annotations
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.models.moe import FAMILY_KEYS
 
 # The decoders whose step is the Llama step the operators price (perfmodel.models.operators):
 # RMSNorm, rotary attention with grouped KV heads, a SwiGLU MLP. Qwen2 adds a bias to q/k/v and
 # Qwen3 a norm of q and k per head, both elementwise work next to the GEMMs they follow. MiMo
 # is Qwen2's decoder with MTP modules beside it (its MiMoConfig subclasses Qwen2Config and adds
 # num_nextn_predict_layers), priced as perfmodel.models.config.ModelConfig.mtp_layers says.
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "mimo")
+# The MoE families (perfmodel.models.moe.FAMILY_KEYS) are these decoders with experts for an MLP.
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "mimo", *FAMILY_KEYS)
 MOE_KEYS = (
     "num_local_experts",
     "num_experts",
@@ -35,7 +37,9 @@ MOE_KEYS = (
     "moe_layer_freq",
 )
 LATENT_ATTENTION_KEYS = ("kv_lora_rank", "q_lora_rank")
-NOT_PRICED = "the cost model prices dense Llama-family decoders only"
+NOT_PRICED = (
+    "the cost model prices Llama-family decoders, dense or with the experts of Mixtral, Qwen2/3-MoE and gpt-oss"
+)
 
 
 def declared(value: object) -> bool:
@@ -46,7 +50,8 @@ def declared(value: object) -> bool:
 def check_priceable(cfg: dict, source: object) -> None:
     """One line naming the first key of `cfg` (a config.json object) the cost model cannot
     price; nothing where it can price the whole config."""
-    for keys, what in ((MOE_KEYS, "a mixture-of-experts model"), (LATENT_ATTENTION_KEYS, "latent attention")):
+    moe_keys = () if cfg.get("model_type") in FAMILY_KEYS else MOE_KEYS  # perfmodel.models.moe reads these
+    for keys, what in ((moe_keys, "a mixture-of-experts model"), (LATENT_ATTENTION_KEYS, "latent attention")):
         for key in keys:
             if declared(cfg.get(key)):
                 raise PerfkitError(f"{source}: {key} = {cfg[key]!r} declares {what}, which is not priced; {NOT_PRICED}")
@@ -60,8 +65,35 @@ def check_priceable(cfg: dict, source: object) -> None:
     window = cfg.get("sliding_window")
     context = cfg.get("max_position_embeddings")
     shorter = not isinstance(window, int) or not isinstance(context, int) or window < context
-    if declared(window) and cfg.get("use_sliding_window", True) and shorter:
+    windowed = isinstance(cfg.get("layer_types"), list)  # per layer: perfmodel.models.window reads them
+    if declared(window) and cfg.get("use_sliding_window", True) and shorter and not windowed:
         raise PerfkitError(
             f"{source}: sliding_window = {window!r} attends to the last {window} tokens only, which is not priced "
             "(the model prices attention over the whole context)"
         )
+
+
+def check_runs_dense(cfg: dict, source: object, what: str) -> None:
+    """One line where a config.json declares experts (perfmodel.models.moe) or windowed layers
+    (perfmodel.models.window), which `what` cannot run: it runs dense Llama-family decoders, and
+    built from such a config it would run some other, dense, model."""
+    if cfg.get("model_type") in FAMILY_KEYS:
+        raise PerfkitError(
+            f"{source}: model_type {cfg['model_type']!r} is a mixture-of-experts model, which {what} cannot run (it "
+            "runs dense Llama-family decoders); the cost model prices it (python -m perfmodel.plan --model ...)"
+        )
+    if isinstance(cfg.get("layer_types"), list) and cfg.get("sliding_window"):
+        raise PerfkitError(
+            f"{source}: layers attending to a sliding window of {cfg['sliding_window']} tokens, which {what} cannot run"
+        )
+
+
+def check_dense(model, what: str) -> None:
+    """check_runs_dense for a model already read (a ModelConfig)."""
+    if model.moe is not None:
+        raise PerfkitError(
+            f"{model.name} is a mixture-of-experts model ({model.moe.describe()}), which {what} cannot run (it runs "
+            "dense Llama-family decoders); the cost model prices it (python -m perfmodel.plan --model ...)"
+        )
+    if model.window is not None:
+        raise PerfkitError(f"{model.name} has layers attending to a sliding window, which {what} cannot run")

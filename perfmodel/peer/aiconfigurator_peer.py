@@ -50,6 +50,10 @@ def peer_component(op_name: str) -> str:
     """The component (perfmodel.peer.static_batch.COMPONENTS) of one of the peer's op names."""
     if op_name.endswith("_gemm"):
         return "gemm"
+    if op_name.endswith("_moe"):
+        return "moe"
+    if op_name.endswith("_dispatch"):  # the MoE layer's collectives
+        return "communication"
     if "attention" in op_name:
         return "attention"
     if op_name.endswith(("_ar", "_ar_1", "_ar_2", "_p2p")):
@@ -72,6 +76,14 @@ class PeerEstimate:
 # The peer's quant-mode names of the toolkit's formats (perfmodel.base.precision; None: 16 bits).
 PEER_GEMM = {None: "bfloat16", "fp8": "fp8", "fp8-block": "fp8_block", "nvfp4": "nvfp4"}
 PEER_KV = {None: "bfloat16", "fp8": "fp8"}
+
+
+def peer_split(latency) -> dict:
+    """The expert split the project's latency source priced (perfmodel.latency.moe_table), as
+    the peer's MoE tensor- and expert-parallel sizes, so both price the same rows; nothing for a
+    dense model."""
+    experts = getattr(latency, "experts", None)
+    return {} if experts is None else {"moe_tp_size": experts.moe_tp, "moe_ep_size": experts.moe_ep}
 
 
 def peer_quant(config) -> dict:

@@ -15,7 +15,7 @@ from perfmodel.latency.choice import LatencyChoice
 from perfmodel.latency.tensor_parallel import tensor_parallel_steps, usable_degrees
 from perfmodel.measured.device_view import resolve_view
 from perfmodel.models.config import from_hf_config
-from perfmodel.peer.aiconfigurator_peer import model_config_path, peer_estimate, peer_quant
+from perfmodel.peer.aiconfigurator_peer import model_config_path, peer_estimate, peer_quant, peer_split
 from perfmodel.peer.static_batch import COMPONENTS, static_batch
 
 # The grid the acceptance asks for: 8B on one device, 70B on 2, 4 and 8.
@@ -32,6 +32,17 @@ MODEL_SETS = {
             ("Qwen/Qwen3-32B-FP8", (1, 2)),
             ("Qwen/Qwen3-32B-FP8-Static-PerTensor", (1, 2)),
             ("nvidia/Llama-3.1-70B-Instruct-FP8", (2, 4, 8)),
+        ),
+        ("h100-sxm", "h200", "b200"),
+    ),
+    # Mixture-of-experts models (issue 60): Qwen3-MoE at two sizes and gpt-oss with its MXFP4
+    # experts and windowed layers; the experts split as the project's tables priced them. (The peer
+    # ships Mixtral's config but reads it from Hugging Face, which an offline machine cannot.)
+    "moe": (
+        (
+            ("Qwen/Qwen3-30B-A3B", (1, 2)),
+            ("openai/gpt-oss-20b", (1, 2)),
+            ("Qwen/Qwen3-235B-A22B", (8,)),
         ),
         ("h100-sxm", "h200", "b200"),
     ),
@@ -94,7 +105,7 @@ def compare(point: Point, prompt_len: int, response_len: int) -> dict:
     component's TPOT share on both sides."""
     step = project_step(point.device, point.stack, point.model, point.tp)
     ours = static_batch(step, point.batch, prompt_len, response_len)
-    quant = peer_quant(project_config(point.model))
+    quant = peer_quant(project_config(point.model)) | peer_split(step.shard.latency)
     peer = peer_estimate(point.model, point.device, point.stack, point.tp, point.batch, prompt_len, response_len, quant)
     row = {
         "device": point.device,

@@ -18,13 +18,15 @@ from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
 from perfmodel.models.operators import WEIGHT_OPS
 
-COMPONENTS = ("gemm", "attention", "elementwise", "communication")
+COMPONENTS = ("gemm", "attention", "moe", "elementwise", "communication")
 # Which component each step op is; RoPE and the KV-cache write go with attention, where an
 # engine that fuses them runs them (perfmodel.latency.fusion). The rest is elementwise work.
 ATTENTION_PARTS = ("sdpa", "qk", "pv", "rope", "kv_write")
 
 
 def component(op_name: str) -> str:
+    if op_name == "moe":  # an MoE layer's fused experts (its router is a GEMM)
+        return "moe"
     if op_name in WEIGHT_OPS:
         return "gemm"
     return "attention" if op_name in ATTENTION_PARTS else "elementwise"

@@ -14,12 +14,14 @@ from perfmodel.base.precision import weight_bytes as precision_weight_bytes
 from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.operators import op_kernels
+from perfmodel.models.window import kv_share
 
 GB = 1e9
 DEFAULT_RESERVE = 0.1
 
 
-LAYER_WEIGHT_OPS = ("q", "k", "v", "o", "up", "gate", "down")
+ATTENTION_WEIGHT_OPS = ("q", "k", "v", "o")
+MLP_WEIGHT_OPS = ("up", "gate", "down")
 
 
 def linear_params(op: str, model: ModelConfig) -> int:
@@ -28,25 +30,45 @@ def linear_params(op: str, model: ModelConfig) -> int:
     return sum(math.prod(m.right_shape) for m in op_kernels(op, "decode", model, 1, 1) if m.weight)
 
 
+def expert_params(model: ModelConfig) -> int:
+    """An MoE model's experts: each h x expert size thrice (gate, up, down), in every expert layer."""
+    moe = model.moe
+    return moe.moe_layers * 3 * model.hidden_size * moe.expert_size * moe.experts if moe else 0
+
+
+def layer_linear_params(model: ModelConfig) -> int:
+    """The decoder layers' linear weights (what a quantized checkpoint stores in its format):
+    attention's in every layer, the dense MLP's in the dense layers, and in an MoE model's
+    expert layers every expert and any shared one."""
+    attention = model.num_layers * sum(linear_params(op, model) for op in ATTENTION_WEIGHT_OPS)
+    dense = model.dense_layers * sum(linear_params(op, model) for op in MLP_WEIGHT_OPS)
+    moe = model.moe
+    shared = moe.moe_layers * linear_params("shared_expert", model) if moe and moe.shared_size else 0
+    return attention + dense + expert_params(model) + shared
+
+
 def weight_params(model: ModelConfig) -> int:
-    """Parameters of the base model: embeddings, per layer the attention and MLP weights and
-    2 norms, the final norm, and the lm_head unless it is the embedding matrix (tied)."""
+    """Parameters of the base model: embeddings, the layers' linear weights (layer_linear_params)
+    and 2 norms a layer, an MoE layer's router (h x experts, kept in 16 bits), the final norm,
+    and the lm_head unless it is the embedding matrix (tied)."""
     h = model.hidden_size
-    layer = sum(linear_params(op, model) for op in LAYER_WEIGHT_OPS) + 2 * h
+    routers = model.moe.moe_layers * linear_params("router", model) if model.moe else 0
     lm_head = 0 if model.tie_word_embeddings else linear_params("lm_head", model)
-    return model.vocab_size * h + model.num_layers * layer + h + lm_head
+    return model.vocab_size * h + layer_linear_params(model) + 2 * h * model.num_layers + routers + h + lm_head
 
 
 def weight_bytes(model: ModelConfig, dtype: str) -> float:
     """Bytes of the base model's weights: the decoder layers' linear weights in the model's
-    quantized format (perfmodel.base.precision, its scales counted) where it has one, the rest
-    (embeddings, norms, the LM head: every quantized checkpoint here keeps them in 16 bits) in
-    `dtype`."""
+    quantized format (perfmodel.base.precision, its scales counted) where it has one, an MoE
+    model's experts in their own where the checkpoint stores them apart (gpt-oss's mxfp4), the
+    rest (embeddings, norms, routers, the LM head: every quantized checkpoint here keeps them
+    in 16 bits) in `dtype`."""
     size = element_bytes(dtype)
-    if model.weights is None:
-        return weight_params(model) * size
-    linear = model.num_layers * sum(linear_params(op, model) for op in LAYER_WEIGHT_OPS)
-    return linear * precision_weight_bytes(model.weights, size) + (weight_params(model) - linear) * size
+    linear = layer_linear_params(model)
+    experts = expert_params(model) if model.moe and model.moe.experts_format else 0
+    stored = experts * precision_weight_bytes(model.moe.experts_format, size) if experts else 0.0
+    layers = (linear - experts) * precision_weight_bytes(model.weights, size)
+    return stored + layers + (weight_params(model) - linear) * size
 
 
 def head_params(model: ModelConfig) -> int:
@@ -141,7 +163,8 @@ def memory_fit(
     drafter's weights and KV cache) split evenly over tp devices of `spec`, the KV cache as
     the shards keep it (replica_kv_bytes_per_token); `reserve` of each device is kept free. A
     deployment without Medusa loads no heads."""
-    kv_token = replica_kv_bytes_per_token(model, dtype, tp)
+    # windowed layers keep the last window's tokens only (perfmodel.models.window)
+    kv_token = replica_kv_bytes_per_token(model, dtype, tp) * kv_share(model.window, model.num_layers, kv_tokens)
     usable = usable_bytes(spec, reserve) * tp
     weights = weight_bytes(model, dtype)
     if drafter is not None:

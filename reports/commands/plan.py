@@ -103,6 +103,8 @@ class PlanOptions:
     dtype: str | None = field(default=None, metadata=shared(options.dtype))
     weight_format: str | None = field(default=None, metadata=shared(options.precision))
     kv_cache_dtype: str | None = field(default=None, metadata=along("weight_format"))
+    moe_parallel: str | None = field(default=None, metadata=along("weight_format"))
+    routing: str | None = field(default=None, metadata=along("weight_format"))
     workload: WorkloadOptions = field(default_factory=WorkloadOptions, metadata=nested(WorkloadOptions))
     throughput: float | None = field(
         default=None,
@@ -222,7 +224,15 @@ def read_question(argv: list[str] | None = None) -> tuple[argparse.Namespace, Pl
     asked = ServeRequest(args.acceptance_rates, settings.medusa, settings.engine, args.reserve, **chain)
     serving = asked if settings.simulated else None
     return args, PlanQuestion(
-        tuple(resolve(load_model(args.model).as_served(args.weight_format, args.kv_cache_dtype), devices, choices)),
+        tuple(
+            resolve(
+                load_model(args.model).as_served(
+                    args.weight_format, args.kv_cache_dtype, args.moe_parallel, args.routing
+                ),
+                devices,
+                choices,
+            )
+        ),
         request,
         serving,
         settings,

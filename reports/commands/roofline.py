@@ -56,6 +56,8 @@ class RooflineOptions:
     dtype: str | None = field(default=None, metadata=shared(options.dtype))
     weight_format: str | None = field(default=None, metadata=shared(options.precision))
     kv_cache_dtype: str | None = field(default=None, metadata=along("weight_format"))
+    moe_parallel: str | None = field(default=None, metadata=along("weight_format"))
+    routing: str | None = field(default=None, metadata=along("weight_format"))
     batch: tuple[int, ...] | None = field(
         default=None,
         metadata=option(
@@ -121,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     cpu = is_cpu_name(args.gpu)
     dtype = check_dtype(args.dtype or default_dtype("cpu" if cpu else "cuda"))
     names = args.model or (["llama-7b"] if cpu or args.measure else DEFAULT_MODELS)
-    models = [load_model(m).as_served(args.weight_format, args.kv_cache_dtype) for m in names]
+    models = [
+        load_model(m).as_served(args.weight_format, args.kv_cache_dtype, args.moe_parallel, args.routing) for m in names
+    ]
     if args.medusa_heads:
         models = [m.with_medusa_heads(args.medusa_heads) for m in models]
     grid = (QUICK_GRID if cpu or args.measure else PAPER_GRID).narrowed(args.batch, args.seq, args.candidates)

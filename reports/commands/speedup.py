@@ -176,7 +176,7 @@ def sweep_tracer():
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = read_options(SpeedupOptions, build_parser().parse_args(argv))
-    model = load_model(args.model).as_served(args.weight_format, args.kv_cache_dtype)
+    model = load_model(args.model).as_served(args.weight_format, args.kv_cache_dtype, args.moe_parallel, args.routing)
     if args.dtype:
         check_dtype(args.dtype)
     if args.metrics is not None:

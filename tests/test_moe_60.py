@@ -1,0 +1,157 @@
+"""Issue 60, item 2: mixture-of-experts models read from their config.json, every expert in
+memory, each expert layer priced from the engines' measured MoE tables at the step's tokens,
+split and routing named, and bad MoE input refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from decoder.twin import dummy_checkpoint
+from perfmodel.cli import run
+from perfmodel.latency.source import latency_source
+from perfmodel.latency.step import StepModel
+from perfmodel.models.config import load_model
+from perfmodel.planning.memory import weight_bytes, weight_params
+from reports.commands.plan import main as plan_main
+from tests.helpers import one_line_error
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "tests" / "data" / "model_configs"
+QWEN3_30B = CONFIGS / "Qwen--Qwen3-30B-A3B_config.json"
+H100_VLLM = ROOT / "profilers" / "measurements" / "h100-sxm" / "aiconfigurator" / "vllm-0.24.0" / "moe.parquet"
+
+
+def config_with(tmp_path: Path, **changes) -> Path:
+    config = json.loads(QWEN3_30B.read_text()) | changes
+    config = {k: v for k, v in config.items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("config", "params_b", "experts", "top_k"),
+    [
+        ("Qwen--Qwen3-30B-A3B", 30.5, 128, 8),  # the model card: 30.5B parameters
+        ("Qwen--Qwen3-235B-A22B", 235.1, 128, 8),  # 235B
+        ("mistralai--Mixtral-8x7B-v0.1", 46.7, 8, 2),  # Mistral's 46.7B
+    ],
+)
+def test_an_moe_config_is_read_and_every_expert_counted_in_memory(config, params_b, experts, top_k):
+    model = load_model(CONFIGS / f"{config}_config.json")
+    assert (model.moe.experts, model.moe.top_k) == (experts, top_k)
+    assert weight_params(model) / 1e9 == pytest.approx(params_b, abs=0.1)
+
+
+def test_the_expert_layer_is_the_measured_row_at_the_step_tokens():
+    model = load_model(QWEN3_30B)
+    source = latency_source("h100-sxm", model, stack="vllm")
+    rows = pd.read_parquet(H100_VLLM)
+    row = rows[
+        (rows.hidden_size == 2048)
+        & (rows.inter_size == 768)
+        & (rows.num_experts == 128)
+        & (rows.dtype == "bf16")
+        & (rows.moe_tp == 1)
+        & (rows.moe_ep == 1)
+        & (rows.distribution == "power_law_1.2")
+        & (rows.num_tokens == 64)
+    ]
+    # 64 tokens: batch 8 of a tree of 8, or batch 64 of plain decoding
+    assert source.op_time("moe", "tree", 8, 1024, 8) == pytest.approx(row.time_s.min())
+    assert source.op_time("moe", "decode", 64, 1024, 1) == pytest.approx(row.time_s.min())
+    assert "measured bf16 MoE layers" in source.label and "power_law_1.2 routing" in source.label
+
+
+def test_routing_and_split_choose_their_rows():
+    model = load_model(QWEN3_30B)
+    skewed = latency_source("h100-sxm", model, stack="vllm").op_time("moe", "decode", 4096, 1024, 1)
+    even = latency_source("h100-sxm", model.as_served(routing="balanced"), stack="vllm")
+    assert even.op_time("moe", "decode", 4096, 1024, 1) < skewed  # a skewed routing loads one expert more
+    # B200's vLLM measured this layer split by experts over 4 devices, not with each expert split 4 ways
+    auto = latency_source("b200", model.shard(4), stack="vllm")
+    assert "ep 4" in auto.label and "vllm 0.24.0" in auto.label
+    tensor = latency_source("b200", model.as_served(moe_split="tp").shard(4), stack="vllm")
+    assert "moe_tp 4" in tensor.label and "trtllm" in tensor.label  # the device's other engine measured it
+
+
+def test_between_measured_steps_the_time_is_interpolated_and_past_the_table_it_grows_with_tokens():
+    source = latency_source("h200", load_model(QWEN3_30B), stack="vllm")
+    tokens = np.array([4096, 6144, 5120, 16384, 32768])
+    low, high, middle, last, past = source.op_time("moe", "decode", tokens, 1024, np.ones_like(tokens))
+    assert middle == pytest.approx((low + high) / 2) and past == pytest.approx(2 * last)
+
+
+def test_the_plan_answers_on_measured_moe_tables(capsys):
+    argv = ["--model", str(QWEN3_30B), "--gpu", "h100", "h200", "b200", "--tp", "auto", "--rate", "20"]
+    argv += ["--prompt-len", "1024", "--response-len", "256", "--tpot-ms", "30"]
+    assert run(plan_main, argv) == 0
+    out = capsys.readouterr().out
+    assert "Answer:" in out and "measured bf16 MoE layers" in out
+    assert "61.06" in out  # 30.5B parameters of 2 bytes: every expert is in memory
+
+
+def test_the_datasheet_prices_experts_by_its_roofline():
+    model = load_model(QWEN3_30B)
+    source = latency_source("h100-sxm", model, source="datasheet")
+    assert "experts: roofline" in source.label
+    step = StepModel(model, source)
+    # a step of 64 tokens reaches nearly every expert; one token reads 8 of 128
+    assert step.op_times(64, 1024)["moe"] > 5 * step.op_times(1, 1024)["moe"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"num_experts": None}, "must give 'num_experts'"),
+        ({"num_experts_per_tok": 200}, "num_experts_per_tok = 200 routes each token to more than its 128 experts"),
+        ({"moe_intermediate_size": 0}, "moe_intermediate_size must be an integer >= 1"),
+    ],
+)
+def test_a_bad_moe_config_is_one_line(tmp_path, changes, fragment):
+    one_line_error(lambda: load_model(config_with(tmp_path, **changes)), fragment)
+
+
+def test_an_expert_split_that_does_not_divide_the_experts_is_one_line(tmp_path):
+    model = load_model(config_with(tmp_path, num_experts=6, num_experts_per_tok=2)).as_served(moe_split="ep")
+    one_line_error(lambda: model.shard(4), "needs a degree dividing 6")
+    one_line_error(lambda: model.as_served(moe_split="wide"), "moe parallel 'wide': choose one of auto, tp, ep")
+
+
+def test_a_shape_no_engine_measured_is_refused_naming_the_measured_ones(tmp_path):
+    model = load_model(config_with(tmp_path, num_experts=96))
+    one_line_error(
+        lambda: latency_source("h100-sxm", model, stack="vllm"),
+        "no MoE layer of hidden 2048, 96 experts of 768, top-8, bf16",
+    )
+
+
+def test_the_moe_tables_ship_small_and_every_engine_has_one():
+    tables = list((ROOT / "profilers" / "measurements").glob("*/aiconfigurator/*/moe.parquet"))
+    # 9.6 MB for 27 stacks of nine devices: splits over at most 8 devices, three routings
+    assert len(tables) == 27 and sum(p.stat().st_size for p in tables) < 10e6
+    rows = pd.read_parquet(H100_VLLM)
+    assert set(rows["dtype"]) == {"bf16", "fp8", "fp8-block", "mxfp4"}
+    assert (rows["moe_tp"] * rows["moe_ep"]).max() == 8
+
+
+def test_gpt_oss_reads_its_mxfp4_experts_and_windowed_layers():
+    model = load_model(CONFIGS / "openai--gpt-oss-20b_config.json")
+    assert (model.moe.experts_format, model.window.tokens, model.window.layers) == ("mxfp4", 128, 12)
+    assert weight_params(model) / 1e9 == pytest.approx(20.9, abs=0.1)  # the model card's 21B
+    # its experts in 4.25 bits, the rest (attention, router, embeddings) in 16
+    assert weight_bytes(model, "bf16") / 1e9 == pytest.approx(13.7, abs=0.1)
+    source = latency_source("h100-sxm", model, stack="vllm")
+    assert "measured mxfp4 MoE layers" in source.label
+    step = StepModel(model, source)
+    # a windowed layer's attention reads 128 keys however long the context
+    near, far = (step.op_times(8, s)["sdpa_window"] for s in (1024, 8192))
+    assert far == pytest.approx(near) and step.op_times(8, 8192)["sdpa"] > step.op_times(8, 1024)["sdpa"]
+
+
+def test_the_decoder_refuses_an_moe_config_it_cannot_run():
+    one_line_error(lambda: dummy_checkpoint(QWEN3_30B), "mixture-of-experts model, which the reference decoder")
