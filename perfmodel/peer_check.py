@@ -112,8 +112,8 @@ def build_parser() -> Parser:
 PRECISION_SAID = {
     "bf16": "bf16",
     "fp8": "each checkpoint in the formats its files declare, on both sides",
-    "moe": "bf16 (gpt-oss's experts in the MXFP4 its files declare), the experts split as the project's tables priced "
-    "them and routed power_law_1.2, on both sides",
+    "moe": "each checkpoint in the formats its files declare (bf16; Qwen3-30B-A3B-FP8's fp8-block; gpt-oss's MXFP4 "
+    "experts), the experts split as the project's tables priced them and routed power_law_1.2, on both sides",
 }
 
 

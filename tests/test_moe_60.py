@@ -155,3 +155,15 @@ def test_gpt_oss_reads_its_mxfp4_experts_and_windowed_layers():
 
 def test_the_decoder_refuses_an_moe_config_it_cannot_run():
     one_line_error(lambda: dummy_checkpoint(QWEN3_30B), "mixture-of-experts model, which the reference decoder")
+
+
+def test_the_serving_search_tries_the_experts_tensor_and_expert_parallel(capsys):
+    argv = ["--model", str(QWEN3_30B), "--gpu", "b200", "--tp", "4", "--rate", "20", "--medusa", "off"]
+    assert run(plan_main, [*argv, "--prompt-len", "1024", "--response-len", "256", "--tpot-ms", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "b200 tp 4 (experts tp), Medusa off" in out and "b200 tp 4 (experts ep), Medusa off" in out
+    # asked for one split, only that one is searched
+    argv += ["--moe-parallel", "ep", "--prompt-len", "1024", "--response-len", "256", "--tpot-ms", "30"]
+    assert run(plan_main, argv) == 0
+    out = capsys.readouterr().out
+    assert "(experts ep)" in out and "(experts tp)" not in out

@@ -160,7 +160,7 @@ def precision(target: Target) -> None:
         "--kv-cache-dtype", choices=KV_CHOICES, help=f"the KV cache: fp8, or bf16/fp16 (the dtype's; {declared})"
     )
     # how a mixture-of-experts model's experts are served (perfmodel.models.moe); a dense model has none
-    split = "tp (each expert split), ep (the experts spread) or auto (default: tp where measured, else ep)"
+    split = "tp (each expert split), ep (the experts spread) or auto (default: plans try both, a step takes tp)"
     target.add_argument("--moe-parallel", choices=tuple(MoeSplit), help=f"an MoE model's experts under --tp: {split}")
     routed = f"how an MoE model's tokens fall on its experts (default: {DEFAULT_ROUTING}, aiconfigurator's)"
     target.add_argument("--routing", choices=tuple(Routing), help=routed)

@@ -11,10 +11,12 @@ Two serving choices travel with the shape, as a checkpoint's formats do (ModelCo
 - the split (`--moe-parallel`): under tensor parallelism of degree t the experts run either
   tensor-parallel (each expert's intermediate size split t ways: vLLM's, SGLang's and
   TensorRT-LLM's default) or expert-parallel (the experts spread t ways, each whole: vLLM's
-  --enable-expert-parallel); `auto` takes the engine's default where its tables measured it,
-  else expert parallelism where they did. Attention stays tensor-parallel either way, so every
-  device holds every token and the layer ends in the all-reduce a dense MLP's ends in (wide
-  expert parallelism with data-parallel attention and all-to-all dispatch is not priced);
+  --enable-expert-parallel); with `auto` the capacity plan and the serving search try both
+  (perfmodel.planning.deployment.Deployment.expert_splits), and a single step takes the
+  engine's default where its tables measured it, else expert parallelism where they did.
+  Attention stays tensor-parallel either way, so every device holds every token and the layer
+  ends in the all-reduce a dense MLP's ends in (wide expert parallelism with data-parallel
+  attention and all-to-all dispatch is not priced);
 - the routing (`--routing`): how evenly tokens fall on experts, as the tables measured it:
   balanced, or a power law of exponent 1.01 or 1.2 (aiconfigurator's default, 1.2).
 """

@@ -93,7 +93,10 @@ def peer_quant(config) -> dict:
     table; told `fp8`, it reads the same measured rows. Nothing for a 16-bit model (its defaults)."""
     if config.weights is None and config.kv_cache is None:
         return {}
-    return {"gemm_quant_mode": PEER_GEMM[config.weights], "kvcache_quant_mode": PEER_KV[config.kv_cache]}
+    modes = {"gemm_quant_mode": PEER_GEMM[config.weights], "kvcache_quant_mode": PEER_KV[config.kv_cache]}
+    if config.moe is not None:  # an MoE checkpoint's experts in the format of its other layers
+        modes["moe_quant_mode"] = PEER_GEMM[config.moe.experts_format or config.weights]
+    return modes
 
 
 def peer_estimate(

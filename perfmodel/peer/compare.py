@@ -35,12 +35,14 @@ MODEL_SETS = {
         ),
         ("h100-sxm", "h200", "b200"),
     ),
-    # Mixture-of-experts models (issue 60): Qwen3-MoE at two sizes and gpt-oss with its MXFP4
-    # experts and windowed layers; the experts split as the project's tables priced them. (The peer
-    # ships Mixtral's config but reads it from Hugging Face, which an offline machine cannot.)
+    # Mixture-of-experts models (issue 60): Qwen3-MoE at two sizes (the smaller in bf16 and in its
+    # fp8-block checkpoint) and gpt-oss with its MXFP4 experts and windowed layers; the experts split
+    # as the project's tables priced them. (The peer ships Mixtral's config but reads it from
+    # Hugging Face, which an offline machine cannot.)
     "moe": (
         (
             ("Qwen/Qwen3-30B-A3B", (1, 2)),
+            ("Qwen/Qwen3-30B-A3B-FP8", (1, 2)),
             ("openai/gpt-oss-20b", (1, 2)),
             ("Qwen/Qwen3-235B-A22B", (8,)),
         ),

@@ -68,7 +68,7 @@ from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.base.errors import PerfkitError
 from perfmodel.models.config import ModelConfig
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
-from perfmodel.planning.device_plan import Setting, plan_device, plan_device_auto_tp
+from perfmodel.planning.device_plan import Setting, plan_degree, plan_device_auto_tp
 from perfmodel.planning.lengths import DEFAULT_PROMPT_LEN, DEFAULT_RESPONSE_LEN, Lengths
 from perfmodel.planning.measured_chain import measured_chain
 from perfmodel.planning.medusa_setting import MedusaSetting, check_medusa
@@ -175,7 +175,7 @@ def plan_deployments(deployments, request: PlanRequest | None = None) -> PlanRes
         drafter_for = None if chain is None else chain.drafter_on
         setting = Setting(deployment, workload, targets, accept, batches, sizes, memory_reserve, medusa, drafter_for)
         row, device_bands, device_configs = (
-            plan_device(setting, deployment.tp) if deployment.tp else plan_device_auto_tp(setting)
+            plan_degree(setting, deployment.tp) if deployment.tp else plan_device_auto_tp(setting)
         )
         rows.append(row)
         bands.append(device_bands)

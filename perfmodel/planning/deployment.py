@@ -27,6 +27,7 @@ from perfmodel.latency.tensor_parallel import TensorParallelStep, check_degree
 from perfmodel.latency.traced import Tracer
 from perfmodel.measured.device_view import DeviceView, resolve_devices
 from perfmodel.models.config import ModelConfig, load_model
+from perfmodel.models.moe import MoeSplit
 from perfmodel.planning.step_models import (
     WHOLE_STEP_FLAVORS,
     StepSetting,
@@ -87,6 +88,32 @@ class Deployment:
         if tp not in self._degrees:
             self._degrees[tp] = dataclasses.replace(self, tp=tp)
         return self._degrees[tp]
+
+    def expert_splits(self) -> tuple[Deployment, ...]:
+        """The deployments the planners search at this degree: an MoE model served `auto` (the
+        default) over more than one device once with its experts tensor-parallel and once
+        expert-parallel (perfmodel.models.moe), those whose experts the tables measured (each
+        priced here, once); any other deployment itself. Where neither split is measured, the
+        expert-parallel one's error."""
+        moe = self.model.moe
+        if moe is None or moe.split != MoeSplit.AUTO or not self.tp or self.tp == 1:
+            return (self,)
+        split = [dataclasses.replace(self, model=self.model.as_served(moe_split=s)) for s in (MoeSplit.TP, MoeSplit.EP)]
+        measured = []
+        for deployment in split:
+            try:
+                deployment.steps()
+            except PerfkitError:
+                if deployment is split[-1] and not measured:
+                    raise
+                continue
+            measured.append(deployment)
+        return tuple(measured)
+
+    @property
+    def experts(self) -> str:
+        """How an MoE model's experts are split over the degree (tp, ep, auto); '' otherwise."""
+        return str(self.model.moe.split) if self.model.moe is not None and self.tp and self.tp > 1 else ""
 
     def steps(self, flavors: Iterable[str] | None = None) -> dict[StepFlavor, TensorParallelStep]:
         """One step model per flavour (default: the deployment's own), priced once per

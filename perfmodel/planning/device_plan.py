@@ -6,6 +6,7 @@ it. perfmodel.planning.capacity.plan runs it for every device asked about.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,7 +68,13 @@ def plan_device_auto_tp(setting: Setting):
     target where one is set) among those that fit; the smallest that fits when none does."""
     usable = usable_degrees(setting.model, setting.view.evidence)
     degrees = [tp for tp in AUTO_TP if tp in usable]
-    tried = [plan_device(setting, tp) for tp in degrees]
+    tried = [plan for tp in degrees for plan in plan_splits(setting, tp)]
+    return best_plan(tried)
+
+
+def best_plan(tried: list):
+    """Of plans (row, bands, configurations), the one with the most tokens/s per device meeting
+    the latency target where one does; the last when none fits."""
     fitting = [t for t in tried if t[0]["fits"]]
     if not fitting:
         return tried[-1]
@@ -79,6 +86,20 @@ def plan_device_auto_tp(setting: Setting):
         return best / row["tensor_parallel"]
 
     return max(meeting, key=per_device)
+
+
+def plan_splits(setting: Setting, tp: int) -> list:
+    """plan_device at tp once per expert split the planner searches (Deployment.expert_splits:
+    an MoE model's experts tensor- and expert-parallel); one plan for any other model."""
+    return [
+        plan_device(dataclasses.replace(setting, deployment=deployment), tp)
+        for deployment in setting.deployment.at(tp).expert_splits()
+    ]
+
+
+def plan_degree(setting: Setting, tp: int):
+    """The best of plan_splits at tp (the most tokens/s per device, as plan_device_auto_tp picks)."""
+    return best_plan(plan_splits(setting, tp))
 
 
 def runs_heads(setting: Setting) -> bool:

@@ -12,6 +12,7 @@ speculation schedule (perfmodel.planning.schedule) built on that same step.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -257,8 +258,10 @@ def serve_deployments(
         degrees = [deployment.tp] if deployment.tp is not None else [tp for tp in (1, 2, 4, 8) if tp in usable]
         for mode in modes:
             for tp in degrees:
-                rep = replica(deployment.at(tp), mode, choice, workload, reserve, engine.max_seqs, chain)
-                options.append(answer(rep, requests, targets, engine, target_rate))
+                for split in deployment.at(tp).expert_splits():  # an MoE model's experts tp- and ep-wise
+                    rep = replica(split, mode, choice, workload, reserve, engine.max_seqs, chain)
+                    option = answer(rep, requests, targets, engine, target_rate)
+                    options.append(dataclasses.replace(option, experts=split.experts))
     answered = (model.title, workload.describe(), targets, engine, choice.label, target_rate, tuple(options))
     return ServingAnswer(*answered, speculator=speculator)
 

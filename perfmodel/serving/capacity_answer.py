@@ -52,6 +52,7 @@ class ServingOption:
     kv_capacity_tokens: int = 0
     max_seqs: int = 0
     latency: str = ""
+    experts: str = ""  # an MoE model's split over tp (tp, ep; perfmodel.models.moe); '' for a dense one
     note: str = ""
     schedule: SpeculationSchedule | None = field(default=None, repr=False, compare=False)
 

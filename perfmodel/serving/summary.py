@@ -23,7 +23,8 @@ def ms(seconds: float) -> str:
 def option_line(o: ServingOption, q: int, who: str = SPECULATOR) -> str:
     """One configuration: its devices, capacity and latencies, or why it has none; `who`
     speculates in its setting (the Medusa heads, or another drafter's chains)."""
-    head = f"{o.device} tp {o.tp}, {who} {o.medusa}: "
+    experts = f" (experts {o.experts})" if o.experts else ""
+    head = f"{o.device} tp {o.tp}{experts}, {who} {o.medusa}: "
     if not o.fits:
         return head + o.note
     if not o.meets_targets:
