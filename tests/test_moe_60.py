@@ -167,3 +167,38 @@ def test_the_serving_search_tries_the_experts_tensor_and_expert_parallel(capsys)
     assert run(plan_main, argv) == 0
     out = capsys.readouterr().out
     assert "(experts ep)" in out and "(experts tp)" not in out
+
+
+def qwen2_moe(tmp_path: Path, shared: int = 5632) -> Path:
+    """Qwen1.5-MoE-A2.7B's shapes (its config.json's keys): 60 experts of 1408, top-4, and a
+    shared expert of 5632 every token runs through."""
+    shapes = dict(
+        model_type="qwen2_moe",
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        vocab_size=151936,
+        max_position_embeddings=8192,
+        num_experts=60,
+        num_experts_per_tok=4,
+        moe_intermediate_size=1408,
+        shared_expert_intermediate_size=shared,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )
+    (tmp_path / "config.json").write_text(json.dumps(shapes))
+    return tmp_path
+
+
+def test_a_shared_expert_is_held_and_priced_and_an_unmeasured_shape_refused(tmp_path):
+    model = load_model(qwen2_moe(tmp_path))
+    assert weight_params(model) / 1e9 == pytest.approx(14.3, abs=0.1)  # the model card's 14.3B
+    step = StepModel(model, latency_source("h100-sxm", model, source="datasheet"))
+    assert step.op_times(8, 1024)["shared_expert"] > 0
+    measured = "2048/768/top-8/128"  # Qwen3-30B-A3B's, among others
+    one_line_error(lambda: latency_source("h100-sxm", model, stack="vllm"), "60 experts of 1408, top-4", measured)
+    odd = load_model(qwen2_moe(tmp_path, shared=5004))
+    one_line_error(lambda: odd.shard(8), "tp=8 does not split the shared expert's intermediate size 5004")
+    assert 8 not in odd.tensor_parallel_degrees(8)

@@ -179,7 +179,7 @@ class ModelConfig:
         return [
             t
             for t in range(1, largest + 1)
-            if not n % t and not i % t and (not kv % t or not t % kv) and (self.moe is None or self.moe.splits(t))
+            if not n % t and not i % t and (not kv % t or not t % kv) and (self.moe is None or self.moe.spreads_over(t))
         ]
 
 

@@ -97,8 +97,17 @@ class MoeShape:
         allowed = {MoeSplit.AUTO: both, MoeSplit.TP: both[:1], MoeSplit.EP: both[-1:]}[self.split]
         return [(mt, me) for mt, me in allowed if not self.expert_size % mt and not self.experts % me]
 
+    def spreads_over(self, tp: int) -> bool:
+        """Whether the experts (an allowed split) and any shared expert split tp ways evenly."""
+        return not self.shared_size % tp and bool(self.splits(tp))
+
     def check_degree(self, tp: int) -> None:
-        """One line where no allowed split spreads the experts over tp devices evenly."""
+        """One line where no allowed split spreads the experts over tp devices evenly, or the
+        shared expert (split as a dense MLP is) does not split tp ways."""
+        if self.shared_size % tp:
+            raise PerfkitError(
+                f"tp={tp} does not split the shared expert's intermediate size {self.shared_size} (choose a divisor)"
+            )
         if not self.splits(tp):
             raise PerfkitError(
                 f"tp={tp} does not split the experts {self.split}-wise ({self.experts} experts of intermediate size "
