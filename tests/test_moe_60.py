@@ -4,6 +4,7 @@ split and routing named, and bad MoE input refused in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,10 +13,13 @@ import pandas as pd
 import pytest
 
 from decoder.twin import dummy_checkpoint
+from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.cli import run
+from perfmodel.latency.draft_weights import DraftWeights
 from perfmodel.latency.source import latency_source
 from perfmodel.latency.step import StepModel
 from perfmodel.models.config import load_model
+from perfmodel.models.moe import layer_slice
 from perfmodel.planning.memory import weight_bytes, weight_params
 from reports.commands.plan import main as plan_main
 from tests.helpers import one_line_error
@@ -202,3 +206,14 @@ def test_a_shared_expert_is_held_and_priced_and_an_unmeasured_shape_refused(tmp_
     odd = load_model(qwen2_moe(tmp_path, shared=5004))
     one_line_error(lambda: odd.shard(8), "tp=8 does not split the shared expert's intermediate size 5004")
     assert 8 not in odd.tensor_parallel_degrees(8)
+
+
+def test_a_drafter_layer_of_an_moe_target_is_dense_and_an_mtp_module_repeats_its_experts():
+    model = load_model(QWEN3_30B)
+    eagle = layer_slice(model, 1, dense=True)
+    mtp = layer_slice(model, 1, dense=False)
+    assert eagle.moe is None and eagle.num_layers == 1 and eagle.dense_layers == 1
+    assert (mtp.moe.moe_layers, mtp.dense_layers) == (1, 0)
+    ops = {item.op for item in DraftWeights(DrafterKind.EAGLE3).pass_ops(model, "full")}
+    assert "moe" not in ops and "gate_up" in ops
+    one_line_error(lambda: dataclasses.replace(model, num_layers=1), "48 expert layers of its 1")

@@ -30,6 +30,7 @@ from perfmodel.latency.latency_model import LatencyModel
 from perfmodel.latency.roofline import RooflineLatency
 from perfmodel.latency.step import StepFlavor, StepOp, check_flavor, layer_ops
 from perfmodel.models.config import ModelConfig
+from perfmodel.models.moe import layer_slice
 
 FC_OPS = {DrafterKind.EAGLE: "eagle_fc", DrafterKind.EAGLE3: "eagle3_fc", DrafterKind.MTP: "eagle_fc"}
 
@@ -53,7 +54,7 @@ class DraftWeights:
         """The shapes a draft pass runs on one device of the target's `shard`: the head's
         layer(s) and LM head, split as the target is."""
         if self.layer is None:
-            return dataclasses.replace(shard, num_layers=1)
+            return layer_slice(shard, 1, dense=self.kind != DrafterKind.MTP)
         return self.layer.shard(shard.tp)
 
     def pass_ops(self, shard: ModelConfig, flavor: str, cached: bool = True, first: bool = True) -> tuple[StepOp, ...]:

@@ -14,7 +14,6 @@ or advised on a device; `check_degree` refuses any other in one line."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +30,7 @@ from perfmodel.latency.traced_step import TracedStep
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.measured.evidence import DeviceEvidence, as_evidence
 from perfmodel.models.config import ModelConfig
+from perfmodel.models.moe import layer_slice
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class TensorParallelStep:
         layer; 0 at tp 1): the step's, or a drafter's own layers run on the same devices."""
         if self.tp == 1:
             return np.zeros(np.shape(tokens))
-        model = dataclasses.replace(self.shard_step.model, num_layers=layers)
+        model = layer_slice(self.shard_step.model, layers, dense=False)  # its all-reduces count layers only
         return tp_comm_time_per_step(model, self.tp, tokens, self.dtype, self.all_reduce)
 
     def logits_rows(self, batch, tokens_per_seq, medusa) -> np.ndarray:

@@ -122,6 +122,16 @@ class MoeShape:
         return f"{self.experts} experts{stored} of {self.expert_size}, top-{self.top_k}{shared}, {layers}"
 
 
+def layer_slice(model, layers: int, dense: bool):
+    """`model` (a ModelConfig) cut to `layers` decoder layers of its shapes, a drafter's layers:
+    dense ones (an EAGLE head is a dense decoder layer, whatever experts its target has), or
+    layers of the target's own kind (an MTP module repeats the target's layer: expert layers
+    where the target's are). Either attends to the whole context."""
+    moe = model.moe
+    kept = None if dense or moe is None else dataclasses.replace(moe, moe_layers=min(layers, moe.moe_layers))
+    return dataclasses.replace(model, num_layers=layers, moe=kept, window=None)
+
+
 def moe_split(value: str) -> MoeSplit:
     if value not in MoeSplit._value2member_map_:
         raise PerfkitError(f"moe parallel {value!r}: choose one of {', '.join(MoeSplit)}")

@@ -23,6 +23,7 @@ from perfmodel.latency.eagle import DraftShape
 from perfmodel.measured.ngram_host import ngram_host_cost
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.drafter_config import drafter_model
+from perfmodel.models.moe import layer_slice
 from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.drafter_point import point_drafter, tokens_per_step, with_draft_steps
 from perfmodel.planning.drafters import DEFAULT_DRAFT_COST, KIND_NAMES, Drafter
@@ -113,7 +114,8 @@ def drafter_memory(drafter: Drafter, target: ModelConfig, dtype: str, tp: int) -
         return DrafterMemory(weights, kv, f"the draft model {own.name}")
     head = (drafter.weights or DraftWeights(kind)).layer
     if head is None:  # one layer of the target's shapes; an MTP checkpoint's every module
-        head = dataclasses.replace(target, num_layers=target.mtp_layers if kind == DrafterKind.MTP else 1)
+        mtp = kind == DrafterKind.MTP
+        head = layer_slice(target, target.mtp_layers if mtp else 1, dense=not mtp)
     what = "the MTP module(s)" if kind == DrafterKind.MTP else f"the {KIND_NAMES[kind]} head"
     weights = feature_head_params(kind, head, target) * size
     return DrafterMemory(weights, replica_kv_bytes_per_token(head, dtype, tp), what)
