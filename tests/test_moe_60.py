@@ -134,6 +134,13 @@ def test_a_shape_no_engine_measured_is_refused_naming_the_measured_ones(tmp_path
     )
 
 
+def test_the_head_size_64_attention_tables_ship_small_beside_the_main_ones():
+    tables = list((ROOT / "profilers" / "measurements").glob("*/aiconfigurator/*/*_attention_head64.parquet"))
+    assert len(tables) == 48 and sum(p.stat().st_size for p in tables) < 2e6
+    rows = pd.read_parquet(tables[0])
+    assert set(rows["head_dim"]) == {64}
+
+
 def test_the_moe_tables_ship_small_and_every_engine_has_one():
     tables = list((ROOT / "profilers" / "measurements").glob("*/aiconfigurator/*/moe.parquet"))
     # 9.6 MB for 27 stacks of nine devices: splits over at most 8 devices, three routings
@@ -151,6 +158,8 @@ def test_gpt_oss_reads_its_mxfp4_experts_and_windowed_layers():
     assert weight_bytes(model, "bf16") / 1e9 == pytest.approx(13.7, abs=0.1)
     source = latency_source("h100-sxm", model, stack="vllm")
     assert "measured mxfp4 MoE layers" in source.label
+    # its attention of head size 64 from the tables of that head size, not the roofline
+    assert source.attention.head_dim == 64 and "attention: decode/prefill attention measured" in source.label
     step = StepModel(model, source)
     # a windowed layer's attention reads 128 keys however long the context
     near, far = (step.op_times(8, s)["sdpa_window"] for s in (1024, 8192))

@@ -18,7 +18,7 @@ from perfmodel.latency.monotone import non_decreasing
 from perfmodel.latency.roofline import kernel_time, speed_of_light
 from perfmodel.models.operators import FusedAttention, Phase
 
-HEAD_DIM = 128  # the only head size the shipped tables keep (every model preset's)
+HEAD_DIM = 128  # the main tables' head size (every model preset's); others in tables of their own
 # Neighbour weights 1 / hypot(KV_WEIGHT x dlog2 kv_heads, dlog2 group) ** POWER (module doc).
 KV_WEIGHT = 0.5
 POWER = 6
@@ -112,28 +112,35 @@ class KernelTable:
     clamped: int = 0  # measured points under their speed-of-light floor, raised to it
     points: int = 0  # measured points
     q_len: int = 1  # query tokens per sequence outside prefill: 1 in decode, the tree's size in a tree table
+    head_dim: int = HEAD_DIM
 
     @classmethod
-    def of(cls, frame: pd.DataFrame, phase: str, spec: HardwareSpec, dtype: str, q_len: int = 1) -> KernelTable:
+    def of(
+        cls, frame: pd.DataFrame, phase: str, spec: HardwareSpec, dtype: str, q_len: int = 1, head_dim: int = HEAD_DIM
+    ) -> KernelTable:
         keys = ["num_heads", "num_kv_heads", "batch", "kv_len"]
         # Repeats of a point: their median; two kernel sources for one point: the faster.
         per_source = frame.groupby([*keys, "kernel_source"], as_index=False)["time_s"].median()
         best = per_source.groupby(keys, as_index=False)["time_s"].min()
         columns = (best[c].to_numpy(dtype=np.int64) for c in keys)
-        floor = attention_floor(phase, *columns, spec, dtype, q_len)
+        floor = attention_floor(attention_kernel(phase, *columns, q_len, head_dim), spec, dtype)
         clamped = int((best["time_s"].to_numpy() < floor).sum())
         best = best.assign(time_s=np.maximum(best["time_s"].to_numpy(), floor))
         exponent = 2.0 if phase == Phase.PREFILL else 1.0
         grids = {(int(h), int(kv)): HeadGrid.of(part, exponent) for (h, kv), part in best.groupby(keys[:2])}
-        return cls(phase, spec, dtype, grids, clamped, len(best), q_len)
+        return cls(phase, spec, dtype, grids, clamped, len(best), q_len, head_dim)
+
+    @property
+    def bounds(self) -> tuple[HardwareSpec, str]:
+        """The device and dtype its speed-of-light floor is at."""
+        return self.spec, self.dtype
 
     def without(self, heads: int, kv_heads: int) -> KernelTable:
         """This table less one head configuration (to predict it from the others)."""
         return replace(self, grids={k: g for k, g in self.grids.items() if k != (heads, kv_heads)})
 
     def roofline(self, batch, length, heads, kv_heads) -> np.ndarray:
-        q_len = length if self.phase == Phase.PREFILL else self.q_len
-        kernel = FusedAttention(batch, heads, kv_heads, q_len, length, HEAD_DIM, causal=self.phase == Phase.PREFILL)
+        kernel = attention_kernel(self.phase, heads, kv_heads, batch, length, self.q_len, self.head_dim)
         return np.asarray(kernel_time(kernel, self.dtype, self.spec, RooflineParams()), dtype=float)
 
     def predict(self, batch, length, heads, kv_heads, ceiling=None) -> tuple[np.ndarray, np.ndarray]:
@@ -185,10 +192,14 @@ class KernelTable:
         return np.exp(log_time), ~covered | beyond | none
 
 
-def attention_floor(phase: str, heads, kv_heads, batch, kv_len, spec: HardwareSpec, dtype: str, q_len=1):
-    """Seconds no attention kernel of `phase` can beat: its Q, K and V read and output written
-    at the datasheet bandwidth, or its FLOPs at the peak (decode: one query token; a tree
-    step: q_len; prefill: kv_len queries, causal)."""
+def attention_kernel(phase: str, heads, kv_heads, batch, kv_len, q_len=1, head_dim: int = HEAD_DIM):
+    """The fused attention kernel of `phase` (decode: one query token; a tree step: q_len;
+    prefill: kv_len queries, causal) at these shapes (arrays broadcast)."""
     q = kv_len if phase == Phase.PREFILL else q_len
-    kernel = FusedAttention(batch, heads, kv_heads, q, kv_len, HEAD_DIM, causal=phase == Phase.PREFILL)
+    return FusedAttention(batch, heads, kv_heads, q, kv_len, head_dim, causal=phase == Phase.PREFILL)
+
+
+def attention_floor(kernel: FusedAttention, spec: HardwareSpec, dtype: str):
+    """Seconds no attention kernel can beat: its Q, K and V read and output written at the
+    datasheet bandwidth, or its FLOPs at the peak."""
     return speed_of_light(kernel, dtype, spec)

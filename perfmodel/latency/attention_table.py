@@ -4,7 +4,8 @@ The shipped tables (perfmodel.measured.aiconfigurator) time fused attention as a
 engine runs it, per device and software stack: decode (`generation_attention`: one query
 token per sequence over kv_len cached tokens) and prefill (`context_attention`: kv_len
 queries over kv_len keys, causal), over batch 1-2048 x kv_len 2-131072 (decode) or batch
-1-256 x 1-16384 tokens (prefill), for ~40-50 (heads, KV heads) pairs of head size 128, bf16.
+1-256 x 1-16384 tokens (prefill), for ~40-50 (heads, KV heads) pairs of head size 128 (or, in
+tables of their own, 64: gpt-oss's; perfmodel.measured.aiconfigurator.head_suffix), bf16.
 
 - **Measured head configuration**: log(time) is interpolated bilinearly over (log2 batch,
   log2 kv_len) on the configuration's own grid, so it is exact at measured points. The
@@ -91,9 +92,9 @@ from perfmodel.base.precision import KvFormat
 from perfmodel.base.stacks import SERVING_ENGINES
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import load_all_specs
-from perfmodel.latency.attention_grid import HEAD_DIM, SWITCH, KernelTable, attention_floor
+from perfmodel.latency.attention_grid import HEAD_DIM, SWITCH, KernelTable, attention_floor, attention_kernel
 from perfmodel.latency.roofline import op_time
-from perfmodel.measured.aiconfigurator import FP8_KV_SUFFIX, ShippedStack, contract_rows, version_key
+from perfmodel.measured.aiconfigurator import FP8_KV_SUFFIX, ShippedStack, contract_rows, head_suffix, version_key
 from perfmodel.measured.contract import COLUMNS
 from perfmodel.measured.evidence import DeviceEvidence, as_evidence, device_evidence
 from perfmodel.models.config import ModelConfig
@@ -141,6 +142,8 @@ class AttentionTable:
     def stack(self) -> str:
         return self.source.stack
 
+    head_dim = property(lambda self: self.decode.head_dim)
+
     @property
     def label(self) -> str:
         system = self.source.provenance.get("system", self.device)
@@ -173,8 +176,8 @@ class AttentionTable:
         return self.prefill if phase == Phase.PREFILL else self.decode
 
     def _args(self, heads, kv_heads, head_dim, **positive) -> tuple:
-        if head_dim != HEAD_DIM:
-            raise PerfkitError(f"head_dim {head_dim!r}: the measured attention tables hold head_dim {HEAD_DIM} only")
+        if head_dim != self.head_dim:
+            raise PerfkitError(f"head_dim {head_dim!r}: these measured attention tables hold head_dim {self.head_dim}")
         arrays = {name: _positive(name, v) for name, v in {**positive, "heads": heads, "kv_heads": kv_heads}.items()}
         if (np.mod(arrays["heads"], arrays["kv_heads"]) != 0).any():
             raise PerfkitError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
@@ -192,7 +195,7 @@ class AttentionTable:
         if phase not in PHASES:
             raise PerfkitError(f"unknown phase {phase!r}; choose from: {', '.join(PHASES)}")
         b, s, q, h, kv = self._args(heads, kv_heads, head_dim, batch=batch, seq_len=seq_len, candidates=candidates)
-        floor = attention_floor(phase, h, kv, b, s, self.decode.spec, self.decode.dtype, q)
+        floor = attention_floor(attention_kernel(phase, h, kv, b, s, q, self.head_dim), *self.decode.bounds)
         if phase in (Phase.PREFILL, Phase.DECODE):
             seconds, outside = self.kernels(phase).predict(b, s, h, kv)
             return np.maximum(seconds, floor), outside
@@ -261,11 +264,11 @@ def attention_op_time(
     proportion to their roofline times."""
     if op not in OPS:
         raise PerfkitError(f"{op!r} is not an attention op; choose from: {', '.join(OPS)}")
-    if table is None or model.head_dim != HEAD_DIM or not table.serves(phase):
+    if table is None or model.head_dim != table.head_dim or not table.serves(phase):
         return None
     check_point(op, phase, batch, seq_len, candidates)
     b, s, q = np.broadcast_arrays(*(np.asarray(v) for v in (batch, seq_len, candidates)))
-    fused, _ = table._timed(phase, b, s, model.num_heads, model.num_kv_heads, q)
+    fused, _ = table._timed(phase, b, s, model.num_heads, model.num_kv_heads, q, table.head_dim)
     if op == "sdpa":
         return fused
     spec, dtype, params = table.decode.spec, table.table_dtype, RooflineParams()
@@ -281,8 +284,7 @@ def _attention_stacks(evidence: DeviceEvidence, names: dict[str, str] = TABLES) 
 
 
 def attention_stacks(device: str | DeviceEvidence) -> list[str]:
-    """The stacks with shipped attention tables on a device, default order first (newest
-    version of an engine last among its own)."""
+    """A device's stacks with attention tables, default order first (an engine's newest last)."""
     return [s.stack for s in _attention_stacks(as_evidence(device))]
 
 
@@ -305,13 +307,18 @@ def _pick(stacks: list[ShippedStack], stack_name: str | None, device: str) -> Sh
 
 
 def attention_table(
-    device: str | DeviceEvidence, stack_name: str | None = None, dtype: str = "bf16", kv_cache: KvFormat | None = None
+    device: str | DeviceEvidence,
+    stack_name: str | None = None,
+    dtype: str = "bf16",
+    kv_cache: KvFormat | None = None,
+    head_dim: int = HEAD_DIM,
 ) -> AttentionTable | None:
     """The measured attention of a device (its evidence, or a spec key or alias) in one stack:
     an engine (vllm, sglang, trtllm: its newest version), engine-version (vllm-0.24.0), or
     None for the first of ENGINE_ORDER the device has; built once per evidence. None where the
     device has no shipped attention tables (a device hw_specs does not hold, a CPU) or none in
-    (or standing for) `dtype`, or, for an fp8 KV cache (`kv_cache`), none over one."""
+    (or standing for) `dtype`, or, for an fp8 KV cache (`kv_cache`), none over one, or none of
+    the head size (128 in the main tables, 64 in tables of their own, over a 16-bit cache)."""
     check_dtype(dtype)
     if not isinstance(device, DeviceEvidence):
         try:
@@ -319,14 +326,14 @@ def attention_table(
         except PerfkitError:
             return None
     evidence = device
-    key = ("attention", stack_name, dtype) + ((kv_cache,) if kv_cache else ())
-    return evidence.derived(key, lambda: _attention_table(evidence, stack_name, dtype, kv_cache))
+    key = ("attention", stack_name, dtype) + ((kv_cache,) if kv_cache else ()) + (head_suffix(head_dim),)
+    return evidence.derived(key, lambda: _attention_table(evidence, stack_name, dtype, kv_cache, head_dim))
 
 
 def _attention_table(
-    evidence: DeviceEvidence, stack_name: str | None, dtype: str, kv_cache: KvFormat | None = None
+    evidence: DeviceEvidence, stack_name: str | None, dtype: str, kv_cache: KvFormat | None, head_dim: int
 ) -> AttentionTable | None:
-    names = FP8_KV_TABLES if kv_cache else TABLES
+    names = {phase: name + head_suffix(head_dim) for phase, name in (FP8_KV_TABLES if kv_cache else TABLES).items()}
     stacks = _attention_stacks(evidence, names)
     if not stacks:
         return None
@@ -337,15 +344,15 @@ def _attention_table(
     table_dtype = dtype if dtype in have else SUBSTITUTES.get(dtype)
     if table_dtype not in have:
         return None
-    frames = {phase: f[(f["dtype"] == table_dtype) & (f["head_dim"] == HEAD_DIM)] for phase, f in frames.items()}
+    frames = {phase: f[(f["dtype"] == table_dtype) & (f["head_dim"] == head_dim)] for phase, f in frames.items()}
     frames = {phase: f for phase, f in frames.items() if len(f)}  # a stack may time no prefill (module doc)
     sources = tuple(sorted(set().union(*(f["kernel_source"] for f in frames.values()))))
     # an fp8 cache is read at a byte an element: its floor (and roofline beyond the table) is fp8's
     # where the device has an fp8 peak, else the 16-bit one, which can only raise a time
     bound = "fp8" if kv_cache and "fp8" in spec.peak_tflops else table_dtype
-    kernels = {phase: KernelTable.of(f, phase, spec, bound) for phase, f in frames.items()}
+    kernels = {phase: KernelTable.of(f, phase, spec, bound, head_dim=head_dim) for phase, f in frames.items()}
     tree = ()
-    if stack.has("tree_attention") and not kv_cache:
+    if stack.has("tree_attention") and not kv_cache and head_dim == HEAD_DIM:
         rows = stack.table("tree_attention")
         rows = rows[(rows["dtype"] == table_dtype) & (rows["head_dim"] == HEAD_DIM)]
         tree = tuple(KernelTable.of(part, "tree", spec, table_dtype, int(q)) for q, part in rows.groupby("q_len"))

@@ -14,7 +14,6 @@ import pandas as pd
 
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec
-from perfmodel.latency.attention_grid import HEAD_DIM
 from perfmodel.latency.attention_table import OPS as MEASURED_ATTENTION_OPS
 from perfmodel.latency.attention_table import AttentionTable, attention_op_time
 from perfmodel.latency.choice import LatencyMode
@@ -68,7 +67,7 @@ class LatencyModel:
     @property
     def attention_label(self) -> str | None:
         """Where attention times come from, when not the roofline the label already names."""
-        if self.attention is None or self.model.head_dim != HEAD_DIM:
+        if self.attention is None or self.model.head_dim != self.attention.head_dim:
             return (
                 "roofline"
                 if self.mode

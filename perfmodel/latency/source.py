@@ -152,7 +152,7 @@ def from_profiles(request: SourceRequest, stack: str) -> LatencyModel | None:
         stack,
         elementwise=same_shard(table.rows, request.model),
         grid=default_grid(evidence, dtype),
-        attention=attention_table(evidence, None, dtype),
+        attention=attention_table(evidence, None, dtype, head_dim=request.model.head_dim),
     )
 
 
@@ -161,7 +161,8 @@ def from_campaign(request: SourceRequest, stack: str) -> LatencyModel | None:
     table = stack_calibration(request.evidence, stack, request.dtype)
     if table is None:
         return None
-    return request.on_rows(table, stack, attention=attention_table(request.evidence, stack, request.dtype))
+    attention = attention_table(request.evidence, stack, request.dtype, head_dim=request.model.head_dim)
+    return request.on_rows(table, stack, attention=attention)
 
 
 def from_grid(request: SourceRequest, stack: str) -> LatencyModel | None:
@@ -169,7 +170,7 @@ def from_grid(request: SourceRequest, stack: str) -> LatencyModel | None:
     grid = gemm_grid(request.evidence, stack, request.dtype)
     if grid is None:
         return None
-    attention = attention_table(request.evidence, stack, request.dtype)
+    attention = attention_table(request.evidence, stack, request.dtype, head_dim=request.model.head_dim)
     params = grid_params(grid, request.spec)
     return LatencyModel(
         request.spec,
@@ -262,9 +263,9 @@ def in_precision(source: LatencyModel, request: SourceRequest) -> LatencyModel:
         source.quantized = QuantizedGemms.of(request.evidence, source.stack, model, source.params)
     if model.kv_cache is not None:
         stack = source.attention.stack if source.attention is not None else None
-        attention = attention_table(request.evidence, stack, request.dtype, model.kv_cache)
-        attention = attention or attention_table(request.evidence, None, request.dtype, model.kv_cache)
-        if attention is None or model.head_dim != HEAD_DIM:
+        attention = attention_table(request.evidence, stack, request.dtype, model.kv_cache, model.head_dim)
+        attention = attention or attention_table(request.evidence, None, request.dtype, model.kv_cache, model.head_dim)
+        if attention is None:
             raise PerfkitError(
                 f"kv cache {model.kv_cache}: no attention over an {model.kv_cache} KV cache of head size "
                 f"{model.head_dim} is measured on {request.spec.key}; measured (head size {HEAD_DIM}) on: "

@@ -24,6 +24,8 @@ latency layer reads, quantized ones in tables of their own names, so no 16-bit a
 - `context_attention.parquet` (prefill): the same columns with kv_len = isl, the queries.
   Attention rows keep head size 128 (every model preset's), a KV cache in the attention's own
   dtype and no sliding window.
+- `generation_attention_head64.parquet`, `context_attention_head64.parquet`: the same columns
+  and filters for head size 64 (gpt-oss's), in tables of their own (OTHER_HEAD_DIMS).
 - `generation_attention_fp8_kv.parquet`, `context_attention_fp8_kv.parquet`: the same columns
   and filters, for 16-bit attention over an fp8 KV cache; `dtype` is the attention's (bf16),
   the cache's is the table's name. fp8 attention compute (SGLang's and TRT-LLM's fp8 context
@@ -121,8 +123,20 @@ KINDS = {
 SERVING_KINDS = {"comm": "custom_allreduce_perf", "moe": "moe_perf"}
 # The NCCL collectives kept, by the table each lands in.
 NCCL_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather"}
-# The head size of every model preset the toolkit prices (Llama 1-3, Mistral).
+# The head size of every model preset the toolkit prices (Llama 1-3, Mistral), in the main tables;
+# other head sizes (gpt-oss's 64) in tables of their own names, so a reader of size 128 never meets them.
 HEAD_DIMS = (128,)
+OTHER_HEAD_DIMS = (64,)
+
+
+def head_suffix(head_dim: int) -> str:
+    """The suffix of the attention tables of a head size: none for the main tables' (HEAD_DIMS)."""
+    return "" if head_dim in HEAD_DIMS else f"_head{head_dim}"
+
+
+HEAD_TABLES = tuple(
+    table + head_suffix(d) for d in OTHER_HEAD_DIMS for table in ("generation_attention", "context_attention")
+)
 GEMM_COLUMNS = ["m", "n", "k", "dtype", "kernel_source", "time_s"]
 MOE_SHAPE = ["hidden_size", "inter_size", "topk", "num_experts"]
 MOE_COLUMNS = ["num_tokens", *MOE_SHAPE, "moe_tp", "moe_ep", "distribution", "dtype", "kernel_source", "time_s"]
@@ -134,6 +148,7 @@ TABLE_COLUMNS = {
     "context_attention": ATTENTION_COLUMNS,
     "generation_attention" + FP8_KV_SUFFIX: ATTENTION_COLUMNS,
     "context_attention" + FP8_KV_SUFFIX: ATTENTION_COLUMNS,
+    **dict.fromkeys(HEAD_TABLES, ATTENTION_COLUMNS),
     "tree_attention": ["q_len", *ATTENTION_COLUMNS],  # a torch stack's only (profilers.campaign_stack)
     "all_reduce": ALL_REDUCE_COLUMNS,
     "all_gather": ALL_REDUCE_COLUMNS,

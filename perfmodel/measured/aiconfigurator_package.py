@@ -26,9 +26,11 @@ from perfmodel.measured.aiconfigurator import (
     MOE_DTYPES,
     MOE_GROUP,
     NCCL_OPS,
+    OTHER_HEAD_DIMS,
     QUANTIZED_DTYPES,
     QUANTIZED_GEMM,
     SERVING_KINDS,
+    head_suffix,
     run_id,
     version_key,
 )
@@ -148,14 +150,16 @@ def compact_gemm(frame: pd.DataFrame, dtypes: dict[str, str] = DTYPES) -> pd.Dat
     return out.sort_values(["dtype", "kernel_source", "n", "k", "m"], ignore_index=True)
 
 
-def compact_attention(frame: pd.DataFrame, phase: str, kv_cache: str | None = None) -> pd.DataFrame:
-    """16-bit attention rows over a KV cache in `kv_cache` (None: the attention's own dtype);
-    `dtype` is the attention's either way."""
+def compact_attention(
+    frame: pd.DataFrame, phase: str, kv_cache: str | None = None, head_dims: tuple[int, ...] = HEAD_DIMS
+) -> pd.DataFrame:
+    """16-bit attention rows of the head sizes `head_dims` over a KV cache in `kv_cache` (None:
+    the attention's own dtype); `dtype` is the attention's either way."""
     cache = frame["attn_dtype"] if kv_cache is None else kv_cache
     keep = (
         frame["attn_dtype"].isin(DTYPES)
         & (frame["kv_cache_dtype"] == cache)
-        & frame["head_dim"].isin(HEAD_DIMS)
+        & frame["head_dim"].isin(head_dims)
         & (frame.get("window_size", 0) == 0)
         & (frame.get("beam_width", 1) == 1)
     )
@@ -252,6 +256,7 @@ def compact_tables(collection: Collection, package_version: str) -> dict[str, pd
             kept = {
                 name: compact_attention(frame, phase),
                 name + FP8_KV_SUFFIX: compact_attention(frame, phase, FP8_KV),
+                **{name + head_suffix(d): compact_attention(frame, phase, head_dims=(d,)) for d in OTHER_HEAD_DIMS},
             }
         out.update({name: rows for name, rows in kept.items() if len(rows)})
     return out
