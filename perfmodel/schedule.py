@@ -324,9 +324,14 @@ def main(argv: list[str] | None = None) -> int:
         draft_config=args.draft_config,
     )
     check_request(request)
-    if deployment.tp is None:  # auto: the capacity plan's degree
-        planned = plan_request(args.drafter, args.acceptance_rates, args.position_rates, args.draft_config)
-        deployment = deployment.at(serving_plan(deployment, planned)[0])
+    # auto: the capacity plan's degree; a degree given is checked to hold the model (one line
+    # naming one that does, where one does), as a schedule of a deployment that cannot be is no answer
+    tp, plan = serving_plan(
+        deployment, plan_request(args.drafter, args.acceptance_rates, args.position_rates, args.draft_config)
+    )
+    if isinstance(plan, str):  # no usable degree holds it: nothing to advise, said beside the schedule
+        print(f"note: {plan}; the schedule times its steps as if it fitted", file=sys.stderr)
+    deployment = deployment.at(tp)
     # The folder of the exports is claimed before the schedule is worked out, and held to the
     # end: a second run into it is refused (perfmodel.base.output_locks.claimed_dir).
     with ExitStack() as held:

@@ -21,6 +21,7 @@ from perfmodel.latency.step import StepModel
 from perfmodel.models.config import load_model
 from perfmodel.models.moe import layer_slice
 from perfmodel.planning.memory import weight_bytes, weight_params
+from perfmodel.schedule import main as schedule_main
 from reports.commands.plan import main as plan_main
 from tests.helpers import one_line_error
 
@@ -226,3 +227,13 @@ def test_a_drafter_layer_of_an_moe_target_is_dense_and_an_mtp_module_repeats_its
     ops = {item.op for item in DraftWeights(DrafterKind.EAGLE3).pass_ops(model, "full")}
     assert "moe" not in ops and "gate_up" in ops
     one_line_error(lambda: dataclasses.replace(model, num_layers=1), "48 expert layers of its 1")
+
+
+def test_a_schedule_at_a_degree_that_cannot_hold_the_model_is_one_line(capsys, tmp_path):
+    mixtral = CONFIGS / "mistralai--Mixtral-8x7B-v0.1_config.json"  # 93 GB of experts: two H100s
+    assert (
+        run(schedule_main, ["--model", str(mixtral), "--gpu", "h100", "--tp", "1", "--out", str(tmp_path / "s")]) == 1
+    )
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "it needs 2 devices in tensor parallel" in err
+    assert not (tmp_path / "s").exists()
