@@ -80,7 +80,7 @@ CASES: tuple[Case, ...] = (
     error("roofline", "--gpu h100 --model {deepseek_v3} --out {out}", says="n_routed_experts", item="1"),
     answer("schedule", "--model {mixtral} --gpu h100 --tp 2 --out {out}", says="wrote", item="1"),
     error("reports", "build --gpu h100 --model {mixtral} --out {out}", says="it needs 2 devices"),
-    error("plan", "--model {llama4} --gpu h100", says="model_type 'llama4' is not priced", item="1"),
+    answer("plan", "--model {llama4} --gpu h100 --tp auto", says="measured bf16 MoE layers", item="1"),
     error("trace", "--model {mixtral}", says="mixture-of-experts", item="1"),
     error("checkpoint", "{moe_checkpoint}", says="mixture-of-experts", item="1"),
     error("plan", "--model {sliding} --gpu h100", says="sliding_window = 4096", item="1"),

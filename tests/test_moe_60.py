@@ -15,11 +15,15 @@ import pytest
 from decoder.twin import dummy_checkpoint
 from perfmodel.base.drafter_kind import DrafterKind
 from perfmodel.cli import run
+from perfmodel.latency.choice import LatencyChoice
 from perfmodel.latency.draft_weights import DraftWeights
 from perfmodel.latency.source import latency_source
-from perfmodel.latency.step import StepModel
+from perfmodel.latency.step import WINDOW_ATTENTION, StepModel
+from perfmodel.latency.tensor_parallel import tensor_parallel_steps
+from perfmodel.measured.device_view import resolve_view
 from perfmodel.models.config import load_model
 from perfmodel.models.moe import layer_slice
+from perfmodel.peer.static_batch import static_batch
 from perfmodel.planning.memory import weight_bytes, weight_params
 from perfmodel.schedule import main as schedule_main
 from reports.commands.plan import main as plan_main
@@ -237,3 +241,31 @@ def test_a_schedule_at_a_degree_that_cannot_hold_the_model_is_one_line(capsys, t
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "it needs 2 devices in tensor parallel" in err
     assert not (tmp_path / "s").exists()
+
+
+def test_a_windowed_layer_s_attention_counts_as_attention_in_the_peer_breakdown():
+    model = load_model(CONFIGS / "openai--gpt-oss-20b_config.json")
+    step = tensor_parallel_steps(resolve_view("h100", None, []), model, "bf16", 1, LatencyChoice.of("auto", "vllm"))
+    parts = static_batch(step["full"], 4, 1024, 16).tpot_parts
+    windowed = float(np.mean(step["full"].shard.op_times(np.full(15, 4), 1024 + np.arange(1, 16), 1)[WINDOW_ATTENTION]))
+    assert parts["attention"] > windowed > 0
+
+
+def test_llama4_is_priced_as_its_text_decoder_with_a_shared_expert_and_chunked_attention():
+    scout = load_model(CONFIGS / "meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json")
+    moe = scout.moe
+    assert (moe.experts, moe.top_k, moe.expert_size, moe.shared_size, moe.moe_layers) == (16, 1, 8192, 8192, 48)
+    assert (scout.window.tokens, scout.window.layers) == (8192, 36)  # three layers in four chunked
+    assert weight_params(scout) / 1e9 == pytest.approx(107.8, abs=0.1)  # the text decoder (109B with the encoder)
+    step = StepModel(scout.shard(4), latency_source("h100-sxm", scout.shard(4), stack="vllm"))
+    assert {"moe", "shared_expert", WINDOW_ATTENTION, "sdpa"} <= set(step.op_times(8, 1024))
+
+
+def test_llama4_maverick_interleaves_dense_and_expert_layers(tmp_path):
+    config = json.loads((CONFIGS / "meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json").read_text())
+    config["text_config"] |= {"num_local_experts": 128, "interleave_moe_layer_step": 2}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    maverick = load_model(tmp_path)
+    assert (maverick.moe.moe_layers, maverick.dense_layers, maverick.intermediate_size) == (24, 24, 16384)
+    assert weight_params(maverick) / 1e9 == pytest.approx(400, abs=2)  # Maverick's 400B (its text decoder)
+    one_line_error(lambda: dummy_checkpoint(tmp_path), "mixture-of-experts model, which the reference decoder")

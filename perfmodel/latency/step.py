@@ -61,6 +61,10 @@ FULL_STEP_LEAVES_OUT = (
 )
 
 
+# The name a windowed layer's attention goes by in a step's breakdown (perfmodel.models.window)
+WINDOW_ATTENTION = "sdpa_window"
+
+
 class LatencySource(Protocol):
     def op_time(self, op: str, phase: str, batch, seq_len, candidates) -> np.ndarray: ...
 
@@ -126,7 +130,7 @@ def attention_ops(model: ModelConfig) -> tuple[StepOp, ...]:
     if window is None:
         return (StepOp("sdpa", model.num_layers, kv=True),)
     full = (StepOp("sdpa", model.num_layers - window.layers, kv=True),) if window.layers < model.num_layers else ()
-    return (*full, StepOp("sdpa", window.layers, kv=True, label="sdpa_window", window=window.tokens))
+    return (*full, StepOp("sdpa", window.layers, kv=True, label=WINDOW_ATTENTION, window=window.tokens))
 
 
 def mlp_ops(model: ModelConfig, fused: bool) -> tuple[StepOp, ...]:

@@ -19,6 +19,7 @@ from perfmodel.base.paths import TOOLKIT_ROOT
 from perfmodel.base.precision import KvFormat, WeightFormat, kv_format, weight_format
 from perfmodel.base.precision import describe as describe_precision
 from perfmodel.models.moe import MoeShape, parse_moe
+from perfmodel.models.multimodal import language_model
 from perfmodel.models.quantization import checkpoint_precision
 from perfmodel.models.shape_checks import MAX_HEADS, check_shape
 from perfmodel.models.unpriced import check_priceable
@@ -291,7 +292,7 @@ def read_config_json(path: str | Path) -> dict:
     cfg = read_json(file, "model config")
     if not isinstance(cfg, dict):
         raise PerfkitError(f"{file}: expected a JSON object")
-    return cfg
+    return language_model(cfg)  # a multimodal checkpoint's text decoder (perfmodel.models.multimodal)
 
 
 def parse_medusa_config(cfg: dict) -> MedusaConfig:

@@ -53,6 +53,8 @@ FAMILY_KEYS = {
     "qwen2_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
     "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
     "gpt_oss": ("num_local_experts", "experts_per_token", "intermediate_size"),
+    # Llama-4's text decoder, its keys translated by perfmodel.models.multimodal
+    "llama4_text": ("num_local_experts", "num_experts_per_tok", "moe_intermediate_size"),
 }
 
 

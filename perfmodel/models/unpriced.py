@@ -4,9 +4,9 @@ perfmodel.models.quantization reads), and a config read past a key it does not u
 would be priced as some other model, silently.
 
 - mixture-of-experts keys of a model_type perfmodel.models.moe does not read (DeepSeek's
-  n_routed_experts, Llama-4's interleaved experts, ...): priced as a dense model, Mixtral-8x7B
-  came out at 14.5 GB of weights where its 16-bit weights are about 93 GB (Mixtral, Qwen2/3-MoE
-  and gpt-oss are read, their experts priced);
+  n_routed_experts, ...): priced as a dense model, Mixtral-8x7B came out at 14.5 GB of weights
+  where its 16-bit weights are about 93 GB (Mixtral, Qwen2/3-MoE, gpt-oss and Llama-4's text
+  decoder are read, their experts priced);
 - latent attention (DeepSeek's kv_lora_rank, q_lora_rank): another attention and KV cache;
 - a sliding attention window shorter than the context (Mistral-7B v0.1's 4096 of 32768): the
   model prices attention over the whole context;

@@ -16,12 +16,13 @@ import numpy as np
 
 from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
+from perfmodel.latency.step import WINDOW_ATTENTION
 from perfmodel.models.operators import WEIGHT_OPS
 
 COMPONENTS = ("gemm", "attention", "moe", "elementwise", "communication")
 # Which component each step op is; RoPE and the KV-cache write go with attention, where an
 # engine that fuses them runs them (perfmodel.latency.fusion). The rest is elementwise work.
-ATTENTION_PARTS = ("sdpa", "qk", "pv", "rope", "kv_write")
+ATTENTION_PARTS = ("sdpa", WINDOW_ATTENTION, "qk", "pv", "rope", "kv_write")
 
 
 def component(op_name: str) -> str:
