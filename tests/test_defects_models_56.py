@@ -41,7 +41,7 @@ def one_line(capsys, main, argv) -> str:
 # ----------------------------------------------------------------------------- item 1: mixture of experts
 
 
-# Mixtral, Qwen2/3-MoE and gpt-oss are read and priced since issue 60 (tests/test_moe_60.py);
+# Mixtral, Qwen2/3-MoE, gpt-oss and Llama-4 are read and priced since issue 60 (tests/test_moe_60.py);
 # DeepSeek's experts beside its latent attention are not.
 @pytest.mark.parametrize(("config", "key"), [("deepseek-ai--DeepSeek-V3", "n_routed_experts = 256")])
 def test_a_mixture_of_experts_config_is_refused_naming_its_key(capsys, config, key):

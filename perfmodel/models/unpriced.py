@@ -38,7 +38,8 @@ MOE_KEYS = (
 )
 LATENT_ATTENTION_KEYS = ("kv_lora_rank", "q_lora_rank")
 NOT_PRICED = (
-    "the cost model prices Llama-family decoders, dense or with the experts of Mixtral, Qwen2/3-MoE and gpt-oss"
+    "the cost model prices Llama-family decoders, dense or with the experts of Mixtral, Qwen2/3-MoE, gpt-oss and "
+    "Llama-4"
 )
 
 
