@@ -54,9 +54,10 @@ class PeerCheckOptions:
         default="bf16",
         metadata=option(
             "--models",
-            "which checkpoints: bf16 (Llama-3.1-8B and 70B, default devices h100-sxm a100-sxm) or fp8 (Qwen3-32B-FP8 "
-            "in fp8 blocks and per tensor, Llama-3.1-70B-Instruct-FP8; default devices h100-sxm h200 b200) "
-            "(default %(default)s)",
+            "which checkpoints: bf16 (Llama-3.1-8B and 70B, default devices h100-sxm a100-sxm), fp8 (Qwen3-32B-FP8 "
+            "in fp8 blocks and per tensor, Llama-3.1-70B-Instruct-FP8; default devices h100-sxm h200 b200), moe "
+            "(Qwen3-30B-A3B in bf16 and fp8, gpt-oss-20b, Qwen3-235B-A22B; the same devices) or nvfp4 "
+            "(Qwen3-235B-A22B-NVFP4 on the b200) (default %(default)s)",
             choices=tuple(MODEL_SETS),
         ),
     )
@@ -114,6 +115,7 @@ PRECISION_SAID = {
     "fp8": "each checkpoint in the formats its files declare, on both sides",
     "moe": "each checkpoint in the formats its files declare (bf16; Qwen3-30B-A3B-FP8's fp8-block; gpt-oss's MXFP4 "
     "experts), the experts split as the project's tables priced them and routed power_law_1.2, on both sides",
+    "nvfp4": "NVFP4 weights and experts over an fp8 KV cache, as the checkpoint's files declare, on both sides",
 }
 
 

@@ -35,6 +35,15 @@ QWEN3_30B = CONFIGS / "Qwen--Qwen3-30B-A3B_config.json"
 H100_VLLM = ROOT / "profilers" / "measurements" / "h100-sxm" / "aiconfigurator" / "vllm-0.24.0" / "moe.parquet"
 
 
+def measured_rows(path: Path, **match) -> pd.DataFrame:
+    """The rows of a shipped MoE table matching every column given, at power_law_1.2 routing."""
+    rows = pd.read_parquet(path)
+    keep = rows["distribution"] == "power_law_1.2"
+    for column, value in match.items():
+        keep &= rows[column] == value
+    return rows[keep]
+
+
 def config_with(tmp_path: Path, **changes) -> Path:
     config = json.loads(QWEN3_30B.read_text()) | changes
     config = {k: v for k, v in config.items() if v is not None}
@@ -59,17 +68,9 @@ def test_an_moe_config_is_read_and_every_expert_counted_in_memory(config, params
 def test_the_expert_layer_is_the_measured_row_at_the_step_tokens():
     model = load_model(QWEN3_30B)
     source = latency_source("h100-sxm", model, stack="vllm")
-    rows = pd.read_parquet(H100_VLLM)
-    row = rows[
-        (rows.hidden_size == 2048)
-        & (rows.inter_size == 768)
-        & (rows.num_experts == 128)
-        & (rows.dtype == "bf16")
-        & (rows.moe_tp == 1)
-        & (rows.moe_ep == 1)
-        & (rows.distribution == "power_law_1.2")
-        & (rows.num_tokens == 64)
-    ]
+    row = measured_rows(
+        H100_VLLM, hidden_size=2048, inter_size=768, num_experts=128, dtype="bf16", moe_tp=1, moe_ep=1, num_tokens=64
+    )
     # 64 tokens: batch 8 of a tree of 8, or batch 64 of plain decoding
     assert source.op_time("moe", "tree", 8, 1024, 8) == pytest.approx(row.time_s.min())
     assert source.op_time("moe", "decode", 64, 1024, 1) == pytest.approx(row.time_s.min())
@@ -270,3 +271,22 @@ def test_llama4_maverick_interleaves_dense_and_expert_layers(tmp_path):
     assert (maverick.moe.moe_layers, maverick.dense_layers, maverick.intermediate_size) == (24, 24, 16384)
     assert weight_params(maverick) / 1e9 == pytest.approx(400, abs=2)  # Maverick's 400B (its text decoder)
     one_line_error(lambda: dummy_checkpoint(tmp_path), "mixture-of-experts model, which the reference decoder")
+
+
+def test_tensorrt_llm_s_min_latency_nvfp4_kernel_prices_decoding_not_prefill():
+    model = load_model(CONFIGS / "Qwen--Qwen3-235B-A22B_config.json").as_served("nvfp4").shard(4)
+    source = latency_source("b200", model, stack="trtllm")
+    rows = pd.read_parquet(
+        ROOT / "profilers" / "measurements" / "b200" / "aiconfigurator" / "trtllm-1.3.0rc20" / "moe.parquet"
+    )
+    rows = rows[
+        (rows.hidden_size == 4096)
+        & (rows.num_experts == 128)
+        & (rows.dtype == "nvfp4")
+        & (rows.moe_tp == 4)
+        & (rows.moe_ep == 1)
+        & (rows.distribution == "power_law_1.2")
+        & (rows.num_tokens == 1024)
+    ].set_index("kernel_source")["time_s"]
+    assert source.op_time("moe", "prefill", 1, 1024, 1) == pytest.approx(rows["moe_torch_flow_cutlass"])
+    assert source.op_time("moe", "decode", 1024, 1024, 1) == pytest.approx(rows["moe_torch_flow_min_latency"])

@@ -134,7 +134,7 @@ class LatencyModel:
         kernels = op_kernels(op, phase, self.model, np.asarray(batch), np.asarray(seq_len), np.asarray(candidates))
         if op == "moe":
             if self.experts is not None:
-                return self.experts.time(kernels[0].tokens)
+                return self.experts.time(kernels[0].tokens, phase)
             return self.roofline.op_time(op, phase, batch, seq_len, candidates)
         if self.prices_quantized(op):
             return np.asarray(sum(self.quantized.time(k) for k in kernels), dtype=float)

@@ -6,8 +6,11 @@ over the tensor-parallel degree and the routing (perfmodel.models.moe).
 Which rows: the stack the step is priced on where it measured that layer, else the device's
 first engine that did (ENGINES order; the label says whose); of the splits the model allows,
 the first measured (tensor-parallel experts, the engines' default, before expert parallelism).
-Where an engine timed two kernels at a point (TensorRT-LLM's NVFP4 min-latency kernel beside
-its CUTLASS one, SGLang's FlashInfer beside its Triton), the faster is kept. Between measured
+Where an engine timed two kernels at a point (SGLang's FlashInfer beside its Triton), the
+faster is kept; TensorRT-LLM's NVFP4 min-latency kernel (LOW_LATENCY_KERNELS, three times its
+CUTLASS kernel's speed) prices decoding steps only, as TensorRT-LLM runs it in generation and
+aiconfigurator reads it (a prefill priced on it came out at 0.54-0.63 of the peer's TTFT on
+the B200). Between measured
 token counts the time is interpolated linearly, as measured: an engine's kernel choice can make
 more tokens faster (TensorRT-LLM on the H100, Qwen3-235B-A22B's layer split 8 ways: 2.5 ms at
 768 tokens, 0.39 ms at 1,024), and holding the curve non-decreasing would carry such a point
@@ -32,6 +35,16 @@ from perfmodel.latency.gemm_grid import ENGINES
 from perfmodel.measured.aiconfigurator import MOE, MOE_SHAPE, ShippedStack
 from perfmodel.measured.evidence import DeviceEvidence
 from perfmodel.models.config import ModelConfig
+from perfmodel.models.operators import Phase
+
+# Kernels an engine runs in its generation steps only, not in prefill (the module doc).
+LOW_LATENCY_KERNELS = ("moe_torch_flow_min_latency",)
+
+
+def curve(rows) -> tuple[np.ndarray, np.ndarray]:
+    """Token counts and seconds of a split's rows, the fastest kernel at each count."""
+    fastest = rows.groupby("num_tokens")["time_s"].min()
+    return fastest.index.to_numpy(dtype=float), fastest.to_numpy(dtype=float)
 
 
 def experts_dtype(model: ModelConfig, dtype: str) -> str:
@@ -52,11 +65,13 @@ class MoeTimes:
     routing: str
     tokens: np.ndarray
     seconds: np.ndarray
+    prefill: tuple[np.ndarray, np.ndarray]  # (tokens, seconds) of the kernels prefill runs
 
-    def time(self, tokens) -> np.ndarray:
+    def time(self, tokens, phase: str = Phase.DECODE) -> np.ndarray:
+        grid, seconds = self.prefill if phase == Phase.PREFILL else (self.tokens, self.seconds)
         x = np.asarray(tokens, dtype=float)
-        inside = np.interp(x, self.tokens, self.seconds)
-        return np.where(x > self.tokens[-1], self.seconds[-1] * x / self.tokens[-1], inside)
+        inside = np.interp(x, grid, seconds)
+        return np.where(x > grid[-1], seconds[-1] * x / grid[-1], inside)
 
     @property
     def split(self) -> str:
@@ -94,10 +109,9 @@ def _moe_times(evidence: DeviceEvidence, stack: str | None, model: ModelConfig, 
         for moe_tp, moe_ep in moe.splits(model.tp):
             split = rows[(rows["moe_tp"] == moe_tp) & (rows["moe_ep"] == moe_ep)]
             if len(split) >= 2:
-                fastest = split.groupby("num_tokens")["time_s"].min()
-                seconds = fastest.to_numpy(dtype=float)
-                tokens = fastest.index.to_numpy(dtype=float)
-                return MoeTimes(held, moe_tp, moe_ep, fmt, str(moe.routing), tokens, seconds)
+                general = split[~split["kernel_source"].isin(LOW_LATENCY_KERNELS)]
+                prefill = curve(general) if len(general) >= 2 else curve(split)
+                return MoeTimes(held, moe_tp, moe_ep, fmt, str(moe.routing), *curve(split), prefill)
     raise PerfkitError(unmeasured(evidence, model, fmt, holding))
 
 

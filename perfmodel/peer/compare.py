@@ -48,6 +48,9 @@ MODEL_SETS = {
         ),
         ("h100-sxm", "h200", "b200"),
     ),
+    # NVFP4 (W4A4, Blackwell only): NVIDIA's Qwen3-235B-A22B-NVFP4, experts and layers in NVFP4 over an
+    # fp8 KV cache, as its hf_quant_config.json declares.
+    "nvfp4": ((("nvidia/Qwen3-235B-A22B-NVFP4", (4, 8)),), ("b200",)),
 }
 DEFAULT_STACKS = ("vllm", "trtllm")
 DEFAULT_BATCHES = (1, 4, 16, 64, 128)
