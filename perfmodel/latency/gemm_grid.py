@@ -123,6 +123,13 @@ class GemmGrid:
         return f"GEMM grid of the {self.stack.describe()}"
 
 
+def preferred_stacks(stacks, stack: str | None) -> list:
+    """Engine stacks (ShippedStack) in the order a table is taken from them: `stack` first, then
+    the engines in ENGINES order (a device's other engine stands in where the step's lacks it)."""
+    rank = {engine: i for i, engine in enumerate(ENGINES)}
+    return sorted(stacks, key=lambda s: (s.stack != stack, rank.get(s.engine, len(rank)), s.stack))
+
+
 def stack_names(device: str | DeviceEvidence) -> list[str]:
     """The stacks with GEMM measurements of a device: vidur (per-model profiles) first, then
     the engines' grids in ENGINES order, then this project's own (torch-<version>)."""

@@ -10,9 +10,10 @@ Where an engine timed two kernels at a point (SGLang's FlashInfer beside its Tri
 faster is kept; TensorRT-LLM's NVFP4 min-latency kernel (LOW_LATENCY_KERNELS, three times its
 CUTLASS kernel's speed) prices decoding steps only, as TensorRT-LLM runs it in generation and
 aiconfigurator reads it (a prefill priced on it came out at 0.54-0.63 of the peer's TTFT on
-the B200). Between measured
-token counts the time is interpolated linearly, as measured: an engine's kernel choice can make
-more tokens faster (TensorRT-LLM on the H100, Qwen3-235B-A22B's layer split 8 ways: 2.5 ms at
+the B200).
+
+Between measured token counts the time is interpolated linearly, as measured: an engine's
+kernel choice can make more tokens faster (TensorRT-LLM on the H100, Qwen3-235B-A22B's layer split 8 ways: 2.5 ms at
 768 tokens, 0.39 ms at 1,024), and holding the curve non-decreasing would carry such a point
 to every larger step (a prefill of 1,024 tokens priced 4x what the peer reads from the same
 rows). Past the largest count (16,384 tokens, a compute-bound layer) it grows in proportion to
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmodel.base.errors import PerfkitError
-from perfmodel.latency.gemm_grid import ENGINES
+from perfmodel.base.precision import SIXTEEN_BIT
+from perfmodel.latency.gemm_grid import preferred_stacks
 from perfmodel.measured.aiconfigurator import MOE, MOE_SHAPE, ShippedStack
 from perfmodel.measured.evidence import DeviceEvidence
 from perfmodel.models.config import ModelConfig
@@ -51,7 +53,7 @@ def experts_dtype(model: ModelConfig, dtype: str) -> str:
     """The format the experts' rows are named by: the experts' own (gpt-oss's mxfp4), else the
     weights' format, else bf16 for 16 bits (the tables time bf16; fp16 runs at the same rate)."""
     fmt = model.moe.experts_format or model.weights
-    return str(fmt) if fmt is not None else "bf16" if dtype in ("bf16", "fp16") else dtype
+    return str(fmt) if fmt is not None else "bf16" if dtype in SIXTEEN_BIT else dtype
 
 
 @dataclass(frozen=True)
@@ -96,11 +98,7 @@ def moe_times(evidence: DeviceEvidence, stack: str | None, model: ModelConfig, d
 
 def _moe_times(evidence: DeviceEvidence, stack: str | None, model: ModelConfig, dtype: str) -> MoeTimes:
     moe, fmt = model.moe, experts_dtype(model, dtype)
-    rank = {engine: i for i, engine in enumerate(ENGINES)}
-    holding = sorted(
-        (s for s in evidence.with_table(MOE) if not s.is_torch),
-        key=lambda s: (s.stack != stack, rank.get(s.engine, len(rank)), s.stack),
-    )
+    holding = preferred_stacks([s for s in evidence.with_table(MOE) if not s.is_torch], stack)
     shape = (model.hidden_size, moe.expert_size, moe.top_k, moe.experts)
     for held in holding:
         rows = held.table(MOE)
@@ -122,18 +120,14 @@ def unmeasured(evidence: DeviceEvidence, model: ModelConfig, fmt: str, holding: 
         f"hidden {model.hidden_size}, {moe.experts} experts of {moe.expert_size}, top-{moe.top_k}, {fmt}, "
         f"{moe.routing} routing, split {moe.split} over {model.tp} device(s)"
     )
-    measured: set[str] = set()
+    measured: set[tuple[int, ...]] = set()
     for held in holding:
         rows = held.table(MOE)
-        rows = rows[rows["dtype"] == fmt]
-        measured |= {f"{h}/{i}/top-{k}/{e}" for h, i, k, e in rows[MOE_SHAPE].drop_duplicates().itertuples(False)}
-    same_shape = any(
-        s.startswith(f"{model.hidden_size}/{moe.expert_size}/top-{moe.top_k}/{moe.experts}") for s in measured
-    )
-    shapes = ", ".join(sorted(measured)) or "none"
+        measured |= set(rows.loc[rows["dtype"] == fmt, MOE_SHAPE].drop_duplicates().itertuples(False, None))
+    shapes = ", ".join(f"{h}/{i}/top-{k}/{e}" for h, i, k, e in sorted(measured)) or "none"
     hint = (
         " (that shape is measured, at other splits: try --moe-parallel auto, or another --tp)"
-        if same_shape
+        if (model.hidden_size, moe.expert_size, moe.top_k, moe.experts) in measured
         else f"; {fmt} shapes measured there (hidden/expert size/top-k/experts): {shapes}"
     )
     return f"{model.name}: no MoE layer of {wanted} is measured on {evidence.key}{hint}"

@@ -24,7 +24,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.precision import WEIGHT_PEAK, WeightFormat
 from perfmodel.hardware.efficiencies import RooflineParams
 from perfmodel.hardware.specs import HardwareSpec
-from perfmodel.latency.gemm_grid import ENGINES, GemmGrid
+from perfmodel.latency.gemm_grid import GemmGrid, preferred_stacks
 from perfmodel.latency.roofline import kernel_time
 from perfmodel.measured.aiconfigurator import QUANTIZED_GEMM
 from perfmodel.measured.evidence import DeviceEvidence
@@ -52,9 +52,7 @@ def _quantized_grid(evidence: DeviceEvidence, stack: str | None, fmt: WeightForm
     holding = [s for s in evidence.with_table(QUANTIZED_GEMM) if not s.is_torch and covers(s, fmt)]
     if not holding:
         return None
-    rank = {engine: i for i, engine in enumerate(ENGINES)}
-    holding.sort(key=lambda s: (s.stack != stack, rank.get(s.engine, len(rank)), s.stack))
-    return GemmGrid.of(holding[0], str(fmt), table=QUANTIZED_GEMM)
+    return GemmGrid.of(preferred_stacks(holding, stack)[0], str(fmt), table=QUANTIZED_GEMM)
 
 
 def format_floor(matmul: Matmul, fmt: WeightFormat, spec: HardwareSpec) -> np.ndarray:

@@ -39,8 +39,9 @@ def check_shape(model) -> None:
             raise PerfkitError(
                 f"model {model.name}: {f.name} must be an integer from {smallest} to {largest:,}, got {value!r}"
             )
-    for part, layers in (("expert", model.moe), ("windowed", model.window)):
-        counted = getattr(layers, "moe_layers", getattr(layers, "layers", 0)) if layers is not None else 0
+    moe_layers = model.moe.moe_layers if model.moe is not None else 0
+    windowed = model.window.layers if model.window is not None else 0
+    for part, counted in (("expert", moe_layers), ("windowed", windowed)):
         if counted > model.num_layers:
             raise PerfkitError(f"model {model.name}: {counted} {part} layers of its {model.num_layers}")
     if model.num_heads % model.num_kv_heads:
