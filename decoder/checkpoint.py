@@ -36,14 +36,8 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
 from perfmodel.cli import Parser, run
 from perfmodel.cli.fields import POSITIONAL, add_options, option, read_options
-from perfmodel.models.config import (
-    BUNDLED_MODEL,
-    load_model,
-    parse_medusa_config,
-    read_config_json,
-    read_hf_config,
-    resolve_model_path,
-)
+from perfmodel.models.config import BUNDLED_MODEL, load_model, resolve_model_path
+from perfmodel.models.hf_config import parse_medusa_config, read_config_json, read_hf_config
 from perfmodel.models.unpriced import check_runs_dense
 
 TREE_FILE = "medusa_tree.json"

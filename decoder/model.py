@@ -17,12 +17,12 @@ from torch import nn
 
 from perfmodel.base.attention_code import AttentionCode
 from perfmodel.base.errors import PerfkitError
-from perfmodel.models.config import HFConfig, parse_hf_config
+from perfmodel.models.hf_config import HFConfig, parse_hf_config
 
 
 @dataclass(frozen=True)
 class LlamaConfig(HFConfig):
-    """A config.json the decoder can run: its fields are perfmodel.models.config.HFConfig's
+    """A config.json the decoder can run: its fields are perfmodel.models.hf_config.HFConfig's
     (the one list, so the decoder runs exactly the shapes the cost model counts); this adds
     only what the decoder implements: plain RoPE, query heads a multiple of the KV heads."""
 

@@ -26,7 +26,8 @@ from decoder.trace_ops import NO_KERNEL, dtype_name, op_name, shapes_text, tenso
 from perfmodel.acceptance.record import AcceptanceRecord
 from perfmodel.acceptance.trees import Tree, greedy_tree
 from perfmodel.base.errors import PerfkitError
-from perfmodel.models.config import DEFAULT_MEDUSA_HEADS, read_config_json, read_hf_config, resolve_model_path
+from perfmodel.models.config import DEFAULT_MEDUSA_HEADS, resolve_model_path
+from perfmodel.models.hf_config import read_config_json, read_hf_config
 from perfmodel.models.unpriced import check_runs_dense
 
 DUMMY_RANGE = 1e-3  # vLLM's dummy weights: uniform in [-1e-3, 1e-3]

@@ -56,8 +56,8 @@ class PeerCheckOptions:
             "--models",
             "which checkpoints: bf16 (Llama-3.1-8B and 70B, default devices h100-sxm a100-sxm), fp8 (Qwen3-32B-FP8 "
             "in fp8 blocks and per tensor, Llama-3.1-70B-Instruct-FP8; default devices h100-sxm h200 b200), moe "
-            "(Qwen3-30B-A3B in bf16 and fp8, gpt-oss-20b, Qwen3-235B-A22B; the same devices) or nvfp4 "
-            "(Qwen3-235B-A22B-NVFP4 on the b200) (default %(default)s)",
+            "(Qwen3-30B-A3B in bf16 and fp8, gpt-oss-20b, Qwen3-235B-A22B; the same devices), nvfp4 "
+            "(Qwen3-235B-A22B-NVFP4 on the b200) or mla (DeepSeek-V3 on 8 h200 or b200) (default %(default)s)",
             choices=tuple(MODEL_SETS),
         ),
     )
@@ -116,6 +116,8 @@ PRECISION_SAID = {
     "moe": "each checkpoint in the formats its files declare (bf16; Qwen3-30B-A3B-FP8's fp8-block; gpt-oss's MXFP4 "
     "experts), the experts split as the project's tables priced them and routed power_law_1.2, on both sides",
     "nvfp4": "NVFP4 weights and experts over an fp8 KV cache, as the checkpoint's files declare, on both sides",
+    "mla": "DeepSeek-V3's fp8-block weights and experts over a bf16 KV cache, as its files declare, the experts split "
+    "as the project's tables priced them and routed power_law_1.01 (the peer's DeepSeek routing), on both sides",
 }
 
 

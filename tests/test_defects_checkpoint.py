@@ -17,7 +17,8 @@ from decoder.checkpoint import load_checkpoint
 from decoder.model import LlamaConfig
 from perfmodel.base.errors import PerfkitError
 from perfmodel.cli import run
-from perfmodel.models.config import BUNDLED_MODEL, MEDUSA2_MODEL, load_model, parse_hf_config
+from perfmodel.models.config import BUNDLED_MODEL, MEDUSA2_MODEL, load_model
+from perfmodel.models.hf_config import parse_hf_config
 from tests.conftest import quick_copy
 
 MANIFEST = "checksums.sha256"

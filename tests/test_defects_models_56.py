@@ -41,12 +41,21 @@ def one_line(capsys, main, argv) -> str:
 # ----------------------------------------------------------------------------- item 1: mixture of experts
 
 
-# Mixtral, Qwen2/3-MoE, gpt-oss and Llama-4 are read and priced since issue 60 (tests/test_moe_60.py);
-# DeepSeek's experts beside its latent attention are not.
-@pytest.mark.parametrize(("config", "key"), [("deepseek-ai--DeepSeek-V3", "n_routed_experts = 256")])
-def test_a_mixture_of_experts_config_is_refused_naming_its_key(capsys, config, key):
-    err = one_line(capsys, plan_main, ["--model", str(CONFIGS / f"{config}_config.json"), *PLAN])
-    assert key in err and "mixture-of-experts" in err
+# Mixtral, Qwen2/3-MoE, gpt-oss, Llama-4 and DeepSeek-V3 are read and priced since issue 60
+# (tests/test_moe_60.py, tests/test_mla_60.py); DeepSeek-V3.2's sparse attention indexer is not, and an
+# MoE model of another model_type is refused on its expert keys.
+@pytest.mark.parametrize(
+    ("config", "changes", "key", "what"),
+    [
+        ("deepseek-ai--DeepSeek-V3.2", {}, "index_topk = 2048", "sparse attention indexer"),
+        ("deepseek-ai--DeepSeek-V3", {"model_type": "glm4_moe"}, "n_routed_experts = 256", "mixture-of-experts"),
+    ],
+)
+def test_a_mixture_of_experts_config_is_refused_naming_its_key(capsys, tmp_path, config, changes, key, what):
+    cfg = json.loads((CONFIGS / f"{config}_config.json").read_text()) | changes
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    err = one_line(capsys, plan_main, ["--model", str(tmp_path), *PLAN])
+    assert key in err and what in err
 
 
 def test_a_decoder_outside_the_llama_family_is_refused_naming_its_model_type(capsys, tmp_path):

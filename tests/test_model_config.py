@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 from decoder.checkpoint import load_checkpoint
 from decoder.model import LlamaConfig
 from perfmodel.base.errors import PerfkitError
-from perfmodel.models.config import BUNDLED_MODEL, load_model, parse_hf_config, read_hf_config
+from perfmodel.models.config import BUNDLED_MODEL, load_model, model_shapes
+from perfmodel.models.hf_config import parse_hf_config, read_hf_config
 from perfmodel.planning.capacity import plan
 from perfmodel.planning.memory import head_params, weight_params
 
@@ -53,7 +54,7 @@ def test_bundled_plan_weighs_the_tied_model_once():
 
 def test_decoder_and_cost_model_read_the_same_shapes():
     parsed = read_hf_config(BUNDLED_MODEL)
-    model, decoder = parsed.model_config("bundled"), load_checkpoint("bundled").config
+    model, decoder = model_shapes(parsed, "bundled"), load_checkpoint("bundled").config
     assert decoder == LlamaConfig.from_hf(parsed)
     assert (
         decoder.hidden_size,

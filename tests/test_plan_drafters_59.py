@@ -13,7 +13,7 @@ from perfmodel.models.checkpoints_dir import CHECKPOINTS
 from perfmodel.models.config import load_model
 from perfmodel.planning.capacity import plan
 from perfmodel.planning.lengths import Lengths
-from perfmodel.planning.memory import feature_head_params, linear_params, weight_params
+from perfmodel.planning.memory import feature_head_bytes, linear_params, weight_params
 from perfmodel.planning.workload import Targets, Workload
 from perfmodel.serving.capacity import serve
 from perfmodel.serving.summary import summary
@@ -27,11 +27,10 @@ def test_an_eagle3_plan_holds_its_head_not_the_heads_and_runs_chains_up_to_the_r
     eagle3 = plan("llama-3-8b", ["h100"], batches=(1, 64), drafter="eagle3", position_rates=RATES)
     (m,), (e,) = medusa.devices.itertuples(), eagle3.devices.itertuples()
     target = load_model("llama-3-8b")
-    head = feature_head_params("eagle3", dataclasses.replace(target, num_layers=1), target)
-    assert e.heads_gb == pytest.approx(head * 2 / 1e9) and e.heads_gb < m.heads_gb
-    assert (
-        head
-        == linear_params("eagle3_fc", target)
+    head = feature_head_bytes("eagle3", dataclasses.replace(target, num_layers=1), target, "fp16")
+    assert e.heads_gb == pytest.approx(head / 1e9) and e.heads_gb < m.heads_gb
+    assert head == 2 * (
+        linear_params("eagle3_fc", target)
         + sum(linear_params(op, target) for op in ("eagle3_qkv", "o", "up", "gate", "down"))
         + 2 * target.hidden_size
     )

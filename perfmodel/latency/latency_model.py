@@ -19,6 +19,7 @@ from perfmodel.latency.attention_table import AttentionTable, attention_op_time
 from perfmodel.latency.choice import LatencyMode
 from perfmodel.latency.gemm_grid import GemmGrid
 from perfmodel.latency.gemm_table import GemmTable
+from perfmodel.latency.mla_table import MlaTimes
 from perfmodel.latency.moe_table import MoeTimes
 from perfmodel.latency.quantized import QuantizedGemms
 from perfmodel.latency.roofline import RooflineLatency, speed_of_light
@@ -52,6 +53,8 @@ class LatencyModel:
     quantized: QuantizedGemms | None = None
     # An MoE model's fused experts, measured (perfmodel.latency.moe_table); None: the roofline's
     experts: MoeTimes | None = None
+    # A latent-attention model's attention module, measured (perfmodel.latency.mla_table); None: the roofline's
+    latent: MlaTimes | None = None
 
     def __post_init__(self) -> None:
         self.mode = LatencyMode(self.mode)
@@ -62,6 +65,9 @@ class LatencyModel:
         attention = self.attention_label
         quantized = f"; {self.quantized.label}" if self.quantized else ""
         experts = f"; {self.experts.label}" if self.experts else "; experts: roofline" if self.model.moe else ""
+        if self.model.mla is not None:
+            latent = f"; {self.latent.label}" if self.latent else "; latent attention: roofline"
+            return self.gemm_label + quantized + experts + latent
         return self.gemm_label + quantized + experts + (f"; attention: {attention}" if attention else "")
 
     @property
@@ -131,6 +137,9 @@ class LatencyModel:
             measured = attention_op_time(self.attention, op, phase, self.model, batch, seq_len, candidates)
             if measured is not None:
                 return measured
+        if op == "mla" and self.latent is not None:
+            q_len = np.asarray(candidates) if phase == Phase.TREE else 1
+            return self.latent.time(phase, batch, seq_len, q_len)
         kernels = op_kernels(op, phase, self.model, np.asarray(batch), np.asarray(seq_len), np.asarray(candidates))
         if op == "moe":
             if self.experts is not None:

@@ -24,6 +24,7 @@ from perfmodel.models.grid import PAPER_GRID, Grid, iter_blocks
 from perfmodel.models.operators import (
     ATTENTION_OPS,
     FUSED_OPS,
+    MLA_OPS,
     OPS,
     PHASES,
     Kernel,
@@ -77,7 +78,8 @@ def predict_table(
         kernels = op_kernels(op, phase, model, b, s, q)
         # a quantized layer, or attention over a quantized cache, moves its format's bytes
         weights = stored_format(model, op)
-        cost = cost_of(kernels, dtype, weights, model.kv_cache if op in (*ATTENTION_OPS, *FUSED_OPS) else None)
+        cached = model.kv_cache if op in (*ATTENTION_OPS, *FUSED_OPS, *MLA_OPS) else None
+        cost = cost_of(kernels, dtype, weights, cached)
         t = op_time(kernels, dtype, spec, params) if latency is None else latency.op_time(op, phase, b, s, q)
         frames.append(
             pd.DataFrame(

@@ -36,8 +36,9 @@ geometric mean of the calibrated prediction and the grid's shape dependence at V
 (GemmTable.grid_predict): the two err in different places, and their mean beats each on the
 leave-one-model-out check (python -m perfmodel.latency_check).
 
-An MoE model's fused experts come from the engines' measured MoE layers
-(perfmodel.latency.moe_table), except on the datasheet. Ops the measurements do not cover
+An MoE model's fused experts and a latent-attention model's attention module come from the
+engines' measured MoE layers and MLA modules (perfmodel.latency.module_tables), except on the
+datasheet. Ops the measurements do not cover
 (attention, the Medusa tree's own work) use the roofline with the calibrated efficiencies where
 there is a calibration, else the defaults. Measured elementwise ops (norm, act, ...) are used
 where the profile is of the same model shard.
@@ -80,7 +81,7 @@ from perfmodel.latency.gemm_table import (
     stored_calibration,
 )
 from perfmodel.latency.latency_model import LatencyModel
-from perfmodel.latency.moe_table import moe_times
+from perfmodel.latency.module_tables import with_modules
 from perfmodel.latency.quantized import QuantizedGemms
 from perfmodel.latency.transfer import transferred_gemm
 from perfmodel.measured.device_view import DeviceView
@@ -222,14 +223,7 @@ def latency_source(
         params or RooflineParams(),
     )
     check_runs_on(request.model.weights, request.spec)
-    return with_experts(in_precision(sixteen_bit_source(request), request), request)
-
-
-def with_experts(source: LatencyModel, request: SourceRequest) -> LatencyModel:
-    """`source` with an MoE model's experts measured (the module doc)."""
-    if request.model.moe is not None and source.mode != LatencyMode.DATASHEET:
-        source.experts = moe_times(request.evidence, source.stack, request.model, request.dtype)
-    return source
+    return with_modules(in_precision(sixteen_bit_source(request), request), request.evidence)
 
 
 def sixteen_bit_source(request: SourceRequest) -> LatencyModel:
@@ -261,7 +255,7 @@ def in_precision(source: LatencyModel, request: SourceRequest) -> LatencyModel:
     model = request.model
     if model.weights is not None:
         source.quantized = QuantizedGemms.of(request.evidence, source.stack, model, source.params)
-    if model.kv_cache is not None:
+    if model.kv_cache is not None and model.mla is None:  # a latent-attention module's own tables hold its cache
         stack = source.attention.stack if source.attention is not None else None
         attention = attention_table(request.evidence, stack, request.dtype, model.kv_cache, model.head_dim)
         attention = attention or attention_table(request.evidence, None, request.dtype, model.kv_cache, model.head_dim)

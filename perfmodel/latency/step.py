@@ -105,23 +105,26 @@ def layer_ops(model: ModelConfig, flavor: str, fusion: Fusion = UNFUSED) -> tupl
     check_flavor(flavor)
     if flavor == StepFlavor.PAPER:
         mlp = ("router", "moe") if model.moe else ("up", "gate", "down")
-        return tuple(StepOp(op) for op in ("q", "k", "v", "qk", "pv", *mlp))
+        attention = ("mla",) if model.mla else ("q", "k", "v", "qk", "pv")
+        return tuple(StepOp(op) for op in (*attention, *mlp))
     layers = model.num_layers
     fused = flavor == StepFlavor.FULL
     fusion = fusion if fused else UNFUSED
     norms = (StepOp("add_norm", 2 * layers),) if fusion.add_norm else (StepOp("norm", 2 * layers),)
     residuals = () if fusion.add_norm else (StepOp("residual", 2 * layers),)
+    return (*norms, *attention_block(model, fused, fusion), *residuals, *mlp_ops(model, fused), StepOp("embed"))
+
+
+def attention_block(model: ModelConfig, fused: bool, fusion: Fusion) -> tuple[StepOp, ...]:
+    """Each layer's attention from its input norm to its output projection: q/k/v (fused or
+    not), RoPE and the KV write (inside attention where `fusion` says so), attention and o; a
+    latent-attention layer's one module (perfmodel.models.mla_operators), which runs all of it."""
+    layers = model.num_layers
+    if model.mla is not None:
+        return (StepOp("mla", layers, kv=True),)
     rope_kv = () if fusion.rope_kv_in_attention else tuple(StepOp(op, layers) for op in ("rope", "kv_write"))
-    return (
-        *norms,
-        *(StepOp(op, layers) for op in (("qkv",) if fused else ("q", "k", "v"))),
-        *rope_kv,
-        *attention_ops(model),
-        StepOp("o", layers),
-        *residuals,
-        *mlp_ops(model, fused),
-        StepOp("embed"),
-    )
+    qkv = tuple(StepOp(op, layers) for op in (("qkv",) if fused else ("q", "k", "v")))
+    return (*qkv, *rope_kv, *attention_ops(model), StepOp("o", layers))
 
 
 def attention_ops(model: ModelConfig) -> tuple[StepOp, ...]:
@@ -259,6 +262,11 @@ class StepModel(PricedBySource):
         for item, phase, b, s, q, where in self.calls(batch, seq_len, candidates):
             full = out.setdefault(item.name, np.zeros(shape))
             full[where] += item.count * np.asarray(self.latency.op_time(item.op, phase, b, s, q), dtype=float)
+        if self.fusion.shared_expert_stream and "shared_expert" in out:
+            # beside the router and the routed experts (perfmodel.latency.fusion): what it takes beyond them
+            tokens = np.broadcast_to(np.asarray(batch) * np.asarray(candidates), shape)
+            beyond = np.maximum(out["shared_expert"] - out["router"] - out["moe"], 0.0)
+            out["shared_expert"] = np.where(tokens <= self.fusion.shared_expert_stream, beyond, out["shared_expert"])
         return out
 
     def step_time(self, batch, seq_len, candidates=1) -> np.ndarray:

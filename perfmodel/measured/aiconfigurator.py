@@ -55,6 +55,16 @@ latency layer reads, quantized ones in tables of their own names, so no 16-bit a
   are splits over more than MOE_GROUP devices (no all-reduce of more is measured). Taken
   from the engine's newest MoE collection at or below its GEMM stack's version, as the
   all-reduce is (provenance.json names it).
+- `mla_module.parquet` (from `mla_generation_module_perf` and `mla_context_module_perf`): one
+  layer of DeepSeek-V3's latent attention as a whole module (the query and KV down- and
+  up-projections, RoPE, the KV-cache write, the attention and the output projection: vLLM's
+  DeepseekV2MLAAttention forward, TensorRT-LLM's MLA module, in a CUDA graph) on one device:
+  phase (decode: one token per sequence; prefill: a prompt with nothing cached), batch, seq_len
+  (decode: the sequence's length with the new token, the cache holding seq_len - 1; prefill: the
+  prompt), num_heads (the device's query heads: 128 / tp for DeepSeek-V3), dtype (the
+  projections' format: bf16, fp8-block, nvfp4), kv_cache (bf16 or fp8), kernel_source,
+  time_s. Kept: DeepSeek-V3's shapes (the rows of other models' modules are left out), 16-bit
+  attention compute. Taken as the MoE rows are.
 
 `contract_rows` turns a kept 16-bit table (CONTRACT_TABLES) back into data-contract rows (op
 `gemm` or `sdpa`; its bytes count 16-bit operands and cache, so the quantized tables are
@@ -109,6 +119,10 @@ MOE = "moe"
 # The most devices an expert split spans in the rows kept: one node of eight, the largest group
 # any shipped all-reduce table measured (a tensor-parallel degree is priced only where one is).
 MOE_GROUP = 8
+MLA_MODULE = "mla_module"
+# The latent-attention module rows kept: DeepSeek-V3's (perfmodel.models.latent_attention.DEEPSEEK_V3)
+MLA_MODEL = "deepseek-ai/DeepSeek-V3"
+MLA_DTYPES = {"bfloat16": "bf16", **QUANTIZED_DTYPES}  # the projections' formats and the KV cache's
 QUANTIZED_GEMM = "gemm_quantized"
 # The one quantized KV cache kept: fp8 under 16-bit attention, in tables named <table>_fp8_kv.
 FP8_KV = str(KvFormat.FP8)
@@ -118,9 +132,10 @@ KINDS = {
     "attention": ("generation_attention_perf", "context_attention_perf"),
     "comm": ("nccl_perf", "custom_allreduce_perf"),
     "moe": ("moe_perf",),
+    "mla": ("mla_generation_module_perf", "mla_context_module_perf"),
 }
 # Kinds whose collection serves an engine's GEMM stack (the newest at or below its version)
-SERVING_KINDS = {"comm": "custom_allreduce_perf", "moe": "moe_perf"}
+SERVING_KINDS = {"comm": "custom_allreduce_perf", "moe": "moe_perf", "mla": "mla_generation_module_perf"}
 # The NCCL collectives kept, by the table each lands in.
 NCCL_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather"}
 # The head size of every model preset the toolkit prices (Llama 1-3, Mistral), in the main tables;
@@ -140,6 +155,7 @@ HEAD_TABLES = tuple(
 GEMM_COLUMNS = ["m", "n", "k", "dtype", "kernel_source", "time_s"]
 MOE_SHAPE = ["hidden_size", "inter_size", "topk", "num_experts"]
 MOE_COLUMNS = ["num_tokens", *MOE_SHAPE, "moe_tp", "moe_ep", "distribution", "dtype", "kernel_source", "time_s"]
+MLA_COLUMNS = ["phase", "batch", "seq_len", "num_heads", "dtype", "kv_cache", "kernel_source", "time_s"]
 ATTENTION_COLUMNS = ["batch", "kv_len", "num_heads", "num_kv_heads", "head_dim", "dtype", "kernel_source", "time_s"]
 TABLE_COLUMNS = {
     "gemm": GEMM_COLUMNS,
@@ -154,6 +170,7 @@ TABLE_COLUMNS = {
     "all_gather": ALL_REDUCE_COLUMNS,
     "custom_all_reduce": ALL_REDUCE_COLUMNS,
     MOE: MOE_COLUMNS,
+    MLA_MODULE: MLA_COLUMNS,
 }
 # The tables of quantized rows, beside the 16-bit ones (the module doc).
 QUANTIZED_TABLES = (QUANTIZED_GEMM, "generation_attention" + FP8_KV_SUFFIX, "context_attention" + FP8_KV_SUFFIX)

@@ -21,6 +21,10 @@ from perfmodel.measured.aiconfigurator import (
     FP8_KV_SUFFIX,
     HEAD_DIMS,
     KINDS,
+    MLA_COLUMNS,
+    MLA_DTYPES,
+    MLA_MODEL,
+    MLA_MODULE,
     MOE,
     MOE_COLUMNS,
     MOE_DTYPES,
@@ -235,6 +239,29 @@ def compact_moe(frame: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(MOE_COLUMNS[:-2], ignore_index=True)
 
 
+def compact_mla_module(frame: pd.DataFrame, phase: str) -> pd.DataFrame:
+    """DeepSeek-V3's latent-attention module rows of one phase in 16-bit compute, named the
+    toolkit's way (perfmodel.measured.aiconfigurator's module doc)."""
+    keep = (frame["model"] == MLA_MODEL) & (frame["mla_dtype"] == "bfloat16") & (frame["tp_size"] == 1)
+    keep &= frame["gemm_type"].isin(MLA_DTYPES) & frame["kv_cache_dtype"].isin(MLA_DTYPES)
+    if phase == Phase.PREFILL:
+        keep &= frame["step"] == 0  # nothing cached before the prompt
+    frame = frame[keep]
+    out = pd.DataFrame(
+        {
+            "phase": str(phase),
+            "batch": frame["batch_size"].astype(np.int64),
+            "seq_len": (frame["isl"] if phase == Phase.PREFILL else frame["step"]).astype(np.int64),
+            "num_heads": frame["num_heads"].astype(np.int64),
+            "dtype": frame["gemm_type"].map(MLA_DTYPES),
+            "kv_cache": frame["kv_cache_dtype"].map(MLA_DTYPES),
+            "kernel_source": frame["kernel_source"].astype(str),
+            "time_s": seconds(frame["latency"]),
+        }
+    )
+    return out.sort_values(MLA_COLUMNS[:-1], ignore_index=True)
+
+
 def compact_tables(collection: Collection, package_version: str) -> dict[str, pd.DataFrame]:
     """The part of a collection the toolkit keeps, by table name (see the module doc)."""
     out = {}
@@ -249,6 +276,10 @@ def compact_tables(collection: Collection, package_version: str) -> dict[str, pd
             kept = {kept: compact_nccl(frame, op, collection, package_version) for op, kept in NCCL_OPS.items()}
         elif table == "moe_perf":
             kept = {MOE: compact_moe(frame)}
+        elif table.startswith("mla_"):
+            phase = Phase.DECODE if "generation" in table else Phase.PREFILL
+            both = pd.concat([out.get(MLA_MODULE), compact_mla_module(frame, phase)], ignore_index=True)
+            kept = {MLA_MODULE: both.sort_values(MLA_COLUMNS[:-1], ignore_index=True)}
         elif table == "custom_allreduce_perf":
             kept = {"custom_all_reduce": compact_custom_all_reduce(frame, collection, package_version)}
         else:

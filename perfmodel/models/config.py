@@ -1,8 +1,6 @@
-"""Transformer shapes: the presets of the paper's models, and the one reader of HF config.json.
-
-`parse_hf_config` is the only code that knows config.json's key names: the cost model
-takes the shapes from it (`from_hf_config`), the decoder builds its model from it
-(decoder.model.LlamaConfig), so the two cannot read a checkpoint differently.
+"""Transformer shapes (ModelConfig): the presets of the paper's models, and a checkpoint's
+config.json read into them (`from_hf_config`: its shapes by perfmodel.models.hf_config, the
+reader the decoder builds its model from too, and what rides beside them by their own readers).
 """
 
 from __future__ import annotations
@@ -14,15 +12,14 @@ from pathlib import Path
 
 from perfmodel.base.checks import is_count
 from perfmodel.base.errors import PerfkitError
-from perfmodel.base.jsonfile import read_json
 from perfmodel.base.paths import TOOLKIT_ROOT
 from perfmodel.base.precision import KvFormat, WeightFormat, kv_format, weight_format
 from perfmodel.base.precision import describe as describe_precision
+from perfmodel.models.hf_config import HFConfig, head_size, mtp_modules, read_config_json, read_hf_config
+from perfmodel.models.latent_attention import LatentAttention, parse_latent_attention
 from perfmodel.models.moe import MoeShape, parse_moe
-from perfmodel.models.multimodal import language_model
 from perfmodel.models.quantization import checkpoint_precision
-from perfmodel.models.shape_checks import MAX_HEADS, check_shape
-from perfmodel.models.unpriced import check_priceable
+from perfmodel.models.shape_checks import check_shape
 from perfmodel.models.window import SlidingWindow, parse_window
 
 DEFAULT_MEDUSA_HEADS = 4  # the reference Vicuna trees are 4 deep; a checkpoint's config overrides it
@@ -73,6 +70,7 @@ class ModelConfig:
     # The experts of a mixture-of-experts model (perfmodel.models.moe); None: a dense MLP in every layer
     moe: MoeShape | None = None
     window: SlidingWindow | None = None  # layers attending to the last tokens only (perfmodel.models.window)
+    mla: LatentAttention | None = None  # latent attention (perfmodel.models.latent_attention); None: grouped-query
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", weight_format(self.weights))
@@ -184,17 +182,6 @@ class ModelConfig:
         ]
 
 
-def head_size(hidden_size: int, num_heads: int, source: object) -> int:
-    """hidden_size / num_heads, the head size a config implies when it names none: refused
-    when it does not divide, since rounding it would silently price (or run) a different model."""
-    if hidden_size % num_heads:
-        raise PerfkitError(
-            f"{source}: hidden_size {hidden_size} is not divisible by num_attention_heads {num_heads}; give a "
-            f"head_dim, or a hidden size that is a multiple of the head count"
-        )
-    return hidden_size // num_heads
-
-
 def _llama(name: str, h: int, i: int, n: int, n_kv: int, layers: int, vocab: int, context: int) -> ModelConfig:
     return ModelConfig(
         name, h, i, n, n_kv, layers, vocab, head_dim=head_size(h, n, f"model {name}"), max_context=context
@@ -226,138 +213,23 @@ ALIASES = {
 ALIAS_CONTEXT = {"llama-2-7b": 4096, "llama-2-13b": 4096}
 
 
-@dataclass(frozen=True)
-class MedusaConfig:
-    """The Medusa keys of a config.json. Heads published apart from their base model come
-    with a config.json that holds little else, so these are read on their own."""
-
-    num_heads: int | None = None  # None: the file declares no heads
-    num_layers: int = 1  # residual blocks per head
-
-
-@dataclass(frozen=True)
-class HFConfig:
-    """A Llama-family config.json, field by field under its own key names, with
-    transformers' defaults for the keys a file may leave out. The one list of these
-    fields: the cost model takes its shapes from it (model_config) and the decoder builds
-    its transformer from it (decoder.model.LlamaConfig, a subclass adding what it can run)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int | None = None  # None: hidden_size / num_attention_heads
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 2048
-    tie_word_embeddings: bool = False
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    medusa_num_heads: int | None = None  # None: the file declares no heads
-    medusa_num_layers: int = 1  # residual blocks per head
-    rope_type: str = "default"  # anything but "default" is a RoPE scaling scheme
-
-    def __post_init__(self) -> None:
-        if self.head_dim is None:
-            object.__setattr__(self, "head_dim", head_size(self.hidden_size, self.num_attention_heads, "model config"))
-
-    @property
-    def medusa(self) -> MedusaConfig:
-        return MedusaConfig(self.medusa_num_heads, self.medusa_num_layers)
-
-    def model_config(self, name: str) -> ModelConfig:
-        """The shapes the cost model needs (a file without Medusa keys gets the default heads)."""
-        heads = self.medusa_num_heads
-        return ModelConfig(
-            name=name,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_heads=self.num_attention_heads,
-            num_kv_heads=self.num_key_value_heads,
-            num_layers=self.num_hidden_layers,
-            vocab_size=self.vocab_size,
-            head_dim=self.head_dim,
-            medusa_heads=DEFAULT_MEDUSA_HEADS if heads is None else heads,
-            tie_word_embeddings=self.tie_word_embeddings,
-            max_context=self.max_position_embeddings,
-        )
-
-
-def read_config_json(path: str | Path) -> dict:
-    """The JSON object of a `config.json` (a file, or a folder holding one)."""
-    path = Path(path)
-    file = path / "config.json" if path.is_dir() else path
-    cfg = read_json(file, "model config")
-    if not isinstance(cfg, dict):
-        raise PerfkitError(f"{file}: expected a JSON object")
-    return language_model(cfg)  # a multimodal checkpoint's text decoder (perfmodel.models.multimodal)
-
-
-def parse_medusa_config(cfg: dict) -> MedusaConfig:
-    return MedusaConfig(cfg.get("medusa_num_heads"), cfg.get("medusa_num_layers", 1))
-
-
-def parse_hf_config(cfg: dict, source: str | Path = "config.json") -> HFConfig:
-    """Parse a config.json object; `source` names the file in errors. A config declaring what
-    the cost model cannot price (perfmodel.models.unpriced) is refused."""
-    check_priceable(cfg, source)
-
-    def get(key: str) -> object:
-        if cfg.get(key) is None:
-            raise PerfkitError(f"{source}: missing key {key!r}")
-        return cfg[key]
-
-    heads = get("num_attention_heads")
-    hidden = get("hidden_size")
-    if not isinstance(heads, int) or not isinstance(hidden, int) or heads <= 0:
-        raise PerfkitError(f"{source}: hidden_size and num_attention_heads must be positive integers")
-    # transformers >= 5 nests RoPE settings in rope_parameters; older files use rope_scaling.
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    tied = cfg.get("tie_word_embeddings", False)
-    if not isinstance(tied, bool):
-        raise PerfkitError(f"{source}: tie_word_embeddings must be true or false, got {tied!r}")
-    eos = cfg.get("eos_token_id")
-    medusa = parse_medusa_config(cfg)
-    return HFConfig(
-        vocab_size=get("vocab_size"),
-        hidden_size=hidden,
-        intermediate_size=get("intermediate_size"),
-        num_hidden_layers=get("num_hidden_layers"),
-        num_attention_heads=heads,
-        num_key_value_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or head_size(hidden, heads, source),
-        rope_theta=rope.get("rope_theta") or cfg.get("rope_theta", 10000.0),
-        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-        tie_word_embeddings=tied,
-        bos_token_id=cfg.get("bos_token_id"),
-        # The decoder stops on a single end token: of several, the first.
-        eos_token_id=(eos[0] if eos else None) if isinstance(eos, list) else eos,
-        medusa_num_heads=medusa.num_heads,
-        medusa_num_layers=medusa.num_layers,
-        rope_type=rope.get("rope_type", rope.get("type")) or "default",
+def model_shapes(hf: HFConfig, name: str) -> ModelConfig:
+    """The shapes the cost model needs of a parsed config.json (a file without Medusa keys gets
+    the default heads)."""
+    heads = hf.medusa_num_heads
+    return ModelConfig(
+        name=name,
+        hidden_size=hf.hidden_size,
+        intermediate_size=hf.intermediate_size,
+        num_heads=hf.num_attention_heads,
+        num_kv_heads=hf.num_key_value_heads,
+        num_layers=hf.num_hidden_layers,
+        vocab_size=hf.vocab_size,
+        head_dim=hf.head_dim,
+        medusa_heads=DEFAULT_MEDUSA_HEADS if heads is None else heads,
+        tie_word_embeddings=hf.tie_word_embeddings,
+        max_context=hf.max_position_embeddings,
     )
-
-
-def read_hf_config(path: str | Path) -> HFConfig:
-    """A config.json file, or the one in a folder, parsed (its shapes: the precision it
-    declares is perfmodel.models.quantization's to read)."""
-    path = Path(path)
-    file = path / "config.json" if path.is_dir() else path
-    return parse_hf_config(read_config_json(path), file)
-
-
-def mtp_modules(cfg: dict, source: object) -> int:
-    """The MTP modules a config.json declares (num_nextn_predict_layers: DeepSeek-V3's key, and
-    MiMo's); 0 where it declares none."""
-    value = cfg.get("num_nextn_predict_layers") or 0
-    if not is_count(value, 0) or value > MAX_HEADS:
-        raise PerfkitError(
-            f"{source}: num_nextn_predict_layers must be an integer from 0 to {MAX_HEADS}, got {value!r}"
-        )
-    return value
 
 
 def from_hf_config(path: str | Path) -> ModelConfig:
@@ -368,11 +240,15 @@ def from_hf_config(path: str | Path) -> ModelConfig:
     # a checkpoint's config.json is named by its folder; another file by its own name
     # (<org>--<model>_config.json, as aiconfigurator ships them, is <org>--<model>)
     name = (file.parent.name or file.stem) if file.name == "config.json" else file.stem.removesuffix("_config")
-    model = read_hf_config(path).model_config(name)
+    model = model_shapes(read_hf_config(path), name)
     cfg = read_config_json(path)
     declared = checkpoint_precision(cfg, file)
+    mla = parse_latent_attention(cfg, file)
     return dataclasses.replace(
         model,
+        # a latent-attention head's output is v_head_dim wide (hidden / heads says nothing of it)
+        head_dim=mla.v_head_dim if mla else model.head_dim,
+        mla=mla,
         mtp_layers=mtp_modules(cfg, file),
         weights=declared.weights,
         kv_cache=declared.kv_cache,

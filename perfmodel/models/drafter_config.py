@@ -21,7 +21,8 @@ from pathlib import Path
 
 from perfmodel.base.drafter_kind import FEATURE_DRAFTERS, DrafterKind
 from perfmodel.base.errors import PerfkitError
-from perfmodel.models.config import ModelConfig, parse_hf_config, read_config_json, resolve_model_path
+from perfmodel.models.config import ModelConfig, model_shapes, resolve_model_path
+from perfmodel.models.hf_config import parse_hf_config, read_config_json
 
 # Where the speculators format keeps an EAGLE head's layer keys.
 NESTED_LAYER_KEY = "transformer_layer_config"
@@ -41,7 +42,7 @@ def drafter_model(path: str | Path, kind: DrafterKind, target: ModelConfig) -> M
     layer = cfg.get(NESTED_LAYER_KEY) if isinstance(cfg.get(NESTED_LAYER_KEY), dict) else cfg
     parsed = parse_hf_config(layer, file)
     name = path.name if path.is_dir() else (path.parent.name or path.stem)
-    model = parsed.model_config(name)
+    model = model_shapes(parsed, name)
     if model.vocab_size != target.vocab_size:
         raise PerfkitError(
             f"{file}: vocab_size {model.vocab_size:,} is not the target's {target.vocab_size:,} ({target.name}); a "

@@ -2,8 +2,9 @@
 big one is, which layers have them, and how a serving engine splits them over devices.
 
 The one reader of a config.json's expert keys (Mixtral's num_local_experts, Qwen2/3-MoE's
-num_experts and moe_intermediate_size, gpt-oss's experts_per_token; the layers a config keeps
-dense, Qwen's mlp_only_layers and decoder_sparse_step; Qwen2-MoE's shared expert). The step
+num_experts and moe_intermediate_size, gpt-oss's experts_per_token, DeepSeek's n_routed_experts;
+the layers a config keeps dense, Qwen's mlp_only_layers and decoder_sparse_step, DeepSeek's
+first_k_dense_replace and moe_layer_freq; Qwen2-MoE's and DeepSeek's shared experts). The step
 prices an MoE layer as its router GEMM, the engine's fused expert kernel at the step's tokens
 (perfmodel.latency.moe_table) and any shared expert; memory counts every expert.
 
@@ -55,6 +56,10 @@ FAMILY_KEYS = {
     "gpt_oss": ("num_local_experts", "experts_per_token", "intermediate_size"),
     # Llama-4's text decoder, its keys translated by perfmodel.models.multimodal
     "llama4_text": ("num_local_experts", "num_experts_per_tok", "moe_intermediate_size"),
+    # DeepSeek-V2/V3/R1 and Kimi-K2, whose attention is latent (perfmodel.models.latent_attention)
+    **dict.fromkeys(
+        ("deepseek_v2", "deepseek_v3", "kimi_k2"), ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+    ),
 }
 
 
@@ -168,14 +173,23 @@ def parse_moe(cfg: dict, source: object, experts_format: WeightFormat | None = N
     if top_k > experts:
         raise PerfkitError(f"{source}: {keys[1]} = {top_k} routes each token to more than its {experts} experts")
     layers = _count(cfg, "num_hidden_layers", source)
-    step = cfg.get("decoder_sparse_step", 1) or 1
+    step, every = (cfg.get(key) or 1 for key in ("decoder_sparse_step", "moe_layer_freq"))
+    first = cfg.get("first_k_dense_replace") or 0
     dense = set(cfg.get("mlp_only_layers") or [])
-    if not is_count(step):
-        raise PerfkitError(f"{source}: decoder_sparse_step must be an integer >= 1, got {step!r}")
+    for key, value, smallest in (
+        ("decoder_sparse_step", step, 1),
+        ("moe_layer_freq", every, 1),
+        ("first_k_dense_replace", first, 0),
+    ):
+        if not is_count(value, smallest):
+            raise PerfkitError(f"{source}: {key} must be an integer >= {smallest}, got {value!r}")
     # Qwen's rule (transformers' Qwen2MoeDecoderLayer): layer i is sparse unless listed in
-    # mlp_only_layers, and only where (i + 1) is a multiple of decoder_sparse_step.
-    moe_layers = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
-    shared = cfg.get("shared_expert_intermediate_size", 0) or 0
+    # mlp_only_layers, and only where (i + 1) is a multiple of decoder_sparse_step; DeepSeek's
+    # (DeepseekV3DecoderLayer): from layer first_k_dense_replace on, where i is a multiple of moe_layer_freq.
+    moe_layers = sum(
+        1 for i in range(layers) if i not in dense and (i + 1) % step == 0 and i >= first and i % every == 0
+    )
+    shared = cfg.get("shared_expert_intermediate_size") or size * (cfg.get("n_shared_experts") or 0)
     if not moe_layers:
         raise PerfkitError(f"{source}: declares experts but keeps every layer dense (mlp_only_layers)")
     return MoeShape(experts, top_k, size, moe_layers, shared_size=shared, experts_format=experts_format)

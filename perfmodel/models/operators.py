@@ -22,6 +22,7 @@ from perfmodel.base.errors import PerfkitError
 from perfmodel.base.precision import KV_BYTES, WEIGHT_BYTES, KvFormat, WeightFormat
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.kernels import Elementwise, FusedAttention, Matmul, OpCost, Operand, read, written
+from perfmodel.models.mla_operators import LatentAttentionKernel, mla_kernels
 from perfmodel.models.moe_operators import ExpertGemms, moe_kernels
 
 OPS = ("q", "k", "v", "qkv", "qk", "pv", "o", "up", "gate", "gate_up", "down", "lm_head", "medusa_heads")
@@ -58,7 +59,10 @@ DRAFTER_OPS = ("eagle_fc", "eagle3_fc", "eagle3_qkv")
 # A mixture-of-experts layer's MLP (perfmodel.models.moe): the router's GEMM (h -> experts), the
 # engine's fused expert kernel (perfmodel.models.moe_operators) and a shared expert's gate_up and down.
 MOE_OPS = ("router", "moe", "shared_expert")
-ALL_OPS = OPS + FUSED_OPS + STEP_OPS + DRAFTER_OPS + MOE_OPS
+# A latent-attention layer's attention as one module (perfmodel.models.mla_operators): its projections,
+# attention and output projection, where a grouped-query layer runs qkv, rope, kv_write, sdpa and o.
+MLA_OPS = ("mla",)
+ALL_OPS = OPS + FUSED_OPS + STEP_OPS + DRAFTER_OPS + MOE_OPS + MLA_OPS
 # Operators whose every kernel is a GEMM against a weight: latency sources time them as such.
 WEIGHT_OPS = (*LINEAR_OPS, "medusa_heads", *DRAFTER_OPS, "router", "shared_expert")
 DEFAULT_OPS = OPS + FUSED_OPS  # what sweeps and rooflines cover unless asked for more
@@ -87,11 +91,19 @@ QUANTIZED_OPS = ("q", "k", "v", "qkv", "o", "up", "gate", "gate_up", "down", "mo
 HEAD_TOP_K = 10
 
 
+# What a latent-attention module stands in for
+GQA_ATTENTION_OPS = ("q", "k", "v", "qkv", "qk", "pv", "sdpa", "o")
+
+
 def model_ops(model: ModelConfig, ops) -> tuple[str, ...]:
     """`ops` as the model runs them: an MoE model's expert layers run the router, the fused
-    experts and any shared expert where a dense MLP runs up, gate and down (so a roofline of
-    it draws those, not a dense MLP it does not have)."""
+    experts and any shared expert where a dense MLP runs up, gate and down, and a latent-attention
+    model's layers its module where grouped-query attention runs q/k/v, attention and o (so a
+    roofline of it draws those, not ops it does not have)."""
     ops = tuple(ops)
+    if model.mla is not None and any(op in GQA_ATTENTION_OPS for op in ops):
+        kept = tuple(op for op in ops if op not in GQA_ATTENTION_OPS)
+        ops = (*MLA_OPS, *kept)
     mlp = ("up", "gate", "gate_up", "down")
     if model.moe is None or not any(op in mlp for op in ops):
         return ops
@@ -102,21 +114,24 @@ def model_ops(model: ModelConfig, ops) -> tuple[str, ...]:
 
 def op_groups(model: ModelConfig) -> dict[str, tuple[str, ...]]:
     """The paper's figure groups as the model runs them: an MoE model's MLP group is its router
-    and experts (model_ops)."""
+    and experts, a latent-attention model's attention groups its module (model_ops)."""
+    groups = dict(OP_GROUPS)
+    if model.mla is not None:
+        groups = {"latent attention": MLA_OPS, **{g: ops for g, ops in groups.items() if g not in ("qkv", "qk/pv")}}
     if model.moe is None:
-        return OP_GROUPS
+        return groups
     name = "up/gate/down/experts" if model.dense_layers else "router/experts"
-    kept = {group: ops for group, ops in OP_GROUPS.items() if group != "up/gate/down"}
+    kept = {group: ops for group, ops in groups.items() if group != "up/gate/down"}
     return {**kept, name: model_ops(model, OP_GROUPS["up/gate/down"])}
 
 
 def stored_format(model: ModelConfig, op: str) -> WeightFormat | None:
     """The format of an op's weights: an MoE model's experts' own where the checkpoint stores
-    them apart (gpt-oss's mxfp4), the layers' quantized format for a quantized layer, else None
-    (the dtype's)."""
+    them apart (gpt-oss's mxfp4), the layers' quantized format for a quantized layer (a latent
+    attention module's projections among them), else None (the dtype's)."""
     if op == "moe" and model.moe.experts_format is not None:
         return model.moe.experts_format
-    return model.weights if op in QUANTIZED_OPS else None
+    return model.weights if op in (*QUANTIZED_OPS, *MLA_OPS) else None
 
 
 def query_len(phase: str, seq_len: int, candidates: int) -> int:
@@ -144,7 +159,7 @@ def check_point(op: str, phase: str, batch, seq_len, candidates) -> None:
         )
 
 
-Kernel = Matmul | FusedAttention | Elementwise | ExpertGemms
+Kernel = Matmul | FusedAttention | Elementwise | ExpertGemms | LatentAttentionKernel
 
 
 def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidates=1) -> tuple[Kernel, ...]:
@@ -178,6 +193,8 @@ def op_kernels(op: str, phase: str, model: ModelConfig, batch, seq_len, candidat
         return (Matmul(heads, rows, seq_len, d),)
     if op in MOE_OPS:
         return moe_kernels(op, model, tokens)
+    if op in MLA_OPS:  # seq_len: the attended tokens, the step's own among them (as for sdpa)
+        return mla_kernels(model, phase == Phase.PREFILL, batch, query_len(phase, seq_len, candidates), seq_len)
     # The LM head and the heads' vocabulary projections are split over the vocabulary under
     # tensor parallelism (ModelConfig.vocab_per_device); their logits are gathered after.
     v_device = model.vocab_per_device
@@ -294,6 +311,10 @@ def cached_elements(kernel: Kernel):
     operands), K and V of a fused kernel."""
     if isinstance(kernel, FusedAttention):
         return kernel.batch * kernel.head_dim * 2 * kernel.kv_heads * kernel.kv_len
+    if isinstance(kernel, LatentAttentionKernel):
+        return kernel.cached_elements
+    if not isinstance(kernel, Matmul) or kernel.weight:  # a projection reads no cache
+        return 0
     return kernel.batch * kernel.k * kernel.n
 
 
@@ -301,19 +322,28 @@ def cost_of(
     kernels: tuple[Kernel, ...], dtype: str, weights: WeightFormat | None = None, kv_cache: KvFormat | None = None
 ) -> OpCost:
     """FLOPs and bytes of `kernels` in `dtype` (perfmodel.base.precision's formats: `weights` for
-    a quantized linear op, which reads its weight and activations at the format's bytes, scales
-    counted, and writes `dtype`; `kv_cache` for attention over a quantized cache, read at its bytes)."""
+    a quantized linear op, whose weight GEMMs read their weight and activations at the format's
+    bytes, scales counted, and write `dtype`; `kv_cache` for attention over a quantized cache,
+    read at its bytes)."""
     size = element_bytes(dtype)
-    if any(isinstance(k, ExpertGemms) for k in kernels):  # weights in their format, activations in 16 bits
-        weight = size if weights is None else WEIGHT_BYTES[weights]
-        moved = sum(k.weight_elements * weight + k.activation_elements * size for k in kernels)
-    elif weights is not None:
-        moved = sum((k.k * k.n + k.m * k.k) * WEIGHT_BYTES[weights] + k.m * k.n * size for k in kernels)
-    else:
-        moved = size * sum(k.elements for k in kernels)
-        if kv_cache is not None:
-            moved -= (size - KV_BYTES[kv_cache]) * sum(cached_elements(k) for k in kernels)
+    moved = sum(kernel_bytes(k, size, weights, kv_cache) for k in kernels)
     return OpCost(flops=sum(k.flops for k in kernels), bytes=moved, kernels=len(kernels))
+
+
+def kernel_bytes(kernel: Kernel, size: int, weights: WeightFormat | None, kv_cache: KvFormat | None):
+    """Bytes one kernel moves (cost_of): an expert kernel's weights in their format and
+    activations in 16 bits; a weight GEMM of a quantized op in the format; the rest at `size`,
+    less what a quantized cache saves."""
+    if isinstance(kernel, ExpertGemms):
+        weight = size if weights is None else WEIGHT_BYTES[weights]
+        return kernel.weight_elements * weight + kernel.activation_elements * size
+    if weights is not None and isinstance(kernel, Matmul) and kernel.weight:
+        k = kernel
+        return k.batch * ((k.k * k.n + k.m * k.k) * WEIGHT_BYTES[weights] + k.m * k.n * size)
+    moved = size * kernel.elements
+    if kv_cache is not None:
+        moved -= (size - KV_BYTES[kv_cache]) * cached_elements(kernel)
+    return moved
 
 
 def op_cost(

@@ -7,7 +7,9 @@ would be priced as some other model, silently.
   n_routed_experts, ...): priced as a dense model, Mixtral-8x7B came out at 14.5 GB of weights
   where its 16-bit weights are about 93 GB (Mixtral, Qwen2/3-MoE, gpt-oss and Llama-4's text
   decoder are read, their experts priced);
-- latent attention (DeepSeek's kv_lora_rank, q_lora_rank): another attention and KV cache;
+- latent attention (kv_lora_rank, q_lora_rank) outside the model types perfmodel.models.latent_attention
+  reads (DeepSeek-V2/V3/R1's, Kimi-K2's); a sparse attention indexer (index_topk: DeepSeek-V3.2's
+  and GLM-5's DSA), which picks the tokens each query attends to;
 - a sliding attention window shorter than the context (Mistral-7B v0.1's 4096 of 32768): the
   model prices attention over the whole context;
 - a model_type outside the Llama family the step's operators describe.
@@ -16,6 +18,7 @@ would be priced as some other model, silently.
 from __future__ import annotations
 
 from perfmodel.base.errors import PerfkitError
+from perfmodel.models.latent_attention import FAMILIES as LATENT_FAMILIES
 from perfmodel.models.moe import FAMILY_KEYS
 
 # The decoders whose step is the Llama step the operators price (perfmodel.models.operators):
@@ -24,7 +27,7 @@ from perfmodel.models.moe import FAMILY_KEYS
 # is Qwen2's decoder with MTP modules beside it (its MiMoConfig subclasses Qwen2Config and adds
 # num_nextn_predict_layers), priced as perfmodel.models.config.ModelConfig.mtp_layers says.
 # The MoE families (perfmodel.models.moe.FAMILY_KEYS) are these decoders with experts for an MLP.
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "mimo", *FAMILY_KEYS)
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "mimo", *FAMILY_KEYS)  # FAMILY_KEYS: the latent families too
 MOE_KEYS = (
     "num_local_experts",
     "num_experts",
@@ -37,9 +40,10 @@ MOE_KEYS = (
     "moe_layer_freq",
 )
 LATENT_ATTENTION_KEYS = ("kv_lora_rank", "q_lora_rank")
+SPARSE_ATTENTION_KEYS = ("index_topk",)
 NOT_PRICED = (
     "the cost model prices Llama-family decoders, dense or with the experts of Mixtral, Qwen2/3-MoE, gpt-oss and "
-    "Llama-4"
+    "Llama-4, and DeepSeek-V2/V3/R1 and Kimi-K2 (latent attention and experts)"
 )
 
 
@@ -51,13 +55,19 @@ def declared(value: object) -> bool:
 def check_priceable(cfg: dict, source: object) -> None:
     """One line naming the first key of `cfg` (a config.json object) the cost model cannot
     price; nothing where it can price the whole config."""
-    moe_keys = () if cfg.get("model_type") in FAMILY_KEYS else MOE_KEYS  # perfmodel.models.moe reads these
-    for keys, what in ((moe_keys, "a mixture-of-experts model"), (LATENT_ATTENTION_KEYS, "latent attention")):
+    model_type = cfg.get("model_type")
+    moe_keys = () if model_type in FAMILY_KEYS else MOE_KEYS  # perfmodel.models.moe reads these
+    latent_keys = () if model_type in LATENT_FAMILIES else LATENT_ATTENTION_KEYS  # .latent_attention reads these
+    refused = (
+        (SPARSE_ATTENTION_KEYS, "a sparse attention indexer (DeepSeek-V3.2's DSA)"),
+        (moe_keys, "a mixture-of-experts model"),
+        (latent_keys, "latent attention"),
+    )
+    for keys, what in refused:
         for key in keys:
             if declared(cfg.get(key)):
                 raise PerfkitError(f"{source}: {key} = {cfg[key]!r} declares {what}, which is not priced; {NOT_PRICED}")
     # after the keys above, which say better why a model outside the family is not priced
-    model_type = cfg.get("model_type")
     if model_type is not None and model_type not in LLAMA_FAMILY:
         raise PerfkitError(
             f"{source}: model_type {model_type!r} is not priced; {NOT_PRICED} (model_type one of: "
@@ -98,3 +108,5 @@ def check_dense(model, what: str) -> None:
         )
     if model.window is not None:
         raise PerfkitError(f"{model.name} has layers attending to a sliding window, which {what} cannot run")
+    if model.mla is not None:
+        raise PerfkitError(f"{model.name} has {model.mla.describe()}, which {what} cannot run")

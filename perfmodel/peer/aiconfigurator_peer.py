@@ -48,15 +48,18 @@ def model_config_path(model: str) -> Path:
 
 def peer_component(op_name: str) -> str:
     """The component (perfmodel.peer.static_batch.COMPONENTS) of one of the peer's op names."""
+    if "mla" in op_name:  # a latent-attention module or its parts: attention, as the project's
+        return "attention"
     if op_name.endswith("_gemm"):
         return "gemm"
-    if op_name.endswith("_moe"):
+    # its MoE layer, or (DeepSeek's) the layer's router, routed experts and dispatch overlapped with its shared expert
+    if op_name.endswith(("_moe", "_moe_overlap")):
         return "moe"
     if op_name.endswith("_dispatch"):  # the MoE layer's collectives
         return "communication"
     if "attention" in op_name:
         return "attention"
-    if op_name.endswith(("_ar", "_ar_1", "_ar_2", "_p2p")):
+    if op_name.endswith(("_ar", "_ar_1", "_ar_2", "_p2p", "_allreduce")):
         return "communication"
     return "elementwise"
 

@@ -51,7 +51,13 @@ MODEL_SETS = {
     # NVFP4 (W4A4, Blackwell only): NVIDIA's Qwen3-235B-A22B-NVFP4, experts and layers in NVFP4 over an
     # fp8 KV cache, as its hf_quant_config.json declares.
     "nvfp4": ((("nvidia/Qwen3-235B-A22B-NVFP4", (4, 8)),), ("b200",)),
+    # Latent attention (issue 60): DeepSeek-V3 in its fp8-block checkpoint (experts too) on 8 GPUs, the
+    # H100s' 640 GB being too few for its 671B parameters.
+    "mla": ((("deepseek-ai/DeepSeek-V3", (8,)),), ("h200", "b200")),
 }
+# The routing a model is priced at on both sides where the peer's model fixes its own (its DeepSeek
+# class routes power_law_1.01 whatever it is told); else both take power_law_1.2.
+PEER_ROUTING = {"deepseek-ai/DeepSeek-V3": "power_law_1.01"}
 DEFAULT_STACKS = ("vllm", "trtllm")
 DEFAULT_BATCHES = (1, 4, 16, 64, 128)
 DTYPE = "bf16"  # the peer's compute dtype: a quantized checkpoint's formats are its own (ModelConfig.precision)
@@ -93,8 +99,9 @@ def timed_degrees(device: str, stack: str, model: str) -> list[int]:
 
 @functools.lru_cache(maxsize=16)
 def project_config(model: str):
-    """The config the peer ships for a model id, as the project reads it (its precision included)."""
-    return from_hf_config(model_config_path(model))
+    """The config the peer ships for a model id, as the project reads it (its precision included),
+    routed as the peer routes it (PEER_ROUTING)."""
+    return from_hf_config(model_config_path(model)).as_served(routing=PEER_ROUTING.get(model))
 
 
 @functools.lru_cache(maxsize=64)

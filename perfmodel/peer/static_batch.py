@@ -22,11 +22,12 @@ from perfmodel.models.operators import WEIGHT_OPS
 COMPONENTS = ("gemm", "attention", "moe", "elementwise", "communication")
 # Which component each step op is; RoPE and the KV-cache write go with attention, where an
 # engine that fuses them runs them (perfmodel.latency.fusion). The rest is elementwise work.
-ATTENTION_PARTS = ("sdpa", WINDOW_ATTENTION, "qk", "pv", "rope", "kv_write")
+# A latent-attention module (its projections among them) is attention: the peer reads the same module rows.
+ATTENTION_PARTS = ("sdpa", WINDOW_ATTENTION, "qk", "pv", "rope", "kv_write", "mla")
 
 
 def component(op_name: str) -> str:
-    if op_name == "moe":  # an MoE layer's fused experts (its router is a GEMM)
+    if op_name in ("moe", "shared_expert"):  # an MoE layer's experts, routed and shared (its router is a GEMM)
         return "moe"
     if op_name in WEIGHT_OPS:
         return "gemm"

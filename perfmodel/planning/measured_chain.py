@@ -28,7 +28,7 @@ from perfmodel.planning.deployment import Deployment, DeploymentChoices, resolve
 from perfmodel.planning.drafter_point import point_drafter, tokens_per_step, with_draft_steps
 from perfmodel.planning.drafters import DEFAULT_DRAFT_COST, KIND_NAMES, Drafter
 from perfmodel.planning.medusa_setting import check_setting
-from perfmodel.planning.memory import DrafterMemory, feature_head_params, replica_kv_bytes_per_token, weight_params
+from perfmodel.planning.memory import DrafterMemory, feature_head_bytes, replica_kv_bytes_per_token, weight_params
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def drafter_memory(drafter: Drafter, target: ModelConfig, dtype: str, tp: int) -
         mtp = kind == DrafterKind.MTP
         head = layer_slice(target, target.mtp_layers if mtp else 1, dense=not mtp)
     what = "the MTP module(s)" if kind == DrafterKind.MTP else f"the {KIND_NAMES[kind]} head"
-    weights = feature_head_params(kind, head, target) * size
+    weights = feature_head_bytes(kind, head, target, dtype)
     return DrafterMemory(weights, replica_kv_bytes_per_token(head, dtype, tp), what)
 
 

@@ -13,6 +13,7 @@ from perfmodel.base.precision import kv_bytes
 from perfmodel.base.precision import weight_bytes as precision_weight_bytes
 from perfmodel.hardware.specs import HardwareSpec
 from perfmodel.models.config import ModelConfig
+from perfmodel.models.mla_operators import mla_weight_elements
 from perfmodel.models.operators import op_kernels
 from perfmodel.models.window import kv_share
 
@@ -36,11 +37,18 @@ def expert_params(model: ModelConfig) -> int:
     return moe.moe_layers * 3 * model.hidden_size * moe.expert_size * moe.experts if moe else 0
 
 
+def attention_params(model: ModelConfig) -> int:
+    """One layer's attention weights: q, k, v and o, or a latent-attention module's projections."""
+    if model.mla is not None:
+        return mla_weight_elements(model)
+    return sum(linear_params(op, model) for op in ATTENTION_WEIGHT_OPS)
+
+
 def layer_linear_params(model: ModelConfig) -> int:
     """The decoder layers' linear weights (what a quantized checkpoint stores in its format):
     attention's in every layer, the dense MLP's in the dense layers, and in an MoE model's
     expert layers every expert and any shared one."""
-    attention = model.num_layers * sum(linear_params(op, model) for op in ATTENTION_WEIGHT_OPS)
+    attention = model.num_layers * attention_params(model)
     dense = model.dense_layers * sum(linear_params(op, model) for op in MLP_WEIGHT_OPS)
     moe = model.moe
     shared = moe.moe_layers * linear_params("shared_expert", model) if moe and moe.shared_size else 0
@@ -77,28 +85,34 @@ def head_params(model: ModelConfig) -> int:
     return linear_params("medusa_heads", model) + model.medusa_heads * model.hidden_size
 
 
-def feature_head_params(kind: DrafterKind, head: ModelConfig, target: ModelConfig) -> int:
-    """An EAGLE or EAGLE-3 head's or an MTP module's weights (perfmodel.latency.draft_weights):
-    its fc (2h or, EAGLE-3's, 3h -> h), its layer(s) (EAGLE-3's q/k/v reading 2h) with their
+def feature_head_bytes(kind: DrafterKind, head: ModelConfig, target: ModelConfig, dtype: str) -> float:
+    """An EAGLE or EAGLE-3 head's or an MTP module's weights in bytes (perfmodel.latency.draft_weights):
+    its fc (2h or, EAGLE-3's, 3h -> h), its layer(s) (EAGLE-3's q/k/v reading 2h; an MTP module's
+    the target's own, its experts and latent attention too, in the target's format) with their
     norms, and its own LM head where its vocabulary is not the target's (EAGLE-3's
     draft_vocab_size); the embedding and an LM head of the target's vocabulary are the target's."""
+    size = element_bytes(dtype)
     fc = linear_params("eagle3_fc" if kind == DrafterKind.EAGLE3 else "eagle_fc", head)
-    qkv = ("eagle3_qkv",) if kind == DrafterKind.EAGLE3 else ("q", "k", "v")
-    layer = sum(linear_params(op, head) for op in (*qkv, "o", "up", "gate", "down")) + 2 * head.hidden_size
+    if kind == DrafterKind.EAGLE3:
+        ops = ("eagle3_qkv", "o", "up", "gate", "down")
+        layers = head.num_layers * sum(linear_params(op, head) for op in ops) * size
+    else:
+        layers = layer_linear_params(head) * precision_weight_bytes(head.weights, size)
+    routers = head.moe.moe_layers * linear_params("router", head) if head.moe else 0
     own_head = linear_params("lm_head", head) if head.vocab_size != target.vocab_size else 0
-    return fc + head.num_layers * layer + own_head
+    return layers + (fc + 2 * head.hidden_size * head.num_layers + routers + own_head) * size
 
 
 def kv_bytes_per_token(model: ModelConfig, dtype: str) -> int:
-    """Key and value of every layer for one token."""
-    return int(
-        2 * model.num_layers * model.num_kv_heads * model.head_dim * kv_bytes(model.kv_cache, element_bytes(dtype))
-    )
+    """Key and value of every layer for one token (a latent-attention layer's one latent)."""
+    per_layer = model.mla.cache_width if model.mla else 2 * model.num_kv_heads * model.head_dim
+    return int(model.num_layers * per_layer * kv_bytes(model.kv_cache, element_bytes(dtype)))
 
 
 def replica_kv_bytes_per_token(model: ModelConfig, dtype: str, tp: int) -> int:
     """Key and value of one token on all tp devices of a replica: each keeps its shard's KV
-    heads, so where the model has fewer KV heads than tp they are replicated, not split."""
+    heads, so where the model has fewer KV heads than tp they are replicated, not split (a
+    latent-attention model's latent is every head's: each device keeps it whole)."""
     return tp * kv_bytes_per_token(model.shard(tp), dtype)
 
 

@@ -28,7 +28,7 @@ from perfmodel.measured.engine_runs import (
     STEP_COLUMNS,
     STEP_SPECULATION_COLUMNS,
 )
-from perfmodel.models.config import read_config_json
+from perfmodel.models.hf_config import read_config_json
 from perfmodel.planning.lengths import Lengths
 from perfmodel.planning.workload import Workload
 from perfmodel.serving.engine_drafting import DRAFTER_TWINS

@@ -17,7 +17,7 @@ from pathlib import Path
 from perfmodel.base.engine_speculation import VLLM_METHODS
 from perfmodel.base.errors import PerfkitError
 from perfmodel.base.jsonfile import read_json
-from perfmodel.models.config import read_config_json
+from perfmodel.models.hf_config import read_config_json
 from perfmodel.serving.engine_drafting import DRAFTER_TWINS
 from profilers.engine.export import export_for_engine
 from profilers.engine.measure import Plan, export_drafter
