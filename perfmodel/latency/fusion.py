@@ -29,13 +29,14 @@ class Fusion:
     shared_expert_stream: int = 0
     source: str = ""
 
-    def describe(self) -> str:
+    def describe(self, shared_expert: bool = False) -> str:
+        """In words; the shared expert's stream named for a model that has one (`shared_expert`)."""
         parts = []
         if self.add_norm:
             parts.append("residual add + RMSNorm fused")
         if self.rope_kv_in_attention:
             parts.append("RoPE and the KV-cache write inside attention")
-        if self.shared_expert_stream:
+        if self.shared_expert_stream and shared_expert:
             every = self.shared_expert_stream >= EVERY_DECODING_STEP
             bound = "" if every else f" of <= {self.shared_expert_stream:,} tokens"
             parts.append(f"a shared expert beside the routed experts in decoding steps{bound}")

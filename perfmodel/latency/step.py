@@ -242,7 +242,8 @@ class StepModel(PricedBySource):
         fusion = self.fusion
         if fusion == UNFUSED:
             return self.latency.label
-        return f"{self.latency.label}; the step as the engine runs it: {fusion.describe()}"
+        shared = self.model.moe is not None and bool(self.model.moe.shared_size)
+        return f"{self.latency.label}; the step as the engine runs it: {fusion.describe(shared)}"
 
     @property
     def fusion(self) -> Fusion:
