@@ -8,7 +8,7 @@ The grid measures m (token rows) = 1-17, then both sides of each tile edge (32/3
   non-decreasing grid along each axis (perfmodel.latency.monotone: a dip between measured
   neighbours, noise or another kernel picked at one size, is averaged with them; steps
   stay), so no interpolation falls as a GEMM grows (a quantized format's grid is read as
-  measured in m: perfmodel.latency.quantized says why);
+  measured: perfmodel.latency.quantized says why);
 - linear in m between neighbouring grid rows: the grid samples both sides of every tile edge
   it knows, so a step stays a step (no smoothing across an edge), and within a tile the time
   of a compute-bound GEMM grows linearly with its rows;
@@ -65,10 +65,10 @@ class GemmGrid:
     filled: int = 0  # grid points not measured, filled from their neighbours
 
     @classmethod
-    def of(cls, stack: ShippedStack, dtype: str, table: str = "gemm", rising_in_m: bool = True) -> GemmGrid:
+    def of(cls, stack: ShippedStack, dtype: str, table: str = "gemm", fitted: bool = True) -> GemmGrid:
         """The grid of `dtype`'s rows in the stack's `table` (gemm; gemm_quantized for a
-        quantized weight format's), all its rows where it holds none of that dtype; held
-        non-decreasing in n and k, and in m unless `rising_in_m` is false (perfmodel.latency.quantized)."""
+        quantized weight format's), all its rows where it holds none of that dtype; fitted
+        non-decreasing in m, n and k, or (`fitted` false) read as measured (perfmodel.latency.quantized)."""
         table = stack.table(table)
         table = table[table["dtype"] == dtype] if (table["dtype"] == dtype).any() else table
         if not len(table):
@@ -81,7 +81,7 @@ class GemmGrid:
         missing = int(np.isnan(log_time).sum())
         if missing:
             log_time = fill_holes(log_time)
-        log_time = non_decreasing(log_time, None if rising_in_m else (1, 2))
+        log_time = non_decreasing(log_time) if fitted else log_time
         return cls(stack.device, stack, dtype, ms.astype(float), np.log(ns), np.log(ks), log_time, missing)
 
     @functools.cached_property

@@ -7,12 +7,15 @@ them so) and are priced as before.
 
 Which grid: the stack the step is priced on where it measured the format over a model's
 weights (n and k to 4096 at least), else the device's first engine that did (ENGINES order;
-the label says whose). The grid is held non-decreasing in n and k, and read as measured in m:
-an engine's kernel choice makes fewer tokens slower there, systematically (vLLM 0.24.0 on the
-B200 times fp8 and fp8-block GEMMs at one token 1.5-2.5x slower than at 2-16 tokens in every one
-of its 483 weight shapes, and its batch-1 CUDA graph runs that kernel), where the 16-bit grids'
-dips are noise; held non-decreasing in m, batch 1 came out 21-30% faster than the rows and
-batches 2-16 slower (docs/peer-check.md, the FP8 section). A device with no measured grid of
+the label says whose). The grid is read as measured (interpolated between its rows, not
+fitted non-decreasing as the 16-bit grids are): its unevenness is the engines' kernel choice,
+which the serving engine runs. vLLM 0.24.0 on the B200 times fp8 and fp8-block GEMMs at one
+token 1.5-2.5x slower than at 2-16 tokens in every one of its 483 weight shapes (the kernel its
+batch-1 CUDA graph runs), and at decoding sizes its fp8-block kernels sit on a plateau of about
+60 us on the H200 whatever the shape, whose spread a non-decreasing fit's running maximum
+turned into a lift of the whole plateau (+19% at Qwen3-30B-A3B-FP8's q/k/v). Fitted, the FP8
+peer check's worst TPOT point was 29.8%; read as measured, 15.0% (docs/peer-check.md, the FP8
+section). A device with no measured grid of
 the format prices fp8 from its datasheet roofline at its fp8 peak (labelled so); NVFP4, which
 only Blackwell's engines measured, is refused there in one line. Every time is held at or
 above the format's speed of light: its weights and activations at the format's bytes, the
@@ -57,7 +60,7 @@ def _quantized_grid(evidence: DeviceEvidence, stack: str | None, fmt: WeightForm
     holding = [s for s in evidence.with_table(QUANTIZED_GEMM) if not s.is_torch and covers(s, fmt)]
     if not holding:
         return None
-    return GemmGrid.of(preferred_stacks(holding, stack)[0], str(fmt), table=QUANTIZED_GEMM, rising_in_m=False)
+    return GemmGrid.of(preferred_stacks(holding, stack)[0], str(fmt), table=QUANTIZED_GEMM, fitted=False)
 
 
 def format_floor(matmul: Matmul, fmt: WeightFormat, spec: HardwareSpec) -> np.ndarray:
@@ -101,4 +104,4 @@ class QuantizedGemms:
     def label(self) -> str:
         if self.grid is None:
             return f"{self.fmt} weights: their GEMMs from the datasheet roofline at the fp8 peak (none measured here)"
-        return f"{self.fmt} weights: their GEMMs from the {self.fmt} {self.grid.label} (as measured in m)"
+        return f"{self.fmt} weights: their GEMMs from the {self.fmt} {self.grid.label}, read as measured"
