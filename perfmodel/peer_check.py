@@ -35,6 +35,7 @@ from perfmodel.peer.compare import (
     component_ratios,
     grid,
     summarize,
+    ttft_collectives,
 )
 
 QUICK = dict(devices=("h100-sxm",), stacks=("trtllm",), models=(DEFAULT_MODELS[1][0], (8,)), batches=(1, 16))
@@ -143,6 +144,9 @@ def report(rows: pd.DataFrame, prompt_len: int, response_len: int, precision: st
         "",
         "Where TPOT parts, by component (median project / peer of its share, median difference per step):",
         component_ratios(rows).to_string(index=False, float_format=number),
+        "",
+        "The prefill's collectives (all-reduces, logits gather, an MoE layer's dispatch), median ms of a TTFT:",
+        ttft_collectives(rows).to_string(index=False, float_format=number),
         "",
         *(f"the project's latency on {device} {stack}: {label}" for (device, stack), label in latency_labels(rows)),
     ]

@@ -12,7 +12,7 @@ import pytest
 
 from perfmodel.cli import run
 from perfmodel.peer import aiconfigurator_peer
-from perfmodel.peer.compare import component_ratios, summarize
+from perfmodel.peer.compare import component_ratios, summarize, ttft_collectives
 from perfmodel.peer.static_batch import COMPONENTS
 from perfmodel.peer_check import main
 
@@ -44,6 +44,13 @@ def test_the_peers_op_names_fall_into_the_projects_components():
         "generation_ar_1": "communication",
         "generation_embedding_ar": "communication",
         "generation_p2p": "communication",
+        # DeepSeek's: its latent-attention module, its vLLM all-reduce, its MoE block overlapped with the
+        # shared expert, the MoE dispatch collectives
+        "generation_mla_module": "attention",
+        "context_mla_block": "attention",
+        "generation_tp_allreduce": "communication",
+        "generation_moe_overlap": "moe",
+        "context_moe_pre_dispatch": "communication",
     }
     assert {name: aiconfigurator_peer.peer_component(name) for name in names} == names
 
@@ -61,6 +68,8 @@ def test_the_summary_leaves_out_what_the_peer_finds_out_of_memory():
             "peer_oom": [False, False, True],
             **{f"{c}_ms": [1.0, 1.0, 1.0] for c in COMPONENTS},
             **{f"peer_{c}_ms": [1.0, 0.5, 1.0] for c in COMPONENTS},
+            "ttft_communication_ms": [2.0, 3.0, 9.0],
+            "peer_ttft_communication_ms": [4.0, 6.0, 9.0],
         }
     )
     s = summarize(rows)
@@ -68,6 +77,8 @@ def test_the_summary_leaves_out_what_the_peer_finds_out_of_memory():
     assert s.tpot_worst_at == "m tp2 b1 on h100-sxm vllm" and s.tpot_by_tp == {1: 1.02, 2: 0.97}
     ratios = component_ratios(rows).set_index("component")["median_ratio"]
     assert ratios["gemm"] == pytest.approx(1.5)
+    collectives = ttft_collectives(rows).iloc[0]
+    assert collectives["ttft_communication_ms"] == 2.5 and collectives["peer_ttft_communication_ms"] == 5.0
 
 
 @pytest.mark.skipif(

@@ -74,6 +74,7 @@ class PeerEstimate:
     tpot_parts: dict[str, float]
     oom: bool
     version: str
+    ttft_communication_s: float = 0.0  # its prefill's collectives (all-reduces, an MoE layer's dispatch)
 
 
 # The peer's quant-mode names of the toolkit's formats (perfmodel.base.precision; None: 16 bits).
@@ -133,4 +134,6 @@ def peer_estimate(
     for name, total_ms in result.summary.get_generation_latency_dict().items():
         parts[peer_component(name)] += total_ms / 1e3 / (response_len - 1)
     oom = bool(result.summary.check_oom())
-    return PeerEstimate(result.ttft / 1e3, result.tpot / 1e3, parts, oom, str(result.backend_version))
+    context = result.summary.get_context_latency_dict().items()
+    collectives = sum(ms for name, ms in context if peer_component(name) == "communication") / 1e3
+    return PeerEstimate(result.ttft / 1e3, result.tpot / 1e3, parts, oom, str(result.backend_version), collectives)

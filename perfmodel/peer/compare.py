@@ -134,6 +134,8 @@ def compare(point: Point, prompt_len: int, response_len: int) -> dict:
         "ttft_ms": ours.ttft_s * 1e3,
         "peer_ttft_ms": peer.ttft_s * 1e3,
         "ttft_ratio": ours.ttft_s / peer.ttft_s,
+        "ttft_communication_ms": ours.ttft_communication_s * 1e3,
+        "peer_ttft_communication_ms": peer.ttft_communication_s * 1e3,
         "peer_oom": peer.oom,
         "latency": step.label,
     }
@@ -170,6 +172,14 @@ def summarize(rows: pd.DataFrame) -> Summary:
         stats[what] = (float(deviation.median()), float(deviation.max()), where(worst))
     by_tp = {int(tp): float(part["tpot_ratio"].median()) for tp, part in fit.groupby("tp")}
     return Summary(len(fit), *stats["tpot"], *stats["ttft"], by_tp)
+
+
+def ttft_collectives(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per stack, the median milliseconds of the prefill's collectives on both sides (the
+    all-reduces, the logits gather, an MoE layer's dispatch): where TTFT parts by them."""
+    fit = rows[~rows["peer_oom"]]
+    medians = fit.groupby(["device", "stack"], sort=False)[["ttft_communication_ms", "peer_ttft_communication_ms"]]
+    return medians.median().reset_index()
 
 
 def component_ratios(rows: pd.DataFrame) -> pd.DataFrame:

@@ -1,7 +1,7 @@
 """A static batch's latencies from a step model: `batch` prompts of `prompt_len` tokens
 prefilled together, then decoded together for `response_len` tokens, every sequence alike.
 
-TTFT is the batch's prefill; TPOT is the mean plain decoding step over the contexts the
+TTFT is the batch's prefill (its collectives also apart); TPOT is the mean plain decoding step over the contexts the
 batch decodes at (prompt_len + 1 ... prompt_len + response_len - 1: the first token comes
 with the prefill). This is what aiconfigurator's static mode estimates, and the unloaded
 end of every serving answer. Each step's time is also split by component, so a comparison
@@ -42,6 +42,7 @@ class StaticBatch:
     ttft_s: float
     tpot_s: float
     tpot_parts: dict[str, float]
+    ttft_communication_s: float = 0.0  # the prefill's all-reduces and logits gather
 
 
 def static_batch(step, batch: int, prompt_len: int, response_len: int) -> StaticBatch:
@@ -59,4 +60,5 @@ def static_batch(step, batch: int, prompt_len: int, response_len: int) -> Static
     parts["communication"] = float(np.mean(step.comm_time(batches, 1) + step.gather_time(batches, 1, False)))
     tpot = float(np.mean(step.step_time(batches, contexts, 1)))
     ttft = float(step.prefill_time(batch, prompt_len))
-    return StaticBatch(ttft, tpot, parts)
+    collectives = float(step.comm_time(batch, prompt_len) + step.gather_time(batch, 1, False))
+    return StaticBatch(ttft, tpot, parts, collectives)
