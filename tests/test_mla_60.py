@@ -148,6 +148,11 @@ def test_the_mtp_module_drafts_with_its_experts_and_latent_attention():
     assert target.mtp_layers == 1
     head = layer_slice(target, target.mtp_layers, dense=False)
     assert head.mla == target.mla and head.moe.moe_layers == 1
+    eagle = layer_slice(target, 1, dense=True)
+    assert eagle.mla is None and eagle.moe is None  # an EAGLE head is a Llama layer, whatever its target
+    # in 16 bits: its 4 x 16384 x 7168 attention and 3 x 18432 x 7168 MLP (the target's fp8 is the target's)
+    linear = 4 * 16384 * 7168 + 3 * 18432 * 7168
+    assert feature_head_bytes(DrafterKind.EAGLE, eagle, target, "bf16") > 2 * linear
     held = feature_head_bytes(DrafterKind.MTP, head, target, "bf16")
     # one layer of 256 experts of 7168 x 2048 x 3 (11.3B) in fp8 blocks dominates; eh_proj 2h -> h in 16 bits
     assert held == pytest.approx(11.72e9, rel=1e-3)

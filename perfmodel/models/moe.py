@@ -131,12 +131,13 @@ class MoeShape:
 
 def layer_slice(model, layers: int, dense: bool):
     """`model` (a ModelConfig) cut to `layers` decoder layers of its shapes, a drafter's layers:
-    dense ones (an EAGLE head is a dense decoder layer, whatever experts its target has), or
-    layers of the target's own kind (an MTP module repeats the target's layer: expert layers
-    where the target's are). Either attends to the whole context."""
+    dense ones (an EAGLE head is a Llama decoder layer, grouped-query attention and a dense MLP,
+    whatever experts or latent attention its target has), or layers of the target's own kind (an
+    MTP module repeats the target's layer: expert layers where the target's are, its latent
+    attention). Either attends to the whole context."""
     moe = model.moe
     kept = None if dense or moe is None else dataclasses.replace(moe, moe_layers=min(layers, moe.moe_layers))
-    return dataclasses.replace(model, num_layers=layers, moe=kept, window=None)
+    return dataclasses.replace(model, num_layers=layers, moe=kept, window=None, mla=None if dense else model.mla)
 
 
 def moe_split(value: str) -> MoeSplit:

@@ -96,8 +96,9 @@ def feature_head_bytes(kind: DrafterKind, head: ModelConfig, target: ModelConfig
     if kind == DrafterKind.EAGLE3:
         ops = ("eagle3_qkv", "o", "up", "gate", "down")
         layers = head.num_layers * sum(linear_params(op, head) for op in ops) * size
-    else:
-        layers = layer_linear_params(head) * precision_weight_bytes(head.weights, size)
+    else:  # an MTP module is stored as its target's layers are; an EAGLE head in 16 bits
+        stored = head.weights if kind == DrafterKind.MTP else None
+        layers = layer_linear_params(head) * precision_weight_bytes(stored, size)
     routers = head.moe.moe_layers * linear_params("router", head) if head.moe else 0
     own_head = linear_params("lm_head", head) if head.vocab_size != target.vocab_size else 0
     return layers + (fc + 2 * head.hidden_size * head.num_layers + routers + own_head) * size
