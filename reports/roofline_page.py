@@ -78,7 +78,7 @@ def submit_roofline_figures(renderer, view: DeviceView, models, variation_model,
         )
 
     mine = matching_measurements(measured, spec, variation_model, dtype)
-    for study in variation_studies(grid):
+    for study in variation_studies(grid, variation_model):
         predicted = predict_table(
             spec,
             variation_model,

@@ -20,7 +20,7 @@ from perfmodel.measured.contract import COLUMNS, KEY_COLUMNS
 from perfmodel.measured.device_view import DeviceView
 from perfmodel.models.config import ModelConfig
 from perfmodel.models.grid import Grid
-from perfmodel.models.operators import OP_GROUPS
+from perfmodel.models.operators import OP_GROUPS, op_groups
 
 DEFAULT_MODELS = ("llama-7b", "llama-13b", "llama-33b")
 VARIATION_BATCH = 16  # paper Fig 18: attention at b=16 over (s, q)
@@ -94,31 +94,34 @@ def closest(values, target: int) -> int:
     return min(values, key=lambda v: (abs(math.log(v / target)), v))
 
 
-def variation_studies(grid: Grid) -> list[dict]:
+def variation_studies(grid: Grid, model: ModelConfig) -> list[dict]:
     """The three Medusa variation studies over the (possibly narrowed) grid, each pinned to
-    the paper's batch or sequence length, or the grid's closest value to it."""
+    the paper's batch or sequence length, or the grid's closest value to it; titled by what
+    `model` runs (a latent-attention module, an MoE model's router and experts)."""
     b, s = closest(grid.batches, VARIATION_BATCH), closest(grid.seq_lens, VARIATION_SEQ)
+    attention = "latent attention (its module)" if model.mla is not None else "attention (QK^T, PV)"
+    mlp = list(op_groups(model))[-1]
     return [
         dict(
             name=f"medusa-attention-b{b}",
             ops=OP_GROUPS["qk/pv"],
             grid=Grid((b,), grid.seq_lens, grid.candidates),
             line_by="seq_len",
-            what=f"attention (QK^T, PV) at batch {b} over sequence length and candidates (paper Fig 18)",
+            what=f"{attention} at batch {b} over sequence length and candidates (paper Fig 18)",
         ),
         dict(
             name=f"medusa-attention-s{s}",
             ops=OP_GROUPS["qk/pv"],
             grid=Grid(grid.batches, (s,), grid.candidates),
             line_by="batch",
-            what=f"attention (QK^T, PV) at sequence length {s} over batch and candidates (paper Fig 19)",
+            what=f"{attention} at sequence length {s} over batch and candidates (paper Fig 19)",
         ),
         dict(
             name="medusa-up-gate-down",
             ops=OP_GROUPS["up/gate/down"],
             grid=Grid(grid.batches, (s,), grid.candidates),
             line_by="batch",
-            what="up/gate/down projections over batch and candidates (paper Fig 20)",
+            what=f"{mlp} projections over batch and candidates (paper Fig 20)",
         ),
     ]
 
